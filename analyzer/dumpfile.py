@@ -1,0 +1,362 @@
+"""The HDF5 dump: the one contract between the collector and the analyzer (analyzer/FORMATS.md §2).
+
+Everything that writes or reads a `.h5` dump goes through `DumpWriter` / `DumpFile`, so the format
+has one definition. Layer names never become HDF5 paths (they contain `/`): tensors live under
+`/tensors/<order>` and the `/layers` table maps orders to names.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import h5py
+import numpy as np
+import pandas as pd
+
+from analyzer import __version__
+from analyzer.errors import DumpFormatError
+from analyzer.tensorstats import TensorStats, tensor_stats
+
+FORMAT_NAME = "dump"
+FORMAT_VERSION = 1
+MAX_TENSOR_BYTES = int(os.environ.get("LAYERDIFF_MAX_TENSOR_BYTES", str(8 << 30)))
+
+_STR = h5py.string_dtype("utf-8")
+LAYER_COLUMNS: list[tuple[str, Any]] = [
+    ("order", np.int64),
+    ("key", _STR),
+    ("op", _STR),
+    ("op_type", _STR),
+    ("output_index", np.int64),
+    ("name", _STR),
+    ("inputs", _STR),
+    ("shape", _STR),
+    ("dtype", _STR),
+    ("layout", _STR),
+    ("memory", _STR),
+    ("time_ms", np.float64),
+    ("numel", np.int64),
+    ("min", np.float64),
+    ("max", np.float64),
+    ("mean", np.float64),
+    ("std", np.float64),
+    ("n_nan", np.int64),
+    ("n_posinf", np.int64),
+    ("n_neginf", np.int64),
+    ("n_zero", np.int64),
+    ("n_fp16_overflow", np.int64),
+    ("n_fp16_underflow", np.int64),
+    ("n_fp16_saturated", np.int64),
+]
+_STRING_COLUMNS = [name for name, kind in LAYER_COLUMNS if kind is _STR]
+
+# Root attributes every dump has, with the value used when a producer does not know it.
+ROOT_DEFAULTS: dict[str, Any] = {
+    "engine": "",
+    "engine_version": "",
+    "backend_requested": "",
+    "backend_actual": "",
+    "precision_requested": "",
+    "precision_effective": "",
+    "threads": 0,
+    "device_serial": "",
+    "device_model": "",
+    "soc": "",
+    "board": "",
+    "abi": "",
+    "android_release": "",
+    "gpu": "",
+    "model_name": "",
+    "model_sha256": "",
+    "input_label": "",
+    "input_sha256": "",
+    "infer_ms": math.nan,
+    "harness": "",
+    "repeat": 0,
+    "exit_status": 0,
+    "complete": True,
+}
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def tensor_key(op: str, output_index: int) -> str:
+    """The alignment key of a tensor: `<op name>:<output index>`."""
+    return f"{op}:{output_index}"
+
+
+def partial_path(path: Path) -> Path:
+    """Where a file is written before it is complete; renamed over `path` at the end."""
+    return path.with_name(f".{path.name}.partial")
+
+
+class DumpWriter:
+    """Writes one HDF5 dump tensor by tensor; the file appears under its name only when closed.
+
+    Use as a context manager: leaving the block by an exception deletes the partial file and leaves
+    any existing file at `path` untouched.
+    """
+
+    def __init__(self, path: Path | str, attrs: dict[str, Any], *, compression: str | None = None) -> None:
+        self.path = Path(path)
+        self._partial = partial_path(self.path)
+        self._compression = compression
+        self._rows: list[dict[str, Any]] = []
+        self._attrs = {**ROOT_DEFAULTS, **attrs}
+        self._file = h5py.File(self._partial, "w")
+        self._tensors = self._file.create_group("tensors")
+        self._closed = False
+
+    def __enter__(self) -> "DumpWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def add_tensor(self, meta: dict[str, Any], array: np.ndarray) -> TensorStats:
+        """Store one tensor and its stats row. `meta` carries the raw-dump tensor fields."""
+        order = int(meta["order"])
+        ds = self._create_dataset(self._tensors, str(order), array)
+        key = tensor_key(meta["op"], int(meta.get("output_index", 0)))
+        ds.attrs["key"] = key
+        ds.attrs["name"] = str(meta.get("name", key))
+        ds.attrs["op"] = str(meta["op"])
+        stats = tensor_stats(array)
+        self._rows.append(_layer_row(meta, key, array, stats))
+        return stats
+
+    def add_input(self, name: str, array: np.ndarray, sha256: str = "") -> None:
+        group = self._file.require_group("inputs")
+        ds = self._create_dataset(group, str(len(group)), array)
+        ds.attrs["name"] = name
+        ds.attrs["sha256"] = sha256
+
+    def set_log(self, stderr: str) -> None:
+        self._file.require_group("log").create_dataset("stderr", data=stderr, dtype=_STR)
+
+    def update_attrs(self, attrs: dict[str, Any]) -> None:
+        self._attrs.update(attrs)
+
+    def close(self) -> Path:
+        """Write the layer table and attributes, then atomically move the file into place."""
+        if self._closed:
+            return self.path
+        self._write_layers()
+        self._write_attrs()
+        self._file.close()
+        self._closed = True
+        os.replace(self._partial, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self._file.close()
+            finally:
+                self._partial.unlink(missing_ok=True)
+
+    def _create_dataset(self, group: h5py.Group, name: str, array: np.ndarray) -> h5py.Dataset:
+        array = np.ascontiguousarray(array)
+        if self._compression and array.size > 0 and array.ndim > 0:
+            return group.create_dataset(name, data=array, chunks=True, compression=self._compression)
+        return group.create_dataset(name, data=array)
+
+    def _write_layers(self) -> None:
+        table = np.zeros(len(self._rows), dtype=np.dtype(LAYER_COLUMNS))
+        for column, _ in LAYER_COLUMNS:
+            table[column] = [row[column] for row in self._rows]
+        self._file.create_dataset("layers", data=table)
+
+    def _write_attrs(self) -> None:
+        attrs = self._file.attrs
+        attrs["layerdiff_format"] = FORMAT_NAME
+        attrs["format_version"] = FORMAT_VERSION
+        attrs["tool_version"] = __version__
+        attrs["created"] = utc_now()
+        provenance = dict(self._attrs.pop("provenance", {}) or {})
+        for key, value in self._attrs.items():
+            attrs[key] = _attr_value(value)
+            provenance.setdefault(key, value)
+        attrs["provenance"] = json.dumps(provenance, default=str, sort_keys=True)
+
+
+def _attr_value(value: Any) -> Any:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict, tuple)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def _layer_row(meta: dict[str, Any], key: str, array: np.ndarray, stats: TensorStats) -> dict[str, Any]:
+    time_ms = meta.get("time_ms")
+    return {
+        "order": int(meta["order"]),
+        "key": key,
+        "op": str(meta["op"]),
+        "op_type": str(meta.get("op_type", "")),
+        "output_index": int(meta.get("output_index", 0)),
+        "name": str(meta.get("name", key)),
+        "inputs": json.dumps(list(meta.get("inputs", []))),
+        "shape": json.dumps([int(d) for d in array.shape]),
+        "dtype": str(array.dtype),
+        "layout": str(meta.get("layout", "")),
+        "memory": str(meta.get("memory", "host")),
+        "time_ms": math.nan if time_ms is None else float(time_ms),
+        **stats.as_dict(),
+    }
+
+
+class DumpFile:
+    """Read access to one HDF5 dump; opening reads only attributes, tensors load on demand."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        try:
+            self._file = h5py.File(self.path, "r")
+        except FileNotFoundError:
+            raise DumpFormatError(f"{self.path}: no such file") from None
+        except OSError as err:
+            raise DumpFormatError(f"{self.path}: not a readable HDF5 file ({_short(err)})") from None
+        try:
+            self._check_format()
+        except Exception:
+            self._file.close()
+            raise
+        self._layers: pd.DataFrame | None = None
+
+    def __enter__(self) -> "DumpFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _check_format(self) -> None:
+        attrs = self._file.attrs
+        fmt = _as_str(attrs.get("layerdiff_format", ""))
+        if fmt != FORMAT_NAME:
+            raise DumpFormatError(f"{self.path}: not a layerdiff dump (no layerdiff_format='dump' attribute)")
+        version = int(attrs.get("format_version", 0))
+        if version > FORMAT_VERSION:
+            raise DumpFormatError(
+                f"{self.path}: dump format version {version} is newer than this layerdiff reads "
+                f"({FORMAT_VERSION}); upgrade layerdiff"
+            )
+        if "layers" not in self._file:
+            raise DumpFormatError(f"{self.path}: dump has no /layers table (file truncated?)")
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """Root attributes as plain Python values, with defaults for ones an older writer omitted."""
+        out = dict(ROOT_DEFAULTS)
+        for key, value in self._file.attrs.items():
+            out[key] = _plain(value)
+        return out
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        raw = _as_str(self._file.attrs.get("provenance", "{}"))
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            raise DumpFormatError(f"{self.path}: provenance attribute is not valid JSON") from None
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.attrs.get("complete", True))
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        """The per-tensor table (one row per tensor, execution order), strings decoded."""
+        if self._layers is None:
+            self._layers = _read_layers(self._file["layers"], self.path)
+        return self._layers
+
+    def tensor(self, order: int) -> np.ndarray:
+        """One tensor by execution order, refusing sizes no real layer has before allocating."""
+        name = str(int(order))
+        if name not in self._file["tensors"]:
+            raise DumpFormatError(f"{self.path}: tensor {order} is listed but missing from /tensors")
+        ds = self._file["tensors"][name]
+        nbytes = int(np.prod(ds.shape, dtype=np.float64)) * ds.dtype.itemsize
+        if nbytes > MAX_TENSOR_BYTES:
+            raise DumpFormatError(
+                f"{self.path}: layer {ds.attrs.get('key', name)!s} declares shape {tuple(ds.shape)} "
+                f"({nbytes / 2**30:.1f} GiB), over the {MAX_TENSOR_BYTES / 2**30:.0f} GiB limit "
+                "(set LAYERDIFF_MAX_TENSOR_BYTES to allow it)"
+            )
+        try:
+            return ds[()]
+        except OSError as err:
+            raise DumpFormatError(f"{self.path}: tensor {order} is unreadable ({_short(err)})") from None
+
+    def tensor_by_key(self, key: str) -> np.ndarray:
+        rows = self.layers.index[self.layers["key"] == key]
+        if len(rows) == 0:
+            raise DumpFormatError(f"{self.path}: no layer {key!r}")
+        return self.tensor(int(self.layers.loc[rows[0], "order"]))
+
+    def inputs(self) -> Iterator[tuple[str, np.ndarray]]:
+        group = self._file.get("inputs")
+        if group is None:
+            return
+        for name in sorted(group, key=int):
+            ds = group[name]
+            yield _as_str(ds.attrs.get("name", name)), ds[()]
+
+    def stderr(self) -> str:
+        ds = self._file.get("log/stderr")
+        return "" if ds is None else _as_str(ds[()])
+
+
+def _read_layers(ds: h5py.Dataset, path: Path) -> pd.DataFrame:
+    try:
+        table = ds[()]
+    except OSError as err:
+        raise DumpFormatError(f"{path}: /layers table is unreadable ({_short(err)})") from None
+    names = table.dtype.names or ()
+    missing = [c for c, _ in LAYER_COLUMNS if c not in names]
+    if missing:
+        raise DumpFormatError(f"{path}: /layers table lacks columns {', '.join(missing)}")
+    frame = pd.DataFrame({c: table[c] for c, _ in LAYER_COLUMNS})
+    for column in _STRING_COLUMNS:
+        frame[column] = [_as_str(v) for v in frame[column]]
+    return frame
+
+
+def _as_str(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.ndarray) and value.shape == ():
+        return _as_str(value.item())
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _short(err: BaseException) -> str:
+    return str(err).splitlines()[0][:160] if str(err) else type(err).__name__

@@ -1,0 +1,22 @@
+"""The one exception type users see as a one-line message.
+
+Every failure a user can cause or fix (a bad file, a missing device, an unknown backend) is raised as
+a `LayerdiffError` whose message names the thing and says what to do. The CLIs catch exactly this
+type and print it on one line; anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+
+class LayerdiffError(Exception):
+    """A problem the user can act on; `str(err)` is the whole one-line message."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class DumpFormatError(LayerdiffError):
+    """A file is not a valid layerdiff dump (raw or HDF5), or is of a newer format version."""

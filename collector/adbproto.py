@@ -1,0 +1,179 @@
+"""The two device services the collector drives itself, over adbutils' connection to the adb server.
+
+adbutils gives us the connection (`AdbDevice.open_transport`), but its `shell2` returns only when the
+command ends and its `sync.pull` writes straight into the destination and pushes in 4 KiB pieces.
+A run needs more: harness progress lines as they happen, a push that reports the device's reason
+for failing, and a pull that never leaves a partial file behind. Wire formats: AOSP adb `SYNC.TXT`
+and the shell v2 protocol (`shell_protocol.h`).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+import time
+from pathlib import Path
+from typing import Callable
+
+import adbutils
+
+SYNC_DATA_MAX = 64 * 1024
+_REQ = struct.Struct("<4sI")
+_STAT = struct.Struct("<III")
+_DENT = struct.Struct("<IIII")
+SHELL_STDOUT, SHELL_STDERR, SHELL_EXIT = 1, 2, 3
+
+
+class TransferLost(Exception):
+    """The connection ended in the middle of a transfer or command (device or server gone)."""
+
+
+class SyncFailed(Exception):
+    """The device refused a sync request; the message is the device's reason."""
+
+
+def _read_exact_into(sock: socket.socket, view: memoryview) -> None:
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise TransferLost("connection closed")
+        got += k
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    _read_exact_into(sock, memoryview(buf))
+    return bytes(buf)
+
+
+class SyncSession:
+    """One `sync:` connection; several requests may follow each other on it."""
+
+    def __init__(self, device: adbutils.AdbDevice, timeout: float = 60.0) -> None:
+        self._conn = device.open_transport(timeout=timeout)
+        self._conn.send_command("sync:")
+        self._conn.check_okay()
+        self._sock = self._conn.conn
+
+    def __enter__(self) -> "SyncSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._sock.sendall(_REQ.pack(b"QUIT", 0))
+        except OSError:
+            pass
+        self._conn.close()
+
+    def _request(self, kind: bytes, path: str) -> None:
+        raw = path.encode()
+        self._sock.sendall(_REQ.pack(kind, len(raw)) + raw)
+
+    def _fail_message(self, length: int) -> str:
+        return _read_exact(self._sock, length).decode("utf-8", "replace")
+
+    def stat(self, path: str) -> tuple[int, int, int] | None:
+        """(mode, size, mtime) of a path, None if it does not exist (v1 STAT: every device has it)."""
+        self._request(b"STAT", path)
+        kind = _read_exact(self._sock, 4)
+        if kind != b"STAT":
+            raise TransferLost(f"unexpected sync reply {kind!r}")
+        mode, size, mtime = _STAT.unpack(_read_exact(self._sock, _STAT.size))
+        return None if mode == 0 and size == 0 and mtime == 0 else (mode, size, mtime)
+
+    def list(self, path: str) -> list[tuple[str, int, int]]:
+        """(name, mode, size) of each entry of a directory, without `.` and `..`."""
+        self._request(b"LIST", path)
+        entries = []
+        while True:
+            kind = _read_exact(self._sock, 4)
+            mode, size, _mtime, namelen = _DENT.unpack(_read_exact(self._sock, _DENT.size))
+            if kind == b"DONE":
+                return entries
+            if kind != b"DENT":
+                raise TransferLost(f"unexpected sync reply {kind!r}")
+            name = _read_exact(self._sock, namelen).decode("utf-8", "surrogateescape")
+            if name not in (".", ".."):
+                entries.append((name, mode, size))
+
+    def push(self, local: Path, remote: str, mode: int = 0o644) -> int:
+        """Send one file; SyncFailed with the device's reason if it refuses (e.g. no space)."""
+        self._request(b"SEND", f"{remote},{stat.S_IFREG | mode}")
+        sent = 0
+        with open(local, "rb") as f:
+            while chunk := f.read(SYNC_DATA_MAX):
+                self._sock.sendall(_REQ.pack(b"DATA", len(chunk)) + chunk)
+                sent += len(chunk)
+        self._sock.sendall(_REQ.pack(b"DONE", int(time.time())))
+        kind, length = _REQ.unpack(_read_exact(self._sock, 8))
+        if kind == b"FAIL":
+            raise SyncFailed(self._fail_message(length))
+        if kind != b"OKAY":
+            raise TransferLost(f"unexpected sync reply {kind!r}")
+        return sent
+
+    def pull(self, remote: str, local: Path) -> int:
+        """Receive one file into `local` (caller picks a temporary name); returns its size."""
+        self._request(b"RECV", remote)
+        buf = bytearray(SYNC_DATA_MAX)
+        view = memoryview(buf)
+        size = 0
+        with open(local, "wb") as f:
+            while True:
+                kind, length = _REQ.unpack(_read_exact(self._sock, 8))
+                if kind == b"DONE":
+                    return size
+                if kind == b"FAIL":
+                    raise SyncFailed(self._fail_message(length))
+                if kind != b"DATA" or length > SYNC_DATA_MAX:
+                    raise TransferLost(f"unexpected sync reply {kind!r}")
+                _read_exact_into(self._sock, view[:length])
+                f.write(view[:length])
+                size += length
+
+
+LineSink = Callable[[bytes], None]
+
+
+def run_shell_v2(device: adbutils.AdbDevice, command: str, *, on_stdout: LineSink, on_stderr: LineSink,
+                 idle_timeout: float) -> int:
+    """Run `command` with the shell v2 protocol, handing output to the sinks as it arrives.
+
+    Returns the exit code; TransferLost if the connection ends before the exit packet, socket.timeout
+    after `idle_timeout` seconds without any byte from the device.
+    """
+    conn = device.open_transport(timeout=idle_timeout)
+    try:
+        conn.send_command("shell,v2,raw:" + command)
+        conn.check_okay()
+        sock = conn.conn
+        while True:
+            kind, length = struct.unpack("<BI", _read_exact(sock, 5))
+            data = _read_exact(sock, length) if length else b""
+            if kind == SHELL_STDOUT:
+                on_stdout(data)
+            elif kind == SHELL_STDERR:
+                on_stderr(data)
+            elif kind == SHELL_EXIT:
+                return data[0] if data else 255
+    finally:
+        conn.close()
+
+
+def shell_text(device: adbutils.AdbDevice, command: str, idle_timeout: float = 60.0) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a short command."""
+    out, err = bytearray(), bytearray()
+    code = run_shell_v2(device, command, on_stdout=out.extend, on_stderr=err.extend, idle_timeout=idle_timeout)
+    return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+def remove_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,108 @@
+"""`collect`: parse the command line, call the collector library, print. Nothing else lives here."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from analyzer.errors import LayerdiffError
+from collector.inputs import resolve_inputs
+from collector.models import input_shapes, resolve_model
+from collector.progress import RunProgress
+from collector.samples import default_model
+from collector.sweep import SweepPlan, resolve_devices, run_sweep, split_list
+
+BACKENDS = ("cpu", "opencl", "vulkan")
+PRECISIONS = ("low", "normal", "high")
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=False, rich_markup_mode=None,
+                  help="Run a model on devices with every layer dumped; one HDF5 file per run.")
+console = Console(stderr=True)
+
+
+def _checked(values: list[str], allowed: tuple[str, ...], what: str) -> list[str]:
+    for value in values:
+        if value not in allowed:
+            raise LayerdiffError(f"unknown {what} {value!r}; use one of {', '.join(allowed)}")
+    return values
+
+
+@app.callback(invoke_without_command=True)
+def collect(
+    ctx: typer.Context,
+    device: List[str] = typer.Option(None, "--device", "-d", help="local, a serial, all, or a comma list"),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help=".mnn, or ncnn .param with its .bin (default: bundled sample)"),
+    engine: str = typer.Option("auto", "--engine", help="auto (from the file name), mnn or ncnn"),
+    backend: List[str] = typer.Option(None, "--backend", "-b", help="cpu, opencl, vulkan (comma list or repeated)"),
+    precision: List[str] = typer.Option(None, "--precision", "-p", help="low, normal, high (comma list or repeated)"),
+    input: List[str] = typer.Option(None, "--input", "-i", help=".npy, .npz or random[:SEED]; repeat for several inputs"),
+    out: Path = typer.Option(Path("runs"), "--out", "-o", help="output directory for the .h5 files"),
+    threads: int = typer.Option(1, "--threads"),
+    repeat: int = typer.Option(1, "--repeat", help="dump each configuration N times (nondeterminism)"),
+    deadline: float = typer.Option(900.0, "--deadline", help="seconds a run may take on the device"),
+    layers: Optional[str] = typer.Option(None, "--layers", help="dump only ops whose name matches this regex"),
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="stop dumping past this many bytes"),
+    exclude: List[str] = typer.Option(None, "--exclude", help="serials to leave out of --device all"),
+    adb_server: List[str] = typer.Option(None, "--adb-server", help="host:port of an adb server (repeatable)"),
+    keep: bool = typer.Option(False, "--keep", help="keep the run's files on the device"),
+    force: bool = typer.Option(False, "--force", help="re-run and overwrite runs already collected"),
+) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    plan = build_plan(
+        devices=split_list(device) or ["local"], model=model, engine=engine,
+        backends=_checked(split_list(backend) or ["cpu"], BACKENDS, "backend"),
+        precisions=_checked(split_list(precision) or ["high"], PRECISIONS, "precision"),
+        inputs=input or [], out=out, threads=threads, repeat=repeat, deadline=deadline, layers=layers,
+        max_bytes=max_bytes, exclude=split_list(exclude), adb_servers=adb_server or [], keep=keep, force=force,
+    )
+    with RunProgress(console) as progress:
+        outcomes = run_sweep(plan, on_outcome=progress.finished, progress=progress.for_run)
+    failed = [o for o in outcomes if o.status == "failed"]
+    progress.summary(outcomes, plan.out_dir)
+    if failed:
+        raise typer.Exit(1)
+
+
+def build_plan(*, devices: list[str], model: Path | None, engine: str, backends: list[str], precisions: list[str],
+               inputs: list[str], out: Path, threads: int, repeat: int, deadline: float, layers: str | None,
+               max_bytes: int | None, exclude: list[str], adb_servers: list[str], keep: bool, force: bool) -> SweepPlan:
+    """Everything `collect` needs, checked before any device is touched."""
+    if out.exists() and not out.is_dir():
+        raise LayerdiffError(f"output {out} is a file; pass a directory to -o")
+    model_files = resolve_model(model or default_model(), engine)
+    input_sets = resolve_inputs(inputs, input_shapes(model_files))
+    return SweepPlan(
+        devices=resolve_devices(devices, adb_servers, exclude), model=model_files, backends=backends,
+        precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
+        deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force,
+    )
+
+
+def main() -> None:
+    """Console entry point: a LayerdiffError becomes one line on stderr and a non-zero exit."""
+    try:
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except LayerdiffError as err:
+        print(f"collect: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except typer.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        print("collect: interrupted; runs already written are kept", file=sys.stderr)
+        sys.exit(130)
+    except Exception as err:  # click usage errors come through here in standalone_mode=False
+        import click
+
+        if isinstance(err, click.ClickException):
+            print(f"collect: {err.format_message()}", file=sys.stderr)
+            sys.exit(err.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

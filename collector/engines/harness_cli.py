@@ -1,0 +1,231 @@
+"""The harness command line (device_scripts/HARNESS_CLI.md) for the Python host engines.
+
+The `local` device runs these engines in a child process with exactly the arguments a phone's C++
+harness gets, and they answer with the same exit codes and the same raw dump. Keeping the contract in
+one module means an engine only has to implement "load, run, dump".
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, NoReturn
+
+import numpy as np
+
+from analyzer.rawdump import RawDumpWriter, sha256_file
+
+HARNESS_VERSION = "0.1.0"
+EXIT_OK, EXIT_ARGS, EXIT_MODEL, EXIT_BACKEND, EXIT_RUN, EXIT_WRITE = 0, 2, 3, 4, 5, 6
+BACKENDS = ("cpu", "opencl", "vulkan")
+PRECISIONS = ("low", "normal", "high")
+
+
+class HarnessExit(Exception):
+    """Ends a harness run with a documented exit code and one stderr line."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class HarnessArgs:
+    engine: str
+    models: list[Path]
+    inputs: dict[str, Path]
+    backend: str
+    precision: str
+    out: Path
+    threads: int = 1
+    layers: re.Pattern | None = None
+    max_bytes: int | None = None
+    repeat: int = 1
+    abort_after: int | None = None
+    inject: Path | None = None
+    targets: list[str] = field(default_factory=list)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise HarnessExit(EXIT_ARGS, f"bad arguments: {message}")
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="layerdiff-harness", add_help=True)
+    p.add_argument("--engine")
+    p.add_argument("--model", action="append", default=[])
+    p.add_argument("--input", action="append", default=[])
+    p.add_argument("--backend", default="cpu")
+    p.add_argument("--precision", default="high")
+    p.add_argument("--out")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--layers")
+    p.add_argument("--max-bytes", type=int)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--abort-after", type=int)
+    p.add_argument("--inject")
+    p.add_argument("--target", action="append", default=[])
+    p.add_argument("--version", action="store_true")
+    p.add_argument("--probe", action="store_true")
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return _parser().parse_args(argv)
+
+
+def validate(ns: argparse.Namespace, engine_name: str) -> HarnessArgs:
+    """Turn parsed flags into a run description, refusing anything a phone harness would refuse."""
+    if ns.engine not in (None, engine_name):
+        raise HarnessExit(EXIT_ARGS, f"this harness runs engine {engine_name!r}, not {ns.engine!r}")
+    if ns.backend not in BACKENDS:
+        raise HarnessExit(EXIT_ARGS, f"unknown backend {ns.backend!r}; use one of {', '.join(BACKENDS)}")
+    if ns.precision not in PRECISIONS:
+        raise HarnessExit(EXIT_ARGS, f"unknown precision {ns.precision!r}; use one of {', '.join(PRECISIONS)}")
+    if not ns.model:
+        raise HarnessExit(EXIT_ARGS, "no --model given")
+    if not ns.out:
+        raise HarnessExit(EXIT_ARGS, "no --out directory given")
+    if ns.repeat < 1 or ns.threads < 1:
+        raise HarnessExit(EXIT_ARGS, "--repeat and --threads must be at least 1")
+    models = [Path(m) for m in ns.model]
+    for model in models:
+        if not model.is_file():
+            raise HarnessExit(EXIT_MODEL, f"model file {model} does not exist")
+    try:
+        layers = re.compile(ns.layers) if ns.layers else None
+    except re.error as err:
+        raise HarnessExit(EXIT_ARGS, f"--layers {ns.layers!r} is not a valid regex ({err})") from None
+    return HarnessArgs(
+        engine=engine_name,
+        models=models,
+        inputs=_input_files(ns.input),
+        backend=ns.backend,
+        precision=ns.precision,
+        out=Path(ns.out),
+        threads=ns.threads,
+        layers=layers,
+        max_bytes=ns.max_bytes,
+        repeat=ns.repeat,
+        abort_after=ns.abort_after,
+        inject=Path(ns.inject) if ns.inject else None,
+        targets=list(ns.target),
+    )
+
+
+def _input_files(specs: list[str]) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep or not name or not file:
+            raise HarnessExit(EXIT_ARGS, f"--input {spec!r} must be NAME=FILE.npy")
+        if not Path(file).is_file():
+            raise HarnessExit(EXIT_ARGS, f"input file {file} does not exist")
+        out[name] = Path(file)
+    return out
+
+
+def load_inputs(files: dict[str, Path]) -> dict[str, np.ndarray]:
+    arrays = {}
+    for name, path in files.items():
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise HarnessExit(EXIT_ARGS, f"input file {path} is not a readable .npy ({err})") from None
+        arrays[name] = np.ascontiguousarray(array, dtype=np.float32)
+    return arrays
+
+
+def base_header(args: HarnessArgs, engine_version: str, inputs: dict[str, np.ndarray]) -> dict:
+    """Header fields every engine fills the same way (FORMATS.md §1)."""
+    return {
+        "engine": args.engine,
+        "engine_version": engine_version,
+        "backend_requested": args.backend,
+        "precision_requested": args.precision,
+        "threads": args.threads,
+        "model": [{"file": m.name, "sha256": sha256_file(m), "bytes": m.stat().st_size} for m in args.models],
+        "inputs": [
+            {
+                "name": name,
+                "file": args.inputs[name].name,
+                "sha256": hashlib.sha256(arr.tobytes()).hexdigest(),
+                "shape": list(arr.shape),
+                "dtype": "float32",
+            }
+            for name, arr in inputs.items()
+        ],
+        "harness": f"layerdiff-local-{args.engine} {HARNESS_VERSION}",
+    }
+
+
+class DumpSink:
+    """Applies the layer filter, byte budget, progress lines and --abort-after to one raw dump."""
+
+    def __init__(self, args: HarnessArgs, out: Path, header: dict, total_ops: int) -> None:
+        try:
+            self.writer = RawDumpWriter(out, header)
+        except Exception as err:  # noqa: BLE001 - any failure to create the dump is an I/O exit
+            raise HarnessExit(EXIT_WRITE if not isinstance(err, ValueError) else EXIT_ARGS, str(err)) from None
+        self.args = args
+        self.total_ops = total_ops
+        self.dumped_bytes = 0
+        self.count = 0
+        self.budget_hit = False
+
+    def add(self, *, op: str, array: np.ndarray, **fields) -> None:
+        if self.args.layers is not None and not self.args.layers.search(op):
+            return
+        if self.args.max_bytes is not None and self.dumped_bytes + array.nbytes > self.args.max_bytes:
+            self.budget_hit = True
+            return
+        try:
+            self.writer.add(op=op, array=array, **fields)
+        except OSError as err:
+            raise HarnessExit(EXIT_WRITE, f"writing the dump failed ({err})") from None
+        self.dumped_bytes += array.nbytes
+        self.count += 1
+        progress = {"event": "tensor", "k": self.count, "n": self.total_ops, "op": op}
+        print("@@ld " + json.dumps(progress), flush=True)
+        if self.args.abort_after is not None and self.count >= self.args.abort_after:
+            sys.stdout.flush()
+            import os
+
+            os.abort()
+
+    def close(self, infer_ms: float) -> None:
+        status = f"byte budget of {self.args.max_bytes} exhausted" if self.budget_hit else "ok"
+        self.writer.close(infer_ms=infer_ms, status=status)
+
+
+def repeat_dirs(args: HarnessArgs) -> list[Path]:
+    if args.repeat == 1:
+        return [args.out]
+    return [args.out / f"r{k}" for k in range(args.repeat)]
+
+
+def harness_main(engine_name: str, run: Callable[[HarnessArgs], None], probe: Callable[[], dict], version: Callable[[], str]) -> int:
+    """Entry point shared by the host engines: parse, dispatch, map errors to exit codes."""
+    try:
+        ns = parse_args(sys.argv[1:])
+        if ns.version:
+            print(f"layerdiff-harness {HARNESS_VERSION} ({engine_name} {version()}, Python host engine)")
+            return EXIT_OK
+        if ns.probe:
+            print(json.dumps(probe()))
+            return EXIT_OK
+        run(validate(ns, engine_name))
+        return EXIT_OK
+    except HarnessExit as exc:
+        print(f"layerdiff-harness: {exc}", file=sys.stderr)
+        return exc.code
+
+
+def now_ms() -> float:
+    return time.perf_counter() * 1000.0

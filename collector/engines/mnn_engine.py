@@ -1,0 +1,176 @@
+"""MNN on the host (pymnn), speaking the harness command line: the `local` device's MNN engine.
+
+Per-op outputs come from `runSessionWithCallBackInfo`, copied to an NCHW host tensor inside the
+callback (MNN reuses buffers). Graph edges are recovered from buffer addresses: an op's input is the
+most recent output written at the same address. The PyPI wheel has only the CPU backend; asking for
+OpenCL/Vulkan gives a run recorded with `backend_actual = cpu` (what MNN really did), never a CPU run
+labelled as GPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import platform
+import sys
+
+import numpy as np
+
+from collector.models import quiet_stdout
+from collector.engines.harness_cli import (
+    EXIT_MODEL,
+    EXIT_RUN,
+    DumpSink,
+    HarnessArgs,
+    HarnessExit,
+    base_header,
+    harness_main,
+    load_inputs,
+    now_ms,
+    repeat_dirs,
+)
+
+BACKEND_NAMES = {"cpu": "CPU", "opencl": "OPENCL", "vulkan": "VULKAN"}
+FORWARD_TYPES = {0: "cpu", 13: "cpu", 3: "opencl", 7: "vulkan", 1: "metal", 2: "cuda", 5: "nn", 6: "opengl"}
+SESSION_INFO_BACKENDS = 2
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _mnn():
+    with quiet_stdout():
+        import MNN
+    return MNN
+
+
+def engine_version() -> str:
+    return str(_mnn().version())
+
+
+def probe() -> dict:
+    backends = {"cpu": {"ok": True}}
+    for name in ("opencl", "vulkan"):
+        backends[name] = {"ok": False, "reason": "the MNN wheel from PyPI has no GPU backends (MNN falls back to CPU)"}
+    abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
+    return {"harness": "layerdiff-local-mnn", "version": "0.1.0", "abi": abi,
+            "engines": {"mnn": {"version": engine_version(), "backends": backends}}}
+
+
+def effective_precision(args: HarnessArgs, backend_actual: str) -> str:
+    """MNN's CPU backend runs fp16 only on ARMv8.2 builds with MNN_ARM82; x86 wheels compute in fp32."""
+    if backend_actual == "cpu" and platform.machine() in ("x86_64", "AMD64"):
+        return "fp32"
+    return {"low": "fp16", "normal": "fp32", "high": "fp32"}[args.precision]
+
+
+def _address(tensor) -> int:
+    return _capsule_pointer(tensor.getHost(), None) or 0
+
+
+def _host_copy(MNN, tensor) -> np.ndarray:
+    shape = tuple(tensor.getShape())
+    host = MNN.Tensor(shape, MNN.Halide_Type_Float, MNN.Tensor_DimensionType_Caffe)
+    tensor.copyToHostTensor(host)
+    return np.array(host.getNumpyData(), dtype=np.float32, copy=True).reshape(shape)
+
+
+def create_session(MNN, args: HarnessArgs):
+    model = args.models[0]
+    try:
+        with quiet_stdout():
+            interpreter = MNN.Interpreter(str(model))
+    except Exception:  # noqa: BLE001 - pymnn raises a bare Exception for unparsable files
+        raise HarnessExit(EXIT_MODEL, f"{model}: MNN could not load this model (not a valid .mnn file?)") from None
+    config = {"backend": BACKEND_NAMES[args.backend], "precision": args.precision, "numThread": args.threads}
+    with quiet_stdout():
+        session = interpreter.createSession(config)
+    if session is None:
+        raise HarnessExit(EXIT_MODEL, f"{model}: MNN could not create a session for this model")
+    return interpreter, session
+
+
+def feed(MNN, interpreter, session, inputs: dict[str, np.ndarray]) -> dict[int, str]:
+    """Copy inputs into the session; returns input buffer addresses → input names (edge seeds)."""
+    known = interpreter.getSessionInputAll(session)
+    seeds = {}
+    for name, array in inputs.items():
+        if name not in known:
+            raise HarnessExit(EXIT_RUN, f"model has no input {name!r}; its inputs are {', '.join(sorted(known))}")
+        tensor = known[name]
+        expected = tuple(tensor.getShape())
+        if expected and tuple(array.shape) != expected:
+            if any(d <= 0 for d in expected) or array.ndim != len(expected):
+                raise HarnessExit(EXIT_RUN, f"input {name!r} has shape {list(array.shape)}, model expects {list(expected)}")
+            interpreter.resizeTensor(tensor, tuple(array.shape))
+            interpreter.resizeSession(session)
+            tensor = interpreter.getSessionInput(session, name)
+        host = MNN.Tensor(tuple(array.shape), MNN.Halide_Type_Float, array, MNN.Tensor_DimensionType_Caffe)
+        tensor.copyFrom(host)
+        seeds[_address(tensor)] = name
+    return seeds
+
+
+def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str) -> float:
+    producers = feed(MNN, interpreter, session, inputs)
+    pending: dict[str, list[str]] = {}
+    failure: list[str] = []
+    clock = {"start": 0.0, "total": 0.0}
+
+    def before(tensors, info) -> bool:
+        pending[info.getName()] = [producers.get(_address(t), f"<{info.getName()} input {i}>") for i, t in enumerate(tensors)]
+        clock["start"] = now_ms()
+        return True
+
+    def after(tensors, info) -> bool:
+        elapsed = now_ms() - clock["start"]
+        clock["total"] += elapsed
+        op = info.getName()
+        try:
+            for index, tensor in enumerate(tensors):
+                shape = tuple(tensor.getShape())
+                if not shape or int(np.prod(shape)) <= 0:
+                    continue
+                name = op if index == 0 else f"{op}:{index}"
+                sink.add(op=op, op_type=info.getType(), array=_host_copy(MNN, tensor), output_index=index,
+                         name=name, inputs=pending.get(op, []), layout="NCHW", memory=memory, time_ms=elapsed)
+                producers[_address(tensor)] = name
+        except HarnessExit as exc:
+            failure.append(str(exc))
+            return False
+        return True
+
+    interpreter.runSessionWithCallBackInfo(session, before, after)
+    if failure:
+        raise HarnessExit(EXIT_RUN, failure[0])
+    return clock["total"]
+
+
+def run(args: HarnessArgs) -> None:
+    MNN = _mnn()
+    inputs = load_inputs(args.inputs)
+    if not inputs:
+        raise HarnessExit(EXIT_RUN, "no --input given; pass --input NAME=FILE.npy")
+    interpreter, session = create_session(MNN, args)
+    backend_code = int(interpreter.getSessionInfo(session, SESSION_INFO_BACKENDS))
+    backend_actual = FORWARD_TYPES.get(backend_code, f"type{backend_code}")
+    header = base_header(args, engine_version(), inputs)
+    header.update({
+        "backends_actual": [backend_actual],
+        "precision_effective": effective_precision(args, backend_actual),
+        "options": {"forward_type_code": backend_code, "session_config": BACKEND_NAMES[args.backend]},
+    })
+    if backend_actual != args.backend:
+        print(f"layerdiff-harness: MNN fell back from {args.backend} to {backend_actual}", file=sys.stderr)
+    memory = "host" if backend_actual == "cpu" else "device"
+    for k, out in enumerate(repeat_dirs(args)):
+        sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=0)
+        infer_ms = run_once(MNN, interpreter, session, inputs, sink, memory)
+        sink.close(infer_ms)
+
+
+def main() -> int:
+    return harness_main("mnn", run, probe, engine_version)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

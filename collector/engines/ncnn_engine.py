@@ -1,0 +1,218 @@
+"""ncnn on the host (pip `ncnn`), speaking the harness command line: the `local` device's ncnn engine.
+
+Every blob is extracted in layer order with light mode off, so each `extract` runs exactly one more
+layer and its time is that layer's time. Shapes are reported as NCHW with the batch of 1 ncnn drops,
+so they line up with MNN's and the ONNX originals'.
+"""
+from __future__ import annotations
+
+import functools
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from collector.engines.harness_cli import (
+    EXIT_BACKEND,
+    EXIT_MODEL,
+    EXIT_RUN,
+    DumpSink,
+    HarnessArgs,
+    HarnessExit,
+    base_header,
+    harness_main,
+    load_inputs,
+    now_ms,
+    repeat_dirs,
+)
+
+NO_VULKAN = (
+    "no Vulkan device found; install a Vulkan driver (Debian: apt-get install mesa-vulkan-drivers "
+    "for the lavapipe CPU implementation) or use --backend cpu"
+)
+
+
+def _ncnn():
+    import ncnn  # imported lazily: `--version` and argument errors must not pay for Vulkan start-up
+
+    return ncnn
+
+
+def engine_version() -> str:
+    return getattr(_ncnn(), "__version__", "unknown")
+
+
+def _gpu_info(ncnn) -> dict:
+    if ncnn.get_gpu_count() == 0:
+        return {"ok": False, "reason": NO_VULKAN}
+    info = ncnn.get_gpu_info(ncnn.get_default_gpu_index())
+    return {"ok": True, "device": info.device_name(), **vulkan_fp16_features()}
+
+
+@functools.lru_cache(maxsize=1)
+def vulkan_fp16_features() -> dict:
+    """fp16 storage/arithmetic support of the Vulkan device, read from `vulkaninfo`.
+
+    pyncnn does not expose ncnn's GpuInfo fp16 flags, and ncnn silently ignores fp16 options a
+    device lacks, so without this the effective precision of a Vulkan run would be a guess.
+    """
+    try:
+        text = subprocess.run(["vulkaninfo"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    def flag(name: str) -> bool | None:
+        match = re.search(rf"\b{name}\s*=\s*(true|false)", text)
+        return None if match is None else match.group(1) == "true"
+    return {"fp16_storage": flag("storageBuffer16BitAccess"), "fp16_arithmetic": flag("shaderFloat16")}
+
+
+def _cpu_has_fp16(ncnn) -> bool:
+    return bool(ncnn.cpu_support_arm_asimdhp())
+
+
+def probe() -> dict:
+    ncnn = _ncnn()
+    backends = {
+        "cpu": {"ok": True, "fp16": _cpu_has_fp16(ncnn), "bf16": True},
+        "opencl": {"ok": False, "reason": "ncnn has no OpenCL backend"},
+        "vulkan": _gpu_info(ncnn),
+    }
+    abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
+    return {
+        "harness": "layerdiff-local-ncnn",
+        "version": "0.1.0",
+        "abi": abi,
+        "engines": {"ncnn": {"version": engine_version(), "backends": backends}},
+    }
+
+
+def configure(opt, args: HarnessArgs, ncnn) -> str:
+    """Set ncnn options for backend and precision (DESIGN.md); returns the effective precision."""
+    opt.lightmode = False
+    opt.num_threads = args.threads
+    opt.use_vulkan_compute = args.backend == "vulkan"
+    if args.precision == "high":
+        for flag in ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_storage", "use_bf16_packed"):
+            setattr(opt, flag, False)
+    elif args.precision == "low":
+        for flag in ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_storage"):
+            setattr(opt, flag, True)
+    return effective_precision(opt, args, ncnn)
+
+
+def effective_precision(opt, args: HarnessArgs, ncnn) -> str:
+    """What the arithmetic really is, given what this CPU/GPU supports (ncnn silently ignores the rest)."""
+    if args.backend == "vulkan":
+        gpu = _gpu_info(ncnn)
+        storage = opt.use_fp16_storage and gpu.get("fp16_storage")
+        arith = opt.use_fp16_arithmetic and gpu.get("fp16_arithmetic")
+        packed = opt.use_fp16_packed
+        if arith:
+            return "fp16-storage+arith" if storage else "fp16-arith"
+        if storage:
+            return "fp16-storage"
+        if gpu.get("fp16_storage") is None and (opt.use_fp16_storage or opt.use_fp16_arithmetic):
+            return "fp16-requested (device support unknown)"
+        return "fp16-packed" if packed else "fp32"
+    if _cpu_has_fp16(ncnn) and opt.use_fp16_storage:
+        return "fp16-storage+arith" if opt.use_fp16_arithmetic else "fp16-storage"
+    if opt.use_bf16_storage:
+        return "bf16-storage"
+    return "fp32"
+
+
+def load_net(args: HarnessArgs, ncnn):
+    if args.backend == "opencl":
+        raise HarnessExit(EXIT_BACKEND, "ncnn has no OpenCL backend; use --backend cpu or vulkan")
+    if args.backend == "vulkan" and ncnn.get_gpu_count() == 0:
+        raise HarnessExit(EXIT_BACKEND, NO_VULKAN)
+    param, weights = _model_pair(args.models)
+    net = ncnn.Net()
+    precision = configure(net.opt, args, ncnn)
+    if net.load_param(str(param)) != 0:
+        raise HarnessExit(EXIT_MODEL, f"{param}: ncnn could not parse this .param file")
+    if net.load_model(str(weights)) != 0:
+        raise HarnessExit(EXIT_MODEL, f"{weights}: ncnn could not load the weights (does it match {param.name}?)")
+    return net, precision
+
+
+def _model_pair(models: list[Path]) -> tuple[Path, Path]:
+    param = next((m for m in models if m.suffix == ".param"), None)
+    if param is None:
+        raise HarnessExit(EXIT_MODEL, f"ncnn needs a .param file; got {', '.join(map(str, models))}")
+    weights = next((m for m in models if m.suffix == ".bin"), param.with_suffix(".bin"))
+    if not weights.is_file():
+        raise HarnessExit(EXIT_MODEL, f"{weights}: the .bin beside {param.name} is missing")
+    return param, weights
+
+
+def nchw_shape(mat_array: np.ndarray) -> tuple[int, ...]:
+    """ncnn blobs have no batch axis; put the batch of 1 back (a 2-D h×w blob stays as it is)."""
+    if mat_array.ndim in (1, 3, 4):
+        return (1, *mat_array.shape)
+    return tuple(mat_array.shape)
+
+
+def feed(ex, net, inputs: dict[str, np.ndarray], ncnn) -> None:
+    names = set(net.input_names())
+    for name, array in inputs.items():
+        if name not in names:
+            raise HarnessExit(EXIT_RUN, f"model has no input {name!r}; its inputs are {', '.join(sorted(names))}")
+        data = array[0] if array.ndim in (2, 4, 5) and array.shape[0] == 1 else array
+        ex.input(name, ncnn.Mat(np.ascontiguousarray(data, dtype=np.float32)))
+
+
+def run_once(net, args: HarnessArgs, inputs: dict[str, np.ndarray], sink: DumpSink, ncnn) -> float:
+    """Extract every layer's tops in order; returns the total inference time in ms."""
+    blobs = net.blobs()
+    ex = net.create_extractor()
+    feed(ex, net, inputs, ncnn)
+    memory = "device" if args.backend == "vulkan" else "host"
+    total = 0.0
+    for layer in net.layers():
+        bottoms = [blobs[i].name for i in layer.bottoms]
+        for index, top in enumerate(layer.tops):
+            start = now_ms()
+            status, mat = ex.extract(blobs[top].name, 0)
+            elapsed = now_ms() - start
+            total += elapsed
+            if status != 0:
+                raise HarnessExit(EXIT_RUN, f"layer {layer.name!r} ({layer.type}) failed (ncnn status {status}); "
+                                  "check the input shape against the model")
+            array = np.array(mat, dtype=np.float32, copy=True)
+            array = array.reshape(nchw_shape(array))
+            sink.add(op=layer.name, op_type=layer.type, array=array, output_index=index,
+                     name=blobs[top].name, inputs=bottoms, layout="NCHW", memory=memory, time_ms=elapsed)
+    return total
+
+
+def run(args: HarnessArgs) -> None:
+    ncnn = _ncnn()
+    inputs = load_inputs(args.inputs)
+    net, precision = load_net(args, ncnn)
+    if not inputs:
+        raise HarnessExit(EXIT_RUN, f"no --input given; the model's inputs are {', '.join(net.input_names())}")
+    header = base_header(args, engine_version(), inputs)
+    header.update({
+        "backends_actual": [args.backend],
+        "precision_effective": precision,
+        "options": {f: bool(getattr(net.opt, f)) for f in dir(net.opt) if f.startswith("use_")},
+    })
+    gpu = _gpu_info(ncnn) if args.backend == "vulkan" else {}
+    if gpu.get("device"):
+        header["options"]["vulkan_device"] = gpu["device"]
+    for k, out in enumerate(repeat_dirs(args)):
+        sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(net.layers()))
+        infer_ms = run_once(net, args, inputs, sink, ncnn)
+        sink.close(infer_ms)
+
+
+def main() -> int:
+    return harness_main("ncnn", run, probe, engine_version)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Pick the C++ harness binary for a device ABI and engine, building it on demand into a cache.
+
+Why a cache keyed by content: building ncnn takes minutes, so a binary is built once per
+(harness sources, build scripts, target, options) and reused by every later run, test session
+and CI step; a change to any of those gives a new key, never a stale binary. ncnn itself is
+cached separately (keyed by its version and build options) so editing the harness sources does
+not rebuild ncnn. Concurrent callers serialise on a file lock so only one of them builds.
+
+Cache layout (root: $LAYERDIFF_CACHE, default ~/.cache/layerdiff):
+    harness/src/ncnn-<version>/            the ncnn sdist from PyPI, unpacked
+    harness/ncnn-<target>-<key>/           ncnn installed for one target and option set
+    harness/<target>-<key>/layerdiff-harness
+    harness/<target>-<key>/build.log       output of the last build
+A prebuilt binary can be named per ABI with $LAYERDIFF_HARNESS_<ABI> (e.g.
+LAYERDIFF_HARNESS_ARM64_V8A=/path/layerdiff-harness); it is then used as is.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+DEVICE_SCRIPTS = Path(__file__).resolve().parent.parent / "device_scripts"
+NCNN_VERSION = "1.0.20261020"
+# Bump when the ncnn CMake options in device_scripts/build_*.sh change: it keys cached ncnn builds.
+NCNN_RECIPE = 2
+TARGET_SCRIPTS = {"host": "build_host.sh", "aarch64": "build_aarch64.sh", "android": "build_android.sh"}
+
+
+class HarnessError(Exception):
+    """No harness binary can be had for a device/engine; the message says what to run."""
+
+
+@dataclass(frozen=True)
+class HarnessSpec:
+    """Everything that decides which binary gets built.
+
+    target: "host", "aarch64" (static Linux, runs on phones' CPUs and under qemu) or
+    "android-<abi>" (NDK build, needed for OpenCL/Vulkan on phones).
+    test_build: ncnn without int8 and optional ISA variants, built faster for tests and CI.
+    ncnn_layers: build ncnn with only these layers (None: all layers).
+    """
+
+    target: str
+    with_ncnn: bool = True
+    mnn_root: str | None = None
+    vulkan: bool = False
+    test_build: bool = False
+    ncnn_layers: tuple[str, ...] | None = None
+
+
+def cache_root() -> Path:
+    """Root of layerdiff's caches; $LAYERDIFF_CACHE overrides ~/.cache/layerdiff."""
+    override = os.environ.get("LAYERDIFF_CACHE")
+    return Path(override) if override else Path.home() / ".cache" / "layerdiff"
+
+
+def host_abi() -> str:
+    """The Android-style ABI name of this machine (what a host build runs as)."""
+    machine = platform.machine().lower()
+    return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64-v8a", "arm64": "arm64-v8a"}.get(
+        machine, machine
+    )
+
+
+def spec_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool = False) -> HarnessSpec:
+    """Choose the build that can run `engine` on `backend` for a device with `abi`.
+
+    A CPU-only ncnn run on an arm64 phone uses the static aarch64 binary (no NDK needed);
+    GPU backends and MNN need an NDK build; the host ABI gets the host build (Vulkan on).
+    """
+    mnn_root = os.environ.get("MNN_ROOT") or None
+    if engine not in ("ncnn", "mnn"):
+        raise HarnessError(f"unknown engine {engine!r}: use ncnn or mnn")
+    if engine == "mnn" and not mnn_root:
+        raise HarnessError(
+            f"the MNN harness for {abi} needs an MNN build: set MNN_ROOT to a directory with include/ and lib/"
+        )
+    with_ncnn = engine == "ncnn"
+    if abi == host_abi():
+        return HarnessSpec("host", with_ncnn, mnn_root if engine == "mnn" else None, with_ncnn, test_build)
+    if abi == "arm64-v8a" and engine == "ncnn" and backend == "cpu":
+        return HarnessSpec("aarch64", True, None, False, test_build)
+    if abi in ("arm64-v8a", "armeabi-v7a"):
+        return HarnessSpec(f"android-{abi}", with_ncnn, mnn_root if engine == "mnn" else None, with_ncnn, test_build)
+    raise HarnessError(f"no layerdiff harness build exists for ABI {abi!r} (supported: arm64-v8a, armeabi-v7a, {host_abi()})")
+
+
+def ncnn_key(spec: HarnessSpec) -> str:
+    """Cache key of the ncnn library a spec links against."""
+    layers = sorted(spec.ncnn_layers) if spec.ncnn_layers else None
+    recipe = {"recipe": NCNN_RECIPE, "ncnn": NCNN_VERSION, "target": spec.target, "vulkan": spec.vulkan,
+              "layers": layers, "test_build": spec.test_build}
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sources_digest() -> str:
+    """sha256 over the harness sources and build scripts: any edit gives a new binary."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in (DEVICE_SCRIPTS / "harness").rglob("*") if p.is_file())
+    files += sorted(DEVICE_SCRIPTS.glob("build_*.sh")) + sorted((DEVICE_SCRIPTS / "cmake").glob("*"))
+    for path in files:
+        digest.update(str(path.relative_to(DEVICE_SCRIPTS)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def harness_key(spec: HarnessSpec) -> str:
+    """Cache key of a harness binary: sources + spec + the ncnn it links."""
+    mnn_lib = _mnn_library_stamp(spec.mnn_root) if spec.mnn_root else None
+    blob = json.dumps({"sources": sources_digest(), "spec": asdict(spec), "ncnn": ncnn_key(spec), "mnn": mnn_lib},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _mnn_library_stamp(mnn_root: str) -> list[list]:
+    """Names, sizes and mtimes of the MNN libraries, so a rebuilt MNN gives a new key."""
+    root = Path(mnn_root)
+    libs = sorted(p for p in root.rglob("libMNN*") if p.is_file())
+    return [[str(p.relative_to(root)), p.stat().st_size, int(p.stat().st_mtime)] for p in libs]
+
+
+def binary_dir(spec: HarnessSpec) -> Path:
+    """Directory holding the cached binary for `spec`."""
+    return cache_root() / "harness" / f"{spec.target}-{harness_key(spec)}"
+
+
+def build_command(spec: HarnessSpec, out_dir: Path | None = None) -> list[str]:
+    """The build script invocation that produces the binary for `spec` (also shown in errors)."""
+    out = out_dir or binary_dir(spec)
+    base = spec.target.split("-", 1)[0]
+    cmd = [str(DEVICE_SCRIPTS / TARGET_SCRIPTS[base]), "--out", str(out), "--build-dir", str(out / "build")]
+    if base == "android":
+        cmd += ["--abi", spec.target.split("-", 1)[1]]
+    if spec.with_ncnn:
+        cache = cache_root() / "harness"
+        cmd += ["--ncnn-prefix", str(cache / f"ncnn-{spec.target}-{ncnn_key(spec)}"),
+                "--ncnn-src", str(cache / "src" / f"ncnn-{NCNN_VERSION}")]
+        cmd += ["--vulkan", "ON" if spec.vulkan else "OFF"]
+        if spec.ncnn_layers:
+            cmd += ["--layers", ",".join(spec.ncnn_layers)]
+        if spec.test_build:
+            cmd.append("--test-build")
+    else:
+        cmd.append("--no-ncnn")
+    if spec.mnn_root:
+        cmd += ["--mnn-root", spec.mnn_root]
+    return cmd
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Exclusive lock on `path` for the duration; a second builder waits, then finds the binary."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fetch_ncnn_source() -> None:
+    """Unpack ncnn's PyPI sdist into the cache (once) before a build needs it."""
+    dest = cache_root() / "harness" / "src"
+    fetch = [os.environ.get("PYTHON", "python3"), str(DEVICE_SCRIPTS / "fetch_ncnn_source.py"), str(dest),
+             "--version", NCNN_VERSION]
+    with _locked(dest.parent / "src.lock"):
+        result = subprocess.run(fetch, capture_output=True, text=True)
+    if result.returncode != 0:
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HarnessError(f"cannot fetch the ncnn source from PyPI ({detail}); run: {shlex.join(fetch)}")
+
+
+def ensure_built(spec: HarnessSpec) -> Path:
+    """Return the cached binary for `spec`, building it first if needed (one builder at a time)."""
+    out = binary_dir(spec)
+    binary = out / "layerdiff-harness"
+    if binary.is_file():
+        return binary
+    if spec.target.startswith("android") and not os.environ.get("ANDROID_NDK"):
+        raise HarnessError(f"no {spec.target} harness: it needs the Android NDK; set ANDROID_NDK and run: "
+                           f"{shlex.join(build_command(spec))}")
+    with _locked(out.with_suffix(".lock")):
+        if binary.is_file():
+            return binary
+        if spec.with_ncnn:
+            _fetch_ncnn_source()
+        out.mkdir(parents=True, exist_ok=True)
+        cmd = build_command(spec)
+        log = out / "build.log"
+        with open(log, "w") as handle:
+            result = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT)
+        if result.returncode != 0 or not binary.is_file():
+            raise HarnessError(f"building the {spec.target} harness failed (log: {log}); run: {shlex.join(cmd)}")
+    return binary
+
+
+def prebuilt_override(abi: str) -> Path | None:
+    """A binary named by $LAYERDIFF_HARNESS_<ABI>, if set (must exist)."""
+    variable = "LAYERDIFF_HARNESS_" + abi.upper().replace("-", "_")
+    value = os.environ.get(variable)
+    if not value:
+        return None
+    path = Path(value)
+    if not path.is_file():
+        raise HarnessError(f"{variable}={value} does not name a file: fix or unset it")
+    return path
+
+
+def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool = False) -> Path:
+    """The harness binary to run `engine`/`backend` on a device with `abi`, built on demand."""
+    override = prebuilt_override(abi)
+    if override:
+        return override
+    return ensure_built(spec_for(abi, engine, backend, test_build=test_build))

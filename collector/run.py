@@ -1,0 +1,206 @@
+"""One run on one device: stage → execute (with a deadline) → fetch → convert to HDF5 → clean up.
+
+The steps are the same for a phone and for the `local` device; only the `Device` differs. Whatever
+happens, what the harness dumped is kept: a crash, a deadline or a bad exit still converts the
+partial raw dump into an HDF5 marked incomplete, under a temporary name renamed at the end.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from analyzer.errors import LayerdiffError
+from analyzer.rawdump import MANIFEST, convert_raw_dump, read_raw_dump
+from collector.devices import Device, DeviceError, ExecResult
+from collector.inputs import InputSet
+from collector.models import ModelFiles
+
+PROGRESS_PREFIX = "@@ld "
+HARNESS_EXIT_MEANINGS = {
+    2: "the harness refused its arguments",
+    3: "the model failed to load",
+    4: "the backend is not available on this device",
+    5: "the run failed",
+    6: "writing the dump failed (device storage full?)",
+}
+
+ProgressSink = Callable[[int, int, str], None]
+
+
+@dataclass
+class RunSpec:
+    """Everything that defines one run's configuration (and so its output file name)."""
+
+    model: ModelFiles
+    backend: str
+    precision: str
+    inputs: InputSet
+    threads: int = 1
+    repeat: int = 1
+    deadline_s: float = 900.0
+    layers: str | None = None
+    max_bytes: int | None = None
+    keep: bool = False
+    extra_args: list[str] = field(default_factory=list)
+    extra_files: list[Path] = field(default_factory=list)
+
+    @property
+    def stem(self) -> str:
+        return f"{self.model.engine}_{self.backend}_{self.precision}_{_safe(self.inputs.label)}"
+
+    def output_names(self) -> list[str]:
+        if self.repeat == 1:
+            return [f"{self.stem}.h5"]
+        return [f"{self.stem}_r{k}.h5" for k in range(self.repeat)]
+
+
+@dataclass
+class RunOutcome:
+    spec: RunSpec
+    serial: str
+    status: str  # "done", "failed" or "skipped"
+    paths: list[Path]
+    message: str = ""
+    exit_status: int | None = None
+    duration_s: float = 0.0
+
+
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+
+
+def collect_run(
+    device: Device, spec: RunSpec, out_dir: Path, *, force: bool = False, on_progress: ProgressSink | None = None
+) -> RunOutcome:
+    """Run `spec` on `device`, writing its HDF5 file(s) into `out_dir`."""
+    out_dir = Path(out_dir)
+    targets = [out_dir / name for name in spec.output_names()]
+    if not force and all(t.exists() for t in targets):
+        return RunOutcome(spec, device.serial, "skipped", targets, "already collected (use --force to re-run)")
+    start = time.monotonic()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise LayerdiffError(f"output {out_dir} is a file; pass a directory to -o")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    harness = device.prepare_harness(spec.model.engine)
+    run_dir = device.new_run_dir(spec.stem)
+    try:
+        with tempfile.TemporaryDirectory(prefix="layerdiff-inputs-") as tmp:
+            argv = _stage(device, spec, run_dir, Path(tmp))
+            result = device.execute(harness.argv + argv, env=harness.env, deadline_s=spec.deadline_s,
+                                    on_stdout_line=_progress_parser(on_progress))
+        paths, message = _fetch_and_convert(device, spec, run_dir, targets, result)
+    finally:
+        if not spec.keep:
+            _cleanup(device, run_dir)
+    status = "done" if not message else "failed"
+    return RunOutcome(spec, device.serial, status, paths, message, result.exit_status, time.monotonic() - start)
+
+
+def _stage(device: Device, spec: RunSpec, run_dir: str, scratch: Path) -> list[str]:
+    """Put model and inputs on the device; returns the harness arguments that refer to them."""
+    argv = ["--engine", spec.model.engine]
+    for model_file in spec.model.files:
+        argv += ["--model", device.stage(model_file, run_dir)]
+    for index, (name, array) in enumerate(spec.inputs.arrays.items()):
+        local = scratch / f"input{index}.npy"
+        np.save(local, np.ascontiguousarray(array, dtype="<f4"))
+        argv += ["--input", f"{name}={device.stage(local, run_dir)}"]
+    for extra in spec.extra_files:
+        device.stage(extra, run_dir)
+    argv += ["--backend", spec.backend, "--precision", spec.precision, "--threads", str(spec.threads)]
+    argv += ["--out", f"{run_dir}/dump"]
+    if spec.repeat > 1:
+        argv += ["--repeat", str(spec.repeat)]
+    if spec.layers:
+        argv += ["--layers", spec.layers]
+    if spec.max_bytes:
+        argv += ["--max-bytes", str(spec.max_bytes)]
+    return argv + list(spec.extra_args)
+
+
+def _progress_parser(sink: ProgressSink | None) -> Callable[[str], None] | None:
+    if sink is None:
+        return None
+
+    def parse(line: str) -> None:
+        if not line.startswith(PROGRESS_PREFIX):
+            return
+        try:
+            event = json.loads(line[len(PROGRESS_PREFIX) :])
+            sink(int(event.get("k", 0)), int(event.get("n", 0)), str(event.get("op", "")))
+        except (ValueError, TypeError, AttributeError):
+            return
+
+    return parse
+
+
+def harness_failure(result: ExecResult, deadline_s: float) -> str:
+    """One line saying why a harness run did not finish, with its last stderr line."""
+    if result.exit_status == 0:
+        return ""
+    tail = [line for line in result.stderr.strip().splitlines() if line.strip()][-1:] or [""]
+    last = tail[0].strip().removeprefix("layerdiff-harness: ")
+    detail = f": {last}" if last else ""
+    if result.timed_out:
+        return f"deadline of {deadline_s:.0f}s exceeded; raise --deadline or dump fewer layers{detail}"
+    if result.exit_status < 0 or result.exit_status >= 128:
+        signal = -result.exit_status if result.exit_status < 0 else result.exit_status - 128
+        return f"the harness was killed by signal {signal} (crash){detail}"
+    meaning = HARNESS_EXIT_MEANINGS.get(result.exit_status, f"the harness exited with status {result.exit_status}")
+    return f"{meaning}{detail}"
+
+
+def _fetch_and_convert(
+    device: Device, spec: RunSpec, run_dir: str, targets: list[Path], result: ExecResult
+) -> tuple[list[Path], str]:
+    message = harness_failure(result, spec.deadline_s)
+    dump_dirs = [f"{run_dir}/dump"] if spec.repeat == 1 else [f"{run_dir}/dump/r{k}" for k in range(spec.repeat)]
+    written: list[Path] = []
+    with tempfile.TemporaryDirectory(prefix="layerdiff-fetch-", dir=targets[0].parent) as tmp:
+        for k, (remote, target) in enumerate(zip(dump_dirs, targets)):
+            try:
+                local = device.fetch_dir(remote, Path(tmp) / f"r{k}")
+            except DeviceError as err:
+                return written, f"{message + '; ' if message else ''}{err}"
+            if not (Path(local) / MANIFEST).is_file():
+                if not message:
+                    message = f"the harness wrote no dump at {remote}"
+                continue
+            written.append(_convert(device, spec, Path(local), target, result))
+    return written, message
+
+
+def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: ExecResult) -> Path:
+    info = device.info()
+    attrs = {
+        **info.provenance(),
+        "input_label": spec.inputs.label,
+        "model_name": spec.model.name,
+        "provenance": {
+            "device": info.as_dict(),
+            "input_source": spec.inputs.source,
+            "harness_duration_s": result.duration_s,
+            "timed_out": result.timed_out,
+            "command": shlex.join(["layerdiff-harness", "--backend", spec.backend, "--precision", spec.precision]),
+        },
+    }
+    try:
+        raw = read_raw_dump(local)
+    except LayerdiffError as err:
+        raise LayerdiffError(f"{device.serial}: {spec.stem}: the harness's dump is unusable ({err})") from None
+    return convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
+                            stderr=result.stderr, exit_status=result.exit_status)
+
+
+def _cleanup(device: Device, run_dir: str) -> None:
+    try:
+        device.remove(run_dir)
+    except DeviceError:
+        pass  # a device that went away keeps its scratch files; nothing collected depends on them

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything layerdiff needs on a Debian host (run as root), then layerdiff itself.
+#   bash device_scripts/setup_host.sh          # the tool: engines, Vulkan on the CPU (lavapipe), adb
+#   bash device_scripts/setup_host.sh --test   # + what the test suite needs (cross compiler, qemu, chromium, ...)
+# Safe to re-run: apt is only asked for packages that are missing.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+
+base_packages=(adb mesa-vulkan-drivers libvulkan1 vulkan-tools ca-certificates)
+test_packages=(g++ make cmake libvulkan-dev qemu-user g++-aarch64-linux-gnu chromium)
+
+packages=("${base_packages[@]}")
+extras="."
+if [[ "${1:-}" == "--test" ]]; then
+    packages+=("${test_packages[@]}")
+    extras=".[test]"
+fi
+if ! command -v python3 >/dev/null || ! python3 -m pip --version >/dev/null 2>&1; then
+    packages+=(python3 python3-pip python3-venv)
+fi
+
+missing=()
+for pkg in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if (( ${#missing[@]} )); then
+    echo "setup_host: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+pip_flags=(-q)
+if python3 -c 'import os, sys, sysconfig; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'; then
+    pip_flags+=(--break-system-packages)  # Debian's own python3: this machine is dedicated to the tool
+fi
+cd "$repo"
+python3 -m pip install "${pip_flags[@]}" --disable-pip-version-check -e "$extras"
+echo "setup_host: layerdiff installed ($(command -v collect))" >&2

@@ -1,0 +1,44 @@
+"""Shared fixtures: the sample models, and local-device runs made once per test session."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collector.devices import LocalDevice
+from collector.inputs import InputSet
+from collector.models import resolve_model
+from collector.run import RunSpec, collect_run
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "samples"
+MODELS = SAMPLES / "models"
+
+pytest_plugins = [p for p in ("tests.standin.fixtures",) if importlib.util.find_spec(p) is not None]
+
+
+def sample_input(stem: str) -> np.ndarray:
+    return np.load(SAMPLES / "inputs" / f"{stem}.npy")
+
+
+@pytest.fixture(scope="session")
+def local_runs(tmp_path_factory):
+    """`local_runs(model, backend, precision)` → path of an HDF5 dump, each configuration run once."""
+    out = tmp_path_factory.mktemp("local-runs")
+    cache: dict[tuple, Path] = {}
+    device = LocalDevice()
+
+    def run(model: str, backend: str, precision: str) -> Path:
+        key = (model, backend, precision)
+        if key not in cache:
+            files = resolve_model(MODELS / model)
+            stem = Path(model).stem
+            inputs = InputSet(stem, {"data": sample_input(stem)}, f"samples/inputs/{stem}.npy")
+            outcome = collect_run(device, RunSpec(files, backend, precision, inputs), out)
+            assert outcome.status == "done", outcome.message
+            cache[key] = outcome.paths[0]
+        return cache[key]
+
+    return run

@@ -1,0 +1,159 @@
+"""The two dump formats: round trips, partial dumps, and refusal of malformed files."""
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from analyzer.dumpfile import DumpFile, DumpWriter, partial_path
+from analyzer.errors import DumpFormatError
+from analyzer.rawdump import MANIFEST, TENSORS, RawDumpWriter, convert_raw_dump, read_raw_dump
+from analyzer.tensorstats import tensor_stats
+
+AWKWARD_NAMES = ["block1/conv", "model:0/relu:1", "layer with spaces", "ünïcode/π"]
+
+
+def _write_raw(path, arrays, *, footer=True):
+    writer = RawDumpWriter(path, {"engine": "ncnn", "backend_requested": "vulkan", "backends_actual": ["vulkan"],
+                                  "precision_requested": "low", "precision_effective": "fp16-storage",
+                                  "model": [{"file": "m.param", "sha256": "aa"}, {"file": "m.bin", "sha256": "bb"}]})
+    for i, (name, array) in enumerate(arrays.items()):
+        writer.add(op=name, op_type="Convolution", array=array, output_index=i % 2, inputs=["data"])
+    if footer:
+        writer.close(infer_ms=3.5)
+    else:
+        writer._data.close()
+        writer._manifest.close()
+    return path
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    return {name: rng.standard_normal((1, 3, 5, 7)).astype(np.float32) * (i + 1) for i, name in enumerate(AWKWARD_NAMES)}
+
+
+def test_raw_to_hdf5_round_trip_keeps_names_values_and_provenance(tmp_path):
+    arrays = _arrays()
+    _write_raw(tmp_path / "raw", arrays)
+    out = convert_raw_dump(tmp_path / "raw", tmp_path / "run.h5", attrs={"device_serial": "ABC 123"},
+                           inputs=[("data", np.ones((1, 3), np.float32))], stderr="warn: x\n", exit_status=0)
+    with DumpFile(out) as dump:
+        assert list(dump.layers["op"]) == AWKWARD_NAMES
+        assert list(dump.layers["key"]) == [f"{n}:{i % 2}" for i, n in enumerate(AWKWARD_NAMES)]
+        for i, name in enumerate(AWKWARD_NAMES):
+            np.testing.assert_array_equal(dump.tensor(i), arrays[name])
+            np.testing.assert_array_equal(dump.tensor_by_key(f"{name}:{i % 2}"), arrays[name])
+        attrs = dump.attrs
+        assert attrs["complete"] is True and attrs["backend_actual"] == "vulkan"
+        assert attrs["device_serial"] == "ABC 123" and attrs["infer_ms"] == 3.5
+        assert len(attrs["model_sha256"]) == 64  # two files → sha256 of their sha256s
+        assert dump.provenance["raw_header"]["precision_effective"] == "fp16-storage"
+        assert [n for n, _ in dump.inputs()] == ["data"] and dump.stderr() == "warn: x\n"
+        assert json.loads(dump.layers.loc[0, "inputs"]) == ["data"]
+
+
+def test_dump_without_footer_converts_to_incomplete_hdf5_with_every_tensor(tmp_path):
+    arrays = _arrays()
+    _write_raw(tmp_path / "raw", arrays, footer=False)
+    with open(tmp_path / "raw" / MANIFEST, "a") as fh:
+        fh.write('{"record": "tensor", "order": 9, "op": "half-writ')  # harness killed mid-line
+    raw = read_raw_dump(tmp_path / "raw")
+    assert not raw.complete and "last op 'ünïcode/π'" in raw.problems[0]
+    out = convert_raw_dump(raw, tmp_path / "run.h5", exit_status=-9)
+    with DumpFile(out) as dump:
+        assert dump.complete is False and dump.attrs["exit_status"] == -9
+        assert len(dump.layers) == len(arrays)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda t: t.update(offset=10**9), "tensors.bin has"),
+        (lambda t: t.update(nbytes=12), "does not match shape"),
+        (lambda t: t.update(shape=[10**7, 10**7]), "more than any real tensor"),
+        (lambda t: t.update(dtype="object"), "unsupported dtype"),
+        (lambda t: t.update(shape=[-1, 4]), "negative dimension"),
+    ],
+)
+def test_raw_reader_refuses_lying_manifests_before_allocating(tmp_path, mutate, message):
+    _write_raw(tmp_path / "raw", {"a": np.zeros((2, 3), np.float32)})
+    lines = (tmp_path / "raw" / MANIFEST).read_text().splitlines()
+    tensor = json.loads(lines[1])
+    mutate(tensor)
+    lines[1] = json.dumps(tensor)
+    (tmp_path / "raw" / MANIFEST).write_text("\n".join(lines) + "\n")
+    with pytest.raises(DumpFormatError, match=message) as err:
+        read_raw_dump(tmp_path / "raw")
+    assert f"{MANIFEST}:2" in str(err.value)
+
+
+def test_raw_reader_refuses_newer_versions_and_foreign_headers(tmp_path):
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / MANIFEST).write_text(json.dumps({"record": "header", "format": "layerdiff-raw", "format_version": 2}) + "\n")
+    (tmp_path / "raw" / TENSORS).write_bytes(b"")
+    with pytest.raises(DumpFormatError, match="version 2 is not supported"):
+        read_raw_dump(tmp_path / "raw")
+    (tmp_path / "raw" / MANIFEST).write_text('{"hello": 1}\n')
+    with pytest.raises(DumpFormatError, match="not a layerdiff raw dump header"):
+        read_raw_dump(tmp_path / "raw")
+
+
+def test_failed_conversion_leaves_no_partial_file_and_keeps_the_old_one(tmp_path):
+    target = tmp_path / "run.h5"
+    target.write_bytes(b"previous run")
+    with pytest.raises(RuntimeError):
+        with DumpWriter(target, {}) as writer:
+            writer.add_tensor({"order": 0, "op": "a"}, np.zeros(3, np.float32))
+            raise RuntimeError("harness connection lost")
+    assert target.read_bytes() == b"previous run"
+    assert not partial_path(target).exists()
+
+
+def test_hdf5_reader_refuses_foreign_and_newer_files(tmp_path):
+    with h5py.File(tmp_path / "other.h5", "w") as fh:
+        fh["x"] = np.zeros(3)
+    with pytest.raises(DumpFormatError, match="not a layerdiff dump"):
+        DumpFile(tmp_path / "other.h5")
+    with DumpWriter(tmp_path / "new.h5", {}) as writer:
+        writer.add_tensor({"order": 0, "op": "a"}, np.zeros(3, np.float32))
+    with h5py.File(tmp_path / "new.h5", "a") as fh:
+        fh.attrs["format_version"] = 99
+    with pytest.raises(DumpFormatError, match="newer than this layerdiff reads"):
+        DumpFile(tmp_path / "new.h5")
+    (tmp_path / "junk.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
+    with pytest.raises(DumpFormatError, match="not a readable HDF5 file"):
+        DumpFile(tmp_path / "junk.h5")
+
+
+def test_hdf5_reader_refuses_a_huge_declared_tensor_without_allocating(tmp_path, monkeypatch):
+    with DumpWriter(tmp_path / "big.h5", {}) as writer:
+        writer.add_tensor({"order": 0, "op": "a"}, np.zeros(3, np.float32))
+    with h5py.File(tmp_path / "big.h5", "a") as fh:
+        del fh["tensors/0"]
+        fh["tensors"].create_dataset("0", shape=(10**6, 10**6), dtype="f4", chunks=(1, 1024))
+    with DumpFile(tmp_path / "big.h5") as dump, pytest.raises(DumpFormatError, match="over the"):
+        dump.tensor(0)
+
+
+def test_tensor_stats_match_numpy_including_nonfinite_and_fp16_ranges():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(700_001).astype(np.float32) * 3e4
+    x[:50] = 0
+    x[50:60] = 1e-6
+    x[60:70] = 65504
+    x[70:80] = 1e6
+    x[80] = np.nan
+    x[81:84] = np.inf
+    x[84] = -np.inf
+    s = tensor_stats(x)
+    finite = x[np.isfinite(x)].astype(np.float64)
+    assert (s.n_nan, s.n_posinf, s.n_neginf) == (1, 3, 1)
+    assert s.n_zero == 50 and s.n_fp16_saturated == 10
+    assert s.n_fp16_overflow == int(np.count_nonzero(np.abs(finite) > 65504))
+    assert s.n_fp16_underflow == int(np.count_nonzero((np.abs(finite) > 0) & (np.abs(finite) < 6.103515625e-05)))
+    assert s.min == finite.min() and s.max == finite.max()
+    assert s.mean == pytest.approx(finite.mean(), rel=1e-9) and s.std == pytest.approx(finite.std(), rel=1e-9)
+    empty = tensor_stats(np.full(4, np.nan, np.float32))
+    assert empty.n_nan == 4 and np.isnan(empty.mean)
