@@ -39,53 +39,58 @@ class TensorStats:
 
 
 class _Accumulator:
-    """Running sums over chunks; float64 totals so long tensors keep their precision."""
+    """Running totals over chunks, merged with Chan's formula so mean/std stay exact in float64
+    without ever converting a chunk to float64 (that copy alone would halve the throughput)."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int, dtype: np.dtype) -> None:
         self.stats = TensorStats()
-        self.finite = 0
-        self.total = 0.0
-        self.total_sq = 0.0
+        self.count = 0
+        self.mean = 0.0
+        self.m2 = 0.0
         self.lo = math.inf
         self.hi = -math.inf
+        self.scratch = np.empty(size, dtype=dtype)
+        self.mask = np.empty(size, dtype=bool)
 
-    def add_finite(self, chunk: np.ndarray, scratch: np.ndarray) -> None:
-        s = self.stats
-        n = chunk.size
-        lo, hi = float(chunk.min()), float(chunk.max())
+    def add_finite(self, chunk: np.ndarray, lo: float, hi: float) -> None:
+        s, n = self.stats, chunk.size
+        scratch, mask = self.scratch[:n], self.mask[:n]
         self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
-        self.finite += n
-        as64 = chunk.astype(np.float64, copy=False) if chunk.dtype != np.float64 else chunk
-        self.total += float(np.add.reduce(as64))
-        self.total_sq += float(np.dot(as64, as64))
-        nonzero = int(np.count_nonzero(chunk))
-        s.n_zero += n - nonzero
+        chunk_mean = float(np.add.reduce(chunk, dtype=np.float64 if chunk.dtype != np.float32 else None)) / n
+        np.subtract(chunk, chunk_mean, out=scratch)
+        chunk_m2 = float(np.dot(scratch, scratch))
+        self._merge(n, chunk_mean, chunk_m2)
+        zeros = int(np.count_nonzero(np.equal(chunk, 0, out=mask)))
+        s.n_zero += zeros
+        mags = np.abs(chunk, out=scratch)
         if hi >= FP16_MAX or lo <= -FP16_MAX:
-            mags = np.abs(chunk, out=scratch[:n])
-            s.n_fp16_overflow += int(np.count_nonzero(mags > FP16_MAX))
-            s.n_fp16_saturated += int(np.count_nonzero(mags == FP16_MAX))
-        else:
-            mags = np.abs(chunk, out=scratch[:n])
-        if nonzero:
-            s.n_fp16_underflow += int(np.count_nonzero(mags < FP16_MIN_NORMAL)) - (n - nonzero)
+            s.n_fp16_overflow += int(np.count_nonzero(np.greater(mags, FP16_MAX, out=mask)))
+            s.n_fp16_saturated += int(np.count_nonzero(np.equal(mags, FP16_MAX, out=mask)))
+        if zeros < n:
+            s.n_fp16_underflow += int(np.count_nonzero(np.less(mags, FP16_MIN_NORMAL, out=mask))) - zeros
 
-    def add_nonfinite(self, chunk: np.ndarray, scratch: np.ndarray) -> None:
+    def _merge(self, n: int, mean: float, m2: float) -> None:
+        total = self.count + n
+        delta = mean - self.mean
+        self.m2 += m2 + delta * delta * self.count * n / total
+        self.mean += delta * n / total
+        self.count = total
+
+    def add_nonfinite(self, chunk: np.ndarray) -> None:
         s = self.stats
-        nan = np.isnan(chunk)
-        s.n_nan += int(np.count_nonzero(nan))
+        s.n_nan += int(np.count_nonzero(np.isnan(chunk)))
         s.n_posinf += int(np.count_nonzero(chunk == np.inf))
         s.n_neginf += int(np.count_nonzero(chunk == -np.inf))
         finite = chunk[np.isfinite(chunk)]
         if finite.size:
-            self.add_finite(finite, scratch)
+            self.add_finite(finite, float(finite.min()), float(finite.max()))
 
     def result(self, numel: int) -> TensorStats:
         s = self.stats
         s.numel = numel
-        if self.finite:
-            mean = self.total / self.finite
-            var = max(self.total_sq / self.finite - mean * mean, 0.0)
-            s.min, s.max, s.mean, s.std = self.lo, self.hi, mean, math.sqrt(var)
+        if self.count:
+            s.min, s.max, s.mean = self.lo, self.hi, self.mean
+            s.std = math.sqrt(max(self.m2, 0.0) / self.count)
         return s
 
 
@@ -94,13 +99,12 @@ def tensor_stats(array: np.ndarray) -> TensorStats:
     flat = np.ascontiguousarray(array).reshape(-1)
     if flat.dtype.kind not in "f":
         flat = flat.astype(np.float64)
-    acc = _Accumulator()
-    scratch = np.empty(min(CHUNK_ELEMENTS, max(flat.size, 1)), dtype=flat.dtype)
+    acc = _Accumulator(min(CHUNK_ELEMENTS, max(flat.size, 1)), flat.dtype)
     for start in range(0, flat.size, CHUNK_ELEMENTS):
         chunk = flat[start : start + CHUNK_ELEMENTS]
-        lo, hi = chunk.min(), chunk.max()
-        if np.isfinite(lo) and np.isfinite(hi):
-            acc.add_finite(chunk, scratch)
+        lo, hi = float(chunk.min()), float(chunk.max())
+        if math.isfinite(lo) and math.isfinite(hi):
+            acc.add_finite(chunk, lo, hi)
         else:
-            acc.add_nonfinite(chunk, scratch)
+            acc.add_nonfinite(chunk)
     return acc.result(int(flat.size))

@@ -11,12 +11,15 @@ from rich.console import Console
 from analyzer.errors import LayerdiffError
 from collector.inputs import resolve_inputs
 from collector.models import input_shapes, resolve_model
-from collector.progress import RunProgress
+from collector.preprocess import parse_preprocess
+from collector.plan import SweepPlan, resolve_devices, split_list
+from collector.progress import SweepProgress
 from collector.samples import default_model
-from collector.sweep import SweepPlan, resolve_devices, run_sweep, split_list
+from collector.sweep import run_sweep
 
 BACKENDS = ("cpu", "opencl", "vulkan")
 PRECISIONS = ("low", "normal", "high")
+EXIT_SOME_SKIPPED = 3  # nothing failed, but a requested combination is impossible on some device
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=False, rich_markup_mode=None,
                   help="Run a model on devices with every layer dumped; one HDF5 file per run.")
@@ -38,7 +41,8 @@ def collect(
     engine: str = typer.Option("auto", "--engine", help="auto (from the file name), mnn or ncnn"),
     backend: List[str] = typer.Option(None, "--backend", "-b", help="cpu, opencl, vulkan (comma list or repeated)"),
     precision: List[str] = typer.Option(None, "--precision", "-p", help="low, normal, high (comma list or repeated)"),
-    input: List[str] = typer.Option(None, "--input", "-i", help=".npy, .npz or random[:SEED]; repeat for several inputs"),
+    input: List[str] = typer.Option(None, "--input", "-i", help=".npy, .npz, image, dir, glob, name=FILE or random[:SEED]; repeatable"),
+    preprocess: Optional[str] = typer.Option(None, "--preprocess", help="image recipe: resize=224x224,crop=center,... or a .json/.toml file"),
     out: Path = typer.Option(Path("runs"), "--out", "-o", help="output directory for the .h5 files"),
     threads: int = typer.Option(1, "--threads"),
     repeat: int = typer.Option(1, "--repeat", help="dump each configuration N times (nondeterminism)"),
@@ -49,37 +53,48 @@ def collect(
     adb_server: List[str] = typer.Option(None, "--adb-server", help="host:port of an adb server (repeatable)"),
     keep: bool = typer.Option(False, "--keep", help="keep the run's files on the device"),
     force: bool = typer.Option(False, "--force", help="re-run and overwrite runs already collected"),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="re-run runs the index records as failed"),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    plan = build_plan(
-        devices=split_list(device) or ["local"], model=model, engine=engine,
+    plan, input_errors = build_plan(
+        devices=split_list(device) or ["local"], model=model, engine=engine, preprocess=preprocess,
         backends=_checked(split_list(backend) or ["cpu"], BACKENDS, "backend"),
         precisions=_checked(split_list(precision) or ["high"], PRECISIONS, "precision"),
         inputs=input or [], out=out, threads=threads, repeat=repeat, deadline=deadline, layers=layers,
         max_bytes=max_bytes, exclude=split_list(exclude), adb_servers=adb_server or [], keep=keep, force=force,
+        retry_failed=retry_failed,
     )
-    with RunProgress(console) as progress:
-        outcomes = run_sweep(plan, on_outcome=progress.finished, progress=progress.for_run)
-    failed = [o for o in outcomes if o.status == "failed"]
-    progress.summary(outcomes, plan.out_dir)
-    if failed:
+    for error in input_errors:
+        print(f"collect: {error}", file=sys.stderr)
+    with SweepProgress(console) as progress:
+        result = run_sweep(plan, observer=progress, on_planned=progress.planned)
+    progress.summary(result.runs, plan.out_dir, result.interrupted)
+    if result.interrupted:
+        raise typer.Exit(130)
+    if result.failed or input_errors:
         raise typer.Exit(1)
+    if any(run.row.status == "skipped" for run in result.runs):
+        raise typer.Exit(EXIT_SOME_SKIPPED)
 
 
 def build_plan(*, devices: list[str], model: Path | None, engine: str, backends: list[str], precisions: list[str],
                inputs: list[str], out: Path, threads: int, repeat: int, deadline: float, layers: str | None,
-               max_bytes: int | None, exclude: list[str], adb_servers: list[str], keep: bool, force: bool) -> SweepPlan:
-    """Everything `collect` needs, checked before any device is touched."""
+               max_bytes: int | None, exclude: list[str], adb_servers: list[str], keep: bool, force: bool,
+               retry_failed: bool = False, preprocess: str | None = None) -> tuple[SweepPlan, list[str]]:
+    """Everything `collect` needs, checked before any device is touched; plus unusable-input lines."""
     if out.exists() and not out.is_dir():
         raise LayerdiffError(f"output {out} is a file; pass a directory to -o")
     model_files = resolve_model(model or default_model(), engine)
-    input_sets = resolve_inputs(inputs, input_shapes(model_files))
+    input_sets, input_errors = resolve_inputs(inputs, input_shapes(model_files), parse_preprocess(preprocess))
+    if not input_sets:
+        raise LayerdiffError(input_errors[0] if len(input_errors) == 1 else
+                             f"none of the {len(input_errors)} inputs is usable; first: {input_errors[0]}")
     return SweepPlan(
         devices=resolve_devices(devices, adb_servers, exclude), model=model_files, backends=backends,
         precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
-        deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force,
-    )
+        deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force, retry_failed=retry_failed,
+    ), input_errors
 
 
 def main() -> None:

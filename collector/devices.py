@@ -204,15 +204,35 @@ def _local_gpu_name() -> str:
     return ""
 
 
+_CHILDREN: set[subprocess.Popen] = set()
+_CHILDREN_LOCK = threading.Lock()
+
+
+def terminate_children() -> None:
+    """Kill every harness process this collector started locally (used on Ctrl-C)."""
+    with _CHILDREN_LOCK:
+        children = list(_CHILDREN)
+    for proc in children:
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+
 def run_with_deadline(
     argv: list[str], *, env: dict[str, str], deadline_s: float, on_stdout_line: LineSink | None = None
 ) -> ExecResult:
     """Run a child, stream its stdout lines, collect stderr, and kill it at the deadline."""
     start = time.monotonic()
     child_env = {**os.environ, **env}
+    # A session of its own: Ctrl-C on the terminal reaches the collector, which stops children itself
+    # (see terminate_children) and records the runs as interrupted instead of crashed.
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env, text=True, errors="replace"
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env, text=True, errors="replace",
+        start_new_session=True,
     )
+    with _CHILDREN_LOCK:
+        _CHILDREN.add(proc)
     stderr_chunks: list[str] = []
     reader = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
     reader.start()
@@ -225,6 +245,8 @@ def run_with_deadline(
         status = proc.wait()
     finally:
         timer.cancel()
+        with _CHILDREN_LOCK:
+            _CHILDREN.discard(proc)
     reader.join()
     elapsed = time.monotonic() - start
     return ExecResult(

@@ -1,21 +1,27 @@
-"""Model inputs: what `--input` names (a .npy, a .npz, `random[:seed]`) turned into named arrays.
+"""Model inputs: what `--input` names turned into named arrays, one `InputSet` per run.
 
-Each `InputSet` is one run's worth of inputs with a short label that names output files, so a sweep
-over several inputs can tell them apart. The arrays are what the harness is fed, byte for byte, and
-they are stored in the HDF5 dump.
+`--input` takes `random[:seed]`, a `.npy` (single-input models), a `.npz` (name → array), an image
+(PNG/JPEG/...), a directory or a glob of those (one run each), or `name=FILE` pairs for models with
+several inputs. One bad file must not stop a sweep over a folder of photos, so per-file problems
+come back as error lines while the other inputs still run; only a spec that names nothing at all,
+or a model that cannot take any input, stops the command.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from analyzer.errors import LayerdiffError
+from collector.preprocess import IMAGE_SUFFIXES, Preprocess, default_for, load_image
 
 _RANDOM = re.compile(r"^random(?::(\d+))?$")
+_PAIR = re.compile(r"^([A-Za-z_][\w./:-]*)=(.+)$")
+DATA_SUFFIXES = (".npy", ".npz")
 
 
 @dataclass
@@ -23,6 +29,7 @@ class InputSet:
     label: str
     arrays: dict[str, np.ndarray]
     source: str
+    preprocess: dict = field(default_factory=dict)
 
     def sha256(self) -> str:
         digests = [hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest() for a in self.arrays.values()]
@@ -31,44 +38,120 @@ class InputSet:
         return hashlib.sha256("".join(digests).encode()).hexdigest()
 
 
-def resolve_inputs(specs: list[str], shapes: dict[str, tuple[int, ...]]) -> list[InputSet]:
-    """One InputSet per `--input` value (default: one `random:0`), each checked against the model."""
-    sets = [_one_input(spec, shapes) for spec in (specs or ["random:0"])]
-    labels = [s.label for s in sets]
-    for label in set(labels):
-        if labels.count(label) > 1:
-            raise LayerdiffError(f"two inputs are both labelled {label!r}; rename one of the files")
-    return sets
+def resolve_inputs(
+    specs: list[str], shapes: dict[str, tuple[int, ...]], preprocess: Preprocess | None = None
+) -> tuple[list[InputSet], list[str]]:
+    """Every run's inputs (default: one `random:0`) plus one error line per unusable file."""
+    sets: list[InputSet] = []
+    errors: list[str] = []
+    pairs: dict[str, str] = {}
+    for spec in specs or ["random:0"]:
+        pair = _PAIR.match(spec)
+        if pair and not Path(spec).exists() and pair.group(1) in shapes:
+            if pair.group(1) in pairs:
+                _collect(lambda: [_paired(pairs, shapes, preprocess)], sets, errors)
+                pairs = {}
+            pairs[pair.group(1)] = pair.group(2)
+            continue
+        for one in _expand(spec):
+            _collect(lambda one=one: [_one_input(one, shapes, preprocess)], sets, errors)
+    if pairs:
+        _collect(lambda: [_paired(pairs, shapes, preprocess)], sets, errors)
+    _unique_labels(sets)
+    return sets, errors
 
 
-def _one_input(spec: str, shapes: dict[str, tuple[int, ...]]) -> InputSet:
+def _collect(make, sets: list[InputSet], errors: list[str]) -> None:
+    try:
+        sets.extend(make())
+    except LayerdiffError as err:
+        errors.append(str(err))
+
+
+def _expand(spec: str) -> list[str]:
+    """A directory or glob → its usable files in name order; anything else stays as it is."""
+    path = Path(spec)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES + DATA_SUFFIXES)
+        if not files:
+            raise LayerdiffError(f"input directory {path} holds no images, .npy or .npz files")
+        return [str(f) for f in files]
+    if any(ch in spec for ch in "*?[") and not path.exists():
+        files = sorted(glob.glob(spec))
+        if not files:
+            raise LayerdiffError(f"input pattern {spec!r} matches no file")
+        return files
+    return [spec]
+
+
+def _unique_labels(sets: list[InputSet]) -> None:
+    """Two inputs named alike (a.png and a.npy) get distinct labels: labels name output files."""
+    seen: dict[str, int] = {}
+    for s in sets:
+        count = seen.get(s.label, 0)
+        seen[s.label] = count + 1
+        if count:
+            s.label = f"{s.label}-{count + 1}"
+
+
+def _one_input(spec: str, shapes: dict[str, tuple[int, ...]], preprocess: Preprocess | None) -> InputSet:
     match = _RANDOM.match(spec)
     if match:
         seed = int(match.group(1) or 0)
         return InputSet(f"random{seed}", random_inputs(shapes, seed), spec)
     path = Path(spec)
     if not path.is_file():
-        raise LayerdiffError(f"input {spec}: no such file; give a .npy, a .npz or random[:SEED]")
-    if path.suffix == ".npy":
-        array = _load(path)
-        if len(shapes) != 1:
-            raise LayerdiffError(f"{path}: the model has {len(shapes)} inputs ({', '.join(shapes)}); use a .npz with one array per input name")
-        name = next(iter(shapes))
-        arrays = {name: array}
-    elif path.suffix == ".npz":
+        raise LayerdiffError(f"input {spec}: no such file; give a .npy, .npz, an image, a directory or random[:SEED]")
+    if path.suffix.lower() == ".npz":
         arrays = _load_npz(path)
-    else:
-        raise LayerdiffError(f"{path}: unsupported input type; use .npy, .npz or random[:SEED]")
+        check_against_model(path, arrays, shapes)
+        return InputSet(path.stem, arrays, str(path))
+    name = _single_input_name(path, shapes)
+    array, recipe = _load_file(path, shapes[name], preprocess)
+    arrays = {name: array}
     check_against_model(path, arrays, shapes)
-    return InputSet(path.stem, arrays, str(path))
+    return InputSet(path.stem, arrays, str(path), recipe)
 
 
-def _load(path: Path) -> np.ndarray:
+def _paired(pairs: dict[str, str], shapes: dict[str, tuple[int, ...]], preprocess: Preprocess | None) -> InputSet:
+    arrays: dict[str, np.ndarray] = {}
+    recipes: dict[str, dict] = {}
+    for name, file in pairs.items():
+        path = Path(file)
+        if not path.is_file():
+            raise LayerdiffError(f"input {name}={file}: no such file")
+        arrays[name], recipe = _load_file(path, shapes[name], preprocess)
+        if recipe:
+            recipes[name] = recipe
+    label = "+".join(Path(f).stem for f in pairs.values())
+    check_against_model(label, arrays, shapes)
+    return InputSet(label, arrays, ",".join(f"{n}={f}" for n, f in pairs.items()), recipes)
+
+
+def _single_input_name(path: Path, shapes: dict[str, tuple[int, ...]]) -> str:
+    if len(shapes) != 1:
+        raise LayerdiffError(
+            f"{path}: the model has {len(shapes)} inputs ({', '.join(shapes)}); use a .npz or name=FILE pairs"
+        )
+    return next(iter(shapes))
+
+
+def _load_file(path: Path, shape: tuple[int, ...], preprocess: Preprocess | None) -> tuple[np.ndarray, dict]:
+    suffix = path.suffix.lower()
+    if suffix in IMAGE_SUFFIXES:
+        recipe = preprocess or default_for(shape)
+        return load_image(path, recipe), recipe.as_dict()
+    if suffix == ".npy":
+        return _load_npy(path), {}
+    raise LayerdiffError(f"{path}: unsupported input type; use .npy, .npz, an image or random[:SEED]")
+
+
+def _load_npy(path: Path) -> np.ndarray:
     try:
         array = np.load(path, allow_pickle=False)
     except (ValueError, OSError) as err:
         raise LayerdiffError(f"{path}: not a readable .npy file ({err})") from None
-    if array.dtype.kind not in "fiu":
+    if array.dtype.kind not in "fiub":
         raise LayerdiffError(f"{path}: input dtype {array.dtype} is not numeric")
     return np.ascontiguousarray(array, dtype=np.float32)
 
@@ -76,9 +159,13 @@ def _load(path: Path) -> np.ndarray:
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as npz:
-            return {name: np.ascontiguousarray(npz[name], dtype=np.float32) for name in npz.files}
+            arrays = {name: npz[name] for name in npz.files}
     except (ValueError, OSError) as err:
         raise LayerdiffError(f"{path}: not a readable .npz file ({err})") from None
+    for name, array in arrays.items():
+        if array.dtype.kind not in "fiub":
+            raise LayerdiffError(f"{path}: array {name!r} has non-numeric dtype {array.dtype}")
+    return {name: np.ascontiguousarray(a, dtype=np.float32) for name, a in arrays.items()}
 
 
 def check_against_model(source: Path | str, arrays: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> None:
@@ -87,8 +174,6 @@ def check_against_model(source: Path | str, arrays: dict[str, np.ndarray], shape
             raise LayerdiffError(f"{source}: the model has no input {name!r}; its inputs are {', '.join(shapes)}")
         expected = shapes[name]
         if len(expected) == array.ndim and all(e <= 0 or e == a for e, a in zip(expected, array.shape)):
-            continue
-        if int(np.prod([d for d in expected if d > 0])) == array.size and all(d > 0 for d in expected):
             continue
         raise LayerdiffError(
             f"{source}: input {name!r} has shape {list(array.shape)} but the model expects {list(expected)}"

@@ -186,6 +186,7 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
         "provenance": {
             "device": info.as_dict(),
             "input_source": spec.inputs.source,
+            "input_preprocess": spec.inputs.preprocess,
             "harness_duration_s": result.duration_s,
             "timed_out": result.timed_out,
             "command": shlex.join(["layerdiff-harness", "--backend", spec.backend, "--precision", spec.precision]),

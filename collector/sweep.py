@@ -1,137 +1,145 @@
-"""The cross product of devices × backends × precisions × inputs, run and recorded in an index.
+"""Running a planned sweep: one worker per device, all devices at once, the index always current.
 
-`collect` with one value of each is a sweep of one run; with lists it is a sweep of many. Either way
-every planned run gets a row in `index.csv`, written atomically after each run so an interrupted
-sweep always says what is done.
+A phone runs one job at a time, so each device gets one thread that works through its own runs; the
+devices run in parallel. A device that disappears has its remaining runs marked failed while the
+others carry on. Ctrl-C stops every worker, kills local harness processes, and leaves the index
+saying exactly what is done (final files only ever appear complete: see analyzer.dumpfile).
 """
 from __future__ import annotations
 
-import csv
-import os
+import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Protocol
 
+from analyzer.dumpfile import partial_path
 from analyzer.errors import LayerdiffError
-from collector.devices import Device, LocalDevice
-from collector.inputs import InputSet
-from collector.models import ModelFiles
-from collector.run import RunOutcome, RunSpec, collect_run
+from collector.devices import Device, DeviceError, terminate_children
+from collector.index import Index
+from collector.plan import PlannedRun, SweepPlan, plan_runs, relative_name
+from collector.run import RunOutcome, collect_run
 
-INDEX_COLUMNS = ["serial", "engine", "backend", "precision", "input", "status", "reason", "duration_s", "files",
-                 "model_sha256", "input_sha256"]
+
+class SweepObserver(Protocol):
+    """What a progress display hears from a sweep (called from worker threads)."""
+
+    def started(self, run: PlannedRun) -> None: ...
+
+    def layer(self, run: PlannedRun, k: int, n: int, op: str) -> None: ...
+
+    def finished(self, run: PlannedRun) -> None: ...
 
 
 @dataclass
-class SweepPlan:
-    devices: list[Device]
-    model: ModelFiles
-    backends: list[str]
-    precisions: list[str]
-    inputs: list[InputSet]
-    out_dir: Path
-    threads: int = 1
-    repeat: int = 1
-    deadline_s: float = 900.0
-    layers: str | None = None
-    max_bytes: int | None = None
-    keep: bool = False
-    force: bool = False
-    extra: dict = field(default_factory=dict)
+class SweepResult:
+    runs: list[PlannedRun]
+    index: Index
+    interrupted: bool = False
+    failed: list[PlannedRun] = field(default_factory=list)
 
-    def specs(self) -> Iterable[RunSpec]:
-        for backend in self.backends:
-            for precision in self.precisions:
-                for inputs in self.inputs:
-                    yield RunSpec(self.model, backend, precision, inputs, threads=self.threads, repeat=self.repeat,
-                                  deadline_s=self.deadline_s, layers=self.layers, max_bytes=self.max_bytes,
-                                  keep=self.keep)
-
-    def device_dir(self, device: Device) -> Path:
-        """One device writes straight into the output directory; several get a folder each."""
-        if len(self.devices) == 1:
-            return self.out_dir
-        return self.out_dir / "".join(c if c.isalnum() or c in "-_." else "_" for c in device.serial)
+    def paths(self) -> list[Path]:
+        return [p for run in self.runs if run.row.status == "done" for p in run.paths]
 
 
-def split_list(values: list[str] | None) -> list[str]:
-    """`--backend cpu,vulkan --backend opencl` → ["cpu", "vulkan", "opencl"], order kept, no repeats."""
-    out: list[str] = []
-    for value in values or []:
-        for item in value.split(","):
-            item = item.strip()
-            if item and item not in out:
-                out.append(item)
-    return out
+class _Worker(threading.Thread):
+    """Works through one device's runs in order; stops between runs when asked."""
+
+    def __init__(self, device: Device, runs: list[PlannedRun], index: Index, plan: SweepPlan,
+                 stop: threading.Event, observer: SweepObserver | None) -> None:
+        super().__init__(name=f"sweep-{device.serial}", daemon=True)
+        self.device, self.runs, self.index, self.plan = device, runs, index, plan
+        self.stop, self.observer = stop, observer
+        self.current: PlannedRun | None = None
+
+    def run(self) -> None:
+        for position, run in enumerate(self.runs):
+            if self.stop.is_set():
+                return
+            self.current = run
+            self.index.update(run.row, status="running", reason="")
+            if self.observer:
+                self.observer.started(run)
+            lost = self._one(run)
+            self.current = None
+            if self.observer:
+                self.observer.finished(run)
+            if lost:
+                for rest in self.runs[position + 1 :]:
+                    self.index.update(rest.row, status="failed", reason=f"device lost earlier in the sweep: {lost}")
+                    if self.observer:
+                        self.observer.finished(rest)
+                return
+
+    def _one(self, run: PlannedRun) -> str:
+        """Run one configuration; returns a reason when the device itself is gone."""
+        start = time.monotonic()
+        sink = (lambda k, n, op: self.observer.layer(run, k, n, op)) if self.observer else None
+        try:
+            outcome = collect_run(self.device, run.spec, run.out_dir, force=True, on_progress=sink)
+        except LayerdiffError as err:
+            outcome = RunOutcome(run.spec, self.device.serial, "failed", [], str(err))
+        if self.stop.is_set():
+            return ""  # the interrupt handler owns this run's row now
+        run.paths = outcome.paths
+        self.index.update(run.row, status=outcome.status, reason=outcome.message,
+                          duration_s=time.monotonic() - start,
+                          files=[relative_name(p, self.plan.out_dir) for p in outcome.paths])
+        if outcome.status == "failed" and not device_alive(self.device):
+            return outcome.message or "the device stopped answering"
+        return ""
 
 
-def resolve_devices(names: list[str], adb_servers: list[str] | None = None, exclude: list[str] | None = None) -> list[Device]:
-    """`local`, serials, or `all` (every device the adb server(s) know) → Device objects."""
-    devices: list[Device] = []
-    for name in names:
-        if name == "local":
-            devices.append(LocalDevice())
-            continue
-        from collector.adb import adb_devices  # the ADB stack loads only when a phone is asked for
-
-        devices.extend(adb_devices([name], adb_servers or []))
-    excluded = set(exclude or [])
-    devices = [d for d in devices if d.serial not in excluded]
-    if not devices:
-        raise LayerdiffError("no device left to run on; check --device and --exclude")
-    return devices
+def device_alive(device: Device) -> bool:
+    """A cheap round trip: a device that cannot report free space is gone for this sweep."""
+    try:
+        device.free_bytes(getattr(device, "root", None) or tempfile.gettempdir())
+        return True
+    except (DeviceError, OSError):
+        return False
 
 
-def write_index(path: Path, outcomes: list[RunOutcome], plan: SweepPlan) -> None:
-    """Rewrite index.csv under a temporary name and move it into place."""
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=INDEX_COLUMNS)
-        writer.writeheader()
-        for outcome in outcomes:
-            writer.writerow(_index_row(outcome, plan))
-    os.replace(tmp, path)
-
-
-def _index_row(outcome: RunOutcome, plan: SweepPlan) -> dict:
-    spec = outcome.spec
-    return {
-        "serial": outcome.serial,
-        "engine": spec.model.engine,
-        "backend": spec.backend,
-        "precision": spec.precision,
-        "input": spec.inputs.label,
-        "status": outcome.status,
-        "reason": outcome.message,
-        "duration_s": f"{outcome.duration_s:.2f}",
-        "files": ";".join(str(p.relative_to(plan.out_dir)) if p.is_relative_to(plan.out_dir) else str(p)
-                          for p in outcome.paths),
-        "model_sha256": "",
-        "input_sha256": spec.inputs.sha256(),
-    }
-
-
-OutcomeSink = Callable[[RunOutcome], None]
-ProgressFactory = Callable[[Device, RunSpec], Callable[[int, int, str], None] | None]
-
-
-def run_sweep(plan: SweepPlan, *, on_outcome: OutcomeSink | None = None, progress: ProgressFactory | None = None) -> list[RunOutcome]:
-    """Run every planned configuration on every device, one after another, keeping the index current."""
+def run_sweep(plan: SweepPlan, observer: SweepObserver | None = None,
+              on_planned: Callable[[list[PlannedRun]], None] | None = None) -> SweepResult:
+    """Plan, then run every device's runs concurrently; Ctrl-C leaves a consistent index."""
     if plan.out_dir.exists() and not plan.out_dir.is_dir():
         raise LayerdiffError(f"output {plan.out_dir} is a file; pass a directory to -o")
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    outcomes: list[RunOutcome] = []
-    for device in plan.devices:
-        device_dir = plan.device_dir(device)
-        device_dir.mkdir(parents=True, exist_ok=True)
-        for spec in plan.specs():
-            sink = progress(device, spec) if progress else None
-            try:
-                outcome = collect_run(device, spec, device_dir, force=plan.force, on_progress=sink)
-            except LayerdiffError as err:
-                outcome = RunOutcome(spec, device.serial, "failed", [], str(err))
-            outcomes.append(outcome)
-            write_index(plan.out_dir / "index.csv", outcomes, plan)
-            if on_outcome:
-                on_outcome(outcome)
-    return outcomes
+    runs = plan_runs(plan)
+    for run in runs:
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+    index = Index(plan.out_dir, [run.row for run in runs])
+    if on_planned:
+        on_planned(runs)
+    stop = threading.Event()
+    workers = [
+        _Worker(device, [r for r in runs if r.device is device and r.todo], index, plan, stop, observer)
+        for device in plan.devices
+    ]
+    for worker in workers:
+        worker.start()
+    interrupted = False
+    try:
+        while any(w.is_alive() for w in workers):
+            for worker in workers:
+                worker.join(timeout=0.2)
+    except KeyboardInterrupt:
+        interrupted = True
+        _interrupt(workers, index, stop)
+    failed = [r for r in runs if r.row.status == "failed"]
+    return SweepResult(runs, index, interrupted, failed)
+
+
+def _interrupt(workers: list[_Worker], index: Index, stop: threading.Event) -> None:
+    """Stop everything, record in-flight runs as interrupted, and remove half-written files."""
+    stop.set()
+    in_flight = [w.current for w in workers if w.current is not None]
+    terminate_children()
+    for worker in workers:
+        worker.join(timeout=15)
+    for run in in_flight:
+        index.update(run.row, status="interrupted", reason="stopped by Ctrl-C; re-run the command to resume")
+        for name in run.spec.output_names():
+            partial_path(run.out_dir / name).unlink(missing_ok=True)
+    index.save()

@@ -1,0 +1,192 @@
+"""What a `collect` command will do, decided before any run starts.
+
+Planning expands the cross product (devices × backends × precisions × inputs), asks each device's
+harness once what it can run (`--probe`), and settles every run's fate up front: to run, already
+done (resume), failed before (kept unless `--retry-failed`), or impossible on that device (skipped
+with the reason). Nothing then fails one by one after a timeout for a backend a phone lacks.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analyzer.dumpfile import DumpFile
+from analyzer.errors import LayerdiffError
+from analyzer.rawdump import combined_sha256, sha256_file
+from collector.devices import Device, DeviceError, LocalDevice
+from collector.index import IndexRow, read_index
+from collector.inputs import InputSet
+from collector.models import ModelFiles
+from collector.run import RunSpec
+
+PROBE_DEADLINE_S = 120.0
+
+
+@dataclass
+class SweepPlan:
+    devices: list[Device]
+    model: ModelFiles
+    backends: list[str]
+    precisions: list[str]
+    inputs: list[InputSet]
+    out_dir: Path
+    threads: int = 1
+    repeat: int = 1
+    deadline_s: float = 900.0
+    layers: str | None = None
+    max_bytes: int | None = None
+    keep: bool = False
+    force: bool = False
+    retry_failed: bool = False
+    probe: bool = True
+
+    def specs(self) -> list[RunSpec]:
+        return [
+            RunSpec(self.model, backend, precision, inputs, threads=self.threads, repeat=self.repeat,
+                    deadline_s=self.deadline_s, layers=self.layers, max_bytes=self.max_bytes, keep=self.keep)
+            for backend in self.backends for precision in self.precisions for inputs in self.inputs
+        ]
+
+    def device_dir(self, device: Device) -> Path:
+        """One device writes straight into the output directory; several get a folder each."""
+        if len(self.devices) == 1:
+            return self.out_dir
+        return self.out_dir / "".join(c if c.isalnum() or c in "-_." else "_" for c in device.serial)
+
+
+@dataclass
+class PlannedRun:
+    device: Device
+    spec: RunSpec
+    row: IndexRow
+    out_dir: Path
+    todo: bool = True
+    paths: list[Path] = field(default_factory=list)
+
+
+def split_list(values: list[str] | None) -> list[str]:
+    """`--backend cpu,vulkan --backend opencl` → ["cpu", "vulkan", "opencl"], order kept, no repeats."""
+    out: list[str] = []
+    for value in values or []:
+        for item in value.split(","):
+            item = item.strip()
+            if item and item not in out:
+                out.append(item)
+    return out
+
+
+def resolve_devices(names: list[str], adb_servers: list[str] | None = None, exclude: list[str] | None = None) -> list[Device]:
+    """`local`, serials, or `all` (every device the adb server(s) know) → Device objects."""
+    devices: list[Device] = []
+    adb_names = [n for n in names if n != "local"]
+    if "local" in names:
+        devices.append(LocalDevice())
+    if adb_names:
+        from collector.adb import adb_devices  # the ADB stack loads only when a phone is asked for
+
+        devices.extend(adb_devices(adb_names, adb_servers or []))
+    excluded = set(exclude or [])
+    devices = [d for d in devices if d.serial not in excluded]
+    if not devices:
+        raise LayerdiffError("no device left to run on; check --device and --exclude")
+    return devices
+
+
+def model_sha256(model: ModelFiles) -> str:
+    return combined_sha256([sha256_file(f) for f in model.files])
+
+
+def probe_backends(device: Device, engine: str) -> tuple[dict[str, dict], str]:
+    """Ask the device's harness what it can run; returns (backends, harness version) or raises DeviceError."""
+    harness = device.prepare_harness(engine)
+    lines: list[str] = []
+    result = device.execute(harness.argv + ["--probe"], env=harness.env, deadline_s=PROBE_DEADLINE_S,
+                            on_stdout_line=lines.append)
+    text = next((ln for ln in reversed(lines) if ln.strip().startswith("{")), "")
+    if result.exit_status != 0 or not text:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DeviceError(f"{device.serial}: the harness --probe failed ({tail})")
+    try:
+        probe = json.loads(text)
+        return probe["engines"][engine]["backends"], str(probe.get("version", ""))
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise DeviceError(f"{device.serial}: the harness --probe printed no {engine} section") from None
+
+
+def plan_runs(plan: SweepPlan, previous: dict[tuple, IndexRow] | None = None) -> list[PlannedRun]:
+    """Every run of the sweep with its fate decided (see module docstring)."""
+    previous = read_index(plan.out_dir) if previous is None else previous
+    model_hash = model_sha256(plan.model)
+    runs: list[PlannedRun] = []
+    for device in plan.devices:
+        out_dir = plan.device_dir(device)
+        backends, harness, skip_all = _capabilities(plan, device)
+        for spec in plan.specs():
+            row = IndexRow(device.serial, spec.model.engine, spec.backend, spec.precision, spec.inputs.label,
+                           spec.repeat, model_sha256=model_hash, input_sha256=spec.inputs.sha256(), harness=harness)
+            run = PlannedRun(device, spec, row, out_dir)
+            _decide(run, plan, previous.get(row.key), backends, skip_all)
+            runs.append(run)
+    return runs
+
+
+def _capabilities(plan: SweepPlan, device: Device) -> tuple[dict[str, dict] | None, str, str]:
+    if not plan.probe:
+        return None, "", ""
+    try:
+        backends, version = probe_backends(device, plan.model.engine)
+    except LayerdiffError as err:
+        return None, "", str(err)
+    return backends, version, ""
+
+
+def _decide(run: PlannedRun, plan: SweepPlan, before: IndexRow | None, backends: dict | None, skip_all: str) -> None:
+    row, targets = run.row, [run.out_dir / name for name in run.spec.output_names()]
+    if skip_all:
+        row.status, row.reason, run.todo = "skipped", skip_all, False
+        return
+    capability = (backends or {}).get(run.spec.backend)
+    if backends is not None and not (capability or {}).get("ok", False):
+        reason = (capability or {}).get("reason") or f"the harness has no {run.spec.backend} backend"
+        row.status, row.reason, run.todo = "skipped", f"{run.spec.backend} unavailable: {reason}", False
+        return
+    if plan.force:
+        return
+    if before is not None and before.status == "failed" and not plan.retry_failed and _same_inputs(before, row):
+        row.status, row.duration_s, run.todo = "failed", before.duration_s, False
+        row.reason = before.reason.removesuffix(" (use --retry-failed)") + " (use --retry-failed)"
+        row.files = before.files
+        return
+    if all(t.exists() for t in targets):
+        _existing(run, targets, plan.out_dir)
+
+
+def _same_inputs(before: IndexRow, row: IndexRow) -> bool:
+    return before.model_sha256 == row.model_sha256 and before.input_sha256 == row.input_sha256
+
+
+def _existing(run: PlannedRun, targets: list[Path], base: Path) -> None:
+    """Files already there: done if they are this very run, refused (not overwritten) otherwise."""
+    row = run.row
+    for target in targets:
+        try:
+            with DumpFile(target) as dump:
+                attrs = dump.attrs
+        except LayerdiffError:
+            row.status, row.reason, run.todo = "failed", f"{target} exists but is unreadable; use --force to replace it", False
+            return
+        if attrs.get("model_sha256") != row.model_sha256 or attrs.get("input_sha256") != row.input_sha256:
+            row.status, run.todo = "failed", False
+            row.reason = f"{target.name} exists from another model or input; use --force or another -o"
+            return
+        if not attrs.get("complete", True):
+            return  # an incomplete earlier attempt is re-run
+    row.status, row.reason, run.todo = "done", "already collected", False
+    row.files = [relative_name(t, base) for t in targets]
+    run.paths = targets
+
+
+def relative_name(path: Path, base: Path) -> str:
+    """How index.csv names a file: relative to the sweep's output directory when inside it."""
+    return str(path.relative_to(base)) if path.is_relative_to(base) else str(path)

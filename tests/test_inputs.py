@@ -1,0 +1,93 @@
+"""Real inputs: images with the model's preprocessing, folders and globs, multi-input pairs."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from analyzer.dumpfile import DumpFile
+from analyzer.errors import LayerdiffError
+from collector.inputs import resolve_inputs
+from collector.preprocess import load_image, parse_preprocess
+from tests.conftest import MODELS
+
+SHAPES = {"data": (1, 3, 32, 32)}
+
+
+def _image(path, width=48, height=40, seed=0):
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def test_recipe_matches_a_hand_computed_numpy_pipeline(tmp_path):
+    path = _image(tmp_path / "a.png", 40, 40)
+    recipe = parse_preprocess("resize=40x40,color=bgr,mean=0.485,0.456,0.406,std=0.229,0.224,0.225,scale=1/255,layout=nchw")
+    got = load_image(path, recipe)
+    pixels = np.asarray(Image.open(path).convert("RGB"), np.float32)[:, :, ::-1] / 255.0
+    expected = ((pixels - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]).transpose(2, 0, 1)[None]
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    nhwc = load_image(path, parse_preprocess("resize=40x40,layout=nhwc"))
+    assert nhwc.shape == (1, 40, 40, 3)
+
+
+def test_center_crop_keeps_aspect_and_fits_the_model(tmp_path):
+    path = _image(tmp_path / "wide.png", 96, 40)
+    out = load_image(path, parse_preprocess("resize=32x32,crop=center"))
+    assert out.shape == (1, 3, 32, 32)
+
+
+def test_recipe_from_toml_and_json_files(tmp_path):
+    (tmp_path / "p.toml").write_text('resize = "32x32"\nmean = [0.5, 0.5, 0.5]\nstd = [0.5, 0.5, 0.5]\n')
+    (tmp_path / "p.json").write_text('{"resize": [32, 32], "color": "bgr"}')
+    assert parse_preprocess(str(tmp_path / "p.toml")).mean == (0.5, 0.5, 0.5)
+    assert parse_preprocess(str(tmp_path / "p.json")).color == "bgr"
+
+
+def test_unknown_recipe_key_is_refused_by_name():
+    with pytest.raises(LayerdiffError, match="unknown preprocessing key 'gamma'"):
+        parse_preprocess("resize=32x32,gamma=2.2")
+
+
+def test_directory_and_glob_give_one_input_per_file_and_report_bad_ones(tmp_path):
+    for i in range(3):
+        _image(tmp_path / f"img{i}.png", seed=i)
+    (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
+    np.save(tmp_path / "small.npy", np.zeros((1, 3, 8, 8), np.float32))
+    sets, errors = resolve_inputs([str(tmp_path)], SHAPES)
+    assert [s.label for s in sets] == ["img0", "img1", "img2"]
+    assert len(errors) == 2 and any("broken.jpg: cannot read this image" in e for e in errors)
+    assert any("small.npy" in e and "expects [1, 3, 32, 32]" in e for e in errors)
+    assert all(s.arrays["data"].shape == (1, 3, 32, 32) and s.preprocess["resize"] == (32, 32) for s in sets)
+    globbed, _ = resolve_inputs([str(tmp_path / "img*.png")], SHAPES)
+    assert len(globbed) == 3
+
+
+def test_name_file_pairs_feed_a_two_input_model(tmp_path):
+    shapes = {"a": (1, 2, 4, 4), "b": (1, 2, 4, 4)}
+    np.save(tmp_path / "x.npy", np.ones((1, 2, 4, 4), np.float32))
+    np.save(tmp_path / "y.npy", np.full((1, 2, 4, 4), 2, np.float32))
+    sets, errors = resolve_inputs([f"a={tmp_path / 'x.npy'}", f"b={tmp_path / 'y.npy'}"], shapes)
+    assert errors == [] and len(sets) == 1 and sets[0].label == "x+y"
+    assert sets[0].arrays["b"].mean() == 2
+
+
+def test_collect_over_a_folder_runs_the_good_images_and_names_the_bad_one(tmp_path):
+    for i in range(2):
+        _image(tmp_path / f"photo{i}.png", seed=i)
+    (tmp_path / "corrupt.png").write_bytes(b"\x89PNG broken")
+    out = tmp_path / "runs"
+    result = subprocess.run([sys.executable, "-m", "collector.cli", "--model", str(MODELS / "convnet.param"),
+                             "--input", str(tmp_path), "--preprocess", "resize=32x32,mean=0.5,std=0.25", "-o", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "corrupt.png: cannot read this image" in result.stderr
+    assert sorted(p.name for p in out.glob("*.h5")) == ["ncnn_cpu_high_photo0.h5", "ncnn_cpu_high_photo1.h5"]
+    with DumpFile(out / "ncnn_cpu_high_photo0.h5") as dump:
+        assert dump.provenance["input_preprocess"]["mean"] == [0.5]
+        fed = dict(dump.inputs())["data"]
+        expected = load_image(tmp_path / "photo0.png", parse_preprocess("resize=32x32,mean=0.5,std=0.25"))
+        np.testing.assert_array_equal(fed, expected)
