@@ -11,6 +11,7 @@ from rich.console import Console
 from analyzer.errors import LayerdiffError
 from collector.inputs import resolve_inputs
 from collector.models import input_shapes, resolve_model
+from collector.isolate import failing_layers, isolate
 from collector.preprocess import parse_preprocess
 from collector.plan import SweepPlan, resolve_devices, split_list
 from collector.progress import SweepProgress
@@ -95,6 +96,36 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
         precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
         deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force, retry_failed=retry_failed,
     ), input_errors
+
+
+@app.command("isolate")
+def isolate_command(
+    device: str = typer.Option("local", "--device", "-d", help="local or a serial"),
+    model: Path = typer.Option(..., "--model", "-m"),
+    engine: str = typer.Option("auto", "--engine"),
+    backend: str = typer.Option(..., "--backend", "-b"),
+    precision: str = typer.Option(..., "--precision", "-p"),
+    ref: Path = typer.Option(..., "--ref", help="the reference run's HDF5 (its tensors feed the layers)"),
+    layer: List[str] = typer.Option(None, "--layer", "-l", help="layer key to isolate, e.g. block3/conv:0 (repeatable)"),
+    failing_from: Optional[Path] = typer.Option(None, "--failing-from", help="a report dir: isolate every layer it flagged"),
+    out: Path = typer.Option(Path("runs"), "--out", "-o"),
+    adb_server: List[str] = typer.Option(None, "--adb-server"),
+    deadline: float = typer.Option(900.0, "--deadline"),
+    force: bool = typer.Option(False, "--force"),
+) -> None:
+    """Re-run single layers on a backend, fed with the reference run's own input tensors."""
+    _checked([backend], BACKENDS, "backend")
+    _checked([precision], PRECISIONS, "precision")
+    keys = list(layer or [])
+    if failing_from is not None:
+        keys += [k for k in failing_layers(failing_from, backend, precision) if k not in keys]
+    target = resolve_devices([device], adb_server or [])[0]
+    outcome = isolate(target, resolve_model(model, engine), backend, precision, ref, keys, out,
+                      force=force, deadline_s=deadline)
+    paths = ", ".join(str(p) for p in outcome.paths)
+    if outcome.status == "failed":
+        raise LayerdiffError(f"{target.serial}: isolation failed: {outcome.message}")
+    print(f"{outcome.status:8s}{target.serial} {outcome.spec.stem} -> {paths} ({len(keys)} layer(s))", file=sys.stderr)
 
 
 def main() -> None:

@@ -98,6 +98,9 @@ class Device(Protocol):
     def stage(self, local: Path, remote_dir: str) -> str:
         """Put a file on the device (skipped when the same bytes are there); returns its device path."""
 
+    def put(self, local: Path, remote_path: str) -> None:
+        """Copy a file to an exact path on the device (for files a harness finds by directory)."""
+
     def execute(
         self, argv: list[str], *, env: dict[str, str], deadline_s: float, on_stdout_line: LineSink | None = None
     ) -> ExecResult:
@@ -170,6 +173,10 @@ class LocalDevice:
 
     def stage(self, local: Path, remote_dir: str) -> str:
         return str(Path(local).resolve())
+
+    def put(self, local: Path, remote_path: str) -> None:
+        Path(remote_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, remote_path)
 
     def execute(
         self, argv: list[str], *, env: dict[str, str], deadline_s: float, on_stdout_line: LineSink | None = None

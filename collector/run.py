@@ -48,12 +48,14 @@ class RunSpec:
     layers: str | None = None
     max_bytes: int | None = None
     keep: bool = False
-    extra_args: list[str] = field(default_factory=list)
-    extra_files: list[Path] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)  # "{run_dir}" is replaced by the run's device directory
+    placed_files: dict[str, Path] = field(default_factory=dict)  # path under the run directory → local file
+    extra_attrs: dict = field(default_factory=dict)  # merged into the HDF5 root attributes
+    prefix: str = ""
 
     @property
     def stem(self) -> str:
-        return f"{self.model.engine}_{self.backend}_{self.precision}_{_safe(self.inputs.label)}"
+        return f"{self.prefix}{self.model.engine}_{self.backend}_{self.precision}_{_safe(self.inputs.label)}"
 
     def output_names(self) -> list[str]:
         if self.repeat == 1:
@@ -112,8 +114,8 @@ def _stage(device: Device, spec: RunSpec, run_dir: str, scratch: Path) -> list[s
         local = scratch / f"input{index}.npy"
         np.save(local, np.ascontiguousarray(array, dtype="<f4"))
         argv += ["--input", f"{name}={device.stage(local, run_dir)}"]
-    for extra in spec.extra_files:
-        device.stage(extra, run_dir)
+    for relative, local in spec.placed_files.items():
+        device.put(local, f"{run_dir}/{relative}")
     argv += ["--backend", spec.backend, "--precision", spec.precision, "--threads", str(spec.threads)]
     argv += ["--out", f"{run_dir}/dump"]
     if spec.repeat > 1:
@@ -122,7 +124,7 @@ def _stage(device: Device, spec: RunSpec, run_dir: str, scratch: Path) -> list[s
         argv += ["--layers", spec.layers]
     if spec.max_bytes:
         argv += ["--max-bytes", str(spec.max_bytes)]
-    return argv + list(spec.extra_args)
+    return argv + [arg.replace("{run_dir}", run_dir) for arg in spec.extra_args]
 
 
 def _progress_parser(sink: ProgressSink | None) -> Callable[[str], None] | None:
@@ -183,7 +185,9 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
         **info.provenance(),
         "input_label": spec.inputs.label,
         "model_name": spec.model.name,
+        **spec.extra_attrs,
         "provenance": {
+            **spec.extra_attrs.get("provenance", {}),
             "device": info.as_dict(),
             "input_source": spec.inputs.source,
             "input_preprocess": spec.inputs.preprocess,

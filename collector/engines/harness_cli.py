@@ -229,3 +229,23 @@ def harness_main(engine_name: str, run: Callable[[HarnessArgs], None], probe: Ca
 
 def now_ms() -> float:
     return time.perf_counter() * 1000.0
+
+
+def load_inject(path: Path) -> dict[str, np.ndarray]:
+    """The reference tensors an isolation run feeds, by tensor name (a raw dump directory)."""
+    from analyzer.errors import LayerdiffError
+    from analyzer.rawdump import read_raw_dump
+
+    try:
+        dump = read_raw_dump(path)
+        return {tensor.name: array for tensor, array in dump.iter_arrays()}
+    except LayerdiffError as err:
+        raise HarnessExit(EXIT_ARGS, f"--inject {path}: {err}") from None
+
+
+def split_key(key: str) -> tuple[str, int]:
+    """`block3/conv:0` → ("block3/conv", 0); a key without an index means output 0."""
+    op, sep, index = key.rpartition(":")
+    if sep and index.isdigit():
+        return op, int(index)
+    return key, 0

@@ -16,12 +16,15 @@ import numpy as np
 
 from collector.models import quiet_stdout
 from collector.engines.harness_cli import (
+    EXIT_ARGS,
     EXIT_MODEL,
     EXIT_RUN,
     DumpSink,
     HarnessArgs,
     HarnessExit,
     base_header,
+    load_inject,
+    split_key,
     harness_main,
     load_inputs,
     now_ms,
@@ -145,8 +148,72 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str) -> 
     return clock["total"]
 
 
+def isolate(MNN, args: HarnessArgs) -> None:
+    """Each target op alone, as a sub-graph from its reference inputs to its output (MNN's path mode).
+
+    The inject dump's header names every target's input tensors (`targets`), already traced back
+    through MNN's runtime-only raster ops by the collector, since those are not graph tensors.
+    """
+    import MNN.expr as F
+    import MNN.nn as nn
+
+    injected = load_inject(args.inject)
+    graph = F.load_as_dict(str(args.models[0]))
+    config = {"backend": BACKEND_NAMES[args.backend], "precision": args.precision, "numThread": args.threads}
+    runtime = nn.create_runtime_manager((config,))
+    header = base_header(args, engine_version(), {})
+    header.update({"backends_actual": [args.backend if args.backend == "cpu" else "cpu"],
+                   "precision_effective": effective_precision(args, "cpu"), "mode": "isolate", "targets": args.targets})
+    sink = DumpSink(args, args.out, header, total_ops=len(args.targets))
+    total = 0.0
+    for key in args.targets:
+        op, index = split_key(key)
+        output = graph_tensor(graph, op)
+        names = [v.name for v in graph[output].inputs if v.name in graph]
+        values = [injected_value(injected, n, key) for n in names]
+        try:
+            with quiet_stdout():
+                module = nn.load_module_from_file(str(args.models[0]), names, [output], runtime_manager=runtime)
+        except Exception:  # noqa: BLE001 - pymnn raises bare Exceptions for unknown tensor names
+            raise HarnessExit(EXIT_ARGS, f"--target {key!r}: MNN cannot cut the graph at {names} -> {output!r}") from None
+        feeds = [F.const(np.ascontiguousarray(v), list(v.shape), F.NCHW) for v in values]
+        start = now_ms()
+        outputs = module.forward(feeds)
+        array = np.array(F.convert(outputs[0], F.NCHW).read(), dtype=np.float32, copy=True)
+        elapsed = now_ms() - start
+        total += elapsed
+        sink.add(op=op, op_type="isolated", array=array, output_index=index, name=op, inputs=names,
+                 layout="NCHW", memory="host", time_ms=elapsed)
+    sink.close(total)
+
+
+def graph_tensor(graph: dict, op: str) -> str:
+    """The graph tensor an op writes: its own name, or `<op>/<activation>` when MNN fused one in."""
+    if op in graph:
+        return op
+    fused = [name for name in graph if name.startswith(op + "/")]
+    if len(fused) == 1:
+        return fused[0]
+    raise HarnessExit(EXIT_ARGS, f"--target {op!r}: no graph tensor of that op in the model (runtime-only ops such as rasters cannot be isolated)")
+
+
+def injected_value(injected: dict[str, np.ndarray], tensor: str, key: str) -> np.ndarray:
+    """A graph tensor's reference value: dumps name tensors by op, so `conv/relu` may be `conv`."""
+    name = tensor
+    while name:
+        if name in injected:
+            return injected[name]
+        name = name.rpartition("/")[0]
+    raise HarnessExit(EXIT_ARGS, f"--target {key!r}: the reference has no value for its input tensor {tensor!r} "
+                                 "(produced by an op MNN replaced at run time); isolate the op that feeds it instead")
+
+
 def run(args: HarnessArgs) -> None:
     MNN = _mnn()
+    if args.inject is not None:
+        if not args.targets:
+            raise HarnessExit(EXIT_ARGS, "--inject needs at least one --target KEY")
+        return isolate(MNN, args)
     inputs = load_inputs(args.inputs)
     if not inputs:
         raise HarnessExit(EXIT_RUN, "no --input given; pass --input NAME=FILE.npy")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from collector.engines.harness_cli import (
+    EXIT_ARGS,
     EXIT_BACKEND,
     EXIT_MODEL,
     EXIT_RUN,
@@ -23,6 +24,8 @@ from collector.engines.harness_cli import (
     HarnessArgs,
     HarnessExit,
     base_header,
+    load_inject,
+    split_key,
     harness_main,
     load_inputs,
     now_ms,
@@ -189,10 +192,51 @@ def run_once(net, args: HarnessArgs, inputs: dict[str, np.ndarray], sink: DumpSi
     return total
 
 
+def ncnn_dims(array: np.ndarray) -> np.ndarray:
+    """Undo `nchw_shape`: drop the batch of 1 so a dumped tensor can be fed back as an ncnn blob."""
+    if array.ndim in (2, 4, 5) and array.shape[0] == 1:
+        return array.reshape(array.shape[1:])
+    return array
+
+
+def run_isolated(net, args: HarnessArgs, sink: DumpSink, ncnn) -> float:
+    """Each target layer alone: its bottoms come from the reference, only its own kernel runs."""
+    injected = load_inject(args.inject)
+    layers = {layer.name: layer for layer in net.layers()}
+    blobs = net.blobs()
+    memory = "device" if args.backend == "vulkan" else "host"
+    total = 0.0
+    for key in args.targets:
+        op, _ = split_key(key)
+        layer = layers.get(op)
+        if layer is None:
+            raise HarnessExit(EXIT_ARGS, f"--target {key!r}: the model has no layer {op!r}")
+        bottoms = [blobs[i].name for i in layer.bottoms]
+        missing = [b for b in bottoms if b not in injected]
+        if missing:
+            raise HarnessExit(EXIT_ARGS, f"--target {key!r}: the inject dump lacks input tensor(s) {', '.join(missing)}")
+        ex = net.create_extractor()
+        for name in bottoms:
+            ex.input(name, ncnn.Mat(np.ascontiguousarray(ncnn_dims(injected[name]), dtype=np.float32)))
+        for index, top in enumerate(layer.tops):
+            start = now_ms()
+            status, mat = ex.extract(blobs[top].name, 0)
+            elapsed = now_ms() - start
+            total += elapsed
+            if status != 0:
+                raise HarnessExit(EXIT_RUN, f"layer {op!r} failed in isolation (ncnn status {status})")
+            array = np.array(mat, dtype=np.float32, copy=True)
+            sink.add(op=op, op_type=layer.type, array=array.reshape(nchw_shape(array)), output_index=index,
+                     name=blobs[top].name, inputs=bottoms, layout="NCHW", memory=memory, time_ms=elapsed)
+    return total
+
+
 def run(args: HarnessArgs) -> None:
     ncnn = _ncnn()
     inputs = load_inputs(args.inputs)
     net, precision = load_net(args, ncnn)
+    if args.inject is not None:
+        return isolate(net, args, precision, ncnn)
     if not inputs:
         raise HarnessExit(EXIT_RUN, f"no --input given; the model's inputs are {', '.join(net.input_names())}")
     header = base_header(args, engine_version(), inputs)
@@ -208,6 +252,16 @@ def run(args: HarnessArgs) -> None:
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(net.layers()))
         infer_ms = run_once(net, args, inputs, sink, ncnn)
         sink.close(infer_ms)
+
+
+def isolate(net, args: HarnessArgs, precision: str, ncnn) -> None:
+    if not args.targets:
+        raise HarnessExit(EXIT_ARGS, "--inject needs at least one --target KEY")
+    header = base_header(args, engine_version(), {})
+    header.update({"backends_actual": [args.backend], "precision_effective": precision,
+                   "mode": "isolate", "targets": args.targets})
+    sink = DumpSink(args, args.out, header, total_ops=len(args.targets))
+    sink.close(run_isolated(net, args, sink, ncnn))
 
 
 def main() -> int:
