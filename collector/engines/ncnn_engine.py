@@ -168,28 +168,31 @@ def feed(ex, net, inputs: dict[str, np.ndarray], ncnn) -> None:
         ex.input(name, ncnn.Mat(np.ascontiguousarray(data, dtype=np.float32)))
 
 
+def dump_layer(ex, layer, blobs, sink: DumpSink, memory: str, failure_hint: str) -> float:
+    """Extract every top of one layer (its bottoms are already in the extractor); returns ms spent."""
+    bottoms = [blobs[i].name for i in layer.bottoms]
+    spent = 0.0
+    for index, top in enumerate(layer.tops):
+        start = now_ms()
+        status, mat = ex.extract(blobs[top].name, 0)
+        elapsed = now_ms() - start
+        spent += elapsed
+        if status != 0:
+            raise HarnessExit(EXIT_RUN, f"layer {layer.name!r} ({layer.type}) failed (ncnn status {status}); {failure_hint}")
+        array = np.array(mat, dtype=np.float32, copy=True)
+        sink.add(op=layer.name, op_type=layer.type, array=array.reshape(nchw_shape(array)), output_index=index,
+                 name=blobs[top].name, inputs=bottoms, layout="NCHW", memory=memory, time_ms=elapsed)
+    return spent
+
+
 def run_once(net, args: HarnessArgs, inputs: dict[str, np.ndarray], sink: DumpSink, ncnn) -> float:
     """Extract every layer's tops in order; returns the total inference time in ms."""
     blobs = net.blobs()
     ex = net.create_extractor()
     feed(ex, net, inputs, ncnn)
     memory = "device" if args.backend == "vulkan" else "host"
-    total = 0.0
-    for layer in net.layers():
-        bottoms = [blobs[i].name for i in layer.bottoms]
-        for index, top in enumerate(layer.tops):
-            start = now_ms()
-            status, mat = ex.extract(blobs[top].name, 0)
-            elapsed = now_ms() - start
-            total += elapsed
-            if status != 0:
-                raise HarnessExit(EXIT_RUN, f"layer {layer.name!r} ({layer.type}) failed (ncnn status {status}); "
-                                  "check the input shape against the model")
-            array = np.array(mat, dtype=np.float32, copy=True)
-            array = array.reshape(nchw_shape(array))
-            sink.add(op=layer.name, op_type=layer.type, array=array, output_index=index,
-                     name=blobs[top].name, inputs=bottoms, layout="NCHW", memory=memory, time_ms=elapsed)
-    return total
+    hint = "check the input shape against the model"
+    return sum(dump_layer(ex, layer, blobs, sink, memory, hint) for layer in net.layers())
 
 
 def ncnn_dims(array: np.ndarray) -> np.ndarray:
@@ -218,16 +221,7 @@ def run_isolated(net, args: HarnessArgs, sink: DumpSink, ncnn) -> float:
         ex = net.create_extractor()
         for name in bottoms:
             ex.input(name, ncnn.Mat(np.ascontiguousarray(ncnn_dims(injected[name]), dtype=np.float32)))
-        for index, top in enumerate(layer.tops):
-            start = now_ms()
-            status, mat = ex.extract(blobs[top].name, 0)
-            elapsed = now_ms() - start
-            total += elapsed
-            if status != 0:
-                raise HarnessExit(EXIT_RUN, f"layer {op!r} failed in isolation (ncnn status {status})")
-            array = np.array(mat, dtype=np.float32, copy=True)
-            sink.add(op=op, op_type=layer.type, array=array.reshape(nchw_shape(array)), output_index=index,
-                     name=blobs[top].name, inputs=bottoms, layout="NCHW", memory=memory, time_ms=elapsed)
+        total += dump_layer(ex, layer, blobs, sink, memory, "it failed in isolation")
     return total
 
 
