@@ -1,0 +1,65 @@
+"""Benchmark: isolating k layers vs re-running the whole model k times (ncnn, local device).
+
+Run by hand:  python tests/bench/bench_isolate.py [--model samples/models/deepnet.param] [--k 8]
+              [--backend vulkan --precision low]
+Prints wall-clock times (process start included, as a user waits for them) and engine times (the
+sum of per-op `time_ms` for the isolated layers vs k full inferences), and their ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from analyzer.dumpfile import DumpFile  # noqa: E402
+from collector.devices import LocalDevice  # noqa: E402
+from collector.inputs import random_inputs, InputSet  # noqa: E402
+from collector.isolate import isolate  # noqa: E402
+from collector.models import input_shapes, resolve_model  # noqa: E402
+from collector.run import RunSpec, collect_run  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default=str(REPO / "samples" / "models" / "deepnet.param"))
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--backend", default="vulkan")
+    parser.add_argument("--precision", default="low")
+    args = parser.parse_args()
+    model = resolve_model(args.model)
+    inputs = InputSet("random0", random_inputs(input_shapes(model), 0), "random:0")
+    device = LocalDevice()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        ref = collect_run(device, RunSpec(model, "cpu", "high", inputs), out / "ref").paths[0]
+        with DumpFile(ref) as dump:
+            keys = [k for k in dump.layers["key"] if not k.startswith(("data", "splitncnn"))][: args.k]
+        start = time.perf_counter()
+        full_engine_ms = 0.0
+        for i in range(len(keys)):
+            path = collect_run(device, RunSpec(model, args.backend, args.precision, inputs), out / f"full{i}").paths[0]
+            with DumpFile(path) as dump:
+                full_engine_ms += float(dump.attrs["infer_ms"])
+        full_s = time.perf_counter() - start
+        start = time.perf_counter()
+        iso = isolate(device, model, args.backend, args.precision, ref, keys, out / "iso").paths[0]
+        iso_s = time.perf_counter() - start
+        with DumpFile(iso) as dump:
+            iso_engine_ms = float(dump.layers["time_ms"].sum())
+    print(json.dumps({
+        "model": Path(args.model).name, "k": len(keys), "backend": args.backend, "precision": args.precision,
+        "k_full_runs_wall_s": round(full_s, 2), "isolate_k_wall_s": round(iso_s, 2),
+        "wall_ratio_isolate_over_k_full": round(iso_s / full_s, 3),
+        "k_full_runs_engine_ms": round(full_engine_ms, 2), "isolate_engine_ms": round(iso_engine_ms, 2),
+        "engine_ratio_isolate_over_k_full": round(iso_engine_ms / full_engine_ms, 3),
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
