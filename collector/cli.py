@@ -1,6 +1,7 @@
 """`collect`: parse the command line, call the collector library, print. Nothing else lives here."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -96,6 +97,22 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
         precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
         deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force, retry_failed=retry_failed,
     ), input_errors
+
+
+@app.command("devices")
+def devices_command(
+    adb_server: List[str] = typer.Option(None, "--adb-server", help="host:port of an adb server (repeatable)"),
+    json_out: bool = typer.Option(False, "--json", help="machine-readable output on stdout"),
+    probe: bool = typer.Option(True, "--probe/--no-probe", help="ask a built harness which backends work"),
+) -> None:
+    """Every device the adb server(s) know, with what it can run."""
+    from collector.adbinfo import devices_json, devices_table, list_adb_devices
+
+    reports = list_adb_devices(adb_server or None, probe=probe)
+    if json_out:
+        print(json.dumps(devices_json(reports), indent=2))
+    else:
+        Console().print(devices_table(reports))
 
 
 @app.command("isolate")

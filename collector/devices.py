@@ -69,6 +69,8 @@ class ExecResult:
     stderr: str
     duration_s: float
     timed_out: bool = False
+    pid: int | None = None
+    device_log: str = ""  # the device's own log lines for the harness (logcat on Android) after a crash
 
 
 @dataclass
@@ -89,8 +91,8 @@ class Device(Protocol):
     def info(self) -> DeviceInfo:
         """Device facts; implementations cache them (read once per device per process)."""
 
-    def prepare_harness(self, engine: str) -> HarnessInvocation:
-        """Make the harness for `engine` runnable on the device (build/push as needed)."""
+    def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
+        """Make the harness for `engine` (and `backend`) runnable on the device (build/push as needed)."""
 
     def new_run_dir(self, tag: str) -> str:
         """A fresh, empty directory on the device for one run's files."""
@@ -160,7 +162,7 @@ class LocalDevice:
             )
         return self._info
 
-    def prepare_harness(self, engine: str) -> HarnessInvocation:
+    def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
         module = {"ncnn": "collector.engines.ncnn_engine", "mnn": "collector.engines.mnn_engine"}.get(engine)
         if module is None:
             raise DeviceError(f"local: no host engine named {engine!r}; use --engine ncnn or --engine mnn")

@@ -11,6 +11,7 @@ Cache layout (root: $LAYERDIFF_CACHE, default ~/.cache/layerdiff):
     harness/ncnn-<target>-<key>/           ncnn installed for one target and option set
     harness/<target>-<key>/layerdiff-harness
     harness/<target>-<key>/build.log       output of the last build
+    harness/<target>-<key>/builds.txt      one line per build run (command)
 A prebuilt binary can be named per ABI with $LAYERDIFF_HARNESS_<ABI> (e.g.
 LAYERDIFF_HARNESS_ARM64_V8A=/path/layerdiff-harness); it is then used as is.
 """
@@ -197,6 +198,8 @@ def ensure_built(spec: HarnessSpec) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         cmd = build_command(spec)
         log = out / "build.log"
+        with open(out / "builds.txt", "a") as history:  # one line per build run: audit trail
+            history.write(shlex.join(cmd) + "\n")
         with open(log, "w") as handle:
             result = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT)
         if result.returncode != 0 or not binary.is_file():
@@ -216,9 +219,39 @@ def prebuilt_override(abi: str) -> Path | None:
     return path
 
 
-def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool = False) -> Path:
-    """The harness binary to run `engine`/`backend` on a device with `abi`, built on demand."""
+def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool | None = None) -> Path:
+    """The harness binary to run `engine`/`backend` on a device with `abi`, built on demand.
+
+    test_build None reads $LAYERDIFF_HARNESS_TEST_BUILD ("1": the faster CI build of ncnn, which
+    is what the test suite builds anyway, so a CI run never builds both variants).
+    """
     override = prebuilt_override(abi)
     if override:
         return override
+    if test_build is None:
+        test_build = os.environ.get("LAYERDIFF_HARNESS_TEST_BUILD", "") == "1"
     return ensure_built(spec_for(abi, engine, backend, test_build=test_build))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m collector.harness --abi arm64-v8a [--engine ncnn] [--backend cpu] [--test-build]`:
+    build (or find) the binary and print its path; lets CI and users warm the cache up front."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m collector.harness", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--abi", default=host_abi())
+    parser.add_argument("--engine", default="ncnn", choices=["ncnn", "mnn"])
+    parser.add_argument("--backend", default="cpu", choices=["cpu", "opencl", "vulkan"])
+    parser.add_argument("--test-build", action="store_true", default=None)
+    args = parser.parse_args(argv)
+    try:
+        print(harness_for(args.abi, args.engine, args.backend, test_build=args.test_build))
+    except HarnessError as err:
+        print(f"layerdiff: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

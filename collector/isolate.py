@@ -78,7 +78,7 @@ def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref
     if not keys:
         raise LayerdiffError("no layer to isolate; pass --layer KEY (or --failing-from REPORT_DIR)")
     with DumpFile(ref_path) as ref:
-        if ref.attrs.get("model_sha256") and ref.attrs["model_sha256"] != _model_sha(model):
+        if ref.attrs.get("model_sha256") and ref.attrs["model_sha256"] != model.sha256:
             raise LayerdiffError(f"{ref_path} was made with another model than {model.name}; isolate against its own reference")
         targets = target_inputs(ref, keys)
         with tempfile.TemporaryDirectory(prefix="layerdiff-inject-") as tmp:
@@ -93,12 +93,6 @@ def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref
                              "provenance": {"targets": targets, "reference_path": str(ref_path)}},
             )
             return collect_run(device, spec, out_dir, force=force)
-
-
-def _model_sha(model: ModelFiles) -> str:
-    from collector.plan import model_sha256
-
-    return model_sha256(model)
 
 
 def failing_layers(report_dir: Path, backend: str, precision: str) -> list[str]:

@@ -6,12 +6,14 @@ The collector needs this before anything runs: to pick the engine from the file 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from analyzer.errors import LayerdiffError
+from analyzer.rawdump import combined_sha256, sha256_file
 
 ENGINES = ("mnn", "ncnn")
 
@@ -20,6 +22,11 @@ ENGINES = ("mnn", "ncnn")
 class ModelFiles:
     engine: str
     files: list[Path]  # in the order the harness takes them (ncnn: .param then .bin)
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """The model's identity in provenance and resume checks (FORMATS.md: sha256 of the sha256s)."""
+        return combined_sha256([sha256_file(f) for f in self.files])
 
     @property
     def name(self) -> str:

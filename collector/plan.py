@@ -13,7 +13,6 @@ from pathlib import Path
 
 from analyzer.dumpfile import DumpFile
 from analyzer.errors import LayerdiffError
-from analyzer.rawdump import combined_sha256, sha256_file
 from collector.devices import Device, DeviceError, LocalDevice
 from collector.index import IndexRow, read_index
 from collector.inputs import InputSet
@@ -93,10 +92,6 @@ def resolve_devices(names: list[str], adb_servers: list[str] | None = None, excl
     return devices
 
 
-def model_sha256(model: ModelFiles) -> str:
-    return combined_sha256([sha256_file(f) for f in model.files])
-
-
 def probe_backends(device: Device, engine: str) -> tuple[dict[str, dict], str]:
     """Ask the device's harness what it can run; returns (backends, harness version) or raises DeviceError."""
     harness = device.prepare_harness(engine)
@@ -114,15 +109,39 @@ def probe_backends(device: Device, engine: str) -> tuple[dict[str, dict], str]:
         raise DeviceError(f"{device.serial}: the harness --probe printed no {engine} section") from None
 
 
+def estimate_dump_bytes(plan: SweepPlan) -> int | None:
+    """One dump's size, measured by running the model once on the host engine (phones only).
+
+    A phone's free space must be checked before its harness fills it; the tensors a phone dumps are
+    the tensors the host engine dumps, so one host run gives the exact size for every configuration.
+    """
+    if all(isinstance(d, LocalDevice) for d in plan.devices):
+        return None
+    import tempfile
+
+    from collector.run import collect_run
+
+    spec = RunSpec(plan.model, "cpu", "high", plan.inputs[0], threads=plan.threads, deadline_s=plan.deadline_s)
+    with tempfile.TemporaryDirectory(prefix="layerdiff-estimate-") as tmp:
+        try:
+            outcome = collect_run(LocalDevice(Path(tmp)), spec, Path(tmp))
+            with DumpFile(outcome.paths[0]) as dump:
+                return int((dump.layers["numel"] * 4).sum())
+        except (LayerdiffError, IndexError):
+            return None  # no host estimate: the harness's own write errors still protect the run
+
+
 def plan_runs(plan: SweepPlan, previous: dict[tuple, IndexRow] | None = None) -> list[PlannedRun]:
     """Every run of the sweep with its fate decided (see module docstring)."""
     previous = read_index(plan.out_dir) if previous is None else previous
-    model_hash = model_sha256(plan.model)
+    model_hash = plan.model.sha256
+    expected = estimate_dump_bytes(plan)
     runs: list[PlannedRun] = []
     for device in plan.devices:
         out_dir = plan.device_dir(device)
         backends, harness, skip_all = _capabilities(plan, device)
         for spec in plan.specs():
+            spec.expected_bytes = expected
             row = IndexRow(device.serial, spec.model.engine, spec.backend, spec.precision, spec.inputs.label,
                            spec.repeat, model_sha256=model_hash, input_sha256=spec.inputs.sha256(), harness=harness)
             run = PlannedRun(device, spec, row, out_dir)

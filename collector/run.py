@@ -52,6 +52,7 @@ class RunSpec:
     placed_files: dict[str, Path] = field(default_factory=dict)  # path under the run directory → local file
     extra_attrs: dict = field(default_factory=dict)  # merged into the HDF5 root attributes
     prefix: str = ""
+    expected_bytes: int | None = None  # dump size of one repetition, when known (see collector.plan)
 
     @property
     def stem(self) -> str:
@@ -90,9 +91,10 @@ def collect_run(
     if out_dir.exists() and not out_dir.is_dir():
         raise LayerdiffError(f"output {out_dir} is a file; pass a directory to -o")
     out_dir.mkdir(parents=True, exist_ok=True)
-    harness = device.prepare_harness(spec.model.engine)
+    harness = device.prepare_harness(spec.model.engine, spec.backend)
     run_dir = device.new_run_dir(spec.stem)
     try:
+        check_space(device, spec, run_dir)
         with tempfile.TemporaryDirectory(prefix="layerdiff-inputs-") as tmp:
             argv = _stage(device, spec, run_dir, Path(tmp))
             result = device.execute(harness.argv + argv, env=harness.env, deadline_s=spec.deadline_s,
@@ -103,6 +105,24 @@ def collect_run(
             _cleanup(device, run_dir)
     status = "done" if not message else "failed"
     return RunOutcome(spec, device.serial, status, paths, message, result.exit_status, time.monotonic() - start)
+
+
+SPACE_MARGIN = 16 << 20
+
+
+def check_space(device: Device, spec: RunSpec, run_dir: str) -> None:
+    """Refuse a run whose dump cannot fit on the device, before the harness fills the disk."""
+    if not spec.expected_bytes:
+        return
+    need = spec.expected_bytes * spec.repeat
+    if spec.max_bytes:
+        need = min(need, spec.max_bytes * spec.repeat)
+    free = device.free_bytes(run_dir)
+    if free < need + SPACE_MARGIN:
+        raise DeviceError(
+            f"{device.serial}: not enough space under {run_dir}: the dump needs about {need / 2**20:.1f} MiB, "
+            f"{free / 2**20:.1f} MiB free; free space on the device or dump less with --layers / --max-bytes"
+        )
 
 
 def _stage(device: Device, spec: RunSpec, run_dir: str, scratch: Path) -> list[str]:
@@ -185,6 +205,8 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
         **info.provenance(),
         "input_label": spec.inputs.label,
         "model_name": spec.model.name,
+        "model_sha256": spec.model.sha256,  # what the collector sent, whatever the harness reports
+        "input_sha256": spec.inputs.sha256() if spec.inputs.arrays else "",
         **spec.extra_attrs,
         "provenance": {
             **spec.extra_attrs.get("provenance", {}),
@@ -193,6 +215,7 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
             "input_preprocess": spec.inputs.preprocess,
             "harness_duration_s": result.duration_s,
             "timed_out": result.timed_out,
+            "device_log": result.device_log,
             "command": shlex.join(["layerdiff-harness", "--backend", spec.backend, "--precision", spec.precision]),
         },
     }

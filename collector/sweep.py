@@ -17,7 +17,7 @@ from typing import Callable, Protocol
 from analyzer.dumpfile import partial_path
 from analyzer.errors import LayerdiffError
 from collector.devices import Device, DeviceError, terminate_children
-from collector.index import Index
+from collector.index import Index, read_index
 from collector.plan import PlannedRun, SweepPlan, plan_runs, relative_name
 from collector.run import RunOutcome, collect_run
 
@@ -106,10 +106,13 @@ def run_sweep(plan: SweepPlan, observer: SweepObserver | None = None,
     if plan.out_dir.exists() and not plan.out_dir.is_dir():
         raise LayerdiffError(f"output {plan.out_dir} is a file; pass a directory to -o")
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    runs = plan_runs(plan)
+    previous = read_index(plan.out_dir)
+    runs = plan_runs(plan, previous)
     for run in runs:
         run.out_dir.mkdir(parents=True, exist_ok=True)
-    index = Index(plan.out_dir, [run.row for run in runs])
+    planned_keys = {run.row.key for run in runs}
+    others = [row for key, row in previous.items() if key not in planned_keys]  # e.g. a phone not attached today
+    index = Index(plan.out_dir, [run.row for run in runs] + others)
     if on_planned:
         on_planned(runs)
     stop = threading.Event()
