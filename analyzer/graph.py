@@ -1,0 +1,81 @@
+"""The layer graph of one dump, rebuilt from the `/layers` table's `name` and `inputs` columns.
+
+Findings that separate "this op broke" from "this op inherited the error" (failure source, NaN/Inf
+origin, zero-collapse origin, error growth) all ask the same question: which layers feed this one?
+The dump stores edges as tensor *names*; this module maps them to layer keys once, so findings work
+on keys only. Names that no layer produced are model inputs and have no producer.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+
+@dataclass
+class LayerGraph:
+    """Producers and consumers per layer key, plus the execution order of the keys."""
+
+    order: list[str]
+    producers: dict[str, list[str]] = field(default_factory=dict)
+    consumers: dict[str, list[str]] = field(default_factory=dict)
+    _positions: dict[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def has_edges(self) -> bool:
+        return any(self.producers.values())
+
+    def outputs(self) -> list[str]:
+        """The model's outputs: layers nothing consumes (the last layer when the dump has no edges)."""
+        if not self.has_edges:
+            return self.order[-1:]
+        return [key for key in self.order if not self.consumers.get(key)]
+
+    def upstream(self, key: str, known: set[str]) -> list[str]:
+        """Nearest producers of `key` that are in `known`, walking through layers that are not.
+
+        Layers a run could not be compared on (an op only one backend has, a layer whose shape did
+        not match) must not cut the graph: their own producers stand in for them.
+        """
+        found: list[str] = []
+        seen: set[str] = set()
+        stack = list(self.producers.get(key, []))
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            if current in known:
+                found.append(current)
+            else:
+                stack.extend(self.producers.get(current, []))
+        return sorted(set(found), key=self.position)
+
+    def position(self, key: str) -> int:
+        """Execution index of a key (-1 when the dump does not have it)."""
+        if len(self._positions) != len(self.order):
+            self._positions = {k: i for i, k in enumerate(self.order)}
+        return self._positions.get(key, -1)
+
+
+def build_graph(layers: pd.DataFrame) -> LayerGraph:
+    """Graph of one dump's layers; tolerant of malformed `inputs` cells (treated as no edges)."""
+    order = list(layers["key"])
+    producer_of = {name: key for name, key in zip(layers["name"], layers["key"])}
+    graph = LayerGraph(order=order)
+    for key, inputs in zip(layers["key"], layers["inputs"]):
+        names = _parse_names(inputs)
+        sources = [producer_of[n] for n in names if n in producer_of and producer_of[n] != key]
+        graph.producers[key] = list(dict.fromkeys(sources))
+        for source in graph.producers[key]:
+            graph.consumers.setdefault(source, []).append(key)
+    return graph
+
+
+def _parse_names(cell: str) -> list[str]:
+    try:
+        value = json.loads(cell) if cell else []
+    except (json.JSONDecodeError, TypeError):
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []

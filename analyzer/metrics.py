@@ -1,0 +1,308 @@
+"""Per-layer error metrics of one run against its reference, in one streaming pass per tensor pair.
+
+Why it is built this way:
+- Big layers must cost little more than reading them, so the work runs over cache-sized chunks
+  (every operation on a chunk hits L2, not RAM) with scratch buffers reused across chunks, float32
+  arithmetic where it is exact enough and float64 only for the running totals.
+- A NaN must never hide a failure nor hide in a mean: element pairs whose finiteness differs
+  (a NaN or Inf on one side only) count as *infinite* error in max/mean/median/p99 and always fail
+  allclose, and make relative L2 infinite and SQNR -inf; pairs that agree (both NaN, same-signed
+  Inf) count as equal. Cosine similarity is over the pairs finite on both sides (NaN if none). Whether a tensor
+  has any non-finite value is known from the precomputed `/layers` stats, so clean tensors take a
+  fast path with no per-element finiteness tests.
+- median and p99 of |diff| are exact up to `SAMPLE_MAX` elements; above that they come from a
+  random sample of about `SAMPLE_MAX` elements drawn evenly from every chunk (fixed seed, rank
+  error about 2e-4), because an exact selection over a 100M-element layer would cost more than
+  the rest of the suite together.
+Relative difference follows Polygraphy: |run - ref| / |ref|, with a zero |ref| replaced by
+2.2e-16 (computed in float32 for float32 tensors: ratios beyond 3.4e38 read inf). allclose also follows Polygraphy: an element fails when
+|diff| > atol AND rel > rtol.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+CHUNK = 1 << 16
+SAMPLE_MAX = 1 << 18
+MAX_CLASSES = 1 << 16
+EPS = 2.220446049250313e-16
+FP16_MAX = 65504.0
+NAN_FIELDS = ("n_nan", "n_posinf", "n_neginf")
+
+
+@dataclass
+class Tolerances:
+    """Per-element tolerances for the allclose pass fraction (see the module docstring)."""
+
+    atol: float = 1e-3
+    rtol: float = 1e-2
+
+
+class _Sums:
+    """Running totals of one pair over chunks."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.dd = self.aa = self.bb = 0.0  # sum of squares: diff, reference, run (finite pairs)
+        self.max_abs = self.max_rel = 0.0
+        self.sum_abs = self.sum_rel = 0.0
+        self.n_fail = 0
+        self.n_finite_pairs = 0
+        self.n_mismatch = 0  # non-finite on one side only (or different non-finite values)
+        self.zero_collapsed = 0
+        self.saturated = 0
+        self.counts = {k: 0 for k in ("nan_new", "nan_lost", "posinf_new", "posinf_lost", "neginf_new", "neginf_lost")}
+        self.samples: list[np.ndarray] = []
+
+
+class PairKernel:
+    """Computes every metric of (reference, run) for one layer; scratch is reused across layers."""
+
+    def __init__(self, tol: Tolerances) -> None:
+        self.tol = tol
+        self._scratch = [np.empty(CHUNK, np.float32) for _ in range(3)]
+        self._flags = [np.empty(CHUNK, np.bool_) for _ in range(2)]
+        self._rng = np.random.default_rng(0)
+
+    def compare(self, ref: np.ndarray, run: np.ndarray, ref_stats: dict, run_stats: dict) -> dict:
+        """All metrics of one layer pair (shapes already checked equal up to size-1 dims)."""
+        x, y = _flat(ref), _flat(run)
+        work = np.float32 if x.dtype.itemsize <= 4 and y.dtype.itemsize <= 4 else np.float64
+        scratch = self._scratch if work == np.float32 else [np.empty(CHUNK, np.float64) for _ in range(3)]
+        s = _Sums(x.size)
+        clean = not any(ref_stats.get(k, 0) or run_stats.get(k, 0) for k in NAN_FIELDS)
+        options = _ChunkOptions(
+            ref_has_zero=bool(ref_stats.get("n_zero", 1)),
+            run_has_zero=bool(run_stats.get("n_zero", 1)),
+            run_saturated=bool(run_stats.get("n_fp16_saturated", 1)),
+            norms_per_chunk=not (clean and _has_moments(ref_stats) and _has_moments(run_stats)),
+        )
+        same_dtype = x.dtype == work and y.dtype == work
+        with np.errstate(all="ignore"):  # inf/huge ratios are results here, not accidents
+            self._stream(s, x, y, work, scratch, clean, options, same_dtype)
+            if clean and not math.isfinite(s.dd):  # the stats lied (or a difference overflowed)
+                s, clean = _Sums(x.size), False
+                options.norms_per_chunk = True
+                self._stream(s, x, y, work, scratch, clean, options, same_dtype)
+        if not options.norms_per_chunk:
+            s.aa, s.bb = _sum_squares(ref_stats, x.size), _sum_squares(run_stats, y.size)
+        result = _finish(s, x.size)
+        ref_nonzero = x.size - int(ref_stats.get("n_zero", 0))
+        result["zero_collapse"] = s.zero_collapsed / ref_nonzero if ref_nonzero > 0 else 0.0
+        return result
+
+    def _stream(self, s: _Sums, x: np.ndarray, y: np.ndarray, work, scratch, clean: bool,
+                options: "_ChunkOptions", same_dtype: bool) -> None:
+        """One pass over the pair, chunk by chunk."""
+        per_chunk = self._sample_count(x.size)
+        for start in range(0, x.size, CHUNK):
+            xc, yc = x[start:start + CHUNK], y[start:start + CHUNK]
+            if not same_dtype:
+                xc, yc = xc.astype(work), yc.astype(work)
+            if clean:
+                ad = self._finite_chunk(s, xc, yc, scratch, options)
+            else:
+                ad = self._mixed_chunk(s, xc, yc, scratch, options)
+            _take_sample(s, ad, per_chunk, self._rng)
+
+    def _sample_count(self, n: int) -> int:
+        """Elements to sample per chunk (0: keep every |diff|, the quantiles are exact)."""
+        if n <= SAMPLE_MAX:
+            return 0
+        return max(1, SAMPLE_MAX * CHUNK // n)
+
+    def _finite_chunk(self, s: _Sums, x: np.ndarray, y: np.ndarray, scratch, opt: "_ChunkOptions") -> np.ndarray:
+        """The fast path: both chunks are known to be finite. Returns |diff| (a scratch view)."""
+        n = x.size
+        d = np.subtract(y, x, out=scratch[0][:n])
+        s.dd += float(np.dot(d, d))
+        if opt.norms_per_chunk:
+            s.aa += float(np.dot(x, x))
+            s.bb += float(np.dot(y, y))
+        ad = np.abs(d, out=d)
+        chunk_max = float(ad.max()) if n else 0.0
+        s.max_abs = max(s.max_abs, chunk_max)
+        s.sum_abs += float(np.add.reduce(ad))  # pairwise float32 sum per chunk, float64 across chunks
+        den = np.abs(x, out=scratch[1][:n])
+        if opt.ref_has_zero:  # den += EPS * (den == 0): branch-free, 10x faster than a masked copy
+            zero = np.equal(den, 0, out=self._flags[0][:n])
+            np.add(den, np.multiply(zero, den.dtype.type(EPS), out=scratch[2][:n]), out=den)
+        rel = np.divide(ad, den, out=scratch[2][:n])
+        chunk_rel_max = float(rel.max()) if n else 0.0
+        s.max_rel = max(s.max_rel, chunk_rel_max)
+        s.sum_rel += float(np.add.reduce(rel))
+        if chunk_max > self.tol.atol and chunk_rel_max > self.tol.rtol:
+            over_abs = np.greater(ad, self.tol.atol, out=self._flags[0][:n])
+            over_rel = np.greater(rel, self.tol.rtol, out=self._flags[1][:n])
+            s.n_fail += int(np.count_nonzero(np.logical_and(over_abs, over_rel, out=over_abs)))
+        s.n_finite_pairs += n
+        if opt.run_has_zero:
+            run_zero = np.equal(y, 0, out=self._flags[0][:n])
+            ref_nonzero = np.not_equal(x, 0, out=self._flags[1][:n])
+            s.zero_collapsed += int(np.count_nonzero(np.logical_and(run_zero, ref_nonzero, out=run_zero)))
+        if opt.run_saturated:
+            s.saturated += int(np.count_nonzero((np.abs(y) == FP16_MAX) & (np.abs(x) > FP16_MAX)))
+        return ad
+
+    def _mixed_chunk(self, s: _Sums, x: np.ndarray, y: np.ndarray, scratch, opt: "_ChunkOptions") -> np.ndarray:
+        """The slow path for chunks that may hold NaN/Inf: finite pairs go through the fast path."""
+        _count_nonfinite(s, x, y)
+        both = np.isfinite(x) & np.isfinite(y)
+        same = (np.isnan(x) & np.isnan(y)) | (~both & (x == y))
+        mismatch = ~both & ~same
+        ad = np.zeros(x.size, dtype=x.dtype)
+        if both.any():
+            fin = self._finite_chunk(s, x[both], y[both], scratch, opt)
+            ad[both] = fin
+        n_mismatch = int(np.count_nonzero(mismatch))
+        if n_mismatch:
+            ad[mismatch] = np.inf
+            s.n_mismatch += n_mismatch
+            s.n_fail += n_mismatch
+        return ad
+
+
+@dataclass
+class _ChunkOptions:
+    """Which optional counts a pair needs, decided once per layer from the precomputed stats."""
+
+    ref_has_zero: bool
+    run_has_zero: bool
+    run_saturated: bool
+    norms_per_chunk: bool  # False: |ref|^2 and |run|^2 come from the /layers mean and std
+
+
+def _has_moments(stats: dict) -> bool:
+    return all(k in stats and math.isfinite(stats[k]) for k in ("mean", "std"))
+
+
+def _sum_squares(stats: dict, n: int) -> float:
+    """sum(x^2) = n (std^2 + mean^2), from the float64 moments every dump stores: saves two dot products."""
+    return n * (stats["std"] ** 2 + stats["mean"] ** 2)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    flat = np.ascontiguousarray(a).reshape(-1)
+    if flat.dtype.kind not in "f":
+        flat = flat.astype(np.float64)
+    return flat
+
+
+def _count_nonfinite(s: _Sums, x: np.ndarray, y: np.ndarray) -> None:
+    xn, yn = np.isnan(x), np.isnan(y)
+    c = s.counts
+    c["nan_new"] += int(np.count_nonzero(yn & ~xn))
+    c["nan_lost"] += int(np.count_nonzero(xn & ~yn))
+    c["posinf_new"] += int(np.count_nonzero((y == np.inf) & (x != np.inf)))
+    c["posinf_lost"] += int(np.count_nonzero((x == np.inf) & (y != np.inf)))
+    c["neginf_new"] += int(np.count_nonzero((y == -np.inf) & (x != -np.inf)))
+    c["neginf_lost"] += int(np.count_nonzero((x == -np.inf) & (y != -np.inf)))
+
+
+def _take_sample(s: _Sums, ad: np.ndarray, per_chunk: int, rng: np.random.Generator) -> None:
+    """Keep |diff| for the quantiles: all of it for small tensors, else a random sample per chunk.
+
+    Sampling within each chunk (stratified) costs no global index sort and covers the whole
+    tensor evenly, so a region that is off everywhere cannot be missed.
+    """
+    if per_chunk == 0:
+        s.samples.append(ad.copy())
+    else:
+        s.samples.append(ad[rng.integers(0, ad.size, min(per_chunk, ad.size))])
+
+
+def _finish(s: _Sums, n: int) -> dict:
+    """Turn running totals into the metric dict (names documented in REPORT_SCHEMA.md)."""
+    inf_if_mismatch = math.inf if s.n_mismatch else None
+    mean_abs = s.sum_abs / n if n else 0.0
+    mean_rel = s.sum_rel / n if n else 0.0
+    median, p99 = _quantiles(s.samples)
+    ref_norm = math.sqrt(s.aa)
+    return {
+        "numel": n,
+        "max_abs": inf_if_mismatch or s.max_abs,
+        "mean_abs": inf_if_mismatch or mean_abs,
+        "median_abs": median,
+        "p99_abs": p99,
+        "max_rel": inf_if_mismatch or s.max_rel,
+        "mean_rel": inf_if_mismatch or mean_rel,
+        "rel_l2": math.inf if s.n_mismatch else _ratio(math.sqrt(s.dd), ref_norm),
+        "cosine": _cosine(s.aa, s.bb, s.dd) if s.n_finite_pairs else math.nan,
+        "sqnr_db": -math.inf if s.n_mismatch else _sqnr(s.aa, s.dd),
+        "pass_fraction": 1.0 - s.n_fail / n if n else 1.0,
+        "n_fail": s.n_fail,
+        "n_nonfinite_mismatch": s.n_mismatch,
+        **{f"n_{k}": v for k, v in s.counts.items()},
+        "n_zero_collapsed": s.zero_collapsed,
+        "n_saturated": s.saturated,
+    }
+
+
+def _quantiles(samples: list[np.ndarray]) -> tuple[float, float]:
+    if not samples:
+        return 0.0, 0.0
+    values = np.concatenate(samples)
+    if values.size == 0:
+        return 0.0, 0.0
+    method = "linear" if np.isfinite(values.max()) else "higher"
+    median, p99 = np.quantile(values, [0.5, 0.99], method=method)
+    return float(median), float(p99)
+
+
+def _ratio(num: float, den: float) -> float:
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def _cosine(aa: float, bb: float, dd: float) -> float:
+    """cos = <a,b>/(|a||b|) with <a,b> = (aa + bb - dd)/2; saves one dot product per element."""
+    if aa == 0.0 and bb == 0.0:
+        return 1.0
+    if aa == 0.0 or bb == 0.0:
+        return 0.0
+    return max(-1.0, min(1.0, (aa + bb - dd) / (2.0 * math.sqrt(aa) * math.sqrt(bb))))
+
+
+def _sqnr(aa: float, dd: float) -> float:
+    """Signal-to-quantization-noise ratio in dB: 10 log10(|ref|^2 / |run - ref|^2)."""
+    if dd == 0.0:
+        return math.inf
+    if aa == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(aa / dd)
+
+
+def topk_agreement(ref: np.ndarray, run: np.ndarray) -> tuple[float, float]:
+    """Top-1 / top-5 agreement over the class axis (axis 1; the only axis of a vector).
+
+    top-1: share of positions (batch x spatial) where both argmax agree; top-5: share where the
+    reference's top-1 class is among the run's five largest. NaN when there are too few classes,
+    or more than `MAX_CLASSES` (an output that wide is a feature map, not class scores).
+    """
+    a, b = _class_view(ref), _class_view(run)
+    if a is None or b is None or a.shape != b.shape or not 2 <= a.shape[1] <= MAX_CLASSES:
+        return math.nan, math.nan
+    a_top = np.argmax(np.nan_to_num(a, nan=-np.inf), axis=1)
+    b_clean = np.nan_to_num(b, nan=-np.inf)
+    top1 = float(np.mean(a_top == np.argmax(b_clean, axis=1)))
+    if a.shape[1] <= 5:
+        return top1, math.nan
+    top5_idx = np.argpartition(-b_clean, 4, axis=1)[:, :5, :]
+    top5 = float(np.mean(np.any(top5_idx == a_top[:, None, :], axis=1)))
+    return top1, top5
+
+
+def _class_view(t: np.ndarray) -> np.ndarray | None:
+    dims = [d for d in t.shape]
+    while len(dims) > 2 and dims[-1] == 1:
+        dims.pop()
+    if len(dims) == 0:
+        return None
+    if len(dims) == 1:
+        return t.reshape(1, dims[0], 1)
+    return t.reshape(dims[0], dims[1], -1)
+

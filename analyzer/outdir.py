@@ -1,0 +1,42 @@
+"""The report directory: checked before any work, written file by file under temporary names.
+
+A report is often regenerated in place; a crash half-way must not leave a truncated index.html
+next to a fresh summary.csv, so each file appears only when complete. A directory that holds
+something other than a previous report is never written into without `--force`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from analyzer.errors import LayerdiffError
+
+REPORT_MARKERS = ("index.html", "results.json", "summary.csv")
+
+
+def prepare_out_dir(path: Path | str, force: bool = False) -> Path:
+    """Create the report directory, refusing a file or a non-empty directory that is not a report."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise LayerdiffError(f"{out}: exists and is not a directory; choose another -o")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        if not any((out / name).exists() for name in REPORT_MARKERS):
+            raise LayerdiffError(f"{out}: directory is not empty and holds no layerdiff report; "
+                                 "choose another -o or pass --force")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise LayerdiffError(f"{out}: cannot create the report directory ({err.strerror})") from None
+    return out
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to `.<name>.partial` beside the target, then rename over it."""
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,0 +1,206 @@
+"""The report directory: index.html (self-contained, images inline), tables, plots and results.json.
+
+index.html reads top-down the way a user asks: is it broken (verdict), where and why (findings),
+which runs (matrix), how it evolves (plots), every number (tables, folded). Long lists are
+summarized first and folded in <details>, so a sweep of 20 inputs x 2 configurations stays one
+readable page. The page has no external resources: it opens offline, from an e-mail attachment.
+"""
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+import pandas as pd
+
+from analyzer.analysis import Analysis
+from analyzer.findings import Finding
+from analyzer.outdir import atomic_write_bytes, atomic_write_text
+from analyzer.plots import error_by_layer, failure_layer, heatmap, per_input_bars, value_range
+from analyzer.results import build_results, dumps
+from analyzer.tables import LAYER_VIEW, layer_matrix, reference_rows, sweep_matrix, to_html, unmatched_table, write_tables
+from analyzer.verdict import worst
+
+SHOWN_PER_KIND = 3
+MAX_RANGE_LINES = 6
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
+h1{margin-bottom:4px} .verdict{font-size:1.4em;padding:10px 16px;border-radius:6px;color:#fff;margin:12px 0}
+.v-pass{background:#2e7d32}.v-warn{background:#ef6c00}.v-fail{background:#c62828}.v-none{background:#616161}
+ul.findings li{margin:4px 0} .sev-fail{color:#b71c1c}.sev-warn{color:#e65100}.sev-info{color:#37474f}
+table.data{border-collapse:collapse;font-size:12px;margin:6px 0} table.data td,table.data th{border:1px solid #ddd;padding:2px 6px;text-align:right}
+table.data th{background:#f3f3f3;position:sticky;top:0} table.data td:first-child{text-align:left}
+td.s-pass{background:#e8f5e9}td.s-warn{background:#fff3e0}td.s-fail{background:#ffebee}
+details{margin:6px 0} summary{cursor:pointer;font-weight:600} img{max-width:100%;border:1px solid #eee;margin:6px 0}
+.problems{background:#fff8e1;border-left:4px solid #ffb300;padding:6px 12px} code{background:#f5f5f5;padding:0 3px}
+"""
+
+
+def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
+    """Write every report file into `out_dir` (already prepared); returns name -> path."""
+    comparison = analysis.comparison
+    write_tables(out_dir, analysis.summary, comparison, analysis.findings)
+    images = _draw(analysis)
+    for name, data in images.items():
+        atomic_write_bytes(out_dir / f"{name}.png", data)
+    document = build_results(comparison, analysis.runs, analysis.findings, analysis.summary,
+                             analysis.thresholds, analysis.problems)
+    atomic_write_text(out_dir / "results.json", dumps(document))
+    atomic_write_text(out_dir / "index.html", render_html(analysis, images))
+    names = ["index.html", "summary.csv", "runs.csv", "summary.md", "results.json", *(f"{n}.png" for n in images)]
+    return {name: out_dir / name for name in names}
+
+
+def _draw(analysis: Analysis) -> dict[str, bytes]:
+    """Every figure that has data; error_by_layer always exists (empty axes when nothing compared)."""
+    rows = reference_rows(analysis.comparison)
+    measured = rows[rows["status"].isin(["pass", "warn", "fail"])]
+    first = {f.run: f.layer for f in analysis.findings if f.kind == "first_divergence"}
+    images = {"error_by_layer": error_by_layer(measured, first)}
+    matrix = layer_matrix(analysis.comparison)
+    if not matrix.empty:
+        images["heatmap"] = heatmap(matrix)
+    images["value_range"] = value_range(_ranges(analysis))
+    focus = _failure_focus(analysis)
+    if focus is not None:
+        images["failure_source"] = focus
+    compared = analysis.summary[analysis.summary["role"] == "compared"]
+    if compared.groupby("config")["input"].nunique().max() > 1 if len(compared) else False:
+        images["per_input"] = per_input_bars(analysis.summary)
+    return images
+
+
+def _ranges(analysis: Analysis) -> dict[str, pd.DataFrame]:
+    """The reference first, then one run per other configuration (first input), for the range plot."""
+    plan = analysis.comparison.plan
+    chosen = {plan.reference.label: plan.reference.layers}
+    seen = {plan.reference.config}
+    for pair in plan.pairs:
+        run = pair.other
+        if run.config not in seen and run.input_key == plan.reference.input_key and len(chosen) < MAX_RANGE_LINES:
+            seen.add(run.config)
+            chosen[run.label] = run.layers
+    return chosen
+
+
+def _failure_focus(analysis: Analysis) -> bytes | None:
+    """Histogram + scatter for the first failure source (else first divergence), re-read from disk."""
+    finding = next((f for kind in ("failure_source", "first_divergence") for f in analysis.findings
+                    if f.kind == kind), None)
+    if finding is None:
+        return None
+    table = analysis.comparison.table
+    row = table[(table["run"] == finding.run) & (table["key"] == finding.layer)
+                & (table["comparison"] == "reference")]
+    if row.empty:
+        return None
+    pair = analysis.comparison.plan.pairs[int(row.iloc[0]["pair"])]
+    try:
+        ref = pair.base.dump.tensor_by_key(finding.layer)
+        run = pair.other.dump.tensor_by_key(str(row.iloc[0]["run_key"]))
+    except Exception:  # a plot is never worth failing the report for
+        return None
+    if ref.size != run.size:
+        return None
+    return failure_layer(ref, run, f"{finding.kind.replace('_', ' ')}: {finding.layer} ({finding.op_type}) in {finding.run}")
+
+
+def render_html(analysis: Analysis, images: dict[str, bytes]) -> str:
+    """The whole page as one string."""
+    plan = analysis.comparison.plan
+    verdict = _overall(analysis.summary)
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>layerdiff report</title><style>{CSS}</style></head><body>",
+             "<h1>layerdiff report</h1>",
+             f"<div class='verdict v-{verdict if verdict in ('pass', 'warn', 'fail') else 'none'}'>Verdict: {verdict.upper()}"
+             f" &mdash; {_counts_line(analysis.summary)}</div>",
+             f"<p>Reference: <b>{_e(plan.reference.label)}</b> (<code>{_e(plan.reference.path.name)}</code>; {_e(plan.reason)})."
+             f" Runs on other inputs are compared with the reference configuration's run on the same input.</p>"]
+    if analysis.problems:
+        parts.append("<div class='problems'><b>Problems</b><ul>" +
+                     "".join(f"<li>{_e(p)}</li>" for p in analysis.problems) + "</ul></div>")
+    parts += ["<h2>Findings</h2>", _findings_html(analysis.findings)]
+    parts += ["<h2>Runs</h2>", _runs_html(analysis.summary)]
+    parts += ["<h2>Plots</h2>", *(_img(name, data) for name, data in images.items())]
+    parts += ["<h2>Details</h2>", _layers_html(analysis), _unmatched_html(analysis), _provenance_html(analysis)]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _overall(summary: pd.DataFrame) -> str:
+    verdicts = summary.loc[summary["role"] == "compared", "verdict"]
+    measured = [v for v in verdicts if v in ("pass", "warn", "fail")]
+    return worst(measured) if measured else "nothing compared"
+
+
+def _counts_line(summary: pd.DataFrame) -> str:
+    verdicts = summary.loc[summary["role"] == "compared", "verdict"].value_counts()
+    parts = [f"{int(verdicts.get(v, 0))} {v}" for v in ("fail", "warn", "pass") if verdicts.get(v, 0)]
+    return f"{int((summary['role'] == 'compared').sum())} run(s) compared: " + (", ".join(parts) or "none measured")
+
+
+def _findings_html(findings: list[Finding]) -> str:
+    """Per kind: the first few sentences, the rest folded."""
+    if not findings:
+        return "<p>No findings: every compared layer passes.</p>"
+    by_kind: dict[str, list[Finding]] = {}
+    for f in findings:
+        by_kind.setdefault(f.kind, []).append(f)
+    out = []
+    for kind, items in by_kind.items():
+        shown = "".join(f"<li class='sev-{f.severity}'>{_e(f.sentence)}</li>" for f in items[:SHOWN_PER_KIND])
+        out.append(f"<h3>{_e(kind.replace('_', ' '))} ({len(items)})</h3><ul class='findings'>{shown}</ul>")
+        if len(items) > SHOWN_PER_KIND:
+            rest = "".join(f"<li class='sev-{f.severity}'>{_e(f.sentence)}</li>" for f in items[SHOWN_PER_KIND:])
+            out.append(f"<details><summary>{len(items) - SHOWN_PER_KIND} more</summary><ul class='findings'>{rest}</ul></details>")
+    return "\n".join(out)
+
+
+def _runs_html(summary: pd.DataFrame) -> str:
+    """The sweep matrix (configuration x input), then every run's summary folded."""
+    matrix = sweep_matrix(summary)
+    full = to_html(summary.drop(columns=["file"]))
+    return (to_html(matrix) + f"<details><summary>All runs, all summary columns ({len(summary)})</summary>{full}</details>")
+
+
+def _layers_html(analysis: Analysis) -> str:
+    rows = reference_rows(analysis.comparison)
+    blocks = []
+    for run, part in rows.groupby("run", sort=False):
+        bad = int(part["status"].isin(["fail", "warn"]).sum())
+        blocks.append(f"<details><summary>Layers of {_e(run)} ({len(part)} layers, {bad} warn/fail)</summary>"
+                      f"{to_html(part[LAYER_VIEW].sort_values('position'))}</details>")
+    repeats = analysis.comparison.table[analysis.comparison.table["comparison"] == "repeat"]
+    if len(repeats):
+        blocks.append(f"<details><summary>Repeat-vs-repeat comparisons ({len(repeats)} rows)</summary>"
+                      f"{to_html(repeats[LAYER_VIEW])}</details>")
+    return "\n".join(blocks)
+
+
+def _unmatched_html(analysis: Analysis) -> str:
+    table = unmatched_table(analysis.comparison)
+    return f"<details><summary>Unmatched layers ({len(table)})</summary>{to_html(table)}</details>"
+
+
+def _provenance_html(analysis: Analysis) -> str:
+    rows = [{"run": r.label, "file": r.path.name, **{k: r.attrs.get(k, "") for k in
+             ("device_model", "device_serial", "engine", "engine_version", "backend_requested", "backend_actual",
+              "precision_requested", "precision_effective", "input_label", "repeat", "complete", "infer_ms")}}
+            for r in analysis.runs]
+    return f"<details><summary>Provenance ({len(rows)} runs)</summary>{to_html(pd.DataFrame(rows))}</details>"
+
+
+def _img(name: str, data: bytes) -> str:
+    encoded = base64.b64encode(data).decode("ascii")
+    return f"<figure><img alt='{_e(name)}' src='data:image/png;base64,{encoded}'><figcaption>{_e(name.replace('_', ' '))}</figcaption></figure>"
+
+
+def _e(text) -> str:
+    return html.escape(str(text))
+
+
+def console_json(analysis: Analysis) -> str:
+    """What `--json` prints: the same document as results.json."""
+    document = build_results(analysis.comparison, analysis.runs, analysis.findings, analysis.summary,
+                             analysis.thresholds, analysis.problems)
+    return dumps(document)
+

@@ -1,0 +1,102 @@
+"""The machine-readable results (`analyze --json`, `results.json`): one versioned document.
+
+Scripts and CI jobs read this, so its shape is a contract written down in analyzer/REPORT_SCHEMA.md
+and versioned by `SCHEMA_VERSION`: fields are only ever added within a version; renaming or
+removing one bumps it. JSON has no NaN or infinity: NaN is written as null, +-infinity as the
+strings "inf" / "-inf".
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pandas as pd
+
+from analyzer import __version__
+from analyzer.compare import Comparison
+from analyzer.dumpfile import utc_now
+from analyzer.findings import Finding
+from analyzer.sources import Run
+from analyzer.verdict import Thresholds
+
+SCHEMA_NAME = "layerdiff-results"
+SCHEMA_VERSION = 1
+LAYER_FIELDS = ["position", "key", "run_key", "op", "op_type", "status", "reasons", "shape", "run_shape",
+                "shape_status", "match", "is_output", "numel", "max_abs", "mean_abs", "median_abs", "p99_abs",
+                "max_rel", "mean_rel", "rel_l2", "cosine", "sqnr_db", "pass_fraction", "n_fail",
+                "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new", "n_posinf_lost",
+                "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed", "n_saturated", "top1", "top5",
+                "growth"]
+PROVENANCE_FIELDS = ["engine", "engine_version", "backend_requested", "backend_actual", "precision_requested",
+                     "precision_effective", "threads", "device_serial", "device_model", "soc", "board", "abi",
+                     "android_release", "gpu", "model_name", "model_sha256", "input_label", "input_sha256",
+                     "infer_ms", "harness", "repeat", "complete", "exit_status", "created", "tool_version"]
+
+
+def build_results(comparison: Comparison, runs: list[Run], findings: list[Finding], summary: pd.DataFrame,
+                  thresholds: Thresholds, problems: list[str]) -> dict[str, Any]:
+    """The whole document as plain Python values (JSON-safe after `clean`)."""
+    plan = comparison.plan
+    summary_by_run = {row["run"]: row for row in summary.to_dict("records")}
+    return clean({
+        "schema": SCHEMA_NAME,
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "created": utc_now(),
+        "reference": {"run": plan.reference.label, "file": str(plan.reference.path), "reason": plan.reason,
+                      "per_input": {k or "": r.label for k, r in plan.references.items()}},
+        "thresholds": thresholds.as_dict(),
+        "problems": list(problems),
+        "runs": [_run_entry(run, comparison, findings, summary_by_run.get(run.label, {})) for run in runs],
+        "findings": [f.as_dict() for f in findings],
+    })
+
+
+def _run_entry(run: Run, comparison: Comparison, findings: list[Finding], summary: dict) -> dict[str, Any]:
+    index = next((i for i, p in enumerate(comparison.plan.pairs) if p.other is run and p.kind == "reference"), None)
+    entry: dict[str, Any] = {
+        "run": run.label,
+        "file": str(run.path),
+        "role": summary.get("role", ""),
+        "reference": summary.get("reference", ""),
+        "verdict": summary.get("verdict", ""),
+        "provenance": {k: run.attrs.get(k) for k in PROVENANCE_FIELDS if k in run.attrs},
+        "summary": {k: v for k, v in summary.items() if k not in ("run", "role", "reference", "verdict", "file")},
+        "first_divergence": None,
+        "findings": [f.as_dict() for f in findings if f.run == run.label],
+        "layers": [],
+        "unmatched": {"only_in_reference": [], "only_in_run": []},
+        "not_compared_reason": comparison.plan.uncompared.get(run.label, ""),
+    }
+    first = next((f for f in findings if f.kind == "first_divergence" and f.run == run.label), None)
+    if first is not None:
+        entry["first_divergence"] = {"layer": first.layer, "op_type": first.op_type, "status": first.severity,
+                                     **first.numbers}
+    if index is not None:
+        rows = comparison.pair_rows(index)
+        entry["layers"] = rows[LAYER_FIELDS].to_dict("records")
+        alignment = comparison.alignments[index]
+        entry["unmatched"] = {"only_in_reference": alignment.only_base.to_dict("records"),
+                              "only_in_run": alignment.only_other.to_dict("records")}
+    return entry
+
+
+def clean(value: Any) -> Any:
+    """Recursively make a value JSON-safe: numpy scalars to Python, NaN to None, inf to strings."""
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+    return value
+
+
+def dumps(document: dict[str, Any]) -> str:
+    return json.dumps(document, indent=1, allow_nan=False, ensure_ascii=False)

@@ -1,0 +1,190 @@
+"""Finding and opening the runs to analyze: files and directories in, labelled `Run`s out.
+
+Users point `analyze` at whatever they have: a sweep's output directory, a few files a colleague
+mailed, a raw dump pulled by hand. A file that is not a usable dump must not stop the others from
+being analyzed, so opening returns the runs that worked *and* one line per input that did not.
+Non-HDF5 inputs (raw dump directories, other tools' formats) go through `analyzer.importers`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from analyzer.dumpfile import DumpFile
+from analyzer.errors import LayerdiffError
+
+H5_SUFFIXES = {".h5", ".hdf5"}
+RAW_MANIFEST = "manifest.jsonl"
+# Attributes that make two runs "the same configuration" (everything except input and repetition).
+CONFIG_FIELDS = ("device_serial", "device_model", "engine", "backend_requested", "precision_requested",
+                 "threads", "model_sha256")
+LABEL_FIELDS = ("device", "engine", "setting", "input_label", "repeat")
+# Precomputed /layers counts the metrics use to skip work (no NaN -> no finiteness tests, ...).
+# mean/std give |x|^2 = n (std^2 + mean^2) without a pass over the tensor.
+STATS_FIELDS = ("n_nan", "n_posinf", "n_neginf", "n_zero", "n_fp16_saturated", "mean", "std")
+
+
+@dataclass
+class Run:
+    """One opened dump with a short label unique within the analysis."""
+
+    path: Path
+    dump: DumpFile
+    attrs: dict[str, Any]
+    label: str = ""
+    _stats: dict[int, dict[str, float]] | None = field(default=None, repr=False)
+
+    def stats_by_order(self) -> dict[int, dict[str, float]]:
+        """Per-layer counts from /layers keyed by order; built once, looked up for every layer."""
+        if self._stats is None:
+            frame = self.layers
+            columns = {f: frame[f].to_numpy() for f in STATS_FIELDS}
+            self._stats = {int(o): {f: columns[f][i].item() for f in STATS_FIELDS}
+                           for i, o in enumerate(frame["order"])}
+        return self._stats
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        return self.dump.layers
+
+    @property
+    def backend(self) -> str:
+        return str(self.attrs.get("backend_actual") or self.attrs.get("backend_requested") or "")
+
+    @property
+    def precision(self) -> str:
+        return str(self.attrs.get("precision_requested") or "")
+
+    @property
+    def config(self) -> tuple:
+        """What was run, ignoring which input and which repetition: runs to compare across inputs."""
+        return tuple(str(self.attrs.get(f, "")) for f in CONFIG_FIELDS)
+
+    @property
+    def config_label(self) -> str:
+        device = self.attrs.get("device_model") or self.attrs.get("device_serial") or ""
+        parts = [str(device), str(self.attrs.get("engine", "")), f"{self.backend}/{self.precision}"]
+        return " ".join(p for p in parts if p and p != "/")
+
+    @property
+    def input_key(self) -> str:
+        """Identity of the input fed: its sha256 when known, else its label."""
+        return str(self.attrs.get("input_sha256") or self.attrs.get("input_label") or "")
+
+    @property
+    def repeat(self) -> int:
+        try:
+            return int(self.attrs.get("repeat", 0) or 0)
+        except (TypeError, ValueError):
+            return 0
+
+
+@dataclass
+class SourceSet:
+    """The runs that opened, and one line for each input that did not."""
+
+    runs: list[Run] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        for run in self.runs:
+            run.dump.close()
+
+
+def discover(paths: Iterable[Path | str]) -> tuple[list[Path], list[str]]:
+    """Expand the user's arguments into candidate dump paths, keeping their order, no duplicates.
+
+    Directories are searched recursively for `.h5` files and raw dump directories; files given
+    explicitly are taken whatever their suffix (the importers decide what they are).
+    """
+    found: list[Path] = []
+    problems: list[str] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            problems.append(f"{path}: no such file or directory")
+        elif path.is_dir():
+            candidates = _scan_dir(path)
+            if not candidates:
+                problems.append(f"{path}: no .h5 dumps or raw dump directories inside")
+            found.extend(candidates)
+        else:
+            found.append(path)
+    unique = list(dict.fromkeys(p.resolve() for p in found))
+    return unique, problems
+
+
+def _scan_dir(root: Path) -> list[Path]:
+    if (root / RAW_MANIFEST).is_file():
+        return [root]
+    hits = [p for p in root.rglob("*") if p.suffix.lower() in H5_SUFFIXES and p.is_file()
+            and not p.name.startswith(".")]
+    raws = [p.parent for p in root.rglob(RAW_MANIFEST)]
+    return sorted(hits) + sorted(raws)
+
+
+def open_runs(paths: Iterable[Path | str]) -> SourceSet:
+    """Open every dump it can; each failure becomes one problem line instead of an exception."""
+    candidates, problems = discover(paths)
+    sources = SourceSet(problems=problems)
+    for path in candidates:
+        try:
+            dump_path = path if _is_h5(path) else import_foreign(path)
+            dump = DumpFile(dump_path)
+            sources.runs.append(Run(path=dump_path, dump=dump, attrs=dump.attrs))
+        except LayerdiffError as err:
+            sources.problems.append(str(err))
+    assign_labels(sources.runs)
+    return sources
+
+
+def _is_h5(path: Path) -> bool:
+    if path.suffix.lower() in H5_SUFFIXES:
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
+
+
+def import_foreign(path: Path) -> Path:
+    """Convert a non-HDF5 input (raw dump directory, other tools' dumps) with `analyzer.importers`."""
+    try:
+        from analyzer.importers import import_any
+    except ImportError:
+        raise LayerdiffError(
+            f"{path}: not an HDF5 dump and the importers for other formats are not installed; "
+            "convert it to a layerdiff .h5 first"
+        ) from None
+    return Path(import_any(path, {}))
+
+
+def assign_labels(runs: list[Run]) -> None:
+    """Give each run the shortest label that tells it apart: only the fields that vary are shown."""
+    fields = [_label_fields(run) for run in runs]
+    varying = [name for name in LABEL_FIELDS if len({f[name] for f in fields}) > 1]
+    if not varying:
+        varying = ["setting"]
+    labels = [" ".join(f[name] for name in varying if f[name]) or run.path.stem for f, run in zip(fields, runs)]
+    counts = pd.Series(labels).value_counts()
+    for run, label in zip(runs, labels):
+        run.label = f"{label} [{run.path.stem}]" if counts[label] > 1 or not label else label
+
+
+def _label_fields(run: Run) -> dict[str, str]:
+    device = str(run.attrs.get("device_model") or run.attrs.get("device_serial") or "")
+    backend = run.backend
+    requested = str(run.attrs.get("backend_requested") or "")
+    if requested and backend and requested != backend:
+        backend = f"{requested}->{backend}"
+    return {
+        "device": device,
+        "engine": str(run.attrs.get("engine", "")),
+        "setting": f"{backend}/{run.precision}" if backend or run.precision else "",
+        "input_label": str(run.attrs.get("input_label", "")),
+        "repeat": f"r{run.repeat}",
+    }

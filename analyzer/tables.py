@@ -1,0 +1,177 @@
+"""Tables: the tidy per-layer x per-run frame, the per-run summary, and the sweep matrices.
+
+Every table and plot is cut from one tidy DataFrame (one row per layer x run), so the CSV, the
+Markdown, the HTML page and `--json` can never disagree. Markdown is written here (no `tabulate`
+dependency); HTML comes from pandas.
+"""
+from __future__ import annotations
+
+import html
+import math
+
+import pandas as pd
+
+from analyzer.compare import Comparison
+from analyzer.findings import Finding
+from analyzer.outdir import atomic_write_text
+from analyzer.sources import Run
+from analyzer.verdict import worst
+
+SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "verdict", "layers_compared",
+                   "n_pass", "n_warn", "n_fail", "n_other", "only_in_reference", "only_in_run",
+                   "first_divergence", "first_divergence_op", "worst_layer", "worst_rel_l2", "output_rel_l2",
+                   "output_sqnr_db", "top1", "top5", "backend_actual", "precision_effective", "complete", "file"]
+LAYER_VIEW = ["run", "position", "key", "op_type", "status", "rel_l2", "sqnr_db", "cosine", "max_abs", "mean_abs",
+              "median_abs", "p99_abs", "max_rel", "mean_rel", "pass_fraction", "n_nonfinite_mismatch",
+              "zero_collapse", "n_saturated", "growth", "top1", "top5", "shape", "run_shape", "reasons"]
+
+
+def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding]) -> pd.DataFrame:
+    """One row per run: its role, verdict, counts, first divergence and output quality."""
+    plan = comparison.plan
+    ref_ids = {id(r) for r in plan.references.values()}
+    first = {f.run: f for f in findings if f.kind == "first_divergence"}
+    rows = []
+    for run in runs:
+        index = next((i for i, p in enumerate(plan.pairs) if p.other is run and p.kind == "reference"), None)
+        row = _identity(run, "reference" if id(run) in ref_ids else "compared")
+        if index is None:
+            if id(run) not in ref_ids:
+                row["role"] = "repeat" if any(p.other is run for p in plan.pairs) else "not compared"
+            rows.append(row)
+            continue
+        row.update(_pair_summary(comparison, index))
+        hit = first.get(run.label)
+        row["first_divergence"], row["first_divergence_op"] = (hit.layer, hit.op_type) if hit else ("", "")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _identity(run: Run, role: str) -> dict:
+    return {
+        "run": run.label, "role": role, "reference": "", "config": run.config_label,
+        "input": str(run.attrs.get("input_label", "")), "repeat": run.repeat,
+        "verdict": role if role == "reference" else "", "backend_actual": run.backend,
+        "precision_effective": str(run.attrs.get("precision_effective", "")),
+        "complete": bool(run.dump.complete), "file": run.path.name,
+    }
+
+
+def _pair_summary(comparison: Comparison, index: int) -> dict:
+    rows = comparison.pair_rows(index)
+    alignment = comparison.alignments[index]
+    pair = comparison.plan.pairs[index]
+    status = rows["status"]
+    measured = rows[status.isin(["pass", "warn", "fail"])]
+    outputs = measured[measured["is_output"]]
+    worst_row = measured.loc[measured["rel_l2"].idxmax()] if measured["rel_l2"].notna().any() else None
+    return {
+        "reference": pair.base.label,
+        "verdict": worst(status) if len(measured) else "not compared",
+        "layers_compared": int(len(rows)), "n_pass": int((status == "pass").sum()),
+        "n_warn": int((status == "warn").sum()), "n_fail": int((status == "fail").sum()),
+        "n_other": int((~status.isin(["pass", "warn", "fail"])).sum()),
+        "only_in_reference": int(len(alignment.only_base)), "only_in_run": int(len(alignment.only_other)),
+        "worst_layer": "" if worst_row is None else worst_row["key"],
+        "worst_rel_l2": math.nan if worst_row is None else float(worst_row["rel_l2"]),
+        "output_rel_l2": float(outputs["rel_l2"].max()) if len(outputs) else math.nan,
+        "output_sqnr_db": float(outputs["sqnr_db"].min()) if len(outputs) else math.nan,
+        "top1": float(outputs["top1"].min()) if len(outputs) else math.nan,
+        "top5": float(outputs["top5"].min()) if len(outputs) else math.nan,
+    }
+
+
+def reference_rows(comparison: Comparison) -> pd.DataFrame:
+    """Rows of run-vs-reference comparisons (repeat-vs-repeat rows feed only nondeterminism)."""
+    return comparison.table[comparison.table["comparison"] == "reference"]
+
+
+def layer_matrix(comparison: Comparison, value: str = "rel_l2") -> pd.DataFrame:
+    """Runs x layers (columns in execution order) of one metric: the heatmap and the wide table."""
+    rows = reference_rows(comparison)
+    if rows.empty:
+        return pd.DataFrame()
+    wide = rows.pivot_table(index="run", columns="key", values=value, aggfunc="first", sort=False)
+    order = rows.groupby("key")["position"].min().sort_values().index
+    return wide.reindex(columns=[k for k in order if k in wide.columns])
+
+
+def sweep_matrix(summary: pd.DataFrame) -> pd.DataFrame:
+    """Rows: configuration x input; columns: the summary metrics people scan a sweep for."""
+    compared = summary[summary["role"] == "compared"]
+    columns = ["config", "input", "repeat", "verdict", "n_fail", "n_warn", "first_divergence",
+               "output_rel_l2", "output_sqnr_db", "top1", "top5"]
+    return compared[columns].sort_values(["config", "input", "repeat"]).reset_index(drop=True)
+
+
+def unmatched_table(comparison: Comparison) -> pd.DataFrame:
+    """Layers present on one side only, per pair, with the reason when it is a known engine habit."""
+    parts = []
+    for pair, alignment in zip(comparison.plan.pairs, comparison.alignments):
+        for side, frame, owner in (("reference only", alignment.only_base, pair.base),
+                                   ("run only", alignment.only_other, pair.other)):
+            if len(frame):
+                parts.append(frame.assign(run=pair.other.label, side=side, file=owner.path.name))
+    if not parts:
+        return pd.DataFrame(columns=["run", "side", "key", "op_type", "why", "file"])
+    return pd.concat(parts, ignore_index=True)[["run", "side", "key", "op_type", "why", "file"]]
+
+
+def format_number(value) -> str:
+    """Four significant digits, `inf`/`nan` spelled out, integers as integers."""
+    if isinstance(value, bool) or value is None:
+        return "" if value is None else str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def to_markdown(frame: pd.DataFrame) -> str:
+    """A GitHub-flavoured Markdown table; pipes in cells are escaped."""
+    if frame.empty:
+        return "_(none)_\n"
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(format_number(_py(v)).replace("|", "\\|").replace("\n", " ") for v in row) + " |"
+            for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body]) + "\n"
+
+
+def to_html(frame: pd.DataFrame, css_class: str = "data") -> str:
+    """An HTML table with the same number formatting as Markdown; status cells get a class for colour."""
+    if frame.empty:
+        return "<p><em>(none)</em></p>"
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    lines = []
+    for row in frame.itertuples(index=False):
+        cells = []
+        for column, value in zip(frame.columns, row):
+            text = html.escape(format_number(_py(value)))
+            cls = f' class="s-{text}"' if column in ("status", "verdict") else ""
+            cells.append(f"<td{cls}>{text}</td>")
+        lines.append("<tr>" + "".join(cells) + "</tr>")
+    return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
+
+
+def _py(value):
+    """numpy scalars to Python ones, so formatting sees int/float/bool."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def write_tables(out_dir, summary: pd.DataFrame, comparison: Comparison, findings: list[Finding]) -> None:
+    """summary.csv (every layer x run, all metrics) and summary.md (summary, findings, layers)."""
+    atomic_write_text(out_dir / "summary.csv", comparison.table.to_csv(index=False))
+    atomic_write_text(out_dir / "runs.csv", summary.to_csv(index=False))
+    parts = ["# layerdiff report\n", f"Reference: **{comparison.plan.reference.label}** "
+             f"({comparison.plan.reason})\n", "## Runs\n",
+             to_markdown(summary[["run", "role", "verdict", "n_fail", "n_warn", "first_divergence",
+                                  "first_divergence_op", "output_rel_l2", "top1", "top5"]]),
+             "\n## Findings\n", *(f"- {f.sentence}\n" for f in findings), "\n## Layers\n",
+             to_markdown(reference_rows(comparison)[LAYER_VIEW])]
+    atomic_write_text(out_dir / "summary.md", "".join(parts))

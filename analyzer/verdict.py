@@ -1,0 +1,81 @@
+"""pass / warn / fail per layer, from thresholds whose defaults are written down here and in the docs.
+
+The defaults are chosen for what mobile low-precision arithmetic really does: fp16 keeps a layer's
+relative L2 error near 1e-3, bf16 near 1e-2, so fp16 passes, bf16 drift warns, and anything at
+10% or more of the signal (SQNR below 20 dB), any new NaN/Inf, or most of a tensor's values gone to
+zero fails. Every number can be changed on the command line.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from analyzer.metrics import Tolerances
+
+STATUS_ORDER = {"pass": 0, "warn": 1, "fail": 2}
+
+
+@dataclass
+class Thresholds:
+    """Every threshold a layer's status depends on (CLI: --atol --rtol --warn-rel-l2 ...)."""
+
+    atol: float = 1e-3  # allclose: an element fails when |diff| > atol ...
+    rtol: float = 1e-2  # ... and |diff| / |ref| > rtol (Polygraphy semantics)
+    warn_rel_l2: float = 1e-2  # relative L2 error above this warns (SQNR below 40 dB)
+    fail_rel_l2: float = 1e-1  # ... above this fails (SQNR below 20 dB)
+    min_pass_fraction: float = 0.99  # fewer allclose-passing elements than this warns
+    warn_zero_collapse: float = 0.05  # share of the reference's non-zeros that became 0: warn
+    fail_zero_collapse: float = 0.5  # ... fail
+    underflow_risk_share: float = 0.1  # fp16 risk: share of values in (0, 6.1e-5)
+    growth_factor: float = 10.0  # error growth finding: output error / worst input error
+
+    @property
+    def tolerances(self) -> Tolerances:
+        return Tolerances(atol=self.atol, rtol=self.rtol)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def classify(row: dict, t: Thresholds) -> tuple[str, str]:
+    """Status of one compared layer and the reasons, in words, most severe first."""
+    fails, warns = [], []
+    if row.get("n_nonfinite_mismatch", 0):
+        fails.append(f"{row['n_nonfinite_mismatch']} NaN/Inf not in the reference")
+    rel_l2 = row.get("rel_l2", 0.0)
+    if fails:
+        pass  # rel L2 is infinite because of the NaN/Inf: already said
+    elif _over(rel_l2, t.fail_rel_l2):
+        fails.append(f"rel L2 {rel_l2:.3g} > {t.fail_rel_l2:g}")
+    elif _over(rel_l2, t.warn_rel_l2):
+        warns.append(f"rel L2 {rel_l2:.3g} > {t.warn_rel_l2:g}")
+    collapse = row.get("zero_collapse", 0.0)
+    if collapse > t.fail_zero_collapse:
+        fails.append(f"{collapse:.0%} of non-zeros became 0")
+    elif collapse > t.warn_zero_collapse:
+        warns.append(f"{collapse:.0%} of non-zeros became 0")
+    if row.get("n_saturated", 0):
+        warns.append(f"{row['n_saturated']} values pinned at +-65504")
+    if row.get("pass_fraction", 1.0) < t.min_pass_fraction:
+        warns.append(f"allclose pass {row['pass_fraction']:.2%} < {t.min_pass_fraction:.0%}")
+    lost = row.get("n_nan_lost", 0) + row.get("n_posinf_lost", 0) + row.get("n_neginf_lost", 0)
+    if lost:
+        warns.append(f"{lost} reference NaN/Inf not reproduced")
+    if fails:
+        return "fail", "; ".join(fails + warns)
+    if warns:
+        return "warn", "; ".join(warns)
+    return "pass", ""
+
+
+def _over(value: float, limit: float) -> bool:
+    return value > limit or (isinstance(value, float) and math.isnan(value))
+
+
+def worst(statuses) -> str:
+    """The most severe of several statuses ('pass' for none)."""
+    best = "pass"
+    for status in statuses:
+        if STATUS_ORDER.get(status, -1) > STATUS_ORDER[best]:
+            best = status
+    return best

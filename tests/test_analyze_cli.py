@@ -1,0 +1,147 @@
+"""`analyze` end to end: report files, --json, inspect, and one clear line for each kind of bad input."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from analyzer.cli import main
+from tests.analyze_dumps import DOWNSTREAM, LAYERS, perturbed, reference_arrays, write_dump
+
+REPO = Path(__file__).resolve().parent.parent
+REPORT_FILES = ("index.html", "summary.csv", "summary.md", "error_by_layer.png", "results.json")
+
+
+@pytest.fixture
+def dumps(tmp_path):
+    ref = reference_arrays()
+    run = perturbed(ref, 1e-4)
+    for op in DOWNSTREAM["block/conv 2"]:
+        run[op] = perturbed(run, 0.5, seed=3, ops=[op])[op]
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    return (write_dump(folder / "cpu_high.h5", ref),
+            write_dump(folder / "vulkan_low.h5", run, backend="vulkan", precision="low"))
+
+
+def run_cli(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_subprocess_end_to_end_writes_every_report_file(tmp_path, dumps):
+    report = tmp_path / "report"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "analyzer.cli", str(dumps[0].parent), "-o", str(report)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "block/conv 2:0" in proc.stdout and "Failure source" in proc.stdout
+    for name in REPORT_FILES:
+        assert (report / name).stat().st_size > 0, name
+    csv = (report / "summary.csv").read_text()
+    assert "block/conv 2:0" in csv and "rel_l2" in csv
+    assert "| vulkan/low | compared | fail |" in (report / "summary.md").read_text()
+    assert (report / "error_by_layer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (report / "index.html").read_text()
+    assert "Verdict: FAIL" in html and "data:image/png;base64," in html and "<details>" in html
+
+
+def test_json_output_schema(tmp_path, dumps, capsys):
+    code, out, err = run_cli(capsys, dumps[0], dumps[1], "-o", tmp_path / "rep", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["schema"] == "layerdiff-results" and doc["schema_version"] == 1
+    assert doc["reference"]["run"] == "cpu/high"
+    run = next(r for r in doc["runs"] if r["run"] == "vulkan/low")
+    assert run["first_divergence"]["layer"] == "block/conv 2:0"
+    assert run["provenance"]["backend_requested"] == "vulkan"
+    assert {f["kind"] for f in run["findings"]} >= {"first_divergence", "failure_source"}
+    layer = next(l for l in run["layers"] if l["key"] == "conv1:0")
+    assert layer["status"] == "pass" and isinstance(layer["rel_l2"], float)
+    assert json.loads((tmp_path / "rep" / "results.json").read_text())["runs"][1]["run"] == run["run"]
+
+
+def test_tolerance_and_rename_options(tmp_path, dumps, capsys):
+    code, out, err = run_cli(capsys, dumps[0], dumps[1], "-o", tmp_path / "rep", "--json", "--fail-rel-l2", "10",
+                             "--warn-rel-l2", "10", "--min-pass-fraction", "0", "--rename", "^block/=")
+    assert code == 0, err
+    run = json.loads(out)["runs"][1]
+    assert run["verdict"] == "pass"
+
+
+def test_inspect_answers_from_the_table(tmp_path, dumps, capsys):
+    code, out, err = run_cli(capsys, "inspect", dumps[1])
+    assert code == 0, err
+    assert "backend_requested: vulkan" in out and "block/conv 2:0" in out
+    code, out, err = run_cli(capsys, "inspect", dumps[1], "--layer", "add:1", "--json")
+    doc = json.loads(out)
+    assert doc["key"] == "add:1:0" and doc["fed_by"] == ["relu1:0", "block/conv 2:0"] and doc["feeds"] == ["pool:0"]
+    code, out, err = run_cli(capsys, "inspect", dumps[1], "--layer", "nope")
+    assert code == 1 and err.count("\n") == 1 and "no layer 'nope'" in err
+
+
+def one_line(err: str) -> str:
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert "Traceback" not in err
+    return "\n".join(lines)
+
+
+def test_not_a_dump_and_newer_version_are_skipped_with_one_line_each(tmp_path, dumps, capsys):
+    junk = dumps[0].parent / "junk.h5"
+    junk.write_text("hello")
+    with h5py.File(dumps[0].parent / "plain.h5", "w") as f:
+        f["x"] = np.zeros(3)
+    newer = dumps[0].parent / "newer.h5"
+    write_dump(newer, reference_arrays(), backend="opencl", precision="low")
+    with h5py.File(newer, "r+") as f:
+        f.attrs["format_version"] = 99
+    code, out, err = run_cli(capsys, dumps[0].parent, "-o", tmp_path / "rep")
+    lines = one_line(err).splitlines()
+    assert code == 2 and len(lines) == 3
+    assert any("junk.h5" in l and "not a readable HDF5" in l for l in lines)
+    assert any("plain.h5" in l and "not a layerdiff dump" in l for l in lines)
+    assert any("newer.h5" in l and "version 99" in l for l in lines)
+    assert (tmp_path / "rep" / "index.html").exists()  # the usable runs were still compared
+
+
+def test_missing_reference_and_too_few_dumps(tmp_path, dumps, capsys):
+    code, out, err = run_cli(capsys, dumps[0], dumps[1], "-o", tmp_path / "rep", "--ref", tmp_path / "other.h5")
+    assert code == 1 and "--ref" in one_line(err) and err.count("\n") == 1
+    code, out, err = run_cli(capsys, dumps[0], "-o", tmp_path / "rep2")
+    assert code == 1 and "at least two runs" in one_line(err)
+    code, out, err = run_cli(capsys, tmp_path / "nowhere", "-o", tmp_path / "rep3")
+    assert code == 1 and "no such file" in one_line(err)
+    (tmp_path / "afile").write_text("x")
+    code, out, err = run_cli(capsys, dumps[0], dumps[1], "-o", tmp_path / "afile")
+    assert code == 1 and "not a directory" in one_line(err)
+
+
+def test_zero_common_layers(tmp_path, dumps, capsys):
+    other = [(f"other_{op}", t, [f"other_{i}" for i in ins], s) for op, t, ins, s in LAYERS]
+    ref = reference_arrays()
+    alien = write_dump(tmp_path / "alien.h5", {f"other_{k}": v for k, v in ref.items()}, layers=other,
+                       backend="opencl", precision="low")
+    code, out, err = run_cli(capsys, dumps[0], dumps[1], alien, "-o", tmp_path / "rep")
+    assert code == 2 and "no layer in common" in one_line(err) and "alien.h5" in err
+    assert (tmp_path / "rep" / "index.html").exists()
+    summary = (tmp_path / "rep" / "runs.csv").read_text()
+    assert "not compared" in summary
+
+
+def test_huge_declared_shape_is_refused_per_layer(tmp_path, dumps, capsys):
+    with h5py.File(dumps[1], "r+") as f:
+        del f["tensors/4"]
+        huge = f["tensors"].create_dataset("4", shape=(1 << 20, 1 << 20), dtype="f4", chunks=(1, 1024))
+        huge.attrs["key"] = "pool:0"  # a corrupt or hostile file: the table says 72 values, the dataset 2^40
+    code, out, err = run_cli(capsys, dumps[0], dumps[1], "-o", tmp_path / "rep")
+    line = one_line(err)
+    assert code == 2 and line.count("\n") == 0 and "pool:0" in line and "GiB" in line
+    rows = (tmp_path / "rep" / "summary.csv").read_text()
+    assert "unreadable" in rows and "prob:0" in rows

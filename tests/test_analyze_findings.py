@@ -1,0 +1,184 @@
+"""Each finding kind, on real HDF5 dumps with one known defect injected at a known layer."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analyzer.analysis import analyze_paths
+from tests.analyze_dumps import DOWNSTREAM, perturbed, reference_arrays, write_dump
+
+FP16_LIKE = 1e-4  # relative noise of a healthy low-precision run: every layer passes
+
+
+def kinds(analysis, kind, run=None):
+    return [f for f in analysis.findings if f.kind == kind and (run is None or f.run == run)]
+
+
+def broken_from(ref, op, rel=0.5, seed=3):
+    """fp16-like noise everywhere plus a large error born at `op` and carried downstream."""
+    run = perturbed(ref, FP16_LIKE)
+    for layer in DOWNSTREAM[op]:
+        run[layer] = perturbed(run, rel, seed=seed, ops=[layer])[layer]
+    return run
+
+
+@pytest.fixture
+def ref_dump(tmp_path):
+    return write_dump(tmp_path / "ref.h5", reference_arrays())
+
+
+def test_failure_source_and_first_divergence(tmp_path, ref_dump):
+    write_dump(tmp_path / "vk.h5", broken_from(reference_arrays(), "block/conv 2"), backend="vulkan", precision="low")
+    analysis = analyze_paths([tmp_path])
+    try:
+        (source,) = kinds(analysis, "failure_source")
+        assert source.layer == "block/conv 2:0" and source.op_type == "Convolution" and source.run == "vulkan/low"
+        assert "block/conv 2:0" in source.sentence and "vulkan/low" in source.sentence
+        (first,) = kinds(analysis, "first_divergence")
+        assert first.layer == "block/conv 2:0" and first.numbers["position"] == 2
+        row = analysis.summary.set_index("run").loc["vulkan/low"]
+        assert row["verdict"] == "fail" and row["n_fail"] == 5 and row["n_pass"] == 2
+        assert analysis.comparison.plan.reference.label == "cpu/high"
+        assert analysis.problems == []
+    finally:
+        analysis.close()
+
+
+def test_nan_origin_names_the_layer_with_clean_inputs(tmp_path, ref_dump):
+    run = perturbed(reference_arrays(), FP16_LIKE)
+    run["pool"][0, 3, 1, 1] = np.nan
+    run["fc"][:] = np.nan
+    run["prob"][:] = np.nan
+    write_dump(tmp_path / "cl.h5", run, backend="opencl", precision="low")
+    analysis = analyze_paths([tmp_path])
+    try:
+        (origin,) = kinds(analysis, "nan_origin")
+        assert origin.layer == "pool:0" and origin.op_type == "Pooling" and origin.numbers["count"] == 1
+        assert not kinds(analysis, "inf_origin")
+        (source,) = kinds(analysis, "failure_source")
+        assert source.layer == "pool:0"
+        rows = analysis.comparison.table.set_index("key")
+        assert rows.loc["prob:0", "n_nan_new"] == 16 and rows.loc["prob:0", "top1"] == 0.0
+    finally:
+        analysis.close()
+
+
+def test_inf_origin(tmp_path, ref_dump):
+    run = perturbed(reference_arrays(), FP16_LIKE)
+    run["add:1"][0, 0, 0, :2] = np.inf
+    write_dump(tmp_path / "vk.h5", run, backend="vulkan", precision="low")
+    analysis = analyze_paths([tmp_path])
+    try:
+        (origin,) = kinds(analysis, "inf_origin")
+        assert origin.layer == "add:1:0" and origin.numbers["count"] == 2
+    finally:
+        analysis.close()
+
+
+def test_fp16_saturation_where_reference_is_larger(tmp_path):
+    ref = reference_arrays()
+    ref["conv1"][0, 0, 0, :3] = [1.0e5, -2.0e5, 7.0e4]
+    write_dump(tmp_path / "ref.h5", ref)
+    run = perturbed(ref, FP16_LIKE)
+    run["conv1"][0, 0, 0, :3] = [65504.0, -65504.0, 65504.0]
+    write_dump(tmp_path / "vk.h5", run, backend="vulkan", precision="low")
+    analysis = analyze_paths([tmp_path])
+    try:
+        (sat,) = kinds(analysis, "saturation")
+        assert sat.layer == "conv1:0" and sat.numbers["n_saturated"] == 3
+        assert sat.numbers["reference_peak"] == pytest.approx(2.0e5)
+        risk = kinds(analysis, "fp16_risk", run="cpu/high")
+        assert risk and risk[0].layer == "conv1:0" and risk[0].numbers["n_overflow"] == 3
+    finally:
+        analysis.close()
+
+
+def test_zero_collapse_origin_and_underflow_risk(tmp_path):
+    ref = reference_arrays()
+    ref["relu1"] = (ref["relu1"] * np.float32(1e-5)).astype(np.float32)  # values in fp16's underflow range
+    write_dump(tmp_path / "ref.h5", ref)
+    run = perturbed(ref, FP16_LIKE)
+    for op in ("relu1", "block/conv 2"):
+        run[op][:] = 0.0
+    write_dump(tmp_path / "cpu_low.h5", run, backend="cpu", precision="low")
+    analysis = analyze_paths([tmp_path])
+    try:
+        (origin,) = kinds(analysis, "zero_collapse_origin")
+        assert origin.layer == "relu1:0" and origin.numbers["zero_collapse"] == 1.0
+        under = [f for f in kinds(analysis, "fp16_risk") if "underflow" in f.sentence]
+        assert under and under[0].layer == "relu1:0"
+    finally:
+        analysis.close()
+
+
+def test_error_growth_names_the_amplifier(tmp_path, ref_dump):
+    ref = reference_arrays()
+    run = perturbed(ref, FP16_LIKE)
+    run["conv1"] = perturbed(ref, 0.15, seed=4, ops=["conv1"])["conv1"]  # the failure source
+    run["relu1"] = perturbed(ref, 0.15, seed=5, ops=["relu1"])["relu1"]  # inherits it
+    for op in DOWNSTREAM["block/conv 2"]:
+        run[op] = perturbed(ref, 3.0, seed=6, ops=[op])[op]  # block/conv 2 multiplies it ~20x
+    write_dump(tmp_path / "vk.h5", run, backend="vulkan", precision="low")
+    analysis = analyze_paths([tmp_path])
+    try:
+        table = analysis.comparison.table.set_index("key")
+        assert table.loc["block/conv 2:0", "growth"] == pytest.approx(
+            table.loc["block/conv 2:0", "rel_l2"] / table.loc["relu1:0", "rel_l2"])
+        assert [f.layer for f in kinds(analysis, "failure_source")] == ["conv1:0"]
+        (growth,) = kinds(analysis, "error_growth")
+        assert growth.layer == "block/conv 2:0" and growth.numbers["factor"] > 10
+        assert f"{growth.numbers['factor']:.0f}x" in growth.sentence
+    finally:
+        analysis.close()
+
+
+def test_nondeterminism_between_repeats(tmp_path, ref_dump):
+    ref = reference_arrays()
+    a = perturbed(ref, FP16_LIKE)
+    b = {k: v.copy() for k, v in a.items()}
+    b["fc"][0, 3] += np.float32(0.25)
+    b["prob"][0, 5] += np.float32(0.01)
+    write_dump(tmp_path / "vk_r0.h5", a, backend="vulkan", precision="low", repeat=0)
+    write_dump(tmp_path / "vk_r1.h5", b, backend="vulkan", precision="low", repeat=1)
+    analysis = analyze_paths([tmp_path])
+    try:
+        (nd,) = kinds(analysis, "nondeterminism")
+        assert nd.layer == "fc:0" and nd.numbers["layers_differing"] == 2
+        assert nd.numbers["max_abs"] == pytest.approx(0.25, rel=1e-3)
+    finally:
+        analysis.close()
+
+
+def test_input_dependence_across_inputs(tmp_path):
+    for i, name in enumerate(["cat", "dog", "owl"]):
+        ref = reference_arrays(seed=10 + i)
+        attrs = {"input_label": name, "input_sha256": f"{i:064x}"}
+        write_dump(tmp_path / f"cpu_{name}.h5", ref, **attrs)
+        run = broken_from(ref, "pool") if name == "dog" else perturbed(ref, FP16_LIKE)
+        write_dump(tmp_path / f"vk_{name}.h5", run, backend="vulkan", precision="low", **attrs)
+    analysis = analyze_paths([tmp_path])
+    try:
+        (dep,) = kinds(analysis, "input_dependence")
+        assert dep.numbers["failing_inputs"] == ["dog"] and dep.layer == "pool:0"
+        plan = analysis.comparison.plan
+        assert len(plan.references) == 3 and len(plan.pairs) == 3
+        assert all(p.base.attrs["input_label"] == p.other.attrs["input_label"] for p in plan.pairs)
+    finally:
+        analysis.close()
+
+
+def test_incomplete_run_and_backend_fallback(tmp_path, ref_dump):
+    ref = reference_arrays()
+    partial = {k: v for k, v in perturbed(ref, FP16_LIKE).items() if k in ("conv1", "relu1", "block/conv 2")}
+    write_dump(tmp_path / "cl.h5", partial, backend="opencl", precision="low", complete=False, exit_status=-11,
+               backend_actual="cpu")
+    analysis = analyze_paths([tmp_path])
+    try:
+        (inc,) = kinds(analysis, "incomplete_run")
+        assert inc.layer == "block/conv 2:0" and "-11" in inc.sentence
+        (fallback,) = kinds(analysis, "backend_fallback")
+        assert "opencl" in fallback.sentence and "cpu" in fallback.sentence
+        alignment = analysis.comparison.alignments[0]
+        assert list(alignment.only_base["key"]) == ["add:1:0", "pool:0", "fc:0", "prob:0"]
+    finally:
+        analysis.close()

@@ -1,0 +1,72 @@
+"""The HTML report: readable with a sweep of 20 inputs x 2 configurations, and rendered by Chromium."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from analyzer.analysis import analyze_paths
+from analyzer.outdir import prepare_out_dir
+from analyzer.report import write_report
+from tests.analyze_dumps import DOWNSTREAM, perturbed, reference_arrays, write_dump
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+INPUTS = 20
+FAILING = {"in03", "in11", "in17"}
+
+
+@pytest.fixture(scope="module")
+def sweep_report(tmp_path_factory):
+    """20 inputs x (cpu/high, vulkan/low); three inputs break vulkan at `pool`."""
+    root = tmp_path_factory.mktemp("sweep")
+    runs = root / "runs"
+    runs.mkdir()
+    for i in range(INPUTS):
+        name = f"in{i:02d}"
+        ref = reference_arrays(seed=100 + i)
+        attrs = {"input_label": name, "input_sha256": f"{i:064x}"}
+        write_dump(runs / f"cpu_{name}.h5", ref, **attrs)
+        run = perturbed(ref, 1e-4, seed=i)
+        if name in FAILING:
+            for op in DOWNSTREAM["pool"]:
+                run[op] = perturbed(run, 0.5, seed=7, ops=[op])[op]
+        write_dump(runs / f"vk_{name}.h5", run, backend="vulkan", precision="low", **attrs)
+    out = prepare_out_dir(root / "report")
+    analysis = analyze_paths([runs])
+    try:
+        write_report(analysis, out)
+    finally:
+        analysis.close()
+    return out
+
+
+def test_sweep_report_is_summarized_and_folded(sweep_report):
+    html = (sweep_report / "index.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "Verdict: FAIL" in html
+    assert "20 run(s) compared: 3 fail, 17 pass" in html
+    dependence = re.search(r"Input dependence on [^<]*", html).group(0)
+    assert "3 of 20 inputs fail" in dependence and all(name in dependence for name in FAILING)
+    # summaries first: findings and the matrix come before any folded detail
+    assert html.index("<h2>Findings</h2>") < html.index("<h2>Runs</h2>") < html.index("<details>")
+    assert html.count("<details>") >= INPUTS  # one folded layer table per run, plus the rest
+    assert "per input" in html and (sweep_report / "per_input.png").exists()
+    assert not re.search(r"(src|href)=['\"]https?:", html)  # self-contained
+    doc = json.loads((sweep_report / "results.json").read_text())
+    assert len(doc["reference"]["per_input"]) == INPUTS
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed")
+def test_chromium_renders_the_page(sweep_report, tmp_path):
+    shot = tmp_path / "shot.png"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000", "--hide-scrollbars"]
+    page = (sweep_report / "index.html").as_uri()
+    dom = subprocess.run([*cmd, "--dump-dom", page], capture_output=True, text=True, timeout=120)
+    assert "layerdiff report" in dom.stdout and "Failure source in vulkan/low" in dom.stdout
+    subprocess.run([*cmd, f"--screenshot={shot}", page], capture_output=True, timeout=120)
+    assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
