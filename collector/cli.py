@@ -56,6 +56,8 @@ def collect(
     keep: bool = typer.Option(False, "--keep", help="keep the run's files on the device"),
     force: bool = typer.Option(False, "--force", help="re-run and overwrite runs already collected"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="re-run runs the index records as failed"),
+    report: Optional[bool] = typer.Option(None, "--report/--no-report",
+                                          help="analyze the runs into OUTDIR/report (default: on when several runs)"),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -74,6 +76,8 @@ def collect(
     progress.summary(result.runs, plan.out_dir, result.interrupted)
     if result.interrupted:
         raise typer.Exit(130)
+    if report if report is not None else len(result.runs) > 1:
+        _sweep_report(plan.out_dir)
     if result.failed or input_errors:
         raise typer.Exit(1)
     if any(run.row.status == "skipped" for run in result.runs):
@@ -97,6 +101,25 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
         precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
         deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force, retry_failed=retry_failed,
     ), input_errors
+
+
+def _sweep_report(out_dir: Path) -> None:
+    """The matrix report of everything in OUTDIR; a report that cannot be made never fails the sweep."""
+    from analyzer.analysis import analyze_paths
+    from analyzer.outdir import prepare_out_dir
+    from analyzer.report import write_report
+
+    try:
+        report_dir = prepare_out_dir(out_dir / "report")
+        analysis = analyze_paths([out_dir])
+    except LayerdiffError as err:
+        print(f"collect: no report: {err}", file=sys.stderr)
+        return
+    try:
+        write_report(analysis, report_dir)
+    finally:
+        analysis.close()
+    print(f"report: {out_dir / 'report' / 'index.html'}", file=sys.stderr)
 
 
 @app.command("devices")

@@ -28,6 +28,7 @@ def test_cross_product_writes_one_hdf5_per_run_and_an_index(tmp_path):
     assert names == [f"ncnn_{b}_{p}_convnet.h5" for b in ("cpu", "vulkan") for p in ("high", "low")]
     index = (out / "index.csv").read_text().splitlines()
     assert len(index) == 5 and all(",done," in line for line in index[1:])
+    assert (out / "report" / "index.html").is_file() and "report:" in result.stderr  # sweeps end with a report
     with DumpFile(out / "ncnn_vulkan_low_convnet.h5") as dump:
         stored = dict(dump.inputs())["data"]
         np.testing.assert_array_equal(stored, np.load(SAMPLES / "inputs" / "convnet.npy"))
