@@ -18,10 +18,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
 from analyzer.errors import LayerdiffError
+from analyzer.naming import canonical_from_key
 
 # (pattern, replacement, why): applied to op names of still-unmatched layers (step 3 above).
 BUILTIN_RULES: list[tuple[str, str, str]] = [
@@ -136,7 +138,8 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules) -> P
     how = "renamed" if (rules.name_map or rules.regex) else "exact"
     pairs = _match_exact(base_keys, other_keys, how)
     if rules.builtin:
-        pairs.update(_match_builtin(base_keys, other_keys, pairs))
+        pairs.update(_match_builtin(base_keys, other_keys, pairs, builtin_normal))
+        pairs.update(_match_builtin(base_keys, other_keys, pairs, canonical_from_key))
     matched = _matched_frame(base, other, pairs)
     used_other = {j for j, _ in pairs.values()}
     only_base = _unmatched_frame(base, [i for i in range(len(base)) if i not in pairs])
@@ -164,11 +167,12 @@ def _match_exact(base_keys: list[str], other_keys: list[str], how: str) -> dict[
     return {i: (where[k], how) for i, k in enumerate(base_keys) if k in where}
 
 
-def _match_builtin(base_keys: list[str], other_keys: list[str],
-                   done: dict[int, tuple[int, str]]) -> dict[int, tuple[int, str]]:
+def _match_builtin(base_keys: list[str], other_keys: list[str], done: dict[int, tuple[int, str]],
+                   normal: Callable[[str], str]) -> dict[int, tuple[int, str]]:
+    """Match leftovers whose normalized keys agree (unique matches only, so a rule never guesses)."""
     used = {j for j, _ in done.values()}
-    left_base = _unique_by(builtin_normal, [(i, k) for i, k in enumerate(base_keys) if i not in done])
-    left_other = _unique_by(builtin_normal, [(j, k) for j, k in enumerate(other_keys) if j not in used])
+    left_base = _unique_by(normal, [(i, k) for i, k in enumerate(base_keys) if i not in done])
+    left_other = _unique_by(normal, [(j, k) for j, k in enumerate(other_keys) if j not in used])
     return {i: (left_other[n], "builtin-rule") for n, i in left_base.items() if n in left_other}
 
 

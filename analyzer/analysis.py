@@ -1,4 +1,4 @@
-"""One analysis from start to finish: open -> plan -> compare -> findings -> summary.
+"""One analysis from start to finish: open -> plan -> compare -> isolated dumps -> findings -> summary.
 
 The CLI, the tests and any script call `analyze_paths`; the report writers only read its result.
 Problems that leave part of the work possible (a file that is not a dump, a layer whose shape is
@@ -16,7 +16,8 @@ import pandas as pd
 from analyzer.align import NameRules
 from analyzer.compare import Comparison, compare_all
 from analyzer.errors import LayerdiffError
-from analyzer.findings import Finding, all_findings
+from analyzer.findings import KIND_ORDER, Finding, all_findings
+from analyzer.isolation import Isolation, analyze_isolated, attach_isolated
 from analyzer.reference import plan_comparisons
 from analyzer.sources import Run, SourceSet, open_runs
 from analyzer.tables import run_summary
@@ -33,12 +34,14 @@ class Analysis:
     summary: pd.DataFrame
     thresholds: Thresholds
     problems: list[str] = field(default_factory=list)
+    isolation: Isolation = field(default_factory=Isolation)
 
     @property
     def runs(self) -> list[Run]:
         return self.sources.runs
 
     def close(self) -> None:
+        self.isolation.close()
         self.sources.close()
 
 
@@ -50,23 +53,52 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
     thresholds = thresholds or Thresholds()
     sources = open_runs(paths)
     try:
-        if len(sources.runs) < 2:
-            found = "no readable dump" if not sources.runs else f"only one readable dump ({sources.runs[0].path})"
-            detail = f": {sources.problems[0]}" if sources.problems else ""
-            raise LayerdiffError(f"{found} among the inputs{detail}; analyze needs at least two runs")
+        _check_enough_runs(sources, ref)
         plan = plan_comparisons(sources.runs, ref)
         if not plan.pairs:
             raise LayerdiffError("no run can be compared: every run is a reference or has no reference "
                                  f"run on its input ({'; '.join(plan.uncompared.values()) or 'all runs are references'})")
         comparison = compare_all(plan, rules, thresholds, progress)
+        isolation = analyze_isolated(sources.isolated, sources.runs, comparison, thresholds)
     except BaseException:
         sources.close()
         raise
-    findings = all_findings(comparison, sources.runs, thresholds)
+    attach_isolated(comparison.table, isolation)
+    findings = merge_findings(all_findings(comparison, sources.runs, thresholds), isolation.findings)
     summary = run_summary(comparison, sources.runs, findings)
-    problems = sources.problems + comparison.problems
+    problems = sources.problems + comparison.problems + isolation.problems
     problems += [f"{label}: not compared: {why}" for label, why in plan.uncompared.items()]
-    return Analysis(sources, comparison, findings, summary, thresholds, problems)
+    return Analysis(sources, comparison, findings, summary, thresholds, problems, isolation)
+
+
+def _check_enough_runs(sources: SourceSet, ref: Path | str | None) -> None:
+    """Refuse early, in one line, when there is nothing to compare (isolated dumps are not runs)."""
+    if ref is not None and any(r.path.resolve() == Path(ref).resolve() for r in sources.isolated):
+        raise LayerdiffError(f"--ref {ref}: an isolated dump (collect isolate) cannot be the reference; "
+                             "pass the dump it was isolated against")
+    if len(sources.runs) < 2:
+        found = "no readable dump" if not sources.runs else f"only one readable dump ({sources.runs[0].path})"
+        detail = f": {sources.problems[0]}" if sources.problems else ""
+        isolated = (f" (the {len(sources.isolated)} isolated dump(s) are shown next to a cumulative run of the "
+                    "same setting, which must be among the inputs too)" if sources.isolated else "")
+        raise LayerdiffError(f"{found} among the inputs{detail}; analyze needs at least two runs{isolated}")
+
+
+def merge_findings(findings: list[Finding], isolation: list[Finding]) -> list[Finding]:
+    """Isolation findings go right after the first-divergence ones: they settle what those suspect.
+
+    `findings` is sorted by `KIND_ORDER`, so the cut is after every kind ranked up to first_divergence.
+    """
+    before = set(KIND_ORDER[:KIND_ORDER.index("first_divergence") + 1])
+    cut = sum(1 for f in findings if f.kind in before)
+    return findings[:cut] + sorted(isolation, key=_isolation_rank) + findings[cut:]
+
+
+def _isolation_rank(finding: Finding) -> tuple:
+    """Kernels that are off first (fail before warn), then the layers cleared, in execution order."""
+    severity = {"fail": 0, "warn": 1}.get(finding.severity, 2)
+    position = finding.numbers.get("position")
+    return (severity, finding.run, position if isinstance(position, (int, float)) and position == position else 1e9)
 
 
 def nothing_compared(analysis: Analysis) -> bool:

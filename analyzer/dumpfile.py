@@ -253,14 +253,18 @@ class DumpFile:
         fmt = _as_str(attrs.get("layerdiff_format", ""))
         if fmt != FORMAT_NAME:
             raise DumpFormatError(f"{self.path}: not a layerdiff dump (no layerdiff_format='dump' attribute)")
-        version = int(attrs.get("format_version", 0))
+        raw_version = attrs.get("format_version", 0)
+        try:
+            version = int(raw_version)
+        except (TypeError, ValueError):
+            raise DumpFormatError(f"{self.path}: format_version {raw_version!r} is not an integer") from None
         if version > FORMAT_VERSION:
             raise DumpFormatError(
                 f"{self.path}: dump format version {version} is newer than this layerdiff reads "
                 f"({FORMAT_VERSION}); upgrade layerdiff"
             )
-        if "layers" not in self._file:
-            raise DumpFormatError(f"{self.path}: dump has no /layers table (file truncated?)")
+        if not isinstance(self._file.get("layers"), h5py.Dataset) or not isinstance(self._file.get("tensors"), h5py.Group):
+            raise DumpFormatError(f"{self.path}: dump lacks its /layers table or /tensors group (file truncated?)")
 
     @property
     def attrs(self) -> dict[str, Any]:
@@ -296,8 +300,10 @@ class DumpFile:
         if name not in self._file["tensors"]:
             raise DumpFormatError(f"{self.path}: tensor {order} is listed but missing from /tensors")
         ds = self._file["tensors"][name]
+        if not isinstance(ds, h5py.Dataset) or ds.dtype.kind not in "fiub":
+            raise DumpFormatError(f"{self.path}: tensor {order} is not a numeric dataset")
         nbytes = int(np.prod(ds.shape, dtype=np.float64)) * ds.dtype.itemsize
-        if nbytes > MAX_TENSOR_BYTES:
+        if nbytes > MAX_TENSOR_BYTES or _implausibly_sparse(ds, nbytes):
             raise DumpFormatError(
                 f"{self.path}: layer {ds.attrs.get('key', name)!s} declares shape {tuple(ds.shape)} "
                 f"({nbytes / 2**30:.1f} GiB), over the {MAX_TENSOR_BYTES / 2**30:.0f} GiB limit "
@@ -305,7 +311,7 @@ class DumpFile:
             )
         try:
             return ds[()]
-        except OSError as err:
+        except (OSError, RuntimeError, KeyError, ValueError) as err:
             raise DumpFormatError(f"{self.path}: tensor {order} is unreadable ({_short(err)})") from None
 
     def tensor_by_key(self, key: str) -> np.ndarray:
@@ -327,10 +333,22 @@ class DumpFile:
         return "" if ds is None else _as_str(ds[()])
 
 
+def _implausibly_sparse(ds: h5py.Dataset, nbytes: int) -> bool:
+    """A dataset declaring far more bytes than it stores (beyond any compression ratio) is a trap:
+    reading it would allocate the declared size. Real dumps store what they declare."""
+    if nbytes < (64 << 20):
+        return False
+    try:
+        stored = ds.id.get_storage_size()
+    except (OSError, RuntimeError, ValueError):
+        return True
+    return stored * 1100 < nbytes
+
+
 def _read_layers(ds: h5py.Dataset, path: Path) -> pd.DataFrame:
     try:
         table = ds[()]
-    except OSError as err:
+    except (OSError, RuntimeError, KeyError, ValueError) as err:
         raise DumpFormatError(f"{path}: /layers table is unreadable ({_short(err)})") from None
     names = table.dtype.names or ()
     missing = [c for c, _ in LAYER_COLUMNS if c not in names]

@@ -27,7 +27,7 @@ import pandas as pd
 
 from analyzer.dumpfile import DumpFile
 from analyzer.errors import LayerdiffError
-from analyzer.importers.naming import canonical_from_key, is_helper
+from analyzer.naming import canonical_from_key, is_helper
 
 METRICS = ("rel_l2", "max_abs")
 KEY_BY = ("reference", "name", "op")

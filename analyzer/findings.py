@@ -8,44 +8,36 @@ risks without reading a tensor.
 """
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+import math
 
 import pandas as pd
 
 from analyzer.compare import Comparison
+from analyzer.finding import Finding, named
 from analyzer.graph import LayerGraph, build_graph
 from analyzer.sources import Run
+from analyzer.trends import error_curve, input_dependence
 from analyzer.verdict import Thresholds
 
+__all__ = ["Finding", "KIND_ORDER", "all_findings"]
+
 MAX_PER_KIND = 3
+COPY_OPS = {"Split"}  # engine-inserted copies (ncnn): sentences name the layer they copy instead
+FP16_MAX = 65504.0
 KIND_ORDER = ["incomplete_run", "backend_fallback", "nan_origin", "inf_origin", "saturation", "failure_source",
               "first_divergence", "zero_collapse_origin", "error_growth", "nondeterminism", "input_dependence",
-              "fp16_risk"]
-
-
-@dataclass
-class Finding:
-    """One thing worth telling the user, as a sentence and as data."""
-
-    kind: str
-    run: str
-    layer: str
-    op_type: str
-    sentence: str
-    severity: str = "fail"  # fail | warn | info
-    numbers: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+              "fp16_risk", "error_curve"]
 
 
 def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds) -> list[Finding]:
     """Every finding over every run and pair, most important kinds first."""
     found: list[Finding] = []
+    reference_of = {p.other.label: p.base for p in comparison.plan.pairs if p.kind == "reference"}
     for run in runs:
         found += run_state_findings(run)
-        found += nonfinite_origins(run, comparison.graphs.get(run.label) or build_graph(run.layers))
+        found += nonfinite_origins(run, comparison.graphs.get(run.label) or build_graph(run.layers),
+                                   reference_of.get(run.label))
+    zero_starts: dict[str, Finding] = {}
     for index, pair in enumerate(comparison.plan.pairs):
         rows = comparison.pair_rows(index)
         graph = comparison.graphs[pair.base.label]
@@ -54,10 +46,13 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds) -> list
             sources = failure_sources(rows, graph)
             found += sources
             found += first_divergence(rows)
-            found += zero_collapse_origin(rows, graph, t)
+            zeros = zero_collapse_origin(rows, graph, t, pair.base)
+            zero_starts.update((f.run, f) for f in zeros)
+            found += zeros
             found += error_growth(rows, {f.layer for f in sources}, t)
+            found += error_curve(rows)
         found += nondeterminism(pair, rows)
-    found += input_dependence(comparison)
+    found += input_dependence(comparison, t, zero_starts)
     for base in {id(r): r for r in comparison.plan.references.values()}.values():
         found += fp16_risk(base, t)
     return sorted(found, key=lambda f: KIND_ORDER.index(f.kind) if f.kind in KIND_ORDER else 99)
@@ -84,24 +79,61 @@ def run_state_findings(run: Run) -> list[Finding]:
     return out
 
 
-def nonfinite_origins(run: Run, graph: LayerGraph) -> list[Finding]:
-    """First layer with NaN (and with Inf) whose own inputs have none: where the NaN was born."""
+def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None) -> list[Finding]:
+    """First layer with NaN (and with Inf) whose own inputs have none: where the NaN was born.
+
+    The sentence adds what explains it: an Inf origin whose reference values pass 65504 is fp16
+    overflow; a NaN origin fed by an Inf is the Inf's heir (inf - inf, 0 x inf), not a new fault.
+    """
     layers = run.layers
+    nan = dict(zip(layers["key"], layers["n_nan"]))
+    inf = dict(zip(layers["key"], layers[["n_posinf", "n_neginf"]].sum(axis=1)))
     out = []
-    for kind, columns, what in (("nan_origin", ["n_nan"], "NaN"), ("inf_origin", ["n_posinf", "n_neginf"], "Inf")):
-        counts = dict(zip(layers["key"], layers[columns].sum(axis=1)))
+    for kind, counts, what in (("nan_origin", nan, "NaN"), ("inf_origin", inf, "Inf")):
         for key in graph.order:
-            if counts.get(key, 0) and not any(counts.get(p, 0) for p in graph.producers.get(key, [])):
-                row = layers[layers["key"] == key].iloc[0]
-                producers = graph.producers.get(key, [])
-                fed = f"its inputs ({', '.join(producers[:3])}) have none" if producers else "it is fed by the model input"
-                out.append(Finding(kind, run.label, key, str(row["op_type"]),
-                                   f"{what} origin in {run.label}: layer {key} ({row['op_type']}) is the first with "
-                                   f"{what} ({counts[key]} of {int(row['numel'])} values) while {fed}.",
-                                   numbers={"count": int(counts[key]), "numel": int(row["numel"]),
-                                            "position": graph.position(key)}))
-                break
+            producers = graph.producers.get(key, [])
+            if not counts.get(key, 0) or any(counts.get(p, 0) for p in producers):
+                continue
+            row = layers[layers["key"] == key].iloc[0]
+            numbers = {"count": int(counts[key]), "numel": int(row["numel"]), "position": graph.position(key)}
+            fed = (f"its inputs ({', '.join(producers[:3])}) have no {what}" if producers
+                   else "it is fed by the model input")
+            why = _nonfinite_cause(kind, key, producers, inf, base, numbers)
+            out.append(Finding(kind, run.label, key, str(row["op_type"]),
+                               f"{what} origin in {run.label}: layer {key} ({row['op_type']}) is the first with "
+                               f"{what} ({counts[key]} of {int(row['numel'])} values) while {fed}{why}.",
+                               numbers=numbers))
+            break
     return out
+
+
+def _nonfinite_cause(kind: str, key: str, producers: list[str], inf: dict, base: Run | None, numbers: dict) -> str:
+    """The clause explaining a NaN/Inf origin from its inputs' Inf or the reference's values (fills `numbers`)."""
+    if kind == "nan_origin":
+        carriers = [p for p in producers if inf.get(p, 0)]
+        if not carriers:
+            return ""
+        numbers["inf_inputs"] = carriers
+        return (f"; {carriers[0]} feeds it {int(inf[carriers[0]])} Inf, and inf - inf or 0 x inf is NaN, so the "
+                "NaN is inherited from that Inf")
+    peak = _reference_peak(base, key)
+    if peak is None:
+        return ""
+    numbers["reference_peak"] = peak
+    if peak > FP16_MAX:
+        return f"; the reference reaches {peak:.4g} there, above fp16's largest value 65504: fp16 overflow"
+    return f"; the reference peaks at {peak:.4g} there (fp16 holds up to 65504), so an intermediate sum overflowed"
+
+
+def _reference_peak(base: Run | None, key: str) -> float | None:
+    """Largest |value| of a layer in a reference run, from its precomputed stats (None if unknown)."""
+    if base is None:
+        return None
+    hit = base.layers[base.layers["key"] == key]
+    if hit.empty:
+        return None
+    peak = max(abs(float(hit.iloc[0]["min"])), abs(float(hit.iloc[0]["max"])))
+    return peak if math.isfinite(peak) else None
 
 
 def saturation(rows: pd.DataFrame, base: Run) -> list[Finding]:
@@ -142,7 +174,8 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph) -> list[Finding]:
         return []
     status = dict(zip(rows["key"], rows["status"]))
     rel = dict(zip(rows["key"], rows["rel_l2"]))
-    n_fail = int((rows["status"] == "fail").sum())
+    failing = list(rows.sort_values("position").loc[rows["status"] == "fail", "key"])
+    op_type = dict(zip(rows["key"], rows["op_type"]))
     out = []
     for r in rows.sort_values("position").itertuples():
         if r.status != "fail":
@@ -151,40 +184,115 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph) -> list[Finding]:
         if any(status[f] == "fail" for f in feeders):
             continue
         worst_in = max((rel[f] for f in feeders), default=0.0)
-        fed = (f"every layer feeding it passes (worst input rel L2 {worst_in:.3g})" if feeders
-               else "it reads only the model input")
+        inputs = named(_through_copies(graph, feeders, op_type, set(status)))
+        fed = (f"every layer feeding it passes or only warns ({inputs}; worst input rel L2 {worst_in:.3g})"
+               if feeders else "it reads only the model input")
+        others = [k for k in failing if k != r.key]
+        heirs = [k for k in others if k in _downstream(graph, r.key)]
         out.append(Finding("failure_source", r.run, r.key, r.op_type,
-                           f"Failure source in {r.run}: layer {r.key} ({r.op_type}) fails ({r.reasons}) while {fed}; this op breaks at this setting and the "
-                           f"{n_fail - 1} other failing layer(s) inherit or add to it.",
+                           f"Failure source in {r.run}: layer {r.key} ({r.op_type}) fails ({r.reasons}) while {fed}; "
+                           f"this op breaks at this setting. {_heirs_clause(others, heirs)}",
                            numbers={"rel_l2": r.rel_l2, "worst_input_rel_l2": worst_in, "inputs": feeders,
-                                    "position": int(r.position), "failing_layers": n_fail}))
+                                    "position": int(r.position), "failing_layers": len(failing),
+                                    "downstream_failing": heirs}))
         if len(out) >= MAX_PER_KIND:
             break
     return out
 
 
-def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds) -> list[Finding]:
-    """First layer where a share of the reference's non-zeros became 0 while its inputs kept theirs."""
+def _heirs_clause(others: list[str], heirs: list[str]) -> str:
+    """Which other failing layers lie downstream of a failure source (they inherit its error)."""
+    if not others:
+        return "No other layer fails."
+    if len(heirs) == len(others):
+        return f"The {len(others)} other failing layer(s) ({named(others)}) are all downstream of it."
+    return (f"{len(heirs)} of the {len(others)} other failing layer(s) are downstream of it; "
+            f"the rest ({named([k for k in others if k not in heirs])}) are not.")
+
+
+def _through_copies(graph: LayerGraph, keys: list[str], op_type: dict[str, str], known: set[str]) -> list[str]:
+    """Name the model's layers, not the engine's copies: a Split (ncnn) stands for the layer it copies."""
+    named: list[str] = []
+    for key in keys:
+        real = graph.upstream(key, known) if op_type.get(key) in COPY_OPS else []
+        named += [k for k in (real or [key]) if k not in named]
+    return named
+
+
+def _downstream(graph: LayerGraph, key: str) -> set[str]:
+    """Every layer reachable from `key` along the graph's edges."""
+    seen: set[str] = set()
+    stack = list(graph.consumers.get(key, []))
+    while stack:
+        current = stack.pop()
+        if current not in seen:
+            seen.add(current)
+            stack.extend(graph.consumers.get(current, []))
+    return seen
+
+
+def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, base: Run | None = None) -> list[Finding]:
+    """First layer where a share of the reference's non-zeros became 0 while its inputs kept theirs.
+
+    The reference's own values at that layer say whether fp16 underflow explains it (most of them
+    below fp16's smallest normal 6.1e-5), and the output's share of zeros says how far it spread.
+    """
     collapse = dict(zip(rows["key"], rows["zero_collapse"].fillna(0.0)))
     nonfinite = dict(zip(rows["key"], rows["n_nonfinite_mismatch"].fillna(0)))
+    status = dict(zip(rows["key"], rows["status"]))
     for r in rows.sort_values("position").itertuples():
         if collapse[r.key] <= t.warn_zero_collapse:
             continue
         feeders = graph.upstream(r.key, set(collapse))
         if any(collapse[f] > t.warn_zero_collapse or nonfinite[f] for f in feeders):
             continue  # inherited: zeros (or NaN/Inf) were already coming in
-        status = dict(zip(rows["key"], rows["status"]))
-        cause = ("its inputs already fail, so the zeros may come from the error upstream"
-                 if any(status[f] == "fail" for f in feeders) else
-                 "typical of fp16 underflow (|x| < 6.1e-5 flushes to 0)")
+        numbers = {"zero_collapse": r.zero_collapse, "n_zero_collapsed": int(r.n_zero_collapsed),
+                   "position": int(r.position)}
+        if any(status[f] == "fail" for f in feeders):
+            cause = "its inputs already fail, so the zeros may come from the error upstream"
+        else:
+            cause = _underflow_cause(base, r.key, t, numbers)
         return [Finding("zero_collapse_origin", r.run, r.key, r.op_type,
                         f"Zero collapse starts in {r.run} at layer {r.key} ({r.op_type}): {r.zero_collapse:.1%} of the "
                         f"reference's non-zero values became 0 ({int(r.n_zero_collapsed)} values) while its inputs "
-                        f"kept theirs; {cause}.",
-                        severity="fail" if r.status == "fail" else "warn",
-                        numbers={"zero_collapse": r.zero_collapse, "n_zero_collapsed": int(r.n_zero_collapsed),
-                                 "position": int(r.position)})]
+                        f"kept theirs; {cause}.{_collapse_spread(rows, r.key, numbers)}",
+                        severity="fail" if r.status == "fail" else "warn", numbers=numbers)]
     return []
+
+
+def _underflow_cause(base: Run | None, key: str, t: Thresholds, numbers: dict) -> str:
+    """Whether the reference's values at `key` sit in fp16's underflow range (fills `numbers`)."""
+    hit = base.layers[base.layers["key"] == key] if base is not None else pd.DataFrame()
+    if hit.empty:
+        return "typical of fp16 underflow (|x| < 6.1e-5 flushes to 0)"
+    ref = hit.iloc[0]
+    share = float(ref["n_fp16_underflow"]) / max(int(ref["numel"]), 1)
+    peak = max(abs(float(ref["min"])), abs(float(ref["max"])))
+    numbers.update(reference_underflow_share=share, reference_peak=peak)
+    if share > t.underflow_risk_share:
+        return (f"in the reference {share:.1%} of this layer's values lie between 0 and 6.1e-5 (largest |x| "
+                f"{peak:.3g}), where fp16 keeps only a few bits (subnormals) down to 6e-8 and 0 below: fp16 underflow")
+    return (f"the reference's values here are not in fp16's underflow range ({share:.1%} below 6.1e-5, largest "
+            f"|x| {peak:.3g}), so this op's own arithmetic zeroes them")
+
+
+def _collapse_spread(rows: pd.DataFrame, origin: str, numbers: dict) -> str:
+    """How far the zeros reach: the worst layer and the model output (fills `numbers`)."""
+    share = rows["zero_collapse"].fillna(0.0)
+    worst = rows.loc[share.idxmax()]
+    outputs = rows[rows["is_output"].astype(bool)]
+    out = outputs.loc[outputs["zero_collapse"].fillna(0.0).idxmax()] if len(outputs) else None
+    parts = []
+    if worst["key"] != origin and worst["zero_collapse"] > numbers["zero_collapse"]:
+        parts.append(f"it grows to {worst['zero_collapse']:.1%} at {worst['key']}")
+    if out is not None:
+        numbers["output_zero_collapse"] = float(out["zero_collapse"])
+        if out["key"] != origin:
+            parts.append(f"the model output {out['key']} has {out['zero_collapse']:.1%} of its non-zero values at 0")
+    if not parts:
+        return ""
+    text = "; ".join(parts)
+    return " " + text[0].upper() + text[1:] + "."
 
 
 def error_growth(rows: pd.DataFrame, sources: set[str], t: Thresholds) -> list[Finding]:
@@ -216,36 +324,6 @@ def nondeterminism(pair, rows: pd.DataFrame) -> list[Finding]:
                     f"{r['max_abs']:.3g}.", severity="warn",
                     numbers={"layers_differing": int(len(differing)), "layers_compared": int(len(rows)),
                              "max_abs": float(r["max_abs"]), "other": pair.base.label})]
-
-
-def input_dependence(comparison: Comparison) -> list[Finding]:
-    """Per configuration run on several inputs: which inputs fail, and where their failures start."""
-    table = comparison.table
-    groups: dict[tuple, list[tuple[str, str, str]]] = {}
-    for index, pair in enumerate(comparison.plan.pairs):
-        if pair.kind != "reference":
-            continue
-        rows = table[table["pair"] == index].sort_values("position")
-        bad = rows[rows["status"].isin(["fail", "warn"])]
-        verdict = "fail" if (rows["status"] == "fail").any() else ("warn" if len(bad) else "pass")
-        first = bad.iloc[0]["key"] if len(bad) else ""
-        label = str(pair.other.attrs.get("input_label") or pair.other.input_key[:12])
-        groups.setdefault((pair.other.config, pair.other.config_label), []).append((label, verdict, first))
-    out = []
-    for (_, config_label), members in groups.items():
-        verdicts = {v for _, v, _ in members}
-        if len({label for label, _, _ in members}) < 2 or len(verdicts) < 2:
-            continue
-        failing = [m for m in members if m[1] == "fail"] or [m for m in members if m[1] == "warn"]
-        where, count = Counter(m[2] for m in failing).most_common(1)[0]
-        names = ", ".join(m[0] for m in failing[:8]) + (", ..." if len(failing) > 8 else "")
-        out.append(Finding("input_dependence", config_label, where, "",
-                           f"Input dependence on {config_label}: {len(failing)} of {len(members)} inputs "
-                           f"{failing[0][1]} ({names}); {count} of them first diverge at layer {where}.",
-                           severity=failing[0][1],
-                           numbers={"inputs": len(members), "failing_inputs": [m[0] for m in failing],
-                                    "first_divergence_by_input": {m[0]: m[2] for m in members}}))
-    return out
 
 
 def fp16_risk(base: Run, t: Thresholds) -> list[Finding]:

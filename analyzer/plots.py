@@ -38,15 +38,21 @@ def _layer_ticks(ax, keys: list[str]) -> None:
         ax.set_xlabel("layer (execution order)")
 
 
-def error_by_layer(rows: pd.DataFrame, first: dict[str, str], metric: str = "rel_l2") -> bytes:
-    """Error vs depth, one line per run, the first divergence circled; NaN/Inf layers marked at the top."""
+def error_by_layer(rows: pd.DataFrame, first: dict[str, str], metric: str = "rel_l2",
+                   isolated: pd.DataFrame | None = None) -> bytes:
+    """Error vs depth, one line per run, the first divergence circled; NaN/Inf layers marked at the top.
+
+    `isolated` (columns run, key, isolated_<metric>) adds a triangle per isolated layer at the error
+    the layer makes alone, in its run's colour, so "broken here" and "inherited" read off the line.
+    """
     fig = Figure(figsize=(11, 4.8))
     ax = fig.subplots()
     keys = list(rows.groupby("key")["position"].min().sort_values().index)
     x_of = {k: i for i, k in enumerate(keys)}
     runs = list(dict.fromkeys(rows["run"]))
     many = len(runs) > MANY_RUNS
-    top = _top_value(rows[metric])
+    top = max(_top_value(rows[metric]), _top_value(_isolated_values(isolated, metric)))
+    colours = {}
     for run in runs:
         r = rows[rows["run"] == run].sort_values("position")
         x = np.array([x_of[k] for k in r["key"]])
@@ -54,6 +60,7 @@ def error_by_layer(rows: pd.DataFrame, first: dict[str, str], metric: str = "rel
         bad = ~np.isfinite(y) | (r["n_nonfinite_mismatch"].fillna(0).to_numpy() > 0)
         y = np.where(np.isfinite(y), y, top)
         line, = ax.plot(x, y, lw=0.8 if many else 1.5, alpha=0.35 if many else 0.9, label=None if many else run)
+        colours[run] = line.get_color()
         if bad.any():
             ax.scatter(x[bad], np.full(bad.sum(), top), marker="x", color=line.get_color(), zorder=3)
         if run in first and first[run] in x_of:
@@ -62,14 +69,40 @@ def error_by_layer(rows: pd.DataFrame, first: dict[str, str], metric: str = "rel
             ax.scatter([xi], [yi], s=90, facecolors="none", edgecolors="#c62828", linewidths=2, zorder=4)
     if many:
         _median_lines(ax, rows, x_of, metric)
+    shown = _isolated_markers(ax, isolated, metric, x_of, colours, top)
     ax.set_yscale("log")
     ax.set_ylabel(f"{metric} vs reference (log)")
-    ax.set_title("Error by layer (circle: first divergence, x: NaN/Inf not in reference)")
+    ax.set_title("Error by layer (circle: first divergence, x: NaN/Inf not in reference"
+                 + (", triangle: layer run alone on the reference's inputs)" if shown else ")"))
     _layer_ticks(ax, keys)
     ax.grid(True, which="major", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="upper left")
     return _png(fig)
+
+
+def _isolated_values(isolated: pd.DataFrame | None, metric: str) -> pd.Series:
+    column = f"isolated_{metric}"
+    if isolated is None or isolated.empty or column not in isolated:
+        return pd.Series(dtype=float)
+    return isolated[column].astype(float)
+
+
+def _isolated_markers(ax, isolated: pd.DataFrame | None, metric: str, x_of: dict[str, int],
+                      colours: dict[str, str], top: float) -> bool:
+    """Triangles at each isolated layer's own error (at the top when it is NaN/Inf); True if any drawn."""
+    values = _isolated_values(isolated, metric)
+    if values.empty:
+        return False
+    drawn = False
+    for (_, row), value in zip(isolated.iterrows(), values):
+        if row["key"] not in x_of or row["run"] not in colours or np.isnan(value):
+            continue
+        y = max(value, FLOOR) if np.isfinite(value) else top
+        ax.scatter([x_of[row["key"]]], [y], marker="^", s=110, color=colours[row["run"]], edgecolors="black",
+                   linewidths=0.8, zorder=5, label=None if drawn else "isolated (reference's inputs)")
+        drawn = True
+    return drawn
 
 
 def _top_value(values: pd.Series) -> float:

@@ -25,6 +25,7 @@ RAW_VERSION = 1
 MANIFEST = "manifest.jsonl"
 TENSORS = "tensors.bin"
 MAX_ELEMENTS = 1 << 40
+MAX_MANIFEST_BYTES = 256 << 20  # ~1M tensor lines: more than any model has layers
 DTYPES = {
     "float32": "<f4",
     "float16": "<f2",
@@ -79,9 +80,11 @@ class RawDump:
     footer: dict[str, Any] | None
     problems: list[str] = field(default_factory=list)
 
+    truncated: bool = False
+
     @property
     def complete(self) -> bool:
-        return self.footer is not None and self.footer.get("status", "ok") == "ok"
+        return self.footer is not None and self.footer.get("status", "ok") == "ok" and not self.truncated
 
     def read(self, tensor: RawTensor) -> np.ndarray:
         count = int(np.prod(tensor.shape, dtype=np.int64)) if tensor.shape else 1
@@ -110,22 +113,31 @@ def read_raw_dump(path: Path | str) -> RawDump:
     tensors: list[RawTensor] = []
     footer = None
     problems: list[str] = []
+    truncated = False
     for lineno, record in lines[1:]:
         kind = record.get("record")
-        if kind == "tensor":
-            tensor = _parse_tensor(manifest, lineno, record, data_size)
+        if kind == "tensor" and not truncated:
+            tensor = _parse_tensor(manifest, lineno, record)
             if tensors and tensor.order <= tensors[-1].order:
                 raise DumpFormatError(f"{manifest}:{lineno}: tensor order {tensor.order} is not increasing")
+            if tensor.offset + tensor.nbytes > data_size:
+                # tensors.bin cut short (a pull or a disk that died): keep every tensor before the cut
+                truncated = True
+                problems.append(f"{root / TENSORS} ends at byte {data_size}, inside layer {tensor.op!r} "
+                                f"({manifest.name}:{lineno}); the {len(tensors)} tensors before it are kept")
+                continue
             tensors.append(tensor)
         elif kind == "footer":
             footer = record
     if footer is None:
         last = tensors[-1].op if tensors else "(none)"
         problems.append(f"no footer: the harness stopped after {len(tensors)} tensors, last op {last!r}")
-    return RawDump(root, header, tensors, footer, problems)
+    return RawDump(root, header, tensors, footer, problems, truncated)
 
 
 def _manifest_lines(manifest: Path) -> list[tuple[int, dict[str, Any]]]:
+    if manifest.stat().st_size > MAX_MANIFEST_BYTES:
+        raise DumpFormatError(f"{manifest}: {manifest.stat().st_size} bytes is larger than any real manifest")
     text = manifest.read_bytes()
     raw_lines = text.split(b"\n")
     complete_lines = raw_lines if text.endswith(b"\n") else raw_lines[:-1]  # drop a half-written tail
@@ -135,7 +147,7 @@ def _manifest_lines(manifest: Path) -> list[tuple[int, dict[str, Any]]]:
             continue
         try:
             record = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # bad JSON, bad UTF-8, absurd nesting or huge integers
             raise DumpFormatError(f"{manifest}:{number}: not valid JSON") from None
         if not isinstance(record, dict):
             raise DumpFormatError(f"{manifest}:{number}: expected a JSON object")
@@ -154,7 +166,7 @@ def _parse_header(manifest: Path, header: dict[str, Any]) -> dict[str, Any]:
     return header
 
 
-def _parse_tensor(manifest: Path, lineno: int, rec: dict[str, Any], data_size: int) -> RawTensor:
+def _parse_tensor(manifest: Path, lineno: int, rec: dict[str, Any]) -> RawTensor:
     where = f"{manifest}:{lineno}"
     try:
         shape = tuple(int(d) for d in rec["shape"])
@@ -175,13 +187,13 @@ def _parse_tensor(manifest: Path, lineno: int, rec: dict[str, Any], data_size: i
             memory=str(rec.get("memory", "host")),
             time_ms=None if rec.get("time_ms") is None else float(rec["time_ms"]),
         )
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, OverflowError) as err:
         raise DumpFormatError(f"{where}: malformed tensor line ({type(err).__name__}: {err})") from None
-    _check_extent(where, tensor, data_size)
+    _check_extent(where, tensor)
     return tensor
 
 
-def _check_extent(where: str, t: RawTensor, data_size: int) -> None:
+def _check_extent(where: str, t: RawTensor) -> None:
     if t.dtype not in DTYPES:
         raise DumpFormatError(f"{where}: layer {t.op!r} has unsupported dtype {t.dtype!r}")
     if any(d < 0 for d in t.shape):
@@ -191,10 +203,8 @@ def _check_extent(where: str, t: RawTensor, data_size: int) -> None:
         raise DumpFormatError(f"{where}: layer {t.op!r} declares {numel} elements, more than any real tensor")
     if numel * np.dtype(DTYPES[t.dtype]).itemsize != t.nbytes:
         raise DumpFormatError(f"{where}: layer {t.op!r}: nbytes {t.nbytes} does not match shape {list(t.shape)} x {t.dtype}")
-    if t.offset < 0 or t.offset + t.nbytes > data_size:
-        raise DumpFormatError(
-            f"{where}: layer {t.op!r} lies at bytes {t.offset}..{t.offset + t.nbytes} but {TENSORS} has {data_size}"
-        )
+    if t.offset < 0:
+        raise DumpFormatError(f"{where}: layer {t.op!r} has a negative offset {t.offset}")
 
 
 class RawDumpWriter:
@@ -278,24 +288,35 @@ def combined_sha256(parts: list[str]) -> str:
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
+def _entries(value: Any) -> list[dict]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _number(value: Any, kind: type, default: Any) -> Any:
+    try:
+        return kind(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
 def header_provenance(header: dict[str, Any]) -> dict[str, Any]:
-    """Root attributes that follow from a raw header alone (FORMATS.md §2)."""
-    models = header.get("model") or []
-    inputs = header.get("inputs") or []
+    """Root attributes that follow from a raw header alone (FORMATS.md §2); odd types degrade to defaults."""
+    models = _entries(header.get("model"))
+    inputs = _entries(header.get("inputs"))
     actual = header.get("backends_actual") or []
     return {
-        "engine": header.get("engine", ""),
-        "engine_version": header.get("engine_version", ""),
-        "backend_requested": header.get("backend_requested", ""),
-        "backend_actual": "+".join(actual) if isinstance(actual, list) else str(actual),
-        "precision_requested": header.get("precision_requested", ""),
-        "precision_effective": header.get("precision_effective", ""),
-        "threads": int(header.get("threads", 0) or 0),
-        "model_name": Path(models[0].get("file", "")).name if models else "",
-        "model_sha256": combined_sha256([m.get("sha256", "") for m in models]) if models else "",
-        "input_sha256": combined_sha256([i.get("sha256", "") for i in inputs]) if inputs else "",
-        "harness": header.get("harness", ""),
-        "repeat": int(header.get("repeat", 0) or 0),
+        "engine": str(header.get("engine", "")),
+        "engine_version": str(header.get("engine_version", "")),
+        "backend_requested": str(header.get("backend_requested", "")),
+        "backend_actual": "+".join(map(str, actual)) if isinstance(actual, list) else str(actual),
+        "precision_requested": str(header.get("precision_requested", "")),
+        "precision_effective": str(header.get("precision_effective", "")),
+        "threads": _number(header.get("threads", 0) or 0, int, 0),
+        "model_name": Path(str(models[0].get("file", ""))).name if models else "",
+        "model_sha256": combined_sha256([str(m.get("sha256", "")) for m in models]) if models else "",
+        "input_sha256": combined_sha256([str(i.get("sha256", "")) for i in inputs]) if inputs else "",
+        "harness": str(header.get("harness", "")),
+        "repeat": _number(header.get("repeat", 0) or 0, int, 0),
     }
 
 
@@ -319,7 +340,7 @@ def convert_raw_dump(
     footer = dump.footer or {}
     merged = {
         **header_provenance(header),
-        "infer_ms": float(footer.get("infer_ms", math.nan)),
+        "infer_ms": _number(footer.get("infer_ms", math.nan), float, math.nan),
         "complete": dump.complete and exit_status == 0,
         "exit_status": int(exit_status),
         **(attrs or {}),

@@ -18,7 +18,8 @@ from analyzer.findings import Finding
 from analyzer.outdir import atomic_write_bytes, atomic_write_text
 from analyzer.plots import error_by_layer, failure_layer, heatmap, per_input_bars, value_range
 from analyzer.results import build_results, dumps
-from analyzer.tables import LAYER_VIEW, layer_matrix, reference_rows, sweep_matrix, to_html, unmatched_table, write_tables
+from analyzer.tables import (LAYER_VIEW, isolation_table, layer_matrix, layer_view, reference_rows, sweep_matrix,
+                             to_html, unmatched_table, write_tables)
 from analyzer.verdict import worst
 
 SHOWN_PER_KIND = 3
@@ -43,9 +44,7 @@ def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
     images = _draw(analysis)
     for name, data in images.items():
         atomic_write_bytes(out_dir / f"{name}.png", data)
-    document = build_results(comparison, analysis.runs, analysis.findings, analysis.summary,
-                             analysis.thresholds, analysis.problems)
-    atomic_write_text(out_dir / "results.json", dumps(document))
+    atomic_write_text(out_dir / "results.json", console_json(analysis))
     atomic_write_text(out_dir / "index.html", render_html(analysis, images))
     names = ["index.html", "summary.csv", "runs.csv", "summary.md", "results.json", *(f"{n}.png" for n in images)]
     return {name: out_dir / name for name in names}
@@ -56,7 +55,7 @@ def _draw(analysis: Analysis) -> dict[str, bytes]:
     rows = reference_rows(analysis.comparison)
     measured = rows[rows["status"].isin(["pass", "warn", "fail"])]
     first = {f.run: f.layer for f in analysis.findings if f.kind == "first_divergence"}
-    images = {"error_by_layer": error_by_layer(measured, first)}
+    images = {"error_by_layer": error_by_layer(measured, first, isolated=isolation_table(analysis.comparison))}
     matrix = layer_matrix(analysis.comparison)
     if not matrix.empty:
         images["heatmap"] = heatmap(matrix)
@@ -120,6 +119,7 @@ def render_html(analysis: Analysis, images: dict[str, bytes]) -> str:
                      "".join(f"<li>{_e(p)}</li>" for p in analysis.problems) + "</ul></div>")
     parts += ["<h2>Findings</h2>", _findings_html(analysis.findings)]
     parts += ["<h2>Runs</h2>", _runs_html(analysis.summary)]
+    parts += _isolation_html(analysis)
     parts += ["<h2>Plots</h2>", *(_img(name, data) for name, data in images.items())]
     parts += ["<h2>Details</h2>", _layers_html(analysis), _unmatched_html(analysis), _provenance_html(analysis)]
     parts.append("</body></html>")
@@ -162,13 +162,26 @@ def _runs_html(summary: pd.DataFrame) -> str:
     return (to_html(matrix) + f"<details><summary>All runs, all summary columns ({len(summary)})</summary>{full}</details>")
 
 
+def _isolation_html(analysis: Analysis) -> list[str]:
+    """Isolated layers, cumulative next to isolated error (not folded: they answer the report's question)."""
+    table = isolation_table(analysis.comparison)
+    if table.empty:
+        return []
+    files = sorted(set(table["isolated_file"]))
+    return ["<h2>Isolation</h2>",
+            f"<p>Each layer below was also run alone on its run's backend and precision, fed the reference's own "
+            f"input tensors ({_e(', '.join(files))}). <code>kernel</code>: off even alone; <code>upstream</code>: "
+            "fine alone, so its error in the full run comes from earlier layers.</p>", to_html(table)]
+
+
 def _layers_html(analysis: Analysis) -> str:
     rows = reference_rows(analysis.comparison)
+    columns = layer_view(rows)
     blocks = []
     for run, part in rows.groupby("run", sort=False):
         bad = int(part["status"].isin(["fail", "warn"]).sum())
         blocks.append(f"<details><summary>Layers of {_e(run)} ({len(part)} layers, {bad} warn/fail)</summary>"
-                      f"{to_html(part[LAYER_VIEW].sort_values('position'))}</details>")
+                      f"{to_html(part[columns].sort_values('position'))}</details>")
     repeats = analysis.comparison.table[analysis.comparison.table["comparison"] == "repeat"]
     if len(repeats):
         blocks.append(f"<details><summary>Repeat-vs-repeat comparisons ({len(repeats)} rows)</summary>"
@@ -185,8 +198,8 @@ def _provenance_html(analysis: Analysis) -> str:
     rows = [{"run": r.label, "file": r.path.name, **{k: r.attrs.get(k, "") for k in
              ("device_model", "device_serial", "engine", "engine_version", "backend_requested", "backend_actual",
               "precision_requested", "precision_effective", "input_label", "repeat", "complete", "infer_ms")}}
-            for r in analysis.runs]
-    return f"<details><summary>Provenance ({len(rows)} runs)</summary>{to_html(pd.DataFrame(rows))}</details>"
+            for r in analysis.runs + analysis.sources.isolated]
+    return f"<details><summary>Provenance ({len(rows)} dumps)</summary>{to_html(pd.DataFrame(rows))}</details>"
 
 
 def _img(name: str, data: bytes) -> str:
@@ -201,6 +214,6 @@ def _e(text) -> str:
 def console_json(analysis: Analysis) -> str:
     """What `--json` prints: the same document as results.json."""
     document = build_results(analysis.comparison, analysis.runs, analysis.findings, analysis.summary,
-                             analysis.thresholds, analysis.problems)
+                             analysis.thresholds, analysis.problems, analysis.isolation.matched)
     return dumps(document)
 

@@ -17,6 +17,7 @@ from analyzer import __version__
 from analyzer.compare import Comparison
 from analyzer.dumpfile import utc_now
 from analyzer.findings import Finding
+from analyzer.isolation import ATTACHED_COLUMNS
 from analyzer.sources import Run
 from analyzer.verdict import Thresholds
 
@@ -28,6 +29,8 @@ LAYER_FIELDS = ["position", "key", "run_key", "op", "op_type", "status", "reason
                 "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new", "n_posinf_lost",
                 "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed", "n_saturated", "top1", "top5",
                 "growth"]
+# Present on every layer when isolated dumps were analyzed (null on layers that were not isolated).
+ISOLATED_LAYER_FIELDS = ATTACHED_COLUMNS
 PROVENANCE_FIELDS = ["engine", "engine_version", "backend_requested", "backend_actual", "precision_requested",
                      "precision_effective", "threads", "device_serial", "device_model", "soc", "board", "abi",
                      "android_release", "gpu", "model_name", "model_sha256", "input_label", "input_sha256",
@@ -35,8 +38,12 @@ PROVENANCE_FIELDS = ["engine", "engine_version", "backend_requested", "backend_a
 
 
 def build_results(comparison: Comparison, runs: list[Run], findings: list[Finding], summary: pd.DataFrame,
-                  thresholds: Thresholds, problems: list[str]) -> dict[str, Any]:
-    """The whole document as plain Python values (JSON-safe after `clean`)."""
+                  thresholds: Thresholds, problems: list[str], isolated: list[dict] | None = None) -> dict[str, Any]:
+    """The whole document as plain Python values (JSON-safe after `clean`).
+
+    `isolated` lists the isolated dumps placed next to a run (analyzer.isolation `Isolation.matched`);
+    the key is present only when there were some, so documents without isolation are unchanged.
+    """
     plan = comparison.plan
     summary_by_run = {row["run"]: row for row in summary.to_dict("records")}
     return clean({
@@ -50,6 +57,7 @@ def build_results(comparison: Comparison, runs: list[Run], findings: list[Findin
         "problems": list(problems),
         "runs": [_run_entry(run, comparison, findings, summary_by_run.get(run.label, {})) for run in runs],
         "findings": [f.as_dict() for f in findings],
+        **({"isolated": list(isolated)} if isolated else {}),
     })
 
 
@@ -75,7 +83,7 @@ def _run_entry(run: Run, comparison: Comparison, findings: list[Finding], summar
                                      **first.numbers}
     if index is not None:
         rows = comparison.pair_rows(index)
-        entry["layers"] = rows[LAYER_FIELDS].to_dict("records")
+        entry["layers"] = rows[LAYER_FIELDS + [c for c in ISOLATED_LAYER_FIELDS if c in rows.columns]].to_dict("records")
         alignment = comparison.alignments[index]
         entry["unmatched"] = {"only_in_reference": alignment.only_base.to_dict("records"),
                               "only_in_run": alignment.only_other.to_dict("records")}

@@ -75,6 +75,11 @@ class Run:
         return str(self.attrs.get("input_sha256") or self.attrs.get("input_label") or "")
 
     @property
+    def is_isolated(self) -> bool:
+        """A `collect isolate` dump: chosen layers re-run alone on the reference's inputs, not a run."""
+        return is_isolated(self.attrs)
+
+    @property
     def repeat(self) -> int:
         try:
             return int(self.attrs.get("repeat", 0) or 0)
@@ -82,15 +87,21 @@ class Run:
             return 0
 
 
+def is_isolated(attrs: dict[str, Any]) -> bool:
+    """Root attribute `mode = "isolate"` marks the output of `collect isolate` (see collector/isolate.py)."""
+    return str(attrs.get("mode", "")) == "isolate"
+
+
 @dataclass
 class SourceSet:
-    """The runs that opened, and one line for each input that did not."""
+    """The runs that opened, the isolated dumps (kept apart: they are not runs), and one line per failure."""
 
     runs: list[Run] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    isolated: list[Run] = field(default_factory=list)
 
     def close(self) -> None:
-        for run in self.runs:
+        for run in self.runs + self.isolated:
             run.dump.close()
 
 
@@ -127,17 +138,25 @@ def _scan_dir(root: Path) -> list[Path]:
 
 
 def open_runs(paths: Iterable[Path | str]) -> SourceSet:
-    """Open every dump it can; each failure becomes one problem line instead of an exception."""
+    """Open every dump it can; each failure becomes one problem line instead of an exception.
+
+    Isolated dumps go to `SourceSet.isolated`: their rows are a few layers fed someone else's
+    inputs, so comparing them as a (partial) run would report nonsense; `analyzer.isolation` pairs
+    them with their reference and cumulative run instead.
+    """
     candidates, problems = discover(paths)
     sources = SourceSet(problems=problems)
     for path in candidates:
         try:
             dump_path = path if _is_h5(path) else import_foreign(path)
             dump = DumpFile(dump_path)
-            sources.runs.append(Run(path=dump_path, dump=dump, attrs=dump.attrs))
+            run = Run(path=dump_path, dump=dump, attrs=dump.attrs)
+            (sources.isolated if run.is_isolated else sources.runs).append(run)
         except LayerdiffError as err:
             sources.problems.append(str(err))
     assign_labels(sources.runs)
+    for run in sources.isolated:
+        run.label = run.path.stem
     return sources
 
 

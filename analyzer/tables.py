@@ -24,6 +24,10 @@ SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "ver
 LAYER_VIEW = ["run", "position", "key", "op_type", "status", "rel_l2", "sqnr_db", "cosine", "max_abs", "mean_abs",
               "median_abs", "p99_abs", "max_rel", "mean_rel", "pass_fraction", "n_nonfinite_mismatch",
               "zero_collapse", "n_saturated", "growth", "top1", "top5", "shape", "run_shape", "reasons"]
+# With isolated dumps among the inputs, each cumulative number sits next to its isolated twin.
+ISOLATED_PAIRS = {"status": "isolated_status", "rel_l2": "isolated_rel_l2", "max_abs": "isolated_max_abs"}
+ISOLATION_VIEW = ["run", "position", "key", "op_type", "status", "isolated_status", "rel_l2", "isolated_rel_l2",
+                  "max_abs", "isolated_max_abs", "sqnr_db", "isolated_sqnr_db", "isolation", "isolated_file"]
 
 
 def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding]) -> pd.DataFrame:
@@ -79,6 +83,25 @@ def _pair_summary(comparison: Comparison, index: int) -> dict:
         "top1": float(outputs["top1"].min()) if len(outputs) else math.nan,
         "top5": float(outputs["top5"].min()) if len(outputs) else math.nan,
     }
+
+
+def layer_view(table: pd.DataFrame) -> list[str]:
+    """LAYER_VIEW, with `isolated_<metric>` right after `<metric>` when the table has isolated layers."""
+    columns = []
+    for column in LAYER_VIEW:
+        columns.append(column)
+        if ISOLATED_PAIRS.get(column) in table.columns:
+            columns.append(ISOLATED_PAIRS[column])
+    return columns
+
+
+def isolation_table(comparison: Comparison) -> pd.DataFrame:
+    """Only the isolated layers, cumulative and isolated columns side by side (empty without isolation)."""
+    table = reference_rows(comparison)
+    if "isolated_status" not in table.columns:
+        return pd.DataFrame(columns=ISOLATION_VIEW)
+    rows = table[table["isolated_status"].notna() & (table["isolated_status"] != "")]
+    return rows[ISOLATION_VIEW].sort_values(["run", "position"]).reset_index(drop=True)
 
 
 def reference_rows(comparison: Comparison) -> pd.DataFrame:
@@ -153,7 +176,7 @@ def to_html(frame: pd.DataFrame, css_class: str = "data") -> str:
         cells = []
         for column, value in zip(frame.columns, row):
             text = html.escape(format_number(_py(value)))
-            cls = f' class="s-{text}"' if column in ("status", "verdict") else ""
+            cls = f' class="s-{text}"' if column in ("status", "verdict", "isolated_status") else ""
             cells.append(f"<td{cls}>{text}</td>")
         lines.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
@@ -172,6 +195,11 @@ def write_tables(out_dir, summary: pd.DataFrame, comparison: Comparison, finding
              f"({comparison.plan.reason})\n", "## Runs\n",
              to_markdown(summary[["run", "role", "verdict", "n_fail", "n_warn", "first_divergence",
                                   "first_divergence_op", "output_rel_l2", "top1", "top5"]]),
-             "\n## Findings\n", *(f"- {f.sentence}\n" for f in findings), "\n## Layers\n",
-             to_markdown(reference_rows(comparison)[LAYER_VIEW])]
+             "\n## Findings\n", *(f"- {f.sentence}\n" for f in findings)]
+    isolated = isolation_table(comparison)
+    if len(isolated):
+        parts += ["\n## Isolation (cumulative vs isolated: the layer fed the reference's own inputs)\n",
+                  to_markdown(isolated)]
+    rows = reference_rows(comparison)
+    parts += ["\n## Layers\n", to_markdown(rows[layer_view(rows)])]
     atomic_write_text(out_dir / "summary.md", "".join(parts))

@@ -19,8 +19,9 @@ def test_listing_shows_states_facts_and_gpu_libraries(adb_server, standins, fake
     r = reports[full.serial]
     assert (r.soc, r.abis, r.android_release, r.sdk, r.gpu) == ("SM8550", ["x86_64", "x86"], "14", "34", "Adreno (TM) 740")
     assert r.gpu_libs["libOpenCL.so"] == ["/vendor/lib64/libOpenCL.so"] and r.free_bytes > 0
-    assert r.backends() == {"ncnn": ["cpu"]}
+    assert r.backends() == {"ncnn": ["cpu", "opencl", "vulkan"], "mnn": ["cpu", "opencl", "vulkan"]}
     assert reports[no_gpu.serial].gpu_libs == {"libOpenCL.so": [], "libvulkan.so": []}
+    assert reports[no_gpu.serial].backends() == {"ncnn": ["cpu"], "mnn": ["cpu"]}  # its probe found no GPU library
     doc = json.loads(json.dumps(devices_json(list(reports.values()))))
     assert {d["serial"] for d in doc["devices"]} >= {full.serial, no_gpu.serial, locked.serial}
     console = Console(width=250, record=True)

@@ -135,3 +135,22 @@ def test_reference_choice(tmp_path):
         assert plan.reference.path.name == "1_vk.h5" and "first run" in plan.reason
     finally:
         sources.close()
+
+
+def test_onnx_runtime_names_align_with_mnn_dump_names_without_a_map():
+    """ORT names tensors `/blk/conv/Conv_output_0`; MNN's dump files say `_blk_conv_Conv_output_0_0`,
+    and a second ONNX output `/tk/TopK_output_1` is output 1 of MNN op `_tk_TopK_output_0`."""
+    ort = pd.DataFrame({"op": ["/blk/conv/Conv_output_0", "/tk/TopK_output_0", "/tk/TopK_output_1"],
+                        "output_index": [0, 0, 0], "order": [0, 1, 2], "op_type": ["", "", ""],
+                        "shape": ["[4]", "[2]", "[2]"]})
+    ort["key"] = [f"{op}:0" for op in ort["op"]]
+    mnn = pd.DataFrame({"op": ["_blk_conv_Conv_output_0", "_tk_TopK_output_0", "_tk_TopK_output_0",
+                               "_blk_conv_Conv_output_0_raster_0"],
+                        "output_index": [0, 0, 1, 0], "order": [0, 1, 2, 3], "op_type": ["Convolution", "TopKV2", "TopKV2", "Raster"],
+                        "shape": ["[4]", "[2]", "[2]", "[4]"]})
+    mnn["key"] = [f"{op}:{i}" for op, i in zip(mnn["op"], mnn["output_index"])]
+    alignment = align_layers(ort, mnn, NameRules())
+    pairs = dict(zip(alignment.matched["key"], alignment.matched["other_key"]))
+    assert pairs == {"/blk/conv/Conv_output_0:0": "_blk_conv_Conv_output_0:0",
+                     "/tk/TopK_output_0:0": "_tk_TopK_output_0:0", "/tk/TopK_output_1:0": "_tk_TopK_output_0:1"}
+    assert list(alignment.only_other["key"]) == ["_blk_conv_Conv_output_0_raster_0:0"]

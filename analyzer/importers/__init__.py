@@ -71,6 +71,7 @@ def import_any(path: Path | str, attrs: dict[str, Any] | None = None, out: Path 
 
 
 def import_one(path: Path | str, attrs: dict[str, Any] | None = None, out: Path | str | None = None, **options: Any) -> ImportResult:
+    """`import_any` that also returns the format and the layers it could not use (for warnings)."""
     path = Path(path)
     if not path.exists():
         raise LayerdiffError(f"{path}: no such file or directory")
@@ -86,7 +87,8 @@ def import_one(path: Path | str, attrs: dict[str, Any] | None = None, out: Path 
     except RecursionError:
         raise DumpFormatError(f"{path}: structure nested too deeply to be a {fmt} dump") from None
     except OSError as err:
-        raise DumpFormatError(f"{path}: cannot read {fmt} dump ({err.strerror or err})") from None
+        where = f" {err.filename}" if getattr(err, "filename", None) else ""
+        raise DumpFormatError(f"{path}: {fmt} import failed ({err.strerror or err}{where})") from None
 
 
 def _import(path: Path, fmt: str, attrs: dict[str, Any], out: Path | None, options: dict[str, Any]) -> ImportResult:

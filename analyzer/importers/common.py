@@ -26,6 +26,7 @@ MAX_DIM = 1 << 40  # bound on the product of non-zero dims: keeps even empty arr
 RESERVED_ATTRS = {"layerdiff_format", "format_version", "tool_version", "created", "provenance"}
 
 # Stored dtypes (FORMATS.md); others are widened to the nearest one that holds every value.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _KEEP = {"float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64"}
 _WIDEN = {"bool": "uint8", "uint16": "int32", "uint32": "int64", "uint64": "float64"}
 
@@ -154,8 +155,10 @@ def write_dump(dump: ForeignDump, out: Path, attrs: dict[str, Any] | None = None
 
 
 def clean_text(text: str) -> str:
-    """Text HDF5 can store: lone surrogates (invalid UTF-8 read back by h5py, `\\udc80` in JSON) replaced."""
-    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace") if isinstance(text, str) else str(text)
+    """Text HDF5 can store: NULs and lone surrogates (invalid UTF-8 read back by h5py, JSON escapes) replaced."""
+    if not isinstance(text, str):
+        return str(text)
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def _load_layer(layer: Layer, problems: list[str]) -> np.ndarray | None:

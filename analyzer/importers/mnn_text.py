@@ -23,7 +23,7 @@ import numpy as np
 from analyzer.errors import DumpFormatError
 from analyzer.importers.common import MAX_TEXT_BYTES, ForeignDump, Layer, apply_order, read_order_file
 from analyzer.importers.mnn_log import MnnLog, logged_shape, parse_mnn_log
-from analyzer.importers.naming import split_mnn_file_name
+from analyzer.naming import split_mnn_file_name
 
 MNN_FORMAT = "mnn-text"
 ORDER_FILES = (".order", "order.txt")
@@ -124,7 +124,7 @@ def _read_shapes_json(path: Path) -> dict[str, tuple[int, ...]]:
         if path.stat().st_size > (64 << 20):
             raise DumpFormatError(f"{path}: shape file too large")
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # bad JSON or UTF-8, integers with too many digits, nesting
         raise DumpFormatError(f"{path}: not valid JSON (expected {{\"<layer>\": [dims]}})") from None
     if not isinstance(data, dict):
         raise DumpFormatError(f"{path}: expected a JSON object mapping layer names to shapes")

@@ -3,7 +3,7 @@
 Layer name = file / array name (`.npy` stripped). Order: an explicit `order_file`, else a sidecar
 list beside the data (`order.txt` or `.order` in the directory; `<stem>.order.txt` beside an npz),
 else file order (natural name order for a directory, archive order for an npz). An ONNX tensor
-name becomes the op name with output index 0; `analyzer.importers.naming` aligns it with MNN.
+name becomes the op name with output index 0; `analyzer.naming` aligns it with MNN.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def read_npz(path: Path, order_file: Path | None = None) -> ForeignDump:
     try:
         with zipfile.ZipFile(path) as archive:
             infos = [i for i in archive.infolist() if not i.is_dir()]
-    except (zipfile.BadZipFile, OSError, ValueError) as err:
+    except (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError, NotImplementedError) as err:
         raise DumpFormatError(f"{path}: not a readable .npz archive ({err})") from None
     if len(infos) > MAX_MEMBERS:
         raise DumpFormatError(f"{path}: {len(infos)} members, more than any real dump")

@@ -77,7 +77,7 @@ def _load_json(path: Path) -> Any:
     try:
         with open(path, "rb") as fh:
             return json.loads(fh.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, integers with too many digits
         raise DumpFormatError(f"{path}: not valid JSON ({str(err)[:120]})") from None
     except RecursionError:
         raise DumpFormatError(f"{path}: JSON nested too deeply to be a Polygraphy result") from None
@@ -118,7 +118,7 @@ def _attrs(runner_name: str, result: dict) -> dict[str, Any]:
     prefix = runner_name.split("-runner")[0]
     attrs: dict[str, Any] = {"engine": ENGINES.get(prefix, prefix), "harness": f"polygraphy ({runner_name})"}
     runtime = result.get("runtime")
-    if isinstance(runtime, (int, float)) and not isinstance(runtime, bool):
+    if isinstance(runtime, (int, float)) and not isinstance(runtime, bool) and abs(runtime) < 1e12:
         attrs["infer_ms"] = float(runtime) * 1000.0
     return attrs
 

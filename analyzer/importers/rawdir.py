@@ -33,6 +33,8 @@ def import_raw(path: Path, out: Path, attrs: dict[str, Any] | None = None) -> li
         dump = read_raw_dump(root)
     except RecursionError:
         raise DumpFormatError(f"{manifest}: a line is JSON nested too deeply to be a manifest") from None
+    except ValueError as err:  # e.g. an integer literal with more digits than Python converts
+        raise DumpFormatError(f"{manifest}: unreadable manifest ({str(err)[:120]})") from None
     check_header_types(manifest, dump.header)
     check_footer_types(manifest, dump.footer)
     stderr, exit_status = _collector_files(root)
@@ -66,7 +68,7 @@ def check_footer_types(manifest: Path, footer: dict[str, Any] | None) -> None:
     if footer is None:
         return
     infer = footer.get("infer_ms", 0.0)
-    if isinstance(infer, bool) or not isinstance(infer, (int, float)):
+    if isinstance(infer, bool) or not isinstance(infer, (int, float)) or abs(infer) > 1e15:
         raise DumpFormatError(f"{manifest}: footer field 'infer_ms' must be a number")
     if not isinstance(footer.get("status", "ok"), str):
         raise DumpFormatError(f"{manifest}: footer field 'status' must be a string")
