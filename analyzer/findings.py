@@ -25,7 +25,7 @@ MAX_PER_KIND = 3
 COPY_OPS = {"Split"}  # engine-inserted copies (ncnn): sentences name the layer they copy instead
 FP16_MAX = 65504.0
 KIND_ORDER = ["incomplete_run", "backend_fallback", "nan_origin", "inf_origin", "saturation", "failure_source",
-              "first_divergence", "zero_collapse_origin", "error_growth", "nondeterminism", "input_dependence",
+              "first_divergence", "isolation", "zero_collapse_origin", "error_growth", "nondeterminism", "input_dependence",
               "fp16_risk", "error_curve"]
 
 

@@ -25,6 +25,7 @@ RAW_VERSION = 1
 MANIFEST = "manifest.jsonl"
 TENSORS = "tensors.bin"
 MAX_ELEMENTS = 1 << 40
+MAX_TENSOR_BYTES = 8 << 30  # one layer larger than this is a lying manifest, not a real tensor
 MAX_MANIFEST_BYTES = 256 << 20  # ~1M tensor lines: more than any model has layers
 DTYPES = {
     "float32": "<f4",
@@ -120,7 +121,7 @@ def read_raw_dump(path: Path | str) -> RawDump:
             tensor = _parse_tensor(manifest, lineno, record)
             if tensors and tensor.order <= tensors[-1].order:
                 raise DumpFormatError(f"{manifest}:{lineno}: tensor order {tensor.order} is not increasing")
-            if tensor.offset + tensor.nbytes > data_size:
+            if tensor.offset + tensor.nbytes > data_size and tensor.nbytes <= MAX_TENSOR_BYTES:
                 # tensors.bin cut short (a pull or a disk that died): keep every tensor before the cut
                 truncated = True
                 problems.append(f"{root / TENSORS} ends at byte {data_size}, inside layer {tensor.op!r} "
@@ -205,6 +206,8 @@ def _check_extent(where: str, t: RawTensor) -> None:
         raise DumpFormatError(f"{where}: layer {t.op!r}: nbytes {t.nbytes} does not match shape {list(t.shape)} x {t.dtype}")
     if t.offset < 0:
         raise DumpFormatError(f"{where}: layer {t.op!r} has a negative offset {t.offset}")
+    if t.nbytes > MAX_TENSOR_BYTES:
+        raise DumpFormatError(f"{where}: layer {t.op!r} declares {t.nbytes} bytes, more than any real tensor")
 
 
 class RawDumpWriter:

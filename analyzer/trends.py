@@ -45,7 +45,7 @@ def error_curve(rows: pd.DataFrame) -> list[Finding]:
              if peak["key"] != first["key"] else " is the largest anywhere")
     text = (f"Error over depth in {first['run']}: rel L2 {first['rel_l2']:.2g} at {_at(first)}{grows} "
             f"(median by thirds of the network: {' -> '.join(f'{v:.2g}' for v in thirds)})")
-    broken = ordered[~np.isfinite(rel)]
+    broken = ordered[ordered["n_nonfinite_mismatch"].fillna(0) > 0]  # not unreadable / mismatched layers
     if len(broken):
         numbers["nonfinite_layers"] = int(len(broken))
         text += f"; {len(broken)} layer(s) carry NaN/Inf from {broken.iloc[0]['key']} on"

@@ -138,8 +138,10 @@ NORMAL_FLOATS = st.floats(-1e4, 1e4, width=32).filter(lambda v: v == 0 or abs(v)
 
 @settings(max_examples=40, deadline=None, database=None)
 @given(arrays(np.float32, st.integers(1, 300), elements=NORMAL_FLOATS),
-       st.floats(0.0, 0.5))
+       st.floats(0.0, 0.5).filter(lambda s: abs(s - 1e-3) > 1e-9 and abs(s - 1e-2) > 1e-9))
 def test_property_matches_numpy(ref, scale):
+    # scale == atol/rtol would put a zero reference exactly on the allclose boundary, where float32
+    # (the tensors' precision, numpy 2's rule for Python scalars) and this test's float64 disagree
     run = (ref * np.float32(1 + scale) + np.float32(scale)).astype(np.float32)
     if not np.any(ref):
         return

@@ -60,8 +60,10 @@ def test_raw_dump_with_truncated_tensors_bin_names_file_and_layer(tmp_path):
     raw = write_raw(tmp_path / "raw", ARRAYS)
     with open(raw / "tensors.bin", "r+b") as fh:
         fh.truncate(30)
-    with pytest.raises(DumpFormatError, match=r"manifest\.jsonl:3: layer 'blk/op1' lies at bytes 24\.\.40"):
-        import_any(raw, None, tmp_path / "r.h5")
+    out = import_any(raw, None, tmp_path / "r.h5")  # the tensor before the cut is kept, the run marked incomplete
+    with DumpFile(out) as dump:
+        assert not dump.complete and len(dump.layers) == 1
+        assert "inside layer 'blk/op1' (manifest.jsonl:3)" in " ".join(dump.provenance["raw_problems"])
 
 
 def test_raw_header_with_wrong_types_is_one_line(tmp_path):
@@ -96,7 +98,7 @@ def test_truncated_and_crafted_h5_are_refused(tmp_path):
     attrs.write_bytes(data)
     with h5py.File(attrs, "a") as fh:
         fh.attrs["format_version"] = "one"
-    with pytest.raises(DumpFormatError, match=r"attrs\.h5: damaged layerdiff dump attributes"):
+    with pytest.raises(DumpFormatError, match=r"attrs\.h5: (damaged layerdiff dump attributes|format_version 'one' is not an integer)"):
         import_any(attrs)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from analyzer.dumpfile import DumpFile
 from samples.forward import forward
-from samples.models import MODELS
+from samples.catalog import MODELS
 from tests.conftest import sample_input
 
 HIGH_PRECISION_CASES = [("convnet.param", "cpu"), ("convnet.param", "vulkan"), ("convnet.mnn", "cpu")]

@@ -37,6 +37,9 @@ def import_raw(path: Path, out: Path, attrs: dict[str, Any] | None = None) -> li
         raise DumpFormatError(f"{manifest}: unreadable manifest ({str(err)[:120]})") from None
     check_header_types(manifest, dump.header)
     check_footer_types(manifest, dump.footer)
+    if dump.truncated and not dump.tensors:
+        raise DumpFormatError(f"{root / 'tensors.bin'}: cut before the first tensor ended; nothing to import "
+                              f"({dump.problems[-1]})")
     stderr, exit_status = _collector_files(root)
     merged = dict(attrs or {})
     merged["provenance"] = {"import_format": RAW_FORMAT, "import_source": str(root), "import_user_attrs": dict(attrs or {})}
