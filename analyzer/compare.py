@@ -17,13 +17,13 @@ import numpy as np
 import pandas as pd
 
 from analyzer.align import NameRules, PairAlignment, align_layers
+from analyzer.dumpfile import TensorBuffer
 from analyzer.errors import LayerdiffError
 from analyzer.graph import LayerGraph, build_graph
 from analyzer.metrics import PairKernel, topk_agreement
 from analyzer.reference import Pair, Plan
 from analyzer.sources import Run
 from analyzer.verdict import Thresholds, classify
-
 
 
 @dataclass
@@ -106,8 +106,9 @@ def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kern
         for match in alignment.matched.to_dict("records"):
             wanted.setdefault(match["base_order"], []).append((index, pair, match))
     positions = {int(o): i for i, o in enumerate(base.layers["order"])}
+    base_buffer, other_buffer = TensorBuffer(), TensorBuffer()  # two layers' memory, reused: no page faults
     for order in sorted(wanted, key=lambda o: positions.get(o, o)):
-        base_tensor, base_error = _read(base, order)
+        base_tensor, base_error = _read(base, order, base_buffer)
         if base_error:
             problems.append(base_error)
         for index, pair, match in wanted[order]:
@@ -115,20 +116,21 @@ def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kern
             if base_error:
                 row.update(status="unreadable", reasons=f"reference tensor unreadable: {base_error}")
             else:
-                _measure(row, base_tensor, pair, match, kernel, thresholds, base_stats[order], problems)
+                _measure(row, base_tensor, pair, match, kernel, thresholds, base_stats[order], problems, other_buffer)
             rows.append(row)
             tick()
         del base_tensor
 
 
 def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel: PairKernel,
-             thresholds: Thresholds, base_stats: dict, problems: list[str]) -> None:
+             thresholds: Thresholds, base_stats: dict, problems: list[str],
+             buffer: TensorBuffer | None = None) -> None:
     """Fill one row's metrics and status from the two tensors (the run's is read here)."""
     if match["shape_status"] == "mismatch":
         row.update(status="shape_mismatch",
                    reasons=f"shape {list(match['other_shape'])} vs reference {list(match['base_shape'])}")
         return
-    other_tensor, error = _read(pair.other, match["other_order"])
+    other_tensor, error = _read(pair.other, match["other_order"], buffer)
     if error:
         problems.append(error)
         row.update(status="unreadable", reasons=error)
@@ -143,9 +145,9 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
     row["status"], row["reasons"] = classify(row, thresholds)
 
 
-def _read(run: Run, order: int) -> tuple[np.ndarray | None, str]:
+def _read(run: Run, order: int, buffer: TensorBuffer | None = None) -> tuple[np.ndarray | None, str]:
     try:
-        return run.dump.tensor(int(order)), ""
+        return run.dump.tensor(int(order), buffer), ""
     except LayerdiffError as err:
         return None, str(err)
 

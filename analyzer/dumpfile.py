@@ -221,6 +221,19 @@ def _layer_row(meta: dict[str, Any], key: str, array: np.ndarray, stats: TensorS
     }
 
 
+class TensorBuffer:
+    """Reusable memory for reading one tensor at a time (grows to the largest tensor read)."""
+
+    def __init__(self) -> None:
+        self._raw = np.empty(0, dtype=np.uint8)
+
+    def view(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if self._raw.size < nbytes:
+            self._raw = np.empty(nbytes, dtype=np.uint8)
+        return self._raw[:nbytes].view(dtype).reshape(shape)
+
+
 class DumpFile:
     """Read access to one HDF5 dump; opening reads only attributes, tensors load on demand."""
 
@@ -294,8 +307,23 @@ class DumpFile:
             self._layers = _read_layers(self._file["layers"], self.path)
         return self._layers
 
-    def tensor(self, order: int) -> np.ndarray:
-        """One tensor by execution order, refusing sizes no real layer has before allocating."""
+    def tensor(self, order: int, buffer: "TensorBuffer | None" = None) -> np.ndarray:
+        """One tensor by execution order, refusing sizes no real layer has before allocating.
+
+        With a `buffer`, the tensor is read into memory the buffer reuses across calls (the view
+        returned is valid until the buffer's next read): streaming a dump then costs no page faults.
+        """
+        ds = self._dataset(order)
+        try:
+            if buffer is not None and ds.size > 0 and ds.chunks is None and ds.compression is None:
+                out = buffer.view(ds.shape, ds.dtype)
+                ds.read_direct(out)
+                return out
+            return ds[()]
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
+            raise DumpFormatError(f"{self.path}: tensor {order} is unreadable ({_short(err)})") from None
+
+    def _dataset(self, order: int) -> h5py.Dataset:
         name = str(int(order))
         if name not in self._file["tensors"]:
             raise DumpFormatError(f"{self.path}: tensor {order} is listed but missing from /tensors")
@@ -309,10 +337,7 @@ class DumpFile:
                 f"({nbytes / 2**30:.1f} GiB), over the {MAX_TENSOR_BYTES / 2**30:.0f} GiB limit "
                 "(set LAYERDIFF_MAX_TENSOR_BYTES to allow it)"
             )
-        try:
-            return ds[()]
-        except (OSError, RuntimeError, KeyError, ValueError) as err:
-            raise DumpFormatError(f"{self.path}: tensor {order} is unreadable ({_short(err)})") from None
+        return ds
 
     def tensor_by_key(self, key: str) -> np.ndarray:
         rows = self.layers.index[self.layers["key"] == key]
