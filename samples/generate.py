@@ -21,6 +21,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import numpy as np  # noqa: E402
 
+from samples import images  # noqa: E402
 from samples.catalog import CATALOG, input_filename, sample_input  # noqa: E402
 from samples.ncnn_emit import write_ncnn  # noqa: E402
 from samples.onnx_emit import ConversionError, convert_many, write_onnx  # noqa: E402
@@ -59,6 +60,8 @@ def generate(out_dir: str | os.PathLike = SAMPLES_DIR, only: list[str] | None = 
         raise KeyError(f"unknown sample model(s) {', '.join(unknown)}; known: {', '.join(CATALOG)}")
     written: list[Path] = []
     conversions = []
+    if not only:
+        written += images.generate(Path(out_dir) / "images")
     for stem in only or list(CATALOG):
         paths, conversion = _write_sources(stem, Path(out_dir))
         written += paths

@@ -1,6 +1,7 @@
 """Real inputs: images with the model's preprocessing, folders and globs, multi-input pairs."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -91,3 +92,25 @@ def test_collect_over_a_folder_runs_the_good_images_and_names_the_bad_one(tmp_pa
         fed = dict(dump.inputs())["data"]
         expected = load_image(tmp_path / "photo0.png", parse_preprocess("resize=32x32,mean=0.5,std=0.25"))
         np.testing.assert_array_equal(fed, expected)
+
+
+def test_sample_photos_reproduce_seed_003_only_the_dark_ones_collapse(tmp_path):
+    """Generated photos on the underflow model: the night shots collapse to zeros on vulkan/low (fp16
+    underflow), the daylight ones do not; the analyzer names them and where the zeros start."""
+    from samples.images import IMAGES_DIR, RECIPE
+
+    out = tmp_path / "runs"
+    collect = subprocess.run([sys.executable, "-m", "collector.cli", "--model", str(MODELS / "underflow.param"),
+                              "--input", str(IMAGES_DIR), "--preprocess", RECIPE, "--backend", "cpu,vulkan",
+                              "--precision", "high,low", "--no-report", "-o", str(out)],
+                             capture_output=True, text=True, timeout=600)
+    assert collect.returncode == 0, collect.stderr
+    analyzed = subprocess.run([sys.executable, "-m", "analyzer.cli", str(out), "-o", str(tmp_path / "report"), "--json"],
+                              capture_output=True, text=True, timeout=600)
+    doc = json.loads(analyzed.stdout)
+    [dependence] = [f for f in doc["findings"] if f["kind"] == "input_dependence" and f["run"] == "vulkan/low"]
+    numbers = dependence["numbers"]
+    assert {"garden_night", "tunnel_night"} <= set(numbers["collapsed_inputs"])
+    assert not {"street_day", "beach_noon"} & set(numbers["failing_inputs"])
+    assert numbers["zero_start_by_input"]["garden_night"] == "gate/square:0"
+    assert any(f["kind"] == "fp16_risk" and f["layer"].startswith("gate/") for f in doc["findings"])
