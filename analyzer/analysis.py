@@ -47,11 +47,14 @@ class Analysis:
 
 def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None, rules: NameRules | None = None,
                   thresholds: Thresholds | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> Analysis:
-    """Analyze every dump under `paths`; raises LayerdiffError only when nothing can be compared."""
+                  progress: Callable[[int, int], None] | None = None,
+                  set_attrs: dict[str, dict] | None = None) -> Analysis:
+    """Analyze every dump under `paths`; raises LayerdiffError only when nothing can be compared.
+
+    `set_attrs` attaches provenance to foreign inputs (see `analyzer.sources.open_runs`)."""
     rules = rules or NameRules()
     thresholds = thresholds or Thresholds()
-    sources = open_runs(paths)
+    sources = open_runs(paths, set_attrs)
     try:
         _check_enough_runs(sources, ref)
         plan = plan_comparisons(sources.runs, ref)

@@ -61,6 +61,7 @@ def compare_command(
     rename: List[str] = typer.Option([], "--rename", help="REGEX=REPL applied to layer names of every run (repeatable)"),
     no_builtin_rules: bool = typer.Option(False, "--no-builtin-rules", help="do not apply built-in MNN/ncnn name rules"),
     force: bool = typer.Option(False, "--force", help="write into a non-empty directory that is not a report"),
+    set_: List[str] = typer.Option([], "--set", help="[INPUT:]key=value provenance for foreign dumps (e.g. run.npz:backend_requested=opencl)"),
 ) -> None:
     """Align the runs by layer, measure every layer against the reference, write the report."""
     from analyzer.align import NameRules, load_name_map, parse_rename
@@ -74,7 +75,7 @@ def compare_command(
     thresholds = Thresholds(atol=atol, rtol=rtol, warn_rel_l2=warn_rel_l2, fail_rel_l2=fail_rel_l2,
                             min_pass_fraction=min_pass_fraction)
     out_dir = prepare_out_dir(out, force=force)
-    analysis = analyze_paths(inputs, ref=ref, rules=rules, thresholds=thresholds)
+    analysis = analyze_paths(inputs, ref=ref, rules=rules, thresholds=thresholds, set_attrs=per_input_attrs(set_))
     try:
         write_report(analysis, out_dir)
         if json_out:
@@ -88,6 +89,18 @@ def compare_command(
         err.print(f"analyze: {problem}", markup=False)
     if analysis.problems:
         raise typer.Exit(2)
+
+
+def per_input_attrs(items: list[str]) -> dict[str, dict]:
+    """`--set run.npz:backend_requested=opencl --set precision_requested=low` → {input or "": attrs}."""
+    from analyzer.importers.common import parse_set_options
+
+    grouped: dict[str, list[str]] = {}
+    for item in items:
+        key, _, _value = item.partition("=")
+        target, sep, _name = key.rpartition(":")
+        grouped.setdefault(target if sep else "", []).append(item[len(target) + 1:] if sep else item)
+    return {target: parse_set_options(values) for target, values in grouped.items()}
 
 
 def _print_summary(analysis, out_dir: Path) -> None:

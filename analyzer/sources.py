@@ -105,13 +105,14 @@ class SourceSet:
             run.dump.close()
 
 
-def discover(paths: Iterable[Path | str]) -> tuple[list[Path], list[str]]:
-    """Expand the user's arguments into candidate dump paths, keeping their order, no duplicates.
+def discover(paths: Iterable[Path | str]) -> tuple[list[tuple[Path, Path]], list[str]]:
+    """Expand the user's arguments into (candidate dump, argument it came from), in order, no duplicates.
 
-    Directories are searched recursively for `.h5` files and raw dump directories; files given
+    Directories are searched recursively for dumps of every format the importers know (layerdiff
+    `.h5`, raw dump directories, `.npz`, MNN text dumps, Polygraphy JSON, zips); files given
     explicitly are taken whatever their suffix (the importers decide what they are).
     """
-    found: list[Path] = []
+    found: list[tuple[Path, Path]] = []
     problems: list[str] = []
     for raw in paths:
         path = Path(raw)
@@ -120,44 +121,80 @@ def discover(paths: Iterable[Path | str]) -> tuple[list[Path], list[str]]:
         elif path.is_dir():
             candidates = _scan_dir(path)
             if not candidates:
-                problems.append(f"{path}: no .h5 dumps or raw dump directories inside")
-            found.extend(candidates)
+                problems.append(f"{path}: no dumps inside (layerdiff .h5, raw dump directories or other tools' dumps)")
+            found.extend((c, path) for c in candidates)
         else:
-            found.append(path)
-    unique = list(dict.fromkeys(p.resolve() for p in found))
-    return unique, problems
+            found.append((path, path))
+    unique: dict[Path, Path] = {}
+    for candidate, origin in found:
+        unique.setdefault(candidate.resolve(), origin)
+    return list(unique.items()), problems
 
 
 def _scan_dir(root: Path) -> list[Path]:
     if (root / RAW_MANIFEST).is_file():
         return [root]
-    hits = [p for p in root.rglob("*") if p.suffix.lower() in H5_SUFFIXES and p.is_file()
-            and not p.name.startswith(".")]
-    raws = [p.parent for p in root.rglob(RAW_MANIFEST)]
-    return sorted(hits) + sorted(raws)
+    # every .h5 is a candidate even when unreadable, so a damaged file is reported, not silently skipped
+    hits = sorted(p for p in root.rglob("*") if p.suffix.lower() in H5_SUFFIXES and p.is_file()
+                  and not p.name.startswith("."))
+    try:
+        from analyzer.importers import find_dumps
+    except ImportError:  # the importers are optional: plain layerdiff dumps still work
+        return hits + sorted(p.parent for p in root.rglob(RAW_MANIFEST))
+    return list(dict.fromkeys(hits + find_dumps(root)))
 
 
-def open_runs(paths: Iterable[Path | str]) -> SourceSet:
+def open_runs(paths: Iterable[Path | str], set_attrs: dict[str, dict[str, Any]] | None = None) -> SourceSet:
     """Open every dump it can; each failure becomes one problem line instead of an exception.
 
-    Isolated dumps go to `SourceSet.isolated`: their rows are a few layers fed someone else's
-    inputs, so comparing them as a (partial) run would report nonsense; `analyzer.isolation` pairs
-    them with their reference and cumulative run instead.
+    `set_attrs` attaches provenance a foreign format lacks (`analyze --set`): key `""` applies to
+    every input, a key naming an input argument to the dumps found under it, a key naming a dump
+    file to that file. Isolated dumps go
+    to `SourceSet.isolated`: their rows are a few layers fed someone else's inputs, so comparing
+    them as a (partial) run would report nonsense; `analyzer.isolation` pairs them with their
+    reference and cumulative run instead.
     """
     candidates, problems = discover(paths)
     sources = SourceSet(problems=problems)
-    for path in candidates:
-        try:
-            dump_path = path if _is_h5(path) else import_foreign(path)
-            dump = DumpFile(dump_path)
+    for path, origin in candidates:
+        attrs = _attrs_for(path, origin, set_attrs or {})
+        for dump_path in _as_h5_dumps(path, attrs, sources.problems):
+            try:
+                dump = DumpFile(dump_path)
+            except LayerdiffError as err:
+                sources.problems.append(str(err))
+                continue
             run = Run(path=dump_path, dump=dump, attrs=dump.attrs)
             (sources.isolated if run.is_isolated else sources.runs).append(run)
-        except LayerdiffError as err:
-            sources.problems.append(str(err))
     assign_labels(sources.runs)
     for run in sources.isolated:
         run.label = run.path.stem
     return sources
+
+
+def _attrs_for(path: Path, origin: Path, set_attrs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Attributes for one dump: those for every input, then its argument's, then its own file's."""
+    attrs = dict(set_attrs.get("", {}))
+    for target in (origin.resolve(), path.resolve()):
+        for key, values in set_attrs.items():
+            if key and Path(key).resolve() == target:
+                attrs.update(values)
+    return attrs
+
+
+def _as_h5_dumps(path: Path, attrs: dict[str, Any], problems: list[str]) -> list[Path]:
+    """A layerdiff `.h5` as it is; anything else (or an `.h5` to relabel) through the importers."""
+    if _is_h5(path) and not attrs:
+        return [path]
+    try:
+        from analyzer.importers import import_many
+    except ImportError:
+        problems.append(f"{path}: not an HDF5 dump and the importers for other formats are not installed; "
+                        "convert it to a layerdiff .h5 first")
+        return []
+    imported, errors = import_many([path], attrs or None)
+    problems.extend(errors)
+    return [Path(p) for p in imported]
 
 
 def _is_h5(path: Path) -> bool:
@@ -168,18 +205,6 @@ def _is_h5(path: Path) -> bool:
             return f.read(8) == b"\x89HDF\r\n\x1a\n"
     except OSError:
         return False
-
-
-def import_foreign(path: Path) -> Path:
-    """Convert a non-HDF5 input (raw dump directory, other tools' dumps) with `analyzer.importers`."""
-    try:
-        from analyzer.importers import import_any
-    except ImportError:
-        raise LayerdiffError(
-            f"{path}: not an HDF5 dump and the importers for other formats are not installed; "
-            "convert it to a layerdiff .h5 first"
-        ) from None
-    return Path(import_any(path, {}))
 
 
 def assign_labels(runs: list[Run]) -> None:

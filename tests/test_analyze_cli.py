@@ -145,3 +145,24 @@ def test_huge_declared_shape_is_refused_per_layer(tmp_path, dumps, capsys):
     assert code == 2 and line.count("\n") == 0 and "pool:0" in line and "GiB" in line
     rows = (tmp_path / "rep" / "summary.csv").read_text()
     assert "unreadable" in rows and "prob:0" in rows
+
+
+def test_foreign_dumps_in_a_directory_get_per_input_provenance_with_set(tmp_path, capsys):
+    """A colleague's .npz dumps (no provenance) analyzed directly: --set labels each one."""
+    rng = np.random.default_rng(3)
+    arrays = {f"blk/conv{i}": rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for i in range(3)}
+    folder = tmp_path / "mail"
+    folder.mkdir()
+    np.savez(folder / "ort.npz", **arrays)
+    np.savez(folder / "phone.npz", **{k: v + np.float32(0.05) for k, v in arrays.items()})
+    code, out, err = run_cli(capsys, folder, "-o", tmp_path / "rep", "--json",
+                             "--set", f"{folder / 'ort.npz'}:backend_requested=cpu",
+                             "--set", f"{folder / 'ort.npz'}:precision_requested=high",
+                             "--set", f"{folder / 'phone.npz'}:backend_requested=opencl",
+                             "--set", "device_model=Pixel 8")
+    doc = json.loads(out)
+    assert code == 0, err
+    assert doc["reference"]["run"] == "cpu/high"
+    runs = {r["provenance"]["backend_requested"]: r for r in doc["runs"]}
+    assert set(runs) == {"cpu", "opencl"} and all(r["provenance"]["device_model"] == "Pixel 8" for r in runs.values())
+    assert runs["opencl"]["verdict"] in ("warn", "fail")
