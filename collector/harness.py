@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
+from analyzer.errors import LayerdiffError
+
 DEVICE_SCRIPTS = Path(__file__).resolve().parent.parent / "device_scripts"
 NCNN_VERSION = "1.0.20261020"
 # Bump when the ncnn CMake options in device_scripts/build_*.sh change: it keys cached ncnn builds.
@@ -36,7 +38,7 @@ NCNN_RECIPE = 2
 TARGET_SCRIPTS = {"host": "build_host.sh", "aarch64": "build_aarch64.sh", "android": "build_android.sh"}
 
 
-class HarnessError(Exception):
+class HarnessError(LayerdiffError):
     """No harness binary can be had for a device/engine; the message says what to run."""
 
 

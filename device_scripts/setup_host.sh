@@ -9,7 +9,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 
 base_packages=(adb mesa-vulkan-drivers libvulkan1 vulkan-tools ca-certificates)
-test_packages=(g++ make cmake libvulkan-dev qemu-user g++-aarch64-linux-gnu chromium)
+test_packages=(g++ make cmake ninja-build libvulkan-dev qemu-user g++-aarch64-linux-gnu chromium)
 
 packages=("${base_packages[@]}")
 extras="."

@@ -15,7 +15,7 @@ from .execshim import build_exec_shim
 from .faults import FaultFile, Faults
 from .sandbox import Sandbox
 from .streams import Stream
-from .tools import install_tools
+from .tools import install_tools, used_bytes
 
 Service = Callable[[Stream], None]
 
@@ -109,14 +109,7 @@ class StandInDevice:
         return max(0, quota - self.used_bytes())
 
     def used_bytes(self) -> int:
-        total = 0
-        for dirpath, _dirs, files in os.walk(self.sandbox.root):
-            for name in files:
-                try:
-                    total += os.lstat(os.path.join(dirpath, name)).st_size
-                except OSError:
-                    pass
-        return total
+        return used_bytes(str(self.sandbox.root))
 
     def watch_command(self, command: str) -> None:
         """Arm the die-mid-run fault when a command matching it starts."""

@@ -88,7 +88,8 @@ def _quota() -> int | None:
     return json.loads(path.read_text()).get("quota_bytes")
 
 
-def _used_bytes(root: str) -> int:
+def used_bytes(root: str) -> int:
+    """Bytes stored under a sandbox (what the quota fault counts)."""
     total = 0
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
@@ -103,7 +104,7 @@ def df(args: list[str]) -> int:
     quota = _quota()
     if quota is None:
         return subprocess.call(["df", *args], env={**os.environ, "PATH": _host_path()})
-    used = _used_bytes(os.environ["LAYERDIFF_STANDIN_ROOT"])
+    used = used_bytes(os.environ["LAYERDIFF_STANDIN_ROOT"])
     total_k, used_k = quota // 1024, used // 1024
     avail_k = max(0, total_k - used_k)
     pct = (100 * used_k // total_k) if total_k else 100

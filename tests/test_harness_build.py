@@ -1,0 +1,100 @@
+"""collector.harness: choosing, caching and building harness binaries.
+
+The concurrency test builds a real harness (about half a minute) against the ncnn already in the
+cache; everything else is pure bookkeeping and runs in milliseconds.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from collector import harness
+from collector.harness import HarnessError, HarnessSpec
+from tests.test_harness_support import HOST_SPEC, REPO, host_harness
+
+
+def test_spec_follows_abi_engine_and_backend(monkeypatch):
+    monkeypatch.delenv("MNN_ROOT", raising=False)
+    assert harness.spec_for(harness.host_abi(), "ncnn").target == "host"
+    assert harness.spec_for(harness.host_abi(), "ncnn").vulkan is True
+    assert harness.spec_for("arm64-v8a", "ncnn", "cpu") == HarnessSpec("aarch64")
+    assert harness.spec_for("arm64-v8a", "ncnn", "vulkan").target == "android-arm64-v8a"
+    assert harness.spec_for("armeabi-v7a", "ncnn").target == "android-armeabi-v7a"
+    with pytest.raises(HarnessError, match="MNN_ROOT"):
+        harness.spec_for("arm64-v8a", "mnn", "opencl")
+    with pytest.raises(HarnessError, match="mips"):
+        harness.spec_for("mips", "ncnn")
+
+
+def test_android_without_ndk_names_the_build_command(monkeypatch, tmp_path):
+    monkeypatch.delenv("ANDROID_NDK", raising=False)
+    monkeypatch.setenv("LAYERDIFF_CACHE", str(tmp_path))
+    with pytest.raises(HarnessError) as caught:
+        harness.harness_for("armeabi-v7a", "ncnn")
+    message = str(caught.value)
+    assert "\n" not in message and "ANDROID_NDK" in message
+    assert "build_android.sh" in message and "--abi armeabi-v7a" in message
+
+
+def test_cache_root_and_keys(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAYERDIFF_CACHE", str(tmp_path))
+    assert harness.binary_dir(HOST_SPEC).parent == tmp_path / "harness"
+    assert harness.harness_key(HOST_SPEC) == harness.harness_key(HarnessSpec("host", vulkan=True, test_build=True))
+    variants = {HOST_SPEC, HarnessSpec("host", vulkan=False, test_build=True), HarnessSpec("host", vulkan=True)}
+    assert len({harness.harness_key(s) for s in variants}) == 3
+    assert len({harness.ncnn_key(s) for s in variants}) == 3
+
+
+def test_prebuilt_override(monkeypatch, tmp_path):
+    binary = tmp_path / "layerdiff-harness"
+    binary.write_bytes(b"\x7fELF")
+    monkeypatch.setenv("LAYERDIFF_HARNESS_ARMEABI_V7A", str(binary))
+    assert harness.harness_for("armeabi-v7a", "ncnn", "vulkan") == binary
+    monkeypatch.setenv("LAYERDIFF_HARNESS_ARMEABI_V7A", str(tmp_path / "missing"))
+    with pytest.raises(HarnessError, match="LAYERDIFF_HARNESS_ARMEABI_V7A"):
+        harness.harness_for("armeabi-v7a", "ncnn")
+
+
+BUILD_ONE = """
+import sys
+from collector.harness import HarnessSpec, ensure_built
+path = ensure_built(HarnessSpec("host", vulkan=True, test_build=True))
+print(path, path.stat().st_ino)
+"""
+
+
+@pytest.mark.slow
+def test_concurrent_callers_build_once(tmp_path):
+    """Two processes ask for the same uncached binary at once: one builds, the other waits and reuses it."""
+    real = host_harness().parent.parent  # the shared cache's harness/ directory, with ncnn built
+    cache = tmp_path / "cache"
+    (cache / "harness").mkdir(parents=True)
+    (cache / "harness" / "src").symlink_to(real / "src")
+    ncnn_dir = f"ncnn-host-{harness.ncnn_key(HOST_SPEC)}"
+    (cache / "harness" / ncnn_dir).symlink_to(real / ncnn_dir)
+    env = {**os.environ, "LAYERDIFF_CACHE": str(cache)}
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_ONE], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=900) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [r[1] for r in results]
+    paths = {r[0].split()[0] for r in results}
+    inodes = {r[0].split()[1] for r in results}
+    assert len(paths) == 1 and len(inodes) == 1
+    builds = (Path(paths.pop()).parent / "builds.txt").read_text().splitlines()
+    assert len(builds) == 1
+
+
+def test_ncnn_sdist_is_found_through_the_pypi_json_api():
+    """The index can list the sdist with a URL relative to itself; it must come back absolute."""
+    fetch = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'device_scripts'); import fetch_ncnn_source as f; "
+         f"print(*f.sdist_url('{harness.NCNN_VERSION}'))"],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert fetch.returncode == 0, fetch.stderr
+    url, sha256 = fetch.stdout.split()
+    assert url.startswith("https://") and "/../" not in url and url.endswith(f"ncnn-{harness.NCNN_VERSION}.tar.gz")
+    assert len(sha256) == 64
