@@ -243,7 +243,7 @@ def run(args: HarnessArgs) -> None:
     if gpu.get("device"):
         header["options"]["vulkan_device"] = gpu["device"]
     for k, out in enumerate(repeat_dirs(args)):
-        sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(net.layers()))
+        sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=sum(len(layer.tops) for layer in net.layers()))
         infer_ms = run_once(net, args, inputs, sink, ncnn)
         sink.close(infer_ms)
 
