@@ -3,19 +3,26 @@
 MNN's C++ libraries are not on PyPI, so these tests run only where a developer (or a CI step
 with an MNN build) sets MNN_ROOT; the reference is the pymnn engine of the `local` device.
 On this machine there is no OpenCL driver, which makes the silent CPU fallback observable.
+Op isolation (`--inject`) is checked against a pymnn reference HDF5, staged the way
+`collect isolate` stages it (collector.isolate).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+from analyzer.dumpfile import DumpFile
 from analyzer.rawdump import read_raw_dump
-from collector.harness import HarnessSpec, ensure_built
+from collector.harness import HarnessSpec, build_command, ensure_built
+from collector.isolate import target_inputs, write_inject_dump
 from tests.test_harness_support import INPUTS, MODELS, REPO, arrays_by_key, check_well_formed, max_scaled_diff, run_harness
 
 MNN_ROOT = os.environ.get("MNN_ROOT", "")
@@ -82,3 +89,94 @@ def test_abort_after_leaves_partial_dump(harness, tmp_path):
     assert run.returncode == -signal.SIGABRT
     dump = read_raw_dump(tmp_path / "d")
     assert dump.footer is None and len(dump.tensors) == 3
+
+
+# ---------------------------------------------------------------- op isolation (--inject/--target)
+
+ISOLATED = ["block4/add:0", "block3/clip:0"]
+RASTER_FED = "block2/hswish:0"  # its Concat became a Raster at run time: no reference value for its input
+
+
+@pytest.fixture(scope="module")
+def convnet_inject(local_runs, tmp_path_factory) -> tuple[Path, Path]:
+    """(pymnn cpu/high reference HDF5, inject dump with what ISOLATED and RASTER_FED consume)."""
+    ref = local_runs("convnet.mnn", "cpu", "high")
+    with DumpFile(ref) as dump:
+        inject = write_inject_dump(dump, target_inputs(dump, [*ISOLATED, RASTER_FED]), tmp_path_factory.mktemp("mnn-iso") / "inject")
+    return ref, inject
+
+
+def isolate_args(stem: str, inject: Path, backend: str, precision: str, *targets: str) -> list[str]:
+    args = ["--engine", "mnn", "--model", str(MODELS / f"{stem}.mnn"), "--backend", backend, "--precision", precision,
+            "--inject", str(inject)]
+    return args + [a for target in targets for a in ("--target", target)]
+
+
+def test_isolated_ops_at_cpu_high_reproduce_the_reference(harness, convnet_inject, tmp_path):
+    ref_path, inject = convnet_inject
+    run = run_harness(harness, isolate_args("convnet", inject, "cpu", "high", *ISOLATED), tmp_path / "iso")
+    assert run.returncode == 0, run.stderr
+    dump = check_well_formed(run)
+    assert dump.header["mode"] == "isolate" and dump.header["targets"] == ISOLATED
+    assert dump.header["backends_actual"] == ["cpu"] and dump.header["inject"] == "inject"
+    assert [(t.op, t.output_index) for t in dump.tensors] == [("block4/add", 0), ("block3/clip", 0)]
+    assert [t.inputs for t in dump.tensors] == [["block3/clip", "block4/tanh"], ["block3/mul"]]
+    assert [p["n"] for p in run.progress()] == [2, 2]
+    with DumpFile(ref_path) as ref:
+        for tensor, array in dump.iter_arrays():
+            expected = ref.tensor_by_key(f"{tensor.op}:{tensor.output_index}")
+            assert array.shape == expected.shape
+            assert np.max(np.abs(array - expected)) <= 1e-5 * max(1.0, float(np.max(np.abs(expected))))
+
+
+@pytest.mark.parametrize(("target", "says"), [
+    ("nosuch/op:0", "no graph tensor of op 'nosuch/op'"),
+    (RASTER_FED, "the reference has no value for its input tensor 'block2/concat'"),
+    ("data:0", "is a model input or constant, not an op"),
+    ("block4/add:1", "has 1 output(s)"),
+])
+def test_targets_that_cannot_be_isolated_are_refused_in_one_line(harness, convnet_inject, tmp_path, target, says):
+    run = run_harness(harness, isolate_args("convnet", convnet_inject[1], "cpu", "high", target), tmp_path / "iso")
+    assert run.returncode == 2
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith(f"layerdiff-harness: --target {target}: ") and says in line
+
+
+def test_constant_inputs_stay_inside_the_cut_graph(harness, local_runs, tmp_path):
+    """underflow's dec/up (Interp) reads a Const `dec/up/scales`; no dump holds constants, so only the
+    activation is fed (graph tensor `dec/conv/relu`, found in the reference as op `dec/conv`)."""
+    ref_path = local_runs("underflow.mnn", "cpu", "high")
+    with DumpFile(ref_path) as ref:
+        inject = write_inject_dump(ref, {"dec/up:0": ["dec/conv"]}, tmp_path / "inject")
+        run = run_harness(harness, isolate_args("underflow", inject, "cpu", "high", "dec/up:0"), tmp_path / "iso")
+        assert run.returncode == 0, run.stderr
+        (tensor, array), = list(run.dump().iter_arrays())
+        assert tensor.inputs == ["dec/conv/relu"]
+        np.testing.assert_allclose(array, ref.tensor_by_key("dec/up:0"), rtol=1e-5, atol=1e-5)
+
+
+def test_isolation_on_opencl_without_driver_records_the_cpu_fallback(harness, convnet_inject, tmp_path):
+    run = run_harness(harness, isolate_args("convnet", convnet_inject[1], "opencl", "low", ISOLATED[0]), tmp_path / "iso")
+    assert run.returncode == 0, run.stderr
+    header = check_well_formed(run).header
+    assert header["backend_requested"] == "opencl" and header["backends_actual"] == ["cpu"]
+    assert "backend_library_loaded" in header["options"]
+
+
+def test_mnn_without_express_runs_models_but_refuses_isolation(convnet_inject, tmp_path):
+    """An MNN_ROOT with libMNN but no libMNN_Express (and no Express inside libMNN): the build still
+    succeeds, whole-model runs work, --inject exits 4 naming what is missing."""
+    root = tmp_path / "mnn"
+    (root / "lib").mkdir(parents=True)
+    (root / "include").symlink_to(Path(MNN_ROOT) / "include")
+    if not (Path(MNN_ROOT) / "lib" / "libMNN.so").is_file():
+        pytest.skip("needs a host MNN_ROOT with lib/libMNN.so")
+    shutil.copy2(Path(MNN_ROOT) / "lib" / "libMNN.so", root / "lib" / "libMNN.so")
+    build = subprocess.run(build_command(HarnessSpec("host", with_ncnn=False, mnn_root=str(root)), tmp_path / "bin"),
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout + build.stderr
+    binary = [str(tmp_path / "bin" / "layerdiff-harness")]
+    assert run_harness(binary, mnn_args("convnet", "cpu", "high"), tmp_path / "whole").returncode == 0
+    run = run_harness(binary, isolate_args("convnet", convnet_inject[1], "cpu", "high", ISOLATED[0]), tmp_path / "iso")
+    assert run.returncode == 4
+    assert run.stderr.strip().splitlines()[-1].startswith("layerdiff-harness: ") and "without Express" in run.stderr

@@ -44,3 +44,14 @@ def test_unknown_layer_is_refused_before_anything_runs(local_runs, tmp_path):
     with pytest.raises(LayerdiffError, match="no layer 'nope:0'"):
         isolate(LocalDevice(), resolve_model(MODELS / "convnet.param"), "cpu", "low", ref, ["nope:0"], tmp_path)
     assert not list(tmp_path.glob("*.h5"))
+
+
+def test_mnn_isolation_looks_through_layout_conversions_and_constants(local_runs, tmp_path):
+    """stem/conv and image read MNN-inserted layout conversions, dec/up a constant scale: all three
+    are cut at tensors the reference has and reproduce it exactly on the same backend."""
+    keys = ["stem/conv:0", "dec/up:0", "image:0"]
+    ref_path, iso_path = _isolated(local_runs, tmp_path, "underflow.mnn", "cpu", "high", keys)
+    with DumpFile(ref_path) as ref, DumpFile(iso_path) as iso:
+        assert ref.layers.set_index("key").loc["dec/up:0", "inputs"] == '["dec/conv"]'  # graph edge, not a reused buffer
+        for key in keys:
+            np.testing.assert_allclose(iso.tensor_by_key(key), ref.tensor_by_key(key), atol=1e-6)

@@ -113,14 +113,64 @@ def feed(MNN, interpreter, session, inputs: dict[str, np.ndarray]) -> dict[int, 
     return seeds
 
 
-def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str) -> float:
+def graph_edges(model: str) -> dict[str, list[str]]:
+    """The model's own edges: graph tensor → its non-constant input tensors (MNN Express graph)."""
+    import MNN.expr as F
+
+    try:
+        graph = F.load_as_dict(model)
+    except Exception:  # noqa: BLE001 - pymnn raises bare Exceptions; edges then come from addresses only
+        return {}
+    return {name: [v.name for v in var.inputs if v.name in graph and v.op_type != "Const"]
+            for name, var in graph.items()}
+
+
+def _dumped_name(tensor: str, known) -> str | None:
+    """A graph tensor as the dump names it: ops are dumped by name, so `conv/relu` is op `conv`."""
+    name = tensor
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition("/")[0]
+    return None
+
+
+def op_inputs(op: str, edges: dict[str, list[str]], known: set[str], by_address: list[str]) -> list[str]:
+    """An op's inputs from the graph when every one is a dumped tensor, else from buffer addresses.
+
+    Buffer addresses alone mislead when MNN computes an op in place or reuses memory; the graph is
+    right for every op the model declares, while runtime-only ops (rasters) only have addresses.
+    """
+    tensor = op if op in edges else next((t for t in edges if t.startswith(op + "/")), None)
+    if tensor is None:
+        return by_address
+    mapped = [name for t in edges[tensor] for name in _resolve(t, edges, known, depth=0)]
+    if mapped and all(mapped):
+        return list(dict.fromkeys(mapped))
+    return by_address
+
+
+def _resolve(tensor: str, edges: dict[str, list[str]], known: set[str], depth: int) -> list[str | None]:
+    """Dumped names behind a graph tensor, looking through tensors MNN never dumps (layout converts)."""
+    name = _dumped_name(tensor, known)
+    if name is not None:
+        return [name]
+    if depth >= 4 or not edges.get(tensor):
+        return [None]
+    return [n for t in edges[tensor] for n in _resolve(t, edges, known, depth + 1)]
+
+
+def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edges: dict[str, list[str]]) -> float:
     producers = feed(MNN, interpreter, session, inputs)
+    known = set(inputs)
     pending: dict[str, list[str]] = {}
     failure: list[str] = []
     clock = {"start": 0.0, "total": 0.0}
 
     def before(tensors, info) -> bool:
-        pending[info.getName()] = [producers.get(_address(t), f"<{info.getName()} input {i}>") for i, t in enumerate(tensors)]
+        op = info.getName()
+        by_address = [producers.get(_address(t), f"<{op} input {i}>") for i, t in enumerate(tensors)]
+        pending[op] = op_inputs(op, edges, known, by_address)
         clock["start"] = now_ms()
         return True
 
@@ -137,6 +187,7 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str) -> 
                 sink.add(op=op, op_type=info.getType(), array=_host_copy(MNN, tensor), output_index=index,
                          name=name, inputs=pending.get(op, []), layout="NCHW", memory=memory, time_ms=elapsed)
                 producers[_address(tensor)] = name
+                known.add(name)
         except HarnessExit as exc:
             failure.append(str(exc))
             return False
@@ -169,7 +220,7 @@ def isolate(MNN, args: HarnessArgs) -> None:
     for key in args.targets:
         op, index = split_key(key)
         output = graph_tensor(graph, op)
-        names = [v.name for v in graph[output].inputs if v.name in graph]
+        names = cut_points(graph, output, injected, key)
         values = [injected_value(injected, n, key) for n in names]
         try:
             with quiet_stdout():
@@ -197,13 +248,29 @@ def graph_tensor(graph: dict, op: str) -> str:
     raise HarnessExit(EXIT_ARGS, f"--target {op!r}: no graph tensor of that op in the model (runtime-only ops such as rasters cannot be isolated)")
 
 
+def cut_points(graph: dict, output: str, injected: dict[str, np.ndarray], key: str, depth: int = 0) -> list[str]:
+    """Graph tensors to start the sub-graph at: the op's inputs, or for one the reference lacks (a
+    layout conversion MNN inserted), the tensors behind it, so the conversion runs inside the cut."""
+    names: list[str] = []
+    for var in graph[output].inputs:
+        if var.name not in graph or var.op_type == "Const":
+            continue
+        if _has_value(injected, var.name) or depth >= 3 or not graph[var.name].inputs:
+            names.append(var.name)
+        else:
+            names.extend(cut_points(graph, var.name, injected, key, depth + 1))
+    return list(dict.fromkeys(names))
+
+
+def _has_value(injected: dict[str, np.ndarray], tensor: str) -> bool:
+    return _dumped_name(tensor, injected) is not None
+
+
 def injected_value(injected: dict[str, np.ndarray], tensor: str, key: str) -> np.ndarray:
     """A graph tensor's reference value: dumps name tensors by op, so `conv/relu` may be `conv`."""
-    name = tensor
-    while name:
-        if name in injected:
-            return injected[name]
-        name = name.rpartition("/")[0]
+    name = _dumped_name(tensor, injected)
+    if name is not None:
+        return injected[name]
     raise HarnessExit(EXIT_ARGS, f"--target {key!r}: the reference has no value for its input tensor {tensor!r} "
                                  "(produced by an op MNN replaced at run time); isolate the op that feeds it instead")
 
@@ -229,9 +296,10 @@ def run(args: HarnessArgs) -> None:
     if backend_actual != args.backend:
         print(f"layerdiff-harness: MNN fell back from {args.backend} to {backend_actual}", file=sys.stderr)
     memory = "host" if backend_actual == "cpu" else "device"
+    edges = graph_edges(str(args.models[0]))
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=0)
-        infer_ms = run_once(MNN, interpreter, session, inputs, sink, memory)
+        infer_ms = run_once(MNN, interpreter, session, inputs, sink, memory, edges)
         sink.close(infer_ms)
 
 

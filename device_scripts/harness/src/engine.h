@@ -18,6 +18,7 @@ struct RunConfig {
     std::string backend;     // cpu | opencl | vulkan
     std::string precision;   // low | normal | high
     int threads = 1;
+    bool isolate = false;    // --inject: the engine will be asked to isolate(), never to run()
 };
 
 // What the engine really did, known once the model is loaded for a backend (header fields).

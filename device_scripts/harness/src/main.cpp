@@ -125,6 +125,7 @@ int run(const Options& o) {
     config.backend = o.backend;
     config.precision = o.precision;
     config.threads = o.threads;
+    config.isolate = !o.inject_dir.empty();
     engine->open(config);
     EngineFacts facts = engine->facts();
 

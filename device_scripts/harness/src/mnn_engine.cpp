@@ -6,13 +6,10 @@
 // the after-callback records which op produced each tensor, the before-callback looks the
 // op's inputs up. MNN falls back to the CPU silently when a GPU backend is missing, so the
 // header's backends_actual comes from getSessionInfo(BACKENDS), never from the request.
-#include <dlfcn.h>
-#if defined(__aarch64__) && defined(__linux__)
-#include <sys/auxv.h>
-#endif
-
+// With --inject no session is made: mnn_isolate.cpp cuts each target out of the graph instead.
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -24,6 +21,10 @@
 #include "engine.h"
 #include "errors.h"
 #include "json.h"
+#include "mnn_backend.h"
+#if LAYERDIFF_MNN_EXPRESS
+#include "mnn_isolate.h"
+#endif
 #include "sysutil.h"
 
 namespace ld {
@@ -32,79 +33,6 @@ namespace {
 const char* const kOpenClLibraries[] = {"libOpenCL.so", "libOpenCL.so.1", "/system/vendor/lib64/libOpenCL.so",
                                         "/vendor/lib64/libOpenCL.so", "/system/lib64/libOpenCL.so", nullptr};
 const char* const kVulkanLibraries[] = {"libvulkan.so", "libvulkan.so.1", nullptr};
-
-bool cpu_has_fp16_arith() {
-#if defined(__aarch64__) && defined(__linux__)
-    return (getauxval(AT_HWCAP) & (1UL << 10)) != 0;  // HWCAP_ASIMDHP
-#else
-    return false;
-#endif
-}
-
-MNNForwardType forward_type(const std::string& backend) {
-    if (backend == "opencl") return MNN_FORWARD_OPENCL;
-    if (backend == "vulkan") return MNN_FORWARD_VULKAN;
-    return MNN_FORWARD_CPU;
-}
-
-std::string backend_name(int type) {
-    switch (type) {
-        case MNN_FORWARD_CPU: return "cpu";
-        case MNN_FORWARD_CPU_EXTENSION: return "cpu";  // what MNN reports for its CPU pipelines
-        case MNN_FORWARD_OPENCL: return "opencl";
-        case MNN_FORWARD_VULKAN: return "vulkan";
-        case MNN_FORWARD_METAL: return "metal";
-        case MNN_FORWARD_CUDA: return "cuda";
-        case MNN_FORWARD_NN: return "nn";
-        default: return "mnn-forward-" + std::to_string(type);
-    }
-}
-
-const char* backend_library(const std::string& backend) {
-    if (backend == "opencl") return "libMNN_CL.so";
-    if (backend == "vulkan") return "libMNN_Vulkan.so";
-    return nullptr;
-}
-
-// MNN builds with MNN_SEP_BUILD keep GPU backends in their own libraries that register
-// themselves when loaded; load the one asked for (beside the executable first). Returns "" or
-// the loader's reason; a failure is not fatal: MNN then falls back to the CPU, which we record.
-std::string load_backend_library(const std::string& backend) {
-    const char* name = backend_library(backend);
-    if (!name) return "";
-    std::string beside = join_path(executable_dir(), name);
-    if (dlopen(beside.c_str(), RTLD_NOW | RTLD_GLOBAL)) return "";
-    if (dlopen(name, RTLD_NOW | RTLD_GLOBAL)) return "";
-    const char* why = dlerror();
-    return why ? why : std::string("cannot load ") + name;
-}
-
-// MNN does not report the arithmetic it chose; this is its documented per-backend mapping.
-std::string effective_precision(const std::string& backend, const std::string& precision) {
-    if (backend == "cpu") return precision == "low" && cpu_has_fp16_arith() ? "fp16" : "fp32";
-    if (backend == "opencl") {
-        if (precision == "low") return "fp16-storage+arith";
-        return precision == "normal" ? "fp16-storage" : "fp32";
-    }
-    if (backend == "vulkan") return precision == "low" ? "fp16-storage+arith" : "fp32";
-    return "unknown";
-}
-
-MNN::BackendConfig::PrecisionMode precision_mode(const std::string& precision) {
-    if (precision == "low") return MNN::BackendConfig::Precision_Low;
-    if (precision == "high") return MNN::BackendConfig::Precision_High;
-    return MNN::BackendConfig::Precision_Normal;
-}
-
-std::string dtype_of(const halide_type_t& type) {
-    if (type.code == halide_type_float && type.bits == 32) return "float32";
-    if (type.code == halide_type_float && type.bits == 16) return "float16";
-    if (type.code == halide_type_int && type.bits == 32) return "int32";
-    if (type.code == halide_type_int && type.bits == 8) return "int8";
-    if (type.code == halide_type_uint && type.bits == 8) return "uint8";
-    if (type.code == halide_type_int && type.bits == 64) return "int64";
-    return "";
-}
 
 std::string layout_of(size_t dims) {
     if (dims == 4) return "NCHW";
@@ -120,42 +48,28 @@ public:
     }
 
     void open(const RunConfig& config) override {
-        std::string library_error = load_backend_library(config.backend);
+        if (config.isolate) return open_isolation(config);
+        std::string library_error = mnn_load_backend_library(config.backend);
         const std::string& model = config.model_files[0];
         net_ = MNN::Interpreter::createFromFile(model.c_str());
         if (!net_) throw HarnessError(kExitModel, "MNN cannot load " + model + " (is it an .mnn file from a compatible MNNConvert?)");
         net_->setSessionMode(MNN::Interpreter::Session_Debug);
-        MNN::ScheduleConfig schedule;
-        schedule.type = forward_type(config.backend);
-        schedule.backupType = MNN_FORWARD_CPU;
-        if (config.backend == "cpu") schedule.numThread = config.threads;
         MNN::BackendConfig backend_config;
-        backend_config.precision = precision_mode(config.precision);
-        schedule.backendConfig = &backend_config;
+        MNN::ScheduleConfig schedule = mnn_schedule(config.backend, config.precision, config.threads, &backend_config);
         session_ = net_->createSession(schedule);
         if (!session_) throw HarnessError(kExitBackend, "MNN could not create a " + config.backend + " session for " + model);
         facts_.engine = "mnn";
         facts_.engine_version = mnn_version();
         facts_.backends_actual = session_backends();
-        facts_.precision_effective = effective_precision(facts_.backends_actual.front(), config.precision);
-        JsonObject options;
-        options.add("forward_type", static_cast<int>(schedule.type))
-            .add("backup_type", static_cast<int>(MNN_FORWARD_CPU))
-            .add("num_thread", schedule.numThread)
-            .add("precision_mode", static_cast<int>(backend_config.precision))
-            .add("session_mode", "Session_Debug");
-        if (backend_library(config.backend)) {
-            options.add("backend_library", backend_library(config.backend))
-                .add("backend_library_loaded", library_error.empty());
-            if (!library_error.empty()) options.add("backend_library_error", library_error);
-        }
-        facts_.options_json = options.str();
+        facts_.precision_effective = mnn_effective_precision(facts_.backends_actual.front(), config.precision);
+        facts_.options_json = mnn_options(schedule, config.backend, library_error).add("session_mode", "Session_Debug").str();
     }
 
     EngineFacts facts() const override { return facts_; }
     int op_count() const override { return ops_seen_; }
 
     double run(const std::vector<NpyArray>& inputs, DumpWriter& out) override {
+        if (!session_) throw HarnessError(kExitBadArgs, "this MNN engine was opened for --inject; run without it");
         feed_inputs(inputs);
         std::map<const MNN::Tensor*, std::string> producer;
         for (const auto& entry : net_->getSessionInputAll(session_)) producer[entry.second] = entry.first;
@@ -201,7 +115,27 @@ public:
         return infer_ms;
     }
 
+    double isolate(const std::vector<std::string>& targets, const InjectSource& source, DumpWriter& out) override {
+#if LAYERDIFF_MNN_EXPRESS
+        if (isolator_) return isolator_->isolate(targets, source, out);
+#endif
+        (void)targets; (void)source; (void)out;
+        throw HarnessError(kExitBadArgs, "the MNN engine was not opened for --inject");
+    }
+
 private:
+    // --inject runs need no whole-model session: each target is cut out of the graph (Express).
+    void open_isolation(const RunConfig& config) {
+#if LAYERDIFF_MNN_EXPRESS
+        isolator_ = make_mnn_isolator(config);
+        facts_ = isolator_->facts();
+#else
+        (void)config;
+        throw HarnessError(kExitBackend, "MNN built without Express: this harness found no libMNN_Express under MNN_ROOT "
+                                         "(nor Express inside libMNN); --inject needs it: rebuild against an MNN with libMNN_Express");
+#endif
+    }
+
     std::vector<std::string> session_backends() {
         int types[16];
         for (int& t : types) t = -1;
@@ -209,7 +143,7 @@ private:
         if (net_->getSessionInfo(session_, MNN::Interpreter::BACKENDS, types)) {
             for (int t : types) {
                 if (t < 0) break;
-                std::string name = backend_name(t);
+                std::string name = mnn_backend_name(t);
                 bool seen = false;
                 for (const auto& n : names) seen = seen || n == name;
                 if (!seen) names.push_back(name);
@@ -264,7 +198,7 @@ private:
         record.name = name;
         record.inputs = inputs;
         for (int dim : host.shape()) record.shape.push_back(dim);
-        record.dtype = dtype_of(host.getType());
+        record.dtype = mnn_dtype_name(host.getType());
         if (record.dtype.empty()) return;  // a type the raw format has no name for
         record.layout = layout_of(record.shape.size());
         record.memory = t.host<void>() == nullptr && t.deviceId() != 0 ? "device" : "host";
@@ -277,6 +211,9 @@ private:
     EngineFacts facts_;
     int ops_seen_ = 0;
     ExitCode failure_code_ = kExitRun;
+#if LAYERDIFF_MNN_EXPRESS
+    std::unique_ptr<MnnIsolator> isolator_;
+#endif
 };
 
 }  // namespace
@@ -287,21 +224,21 @@ std::string mnn_version() { return MNN::getVersion(); }
 
 std::string mnn_probe_json() {
     JsonObject backends;
-    backends.add_raw("cpu", JsonObject().add("ok", true).add("fp16", cpu_has_fp16_arith()).str());
+    backends.add_raw("cpu", JsonObject().add("ok", true).add("fp16", mnn_cpu_has_fp16_arith()).str());
     struct Gpu { const char* backend; const char* const* system_libraries; const char* what; };
     for (const Gpu& gpu : {Gpu{"opencl", kOpenClLibraries, "OpenCL"}, Gpu{"vulkan", kVulkanLibraries, "Vulkan"}}) {
         JsonObject entry;
         std::string reason;
-        std::string backend_error = load_backend_library(gpu.backend);
+        std::string backend_error = mnn_load_backend_library(gpu.backend);
         if (!library_loadable_anywhere(gpu.system_libraries, &reason)) {
             entry.add("ok", false).add("reason", std::string("no ") + gpu.what + " driver: " + reason);
         } else if (!backend_error.empty()) {
             // Unless this libMNN has the backend built in (no MNN_SEP_BUILD), runs fall back to cpu.
             entry.add("ok", false)
-                .add("reason", std::string(backend_library(gpu.backend)) + " not loadable: " + backend_error)
+                .add("reason", std::string(mnn_backend_library(gpu.backend)) + " not loadable: " + backend_error)
                 .add("driver", true);
         } else {
-            entry.add("ok", true).add("backend_library", backend_library(gpu.backend));
+            entry.add("ok", true).add("backend_library", mnn_backend_library(gpu.backend));
         }
         backends.add_raw(gpu.backend, entry.str());
     }
