@@ -136,18 +136,29 @@ def _dumped_name(tensor: str, known) -> str | None:
 
 
 def op_inputs(op: str, edges: dict[str, list[str]], known: set[str], by_address: list[str]) -> list[str]:
-    """An op's inputs from the graph when every one is a dumped tensor, else from buffer addresses.
+    """An op's inputs from buffer addresses, corrected by the graph where addresses mislead.
 
-    Buffer addresses alone mislead when MNN computes an op in place or reuses memory; the graph is
-    right for every op the model declares, while runtime-only ops (rasters) only have addresses.
+    Addresses see what really ran, including MNN's runtime-only raster ops, so they are kept unless
+    one names no producer or names a model op the graph says this op does not read (MNN computed
+    in place or reused the memory); then the graph's own edges are used.
     """
-    tensor = op if op in edges else next((t for t in edges if t.startswith(op + "/")), None)
+    tensor = _graph_tensor(op, edges)
     if tensor is None:
         return by_address
     mapped = [name for t in edges[tensor] for name in _resolve(t, edges, known, depth=0)]
-    if mapped and all(mapped):
-        return list(dict.fromkeys(mapped))
-    return by_address
+    if not mapped or not all(mapped):
+        return by_address
+    graph_inputs = set(mapped)
+    misleading = [n for n in by_address
+                  if n.startswith("<") or (n not in graph_inputs and _graph_tensor(n, edges) is not None)]
+    return list(dict.fromkeys(mapped)) if misleading else by_address
+
+
+def _graph_tensor(op: str, edges: dict[str, list[str]]) -> str | None:
+    """The graph tensor an op writes (its name, or `<op>/<fused activation>`); None for runtime-only ops."""
+    if op in edges:
+        return op
+    return next((t for t in edges if t.startswith(op + "/")), None)
 
 
 def _resolve(tensor: str, edges: dict[str, list[str]], known: set[str], depth: int) -> list[str | None]:
