@@ -75,6 +75,22 @@ def test_cpu_high_agrees_with_pymnn(harness, tmp_path, stem):
     assert ours.tensors[0].op_type == "Raster" and ours.tensors[0].inputs == ["data"]  # layout conversion first
 
 
+def test_graph_corrects_edges_that_addresses_miss(harness, tmp_path):
+    """underflow's `dec/up` (Interp) and `image` (a Convolution whose graph tensor is a layout
+    conversion `image` of `image__before_tr`) read buffers no dumped op is recorded at; the model's
+    graph names their producers, exactly as the pymnn engine resolves them."""
+    run = run_harness(harness, mnn_args("underflow", "cpu", "high"), tmp_path / "cxx")
+    assert run.returncode == 0, run.stderr
+    ours = check_well_formed(run)
+    reference = pymnn_dump("underflow", "cpu", "high", tmp_path / "py")
+    assert [(t.op, t.output_index) for t in ours.tensors] == [(t.op, t.output_index) for t in reference.tensors]
+    assert [t.inputs for t in ours.tensors] == [t.inputs for t in reference.tensors]
+    inputs = {t.name: t.inputs for t in ours.tensors}
+    assert inputs["dec/up"] == ["dec/conv"] and inputs["image"] == ["dec/up"]
+    assert inputs["gate/scale"] == ["enc/pool", "gate/conv"]  # both inputs, in the op's order
+    assert not [n for t in ours.tensors for n in t.inputs if n.startswith("<")]
+
+
 def test_opencl_without_driver_falls_back_to_cpu_and_says_so(harness, tmp_path):
     run = run_harness(harness, mnn_args("convnet", "opencl", "low"), tmp_path / "d")
     assert run.returncode == 0, run.stderr
@@ -177,6 +193,9 @@ def test_mnn_without_express_runs_models_but_refuses_isolation(convnet_inject, t
     assert build.returncode == 0, build.stdout + build.stderr
     binary = [str(tmp_path / "bin" / "layerdiff-harness")]
     assert run_harness(binary, mnn_args("convnet", "cpu", "high"), tmp_path / "whole").returncode == 0
+    addresses_only = run_harness(binary, mnn_args("underflow", "cpu", "high"), tmp_path / "edges")
+    assert addresses_only.returncode == 0, addresses_only.stderr  # no graph to correct edges with: as recorded
+    assert {t.name: t.inputs for t in addresses_only.dump().tensors}["dec/up"] == ["<dec/up input 0>"]
     run = run_harness(binary, isolate_args("convnet", convnet_inject[1], "cpu", "high", ISOLATED[0]), tmp_path / "iso")
     assert run.returncode == 4
     assert run.stderr.strip().splitlines()[-1].startswith("layerdiff-harness: ") and "without Express" in run.stderr

@@ -4,7 +4,7 @@
 // Why Tensor(t, CAFFE) + copyToHostTensor: it converts NC4HW4 and device memory to plain NCHW on
 // the host (createHostTensorFromDevice would keep NC4HW4). Edges come from Tensor* identity:
 // the after-callback records which op produced each tensor, the before-callback looks the
-// op's inputs up. MNN falls back to the CPU silently when a GPU backend is missing, so the
+// op's inputs up, corrected by the model's graph where addresses mislead (mnn_edges.h). MNN falls back to the CPU silently when a GPU backend is missing, so the
 // header's backends_actual comes from getSessionInfo(BACKENDS), never from the request.
 // With --inject no session is made: mnn_isolate.cpp cuts each target out of the graph instead.
 #include <cstring>
@@ -22,6 +22,7 @@
 #include "errors.h"
 #include "json.h"
 #include "mnn_backend.h"
+#include "mnn_edges.h"
 #if LAYERDIFF_MNN_EXPRESS
 #include "mnn_isolate.h"
 #endif
@@ -63,6 +64,7 @@ public:
         facts_.backends_actual = session_backends();
         facts_.precision_effective = mnn_effective_precision(facts_.backends_actual.front(), config.precision);
         facts_.options_json = mnn_options(schedule, config.backend, library_error).add("session_mode", "Session_Debug").str();
+        edges_ = MnnGraphEdges::load(model);
     }
 
     EngineFacts facts() const override { return facts_; }
@@ -73,6 +75,8 @@ public:
         feed_inputs(inputs);
         std::map<const MNN::Tensor*, std::string> producer;
         for (const auto& entry : net_->getSessionInputAll(session_)) producer[entry.second] = entry.first;
+        std::set<std::string> known;  // the inputs and names dumped so far: what graph edges may map to
+        for (const NpyArray& input : inputs) known.insert(input.name);
         std::set<std::string> used_names;
         std::vector<std::string> pending_inputs;
         std::string failure;
@@ -80,12 +84,13 @@ public:
         int ops = 0;
 
         MNN::TensorCallBackWithInfo before = [&](const std::vector<MNN::Tensor*>& tensors, const MNN::OperatorInfo* info) {
-            pending_inputs.clear();
+            std::vector<std::string> by_address;
             for (size_t i = 0; i < tensors.size(); ++i) {  // constants get a placeholder, as on the host
                 auto found = producer.find(tensors[i]);
-                pending_inputs.push_back(found != producer.end() ? found->second
-                                                                 : "<" + info->name() + " input " + std::to_string(i) + ">");
+                by_address.push_back(found != producer.end() ? found->second
+                                                             : "<" + info->name() + " input " + std::to_string(i) + ">");
             }
+            pending_inputs = edges_.op_inputs(info->name(), known, by_address);
             op_started = monotonic_ms();
             return true;
         };
@@ -97,6 +102,7 @@ public:
                     // Named like the host MNN engine: the op for output 0, `<op>:<i>` for others.
                     std::string name = unique_name(i == 0 ? info->name() : info->name() + ":" + std::to_string(i), used_names);
                     producer[tensors[i]] = name;
+                    if (tensors[i]->elementSize() > 0) known.insert(name);  // empty outputs are not dumped
                     if (out.wants(info->name())) dump_output(*tensors[i], *info, static_cast<int>(i), name, pending_inputs, elapsed, out);
                 }
             } catch (const HarnessError& err) {
@@ -209,6 +215,7 @@ private:
     MNN::Interpreter* net_ = nullptr;
     MNN::Session* session_ = nullptr;
     EngineFacts facts_;
+    MnnGraphEdges edges_;  // empty without Express: edges from addresses alone
     int ops_seen_ = 0;
     ExitCode failure_code_ = kExitRun;
 #if LAYERDIFF_MNN_EXPRESS
