@@ -55,3 +55,22 @@ def test_mnn_isolation_looks_through_layout_conversions_and_constants(local_runs
         assert ref.layers.set_index("key").loc["dec/up:0", "inputs"] == '["dec/conv"]'  # graph edge, not a reused buffer
         for key in keys:
             np.testing.assert_allclose(iso.tensor_by_key(key), ref.tensor_by_key(key), atol=1e-6)
+
+
+def test_failing_from_a_report_isolates_what_the_analyzer_flagged(local_runs, tmp_path):
+    import subprocess
+    import sys
+
+    ref = local_runs("overflow.param", "cpu", "high")
+    low = local_runs("overflow.param", "vulkan", "low")
+    report = tmp_path / "report"
+    subprocess.run([sys.executable, "-m", "analyzer.cli", str(ref), str(low), "-o", str(report)],
+                   capture_output=True, text=True, timeout=300, check=True)
+    result = subprocess.run([sys.executable, "-m", "collector.cli", "isolate", "--model", str(MODELS / "overflow.param"),
+                             "--backend", "vulkan", "--precision", "low", "--ref", str(ref),
+                             "--failing-from", str(report), "-o", str(tmp_path / "iso")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    [iso] = list((tmp_path / "iso").glob("isolated_*.h5"))
+    with DumpFile(iso) as dump:
+        assert "block2/amplify:0" in set(dump.layers["key"])
