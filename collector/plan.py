@@ -17,33 +17,26 @@ from collector.devices import Device, DeviceError, LocalDevice
 from collector.index import IndexRow, read_index
 from collector.inputs import InputSet
 from collector.models import ModelFiles
-from collector.run import RunSpec
+from collector.run import RunOptions, RunSpec
 
 PROBE_DEADLINE_S = 120.0
 
 
 @dataclass
-class SweepPlan:
+class SweepPlan(RunOptions):
     devices: list[Device]
     model: ModelFiles
     backends: list[str]
     precisions: list[str]
     inputs: list[InputSet]
     out_dir: Path
-    threads: int = 1
-    repeat: int = 1
-    deadline_s: float = 900.0
-    layers: str | None = None
-    max_bytes: int | None = None
-    keep: bool = False
     force: bool = False
     retry_failed: bool = False
     probe: bool = True
 
     def specs(self) -> list[RunSpec]:
         return [
-            RunSpec(self.model, backend, precision, inputs, threads=self.threads, repeat=self.repeat,
-                    deadline_s=self.deadline_s, layers=self.layers, max_bytes=self.max_bytes, keep=self.keep)
+            RunSpec(self.model, backend, precision, inputs, **self.run_options())
             for backend in self.backends for precision in self.precisions for inputs in self.inputs
         ]
 

@@ -10,7 +10,7 @@ import json
 import shlex
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -34,20 +34,29 @@ HARNESS_EXIT_MEANINGS = {
 ProgressSink = Callable[[int, int, str], None]
 
 
-@dataclass
-class RunSpec:
-    """Everything that defines one run's configuration (and so its output file name)."""
+@dataclass(kw_only=True)
+class RunOptions:
+    """How a harness runs, the same for every run of a sweep (so a sweep carries one of these)."""
 
-    model: ModelFiles
-    backend: str
-    precision: str
-    inputs: InputSet
     threads: int = 1
     repeat: int = 1
     deadline_s: float = 900.0
     layers: str | None = None
     max_bytes: int | None = None
     keep: bool = False
+
+    def run_options(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(RunOptions)}
+
+
+@dataclass
+class RunSpec(RunOptions):
+    """Everything that defines one run's configuration (and so its output file name)."""
+
+    model: ModelFiles
+    backend: str
+    precision: str
+    inputs: InputSet
     extra_args: list[str] = field(default_factory=list)  # "{run_dir}" is replaced by the run's device directory
     placed_files: dict[str, Path] = field(default_factory=dict)  # path under the run directory → local file
     extra_attrs: dict = field(default_factory=dict)  # merged into the HDF5 root attributes
