@@ -102,9 +102,3 @@ def _isolation_rank(finding: Finding) -> tuple:
     severity = {"fail": 0, "warn": 1}.get(finding.severity, 2)
     position = finding.numbers.get("position")
     return (severity, finding.run, position if isinstance(position, (int, float)) and position == position else 1e9)
-
-
-def nothing_compared(analysis: Analysis) -> bool:
-    """True when no layer of any run could be measured (the report then only lists what is missing)."""
-    status = analysis.comparison.table.get("status")
-    return status is None or not status.isin(["pass", "warn", "fail"]).any()

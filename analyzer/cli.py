@@ -65,23 +65,20 @@ def compare_command(
 ) -> None:
     """Align the runs by layer, measure every layer against the reference, write the report."""
     from analyzer.align import NameRules, load_name_map, parse_rename
-    from analyzer.analysis import analyze_paths
-    from analyzer.outdir import prepare_out_dir
-    from analyzer.report import console_json, write_report
+    from analyzer.report import console_json, report_paths
     from analyzer.verdict import Thresholds
 
     rules = NameRules(name_map=load_name_map(name_map) if name_map else {},
                       regex=[parse_rename(r) for r in rename], builtin=not no_builtin_rules)
     thresholds = Thresholds(atol=atol, rtol=rtol, warn_rel_l2=warn_rel_l2, fail_rel_l2=fail_rel_l2,
                             min_pass_fraction=min_pass_fraction)
-    out_dir = prepare_out_dir(out, force=force)
-    analysis = analyze_paths(inputs, ref=ref, rules=rules, thresholds=thresholds, set_attrs=per_input_attrs(set_))
+    analysis = report_paths(inputs, out, force=force, ref=ref, rules=rules, thresholds=thresholds,
+                            set_attrs=per_input_attrs(set_))
     try:
-        write_report(analysis, out_dir)
         if json_out:
             print(console_json(analysis))
         else:
-            _print_summary(analysis, out_dir)
+            _print_summary(analysis, out)
     finally:
         analysis.close()
     err = Console(stderr=True, highlight=False, soft_wrap=True)

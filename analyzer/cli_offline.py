@@ -18,11 +18,6 @@ from analyzer.merge import merge
 EXPORT_FORMATS = ("model-explorer", "polygraphy")
 
 
-def _fail(err: LayerdiffError) -> None:
-    typer.echo(f"error: {err}", err=True)
-    raise typer.Exit(err.exit_code)
-
-
 def import_command(
     src: Path = typer.Argument(..., help="Dump to import: raw dump dir, .h5, MNN output dir, Polygraphy .json, .npz, .npy dir, or a .zip of one"),
     output: Path = typer.Option(..., "-o", "--output", help="HDF5 file to write"),
@@ -35,13 +30,9 @@ def import_command(
     include_inputs: bool = typer.Option(False, "--include-inputs", help="MNN: also import the Input_<op>_<i> dumps"),
 ) -> None:
     """Convert a foreign dump to a layerdiff HDF5, attaching provenance with --set."""
-    try:
-        options = {"format": fmt, "order_file": order_file, "shapes_file": shapes_file, "runner": runner,
-                   "iteration": iteration, "include_inputs": include_inputs}
-        result = import_one(src, parse_set_options(set_), output, **{k: v for k, v in options.items() if v is not None})
-    except LayerdiffError as err:
-        _fail(err)
-        return
+    options = {"format": fmt, "order_file": order_file, "shapes_file": shapes_file, "runner": runner,
+               "iteration": iteration, "include_inputs": include_inputs}
+    result = import_one(src, parse_set_options(set_), output, **{k: v for k, v in options.items() if v is not None})
     for problem in result.problems:
         typer.echo(f"warning: {problem}", err=True)
     typer.echo(f"{src} ({result.format}) -> {result.path}")
@@ -54,11 +45,7 @@ def merge_command(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="key=value attribute applied to imported foreign dumps"),
 ) -> None:
     """Gather runs from several people into one directory with an index of device, backend, precision, input, model."""
-    try:
-        result = merge(paths, output, allow_model_mismatch=allow_model_mismatch, attrs=parse_set_options(set_))
-    except LayerdiffError as err:
-        _fail(err)
-        return
+    result = merge(paths, output, allow_model_mismatch=allow_model_mismatch, attrs=parse_set_options(set_))
     for line in result.errors:
         typer.echo(f"warning: {line}", err=True)
     typer.echo(f"{len(result.added)} run(s) added, {len(result.skipped_duplicates)} duplicate(s) skipped; index: {result.index}")
@@ -74,23 +61,23 @@ def export_command(
     runner_name: Optional[str] = typer.Option(None, "--runner-name", help="Polygraphy: runner name to record"),
 ) -> None:
     """Export a run for Google Model Explorer (per-layer error vs a reference) or Polygraphy."""
-    try:
-        if to == "model-explorer":
-            if reference is None:
-                raise LayerdiffError("--to model-explorer needs --reference REF.h5 (the run to measure against)")
-            path = export_model_explorer(run, reference, output, metric=metric, key_by=key_by)
-        elif to == "polygraphy":
-            path = export_polygraphy(run, output, runner_name=runner_name)
-        else:
-            raise LayerdiffError(f"--to {to}: choose from {', '.join(EXPORT_FORMATS)}")
-    except LayerdiffError as err:
-        _fail(err)
-        return
+    if to == "model-explorer":
+        if reference is None:
+            raise LayerdiffError("--to model-explorer needs --reference REF.h5 (the run to measure against)")
+        path = export_model_explorer(run, reference, output, metric=metric, key_by=key_by)
+    elif to == "polygraphy":
+        path = export_polygraphy(run, output, runner_name=runner_name)
+    else:
+        raise LayerdiffError(f"--to {to}: choose from {', '.join(EXPORT_FORMATS)}")
     typer.echo(f"wrote {path}")
 
 
 def register(app: typer.Typer) -> None:
-    """Add the `import`, `merge` and `export` subcommands to the analyzer's Typer app."""
+    """Add the `import`, `merge` and `export` subcommands to the analyzer's Typer app.
+
+    A LayerdiffError raised by these commands becomes one line in `analyzer.cli.main`, like every
+    other command's.
+    """
     app.command("import")(import_command)
     app.command("merge")(merge_command)
     app.command("export")(export_command)

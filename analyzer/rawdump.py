@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -363,12 +362,3 @@ def convert_raw_dump(
 
 def _array_sha256(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-
-
-def remove_tree_files(path: Path) -> None:
-    """Remove a raw dump directory's known files (used after a successful conversion)."""
-    for name in (MANIFEST, TENSORS, "stderr.txt", "exit_status"):
-        try:
-            os.remove(path / name)
-        except FileNotFoundError:
-            pass

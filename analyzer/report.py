@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyzer.analysis import Analysis
+from analyzer.analysis import Analysis, analyze_paths
 from analyzer.findings import Finding
-from analyzer.outdir import atomic_write_bytes, atomic_write_text
+from analyzer.outdir import atomic_write_bytes, atomic_write_text, prepare_out_dir
 from analyzer.plots import error_by_layer, failure_layer, heatmap, per_input_bars, value_range
 from analyzer.results import build_results, dumps
 from analyzer.tables import (LAYER_VIEW, isolation_table, layer_matrix, layer_view, reference_rows, sweep_matrix,
@@ -35,6 +35,22 @@ td.s-pass{background:#e8f5e9}td.s-warn{background:#fff3e0}td.s-fail{background:#
 details{margin:6px 0} summary{cursor:pointer;font-weight:600} img{max-width:100%;border:1px solid #eee;margin:6px 0}
 .problems{background:#fff8e1;border-left:4px solid #ffb300;padding:6px 12px} code{background:#f5f5f5;padding:0 3px}
 """
+
+
+def report_paths(paths, out_dir: Path | str, *, force: bool = False, **analyze_options) -> Analysis:
+    """What `analyze` and a finished sweep both do: check the report directory, analyze, write it.
+
+    The report directory is checked first so a bad `-o` fails before any dump is read. The
+    caller owns (and closes) the returned Analysis, e.g. to print a summary or JSON.
+    """
+    out = prepare_out_dir(out_dir, force=force)
+    analysis = analyze_paths(paths, **analyze_options)
+    try:
+        write_report(analysis, out)
+    except BaseException:
+        analysis.close()
+        raise
+    return analysis
 
 
 def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from collector.adb import AdbDevice
 from collector.adbserver import STATE_ADVICE, connect_server, list_devices
-from collector.devices import DeviceError
+from collector.devices import DeviceError, DeviceInfo
 
 GPU_LIB_DIRS = ("/vendor/lib64", "/system/vendor/lib64", "/system/lib64", "/vendor/lib", "/system/lib")
 GPU_LIBS = ("libOpenCL.so", "libvulkan.so")
@@ -22,20 +22,12 @@ TMP_DIR = "/data/local/tmp"
 
 
 @dataclass
-class AdbDeviceReport:
-    """What `collect devices` shows for one device."""
+class AdbDeviceReport(DeviceInfo):
+    """What `collect devices` shows for one device: its DeviceInfo plus what only a listing checks."""
 
-    serial: str
-    server: str
-    state: str
+    kind: str = "adb"
+    server: str = ""
     advice: str = ""
-    model: str = ""
-    soc: str = ""
-    board: str = ""
-    abis: list[str] = field(default_factory=list)
-    android_release: str = ""
-    sdk: str = ""
-    gpu: str = ""
     gpu_libs: dict[str, list[str]] = field(default_factory=dict)  # library name -> device paths found
     free_bytes: int | None = None
     probe: dict | None = None
@@ -101,9 +93,8 @@ def describe_device(client, serial: str, state: str, server: str, *, probe: bool
     try:
         device = AdbDevice(serial, client=client)
         info = device.info()
-        report.model, report.soc, report.board = info.model, info.soc, info.board
-        report.abis, report.gpu = info.abis or [info.abi], info.gpu
-        report.android_release, report.sdk = info.android_release, info.sdk
+        report = AdbDeviceReport(**{**asdict(info), "state": state, "server": server})
+        report.abis = info.abis or [info.abi]
         report.gpu_libs = find_gpu_libs(device)
         report.free_bytes = device.free_bytes(TMP_DIR)
         if probe:

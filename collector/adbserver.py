@@ -40,10 +40,6 @@ def parse_server(spec: str | None) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def server_label(host: str, port: int) -> str:
-    return f"{host}:{port}"
-
-
 def server_reachable(host: str, port: int, timeout: float = 2.0) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):

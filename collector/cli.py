@@ -105,20 +105,13 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
 
 def _sweep_report(out_dir: Path) -> None:
     """The matrix report of everything in OUTDIR; a report that cannot be made never fails the sweep."""
-    from analyzer.analysis import analyze_paths
-    from analyzer.outdir import prepare_out_dir
-    from analyzer.report import write_report
+    from analyzer.report import report_paths
 
     try:
-        report_dir = prepare_out_dir(out_dir / "report")
-        analysis = analyze_paths([out_dir])
+        report_paths([out_dir], out_dir / "report").close()
     except LayerdiffError as err:
         print(f"collect: no report: {err}", file=sys.stderr)
         return
-    try:
-        write_report(analysis, report_dir)
-    finally:
-        analysis.close()
     print(f"report: {out_dir / 'report' / 'index.html'}", file=sys.stderr)
 
 

@@ -11,7 +11,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Protocol
 
 from analyzer.dumpfile import partial_path
@@ -38,9 +37,6 @@ class SweepResult:
     index: Index
     interrupted: bool = False
     failed: list[PlannedRun] = field(default_factory=list)
-
-    def paths(self) -> list[Path]:
-        return [p for run in self.runs if run.row.status == "done" for p in run.paths]
 
 
 class _Worker(threading.Thread):

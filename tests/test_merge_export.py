@@ -6,10 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
-import typer
 
-from analyzer.cli_offline import register
+from analyzer.cli import main
 from analyzer.dumpfile import DumpFile, DumpWriter
 from analyzer.errors import LayerdiffError
 from analyzer.export import export_model_explorer, export_polygraphy, layer_metric
@@ -114,25 +112,27 @@ def test_polygraphy_itself_loads_our_run_results(tmp_path):
     np.testing.assert_array_equal(iterations[0]["t_conv"], REF["/conv/Conv_output_0"].reshape(1, 4))
 
 
-def test_cli_import_merge_export(tmp_path):
-    app = typer.Typer()
-    register(app)
-    runner = CliRunner()
+def test_cli_import_merge_export(tmp_path, capsys):
+    def run_cli(*args):
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return code, out + err
+
     np.savez(tmp_path / "ort.npz", **REF)
-    r = runner.invoke(app, ["import", str(tmp_path / "ort.npz"), "-o", str(tmp_path / "ref.h5"), "--set", "backend_requested=cpu", "--set", "threads=2"])
-    assert r.exit_code == 0, r.output
+    code, output = run_cli("import", tmp_path / "ort.npz", "-o", tmp_path / "ref.h5", "--set", "backend_requested=cpu", "--set", "threads=2")
+    assert code == 0, output
     with DumpFile(tmp_path / "ref.h5") as dump:
         assert dump.attrs["threads"] == 2 and dump.attrs["backend_requested"] == "cpu"
-    r = runner.invoke(app, ["import", str(tmp_path / "ort.npz"), "-o", str(tmp_path / "x.h5"), "--set", "threads=two"])
-    assert r.exit_code == 1 and "threads must be an integer" in r.output and "Traceback" not in r.output
-    r = runner.invoke(app, ["import", str(tmp_path / "nope"), "-o", str(tmp_path / "x.h5")])
-    assert r.exit_code == 1 and r.output.count("\n") == 1
+    code, output = run_cli("import", tmp_path / "ort.npz", "-o", tmp_path / "x.h5", "--set", "threads=two")
+    assert code == 1 and "threads must be an integer" in output and "Traceback" not in output
+    code, output = run_cli("import", tmp_path / "nope", "-o", tmp_path / "x.h5")
+    assert code == 1 and output.count("\n") == 1
     run = mnn_run(tmp_path / "run.h5")
-    r = runner.invoke(app, ["merge", str(run), str(tmp_path / "ref.h5"), "-o", str(tmp_path / "set")])
-    assert r.exit_code == 0 and (tmp_path / "set" / "index.csv").is_file(), r.output
-    r = runner.invoke(app, ["export", str(run), "--reference", str(tmp_path / "ref.h5"), "-o", str(tmp_path / "me.json")])
-    assert r.exit_code == 0 and "results" in json.loads((tmp_path / "me.json").read_text())
-    r = runner.invoke(app, ["export", str(run), "--to", "polygraphy", "-o", str(tmp_path / "pg.json")])
-    assert r.exit_code == 0 and (tmp_path / "pg.json").is_file()
-    r = runner.invoke(app, ["export", str(run), "-o", str(tmp_path / "me.json")])
-    assert r.exit_code == 1 and "--reference" in r.output
+    code, output = run_cli("merge", run, tmp_path / "ref.h5", "-o", tmp_path / "set")
+    assert code == 0 and (tmp_path / "set" / "index.csv").is_file(), output
+    code, output = run_cli("export", run, "--reference", tmp_path / "ref.h5", "-o", tmp_path / "me.json")
+    assert code == 0 and "results" in json.loads((tmp_path / "me.json").read_text())
+    code, output = run_cli("export", run, "--to", "polygraphy", "-o", tmp_path / "pg.json")
+    assert code == 0 and (tmp_path / "pg.json").is_file()
+    code, output = run_cli("export", run, "-o", tmp_path / "me.json")
+    assert code == 1 and "--reference" in output
