@@ -1,47 +1,76 @@
-"""Benchmark: the analyzer's full metric suite vs the floor "read both tensors + one subtraction".
+"""Benchmark: the whole `analyze` command (report included) vs the floor, at three dump shapes.
 
-Run by hand: `python tests/bench/bench_analyze.py [--total-gb 1.0] [--layers 16] [--dir /tmp/x]`.
-Writes two synthetic dumps (reference and a perturbed run; half the layers ReLU-like with 50%
-zeros, so the zero-collapse path is exercised) totalling --total-gb, then measures in one run:
-- floor: for every layer, h5py reads both tensors and numpy subtracts them (best of --repeat, warm cache);
-- suite: `analyze_paths` (open, align, every metric, findings, summary) in a child process, whose
-  peak RSS is read from the kernel (ru_maxrss); best time of --repeat children.
-Prints throughput ratio floor_time / suite_time (goal >= 0.5) and peak RSS against the goal of
-2 x the largest layer + 300 MB.
+Run by hand:  python tests/bench/bench_analyze.py [--case 200x1MB 10000x64 8x256MB 50000x64] [--rounds 3] [--dir /tmp]
+
+Method (see tests/bench/measure.py):
+- Two synthetic dumps (a cpu/high reference and a vulkan/low run = reference + 1e-3 noise; odd
+  layers ReLU-like with half zeros) are written with the project's own `DumpWriter` into a
+  temporary directory, removed at the end.
+- command: `python -m analyzer.cli ref.h5 run.h5 -o REPORT` in a child process, the whole command:
+  start-up, alignment, metrics, findings, tables, plots, HTML and results.json.
+- floor: a child Python that imports numpy and h5py and reads each layer of both dumps once,
+  computing max |run - ref| and the relative L2 error: the least any comparison tool must do.
+- Both are timed by CPU time (user + sys, from getrusage(RUSAGE_CHILDREN)) and peak RSS (the
+  child's ru_maxrss from wait4), alternately after one warm-up each; the ratio printed is the
+  median over rounds of command CPU / floor CPU.
+Targets (issue 19): CPU ratio <= 2 at 200 x 1 MB, <= 3 at 10,000 x 64 floats, <= 1.5 at 8 x 256 MB;
+peak RSS <= 2 x the largest layer + 300 MB in every case. 50,000 x 64 must run and stay in the RSS bound.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import resource
-import subprocess
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import h5py
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from analyzer.dumpfile import DumpWriter  # noqa: E402
+from tests.bench.measure import MiB, alternate, child_env, python, run_child, verdict  # noqa: E402
+
+# name -> (layers, float32 elements per layer, CPU ratio target or None for "must run")
+CASES = {
+    "200x1MB": (200, 1 << 18, 2.0),
+    "10000x64": (10_000, 64, 3.0),
+    "8x256MB": (8, 1 << 26, 1.5),
+    "50000x64": (50_000, 64, None),
+}
+
+FLOOR = """
+import sys
+import h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as a, h5py.File(sys.argv[2], "r") as b:
+    ta, tb = a["tensors"], b["tensors"]
+    worst = 0.0
+    for name in ta:
+        x = ta[name][()]
+        y = tb[name][()]
+        d = y - x
+        max_abs = float(np.abs(d).max())
+        rel_l2 = float(np.linalg.norm(d) / max(float(np.linalg.norm(x)), 1e-30))
+        worst = max(worst, rel_l2)
+print(worst)
+"""
 
 
-def make_dumps(folder: Path, total_bytes: int, layers: int) -> tuple[Path, Path, int]:
-    """Two dumps of `layers` float32 layers each; returns their paths and the layer size in bytes."""
-    per_layer = total_bytes // (2 * layers) // 4
+def make_dumps(folder: Path, layers: int, numel: int) -> tuple[Path, Path]:
+    """Two dumps of `layers` float32 layers of `numel` elements, a chain, written by DumpWriter."""
     rng = np.random.default_rng(0)
     paths = (folder / "ref.h5", folder / "run.h5")
-    writers = [DumpWriter(paths[0], {"backend_requested": "cpu", "precision_requested": "high"}),
-               DumpWriter(paths[1], {"backend_requested": "vulkan", "precision_requested": "low"})]
+    writers = [DumpWriter(paths[0], {"engine": "ncnn", "backend_requested": "cpu", "precision_requested": "high"}),
+               DumpWriter(paths[1], {"engine": "ncnn", "backend_requested": "vulkan", "precision_requested": "low"})]
     previous = "data"
     for i in range(layers):
-        ref = rng.standard_normal(per_layer, dtype=np.float32)
+        ref = rng.standard_normal(numel, dtype=np.float32)
         if i % 2:
-            np.maximum(ref, 0, out=ref)  # ReLU-like: half zeros
-        run = ref + rng.standard_normal(per_layer, dtype=np.float32) * np.float32(1e-3)
+            np.maximum(ref, 0, out=ref)
+        run = rng.standard_normal(numel, dtype=np.float32)
+        run *= np.float32(1e-3)
+        run += ref
         if i % 2:
             np.maximum(run, 0, out=run)
         meta = {"order": i, "op": f"block{i}/op", "op_type": "ReLU" if i % 2 else "Convolution",
@@ -52,67 +81,56 @@ def make_dumps(folder: Path, total_bytes: int, layers: int) -> tuple[Path, Path,
         del ref, run
     for w in writers:
         w.close()
-    return paths[0], paths[1], per_layer * 4
+    return paths
 
 
-def floor_seconds(ref: Path, run: Path) -> float:
-    """Read both tensors of every layer with h5py and subtract once: the least any comparison costs."""
-    start = time.perf_counter()
-    with h5py.File(ref, "r") as a, h5py.File(run, "r") as b:
-        for name in a["tensors"]:
-            x = a["tensors"][name][()]
-            y = b["tensors"][name][()]
-            d = y - x
-            del x, y, d
-    return time.perf_counter() - start
+def bench_case(name: str, rounds: int, folder: Path) -> dict:
+    layers, numel, target = CASES[name]
+    t0 = time.perf_counter()
+    ref, run = make_dumps(folder, layers, numel)
+    print(f"[{name}] dumps written in {time.perf_counter() - t0:.1f} s "
+          f"({(ref.stat().st_size + run.stat().st_size) / MiB:.0f} MiB)", flush=True)
+    env = child_env()
+    floor_script = folder / "floor.py"
+    floor_script.write_text(FLOOR)
+    counter = iter(range(10**6))
 
+    def analyze():
+        out = folder / f"report{next(counter)}"
+        usage = run_child(python("-m", "analyzer.cli", str(ref), str(run), "-o", str(out)), env=env)
+        shutil.rmtree(out, ignore_errors=True)
+        return usage
 
-SUITE = """
-import json, sys, time
-sys.path.insert(0, {repo!r})
-from analyzer.analysis import analyze_paths
-start = time.perf_counter()
-analysis = analyze_paths([{ref!r}, {run!r}])
-elapsed = time.perf_counter() - start
-layers = len(analysis.comparison.table)
-analysis.close()
-print(json.dumps({{"seconds": elapsed, "layers": layers}}))
-"""
+    def floor():
+        return run_child(python(str(floor_script), str(ref), str(run)), env=env)
 
-
-def suite_in_child(ref: Path, run: Path) -> tuple[float, int, int]:
-    """Run the suite in a fresh process so its peak RSS is the suite's own."""
-    code = SUITE.format(repo=str(REPO), ref=str(ref), run=str(run))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    return result["seconds"], max(peak_kb, before) * 1024, result["layers"]
+    result = alternate(floor, analyze, rounds if target is not None else 1, warmup=target is not None)
+    largest = numel * 4
+    rss_goal = 2 * largest + 300 * MiB
+    ratio = result.ratio("cpu")
+    peak = result.peak("command")
+    lines = [
+        f"[{name}] floor: {result.median('floor'):.2f} s CPU, peak {result.peak('floor') / MiB:.0f} MiB",
+        f"[{name}] analyze: {result.median('command'):.2f} s CPU ({result.median('command', 'wall'):.2f} s wall), "
+        f"peak {peak / MiB:.0f} MiB",
+        f"[{name}] CPU ratio analyze/floor (median of {len(result.floor)} alternating rounds): {ratio:.2f}"
+        + (f" (target <= {target}) -> {verdict(ratio <= target)}" if target is not None else " (target: runs)"),
+        f"[{name}] peak RSS {peak / MiB:.0f} MiB (target <= 2 x {largest / MiB:.3g} MiB + 300 MiB = "
+        f"{rss_goal / MiB:.0f} MiB) -> {verdict(peak <= rss_goal)}",
+    ]
+    print("\n".join(lines), flush=True)
+    return {"case": name, "ratio": ratio, "peak": peak, "rss_goal": rss_goal}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--total-gb", type=float, default=1.0)
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--dir", type=Path, default=None)
-    parser.add_argument("--repeat", type=int, default=3, help="best of N for both timings (shared machines are noisy)")
+    parser.add_argument("--case", nargs="+", choices=list(CASES), default=["200x1MB", "10000x64", "8x256MB"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=None, help="where the temporary dumps go (removed after)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        t0 = time.perf_counter()
-        ref, run, layer_bytes = make_dumps(Path(tmp), int(args.total_gb * 2**30), args.layers)
-        total = ref.stat().st_size + run.stat().st_size
-        print(f"dumps: 2 x {args.layers} layers, {total / 2**30:.2f} GiB total, largest layer "
-              f"{layer_bytes / 2**20:.0f} MiB (written in {time.perf_counter() - t0:.1f} s)")
-        floor_seconds(ref, run)  # warm the page cache
-        floor = min(floor_seconds(ref, run) for _ in range(args.repeat))
-        trials = [suite_in_child(ref, run) for _ in range(args.repeat)]
-        suite, peak, layers = min(t[0] for t in trials), max(t[1] for t in trials), trials[0][2]
-        goal_rss = 2 * layer_bytes + 300 * 2**20
-        print(f"floor (read both + subtract): {floor:.2f} s = {total / floor / 2**30:.2f} GiB/s")
-        print(f"full metric suite ({layers} layers): {suite:.2f} s = {total / suite / 2**30:.2f} GiB/s")
-        print(f"throughput ratio suite/floor: {floor / suite:.2f} (goal >= 0.5)")
-        print(f"peak RSS: {peak / 2**20:.0f} MiB (goal <= 2 x largest layer + 300 MiB = {goal_rss / 2**20:.0f} MiB)"
-              f" -> {'ok' if peak <= goal_rss else 'OVER'}")
+    for name in args.case:
+        with tempfile.TemporaryDirectory(dir=args.dir, prefix="layerdiff-bench-") as tmp:
+            bench_case(name, args.rounds, Path(tmp))
 
 
 if __name__ == "__main__":
