@@ -244,12 +244,49 @@ def _finish(s: _Sums, n: int) -> dict:
 def _quantiles(samples: list[np.ndarray]) -> tuple[float, float]:
     if not samples:
         return 0.0, 0.0
-    values = np.concatenate(samples)
+    values = samples[0] if len(samples) == 1 else np.concatenate(samples)
     if values.size == 0:
         return 0.0, 0.0
-    method = "linear" if np.isfinite(values.max()) else "higher"
-    median, p99 = np.quantile(values, [0.5, 0.99], method=method)
-    return float(median), float(p99)
+    n = values.size
+    finite = bool(np.isfinite(values.max()))
+    wanted = []
+    for q in (0.5, 0.99):  # numpy's "linear" (finite) or "higher" (an infinite |diff| present) ranks
+        index = q * (n - 1)
+        lo = math.floor(index)
+        wanted.append((lo, min(lo + 1, n - 1), index - lo) if finite else (math.ceil(index),) * 2 + (0.0,))
+    picked = _select(values, sorted({r for lo, hi, _ in wanted for r in (lo, hi)}))
+    return tuple(_lerp(picked[lo], picked[hi], t) for lo, hi, t in wanted)  # type: ignore[return-value]
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    return a if t == 0.0 or a == b else a + (b - a) * t
+
+
+def _select(values: np.ndarray, ranks: list[int]) -> dict[int, float]:
+    """The values of the given ranks (0-based, ascending order), exact.
+
+    |diff| is never negative, so a float32 value's bit pattern orders like an unsigned integer: a
+    histogram of the top 16 bits finds each rank's bucket, and only that bucket (typically well
+    under 1% of the tensor) is partitioned. Three to ten times faster than np.partition of the whole
+    sample, which was the costliest metric of a 1 MB layer.
+    """
+    if values.dtype != np.float32 or values.size < 4096 or bool(np.isnan(values).any()):
+        part = np.partition(values, ranks)
+        return {r: float(part[r]) for r in ranks}
+    top = values.view(np.uint32) >> 16
+    hist = np.bincount(top, minlength=1 << 16)
+    if int(hist.max()) > values.size // 4:  # one bucket holds most values (e.g. all zero): partition once
+        part = np.partition(values, ranks)
+        return {r: float(part[r]) for r in ranks}
+    cum = np.cumsum(hist)
+    out: dict[int, float] = {}
+    for bucket in sorted({int(np.searchsorted(cum, r, side="right")) for r in ranks}):
+        below = int(cum[bucket - 1]) if bucket else 0
+        inside = np.sort(values[top == bucket])
+        for r in ranks:
+            if below <= r < below + inside.size:
+                out[r] = float(inside[r - below])
+    return out
 
 
 def _ratio(num: float, den: float) -> float:

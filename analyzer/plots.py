@@ -4,6 +4,9 @@ Every function takes tidy data and returns PNG bytes; nothing touches pyplot's g
 figures can be drawn in any order (and in a server) without leaking into each other. Plots stay
 readable with many runs: past `MANY_RUNS` lines, runs of one configuration are drawn thin and their
 median bold, and tick labels give way to indices when there are too many layers to name.
+Plots scale with the model: past `MAX_POINTS` layers a line keeps the worst value of each of
+`MAX_POINTS` buckets (so the worst layers are always drawn) and the heatmap keeps the worst value
+per column bucket, so every figure is a fixed number of drawing objects whatever the layer count.
 """
 from __future__ import annotations
 
@@ -16,18 +19,31 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 STATUS_COLOURS = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828"}
 FLOOR = 1e-12  # where an exactly-zero error sits on a log axis
 MANY_RUNS = 10
 MAX_NAMED_LAYERS = 40
+MAX_POINTS = 1500  # per line; the heatmap's columns likewise
 FP16_MAX, FP16_MIN_NORMAL = 65504.0, 6.1e-5
 
 
 def _png(fig: Figure) -> bytes:
+    """PNG bytes; log axes get plain `1e-04` labels (matplotlib's default mathtext labels were half of
+    the drawing time) and PNG compression is light (the page embeds them; size matters less than time)."""
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log":
+                axis.set_major_formatter(FuncFormatter(_log_label))
+                axis.set_minor_formatter(NullFormatter())
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", pil_kwargs={"compress_level": 1})
     return buf.getvalue()
+
+
+def _log_label(value: float, _pos) -> str:
+    return f"{value:.0e}" if value > 0 else "0"
 
 
 def _layer_ticks(ax, keys: list[str]) -> None:
@@ -38,8 +54,36 @@ def _layer_ticks(ax, keys: list[str]) -> None:
         ax.set_xlabel("layer (execution order)")
 
 
+def worst_per_bucket(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) sorted by x, reduced to the largest y of each of `limit` equal x-ranges.
+
+    A line through 10,000 layers is wider than the figure in pixels anyway; keeping each bucket's
+    maximum (at its own x) means no spike, and so no failing layer, can disappear from the plot.
+    """
+    order = np.argsort(x, kind="stable")
+    x, y = np.asarray(x)[order], np.asarray(y, dtype=float)[order]
+    if x.size <= limit:
+        return x, y
+    span = float(x[-1] - x[0]) + 1.0
+    bucket = ((x - x[0]) * (limit / span)).astype(np.int64)
+    pick = np.lexsort((-np.nan_to_num(y, nan=-np.inf), bucket))
+    first = pick[np.r_[True, bucket[pick][1:] != bucket[pick][:-1]]]
+    first.sort()
+    return x[first], y[first]
+
+
 def error_by_layer(rows: pd.DataFrame, first: dict[str, str], metric: str = "rel_l2",
                    isolated: pd.DataFrame | None = None) -> bytes:
+    """Error vs depth, one line per run, the first divergence circled; NaN/Inf layers marked at the top.
+
+    `isolated` (columns run, key, isolated_<metric>) adds a triangle per isolated layer at the error
+    the layer makes alone, in its run's colour, so "broken here" and "inherited" read off the line.
+    """
+    return _png(error_by_layer_figure(rows, first, metric, isolated))
+
+
+def error_by_layer_figure(rows: pd.DataFrame, first: dict[str, str], metric: str = "rel_l2",
+                   isolated: pd.DataFrame | None = None) -> Figure:
     """Error vs depth, one line per run, the first divergence circled; NaN/Inf layers marked at the top.
 
     `isolated` (columns run, key, isolated_<metric>) adds a triangle per isolated layer at the error
@@ -48,25 +92,26 @@ def error_by_layer(rows: pd.DataFrame, first: dict[str, str], metric: str = "rel
     fig = Figure(figsize=(11, 4.8))
     ax = fig.subplots()
     keys = list(rows.groupby("key")["position"].min().sort_values().index)
-    x_of = {k: i for i, k in enumerate(keys)}
+    x_of = pd.Series(np.arange(len(keys)), index=keys)
     runs = list(dict.fromkeys(rows["run"]))
     many = len(runs) > MANY_RUNS
     top = max(_top_value(rows[metric]), _top_value(_isolated_values(isolated, metric)))
     colours = {}
-    for run in runs:
-        r = rows[rows["run"] == run].sort_values("position")
-        x = np.array([x_of[k] for k in r["key"]])
-        y = np.clip(r[metric].to_numpy(dtype=float), FLOOR, None)
-        bad = ~np.isfinite(y) | (r["n_nonfinite_mismatch"].fillna(0).to_numpy() > 0)
-        y = np.where(np.isfinite(y), y, top)
-        line, = ax.plot(x, y, lw=0.8 if many else 1.5, alpha=0.35 if many else 0.9, label=None if many else run)
+    for run, r in rows.groupby("run", sort=False):
+        x = x_of.reindex(r["key"]).to_numpy()
+        raw = r[metric].to_numpy(dtype=float)
+        y = np.where(np.isfinite(raw), np.clip(raw, FLOOR, None), top)
+        bad = ~np.isfinite(raw) | (r["n_nonfinite_mismatch"].fillna(0).to_numpy() > 0)
+        line, = ax.plot(*worst_per_bucket(x, y), lw=0.8 if many else 1.5, alpha=0.35 if many else 0.9,
+                        label=None if many else run)
         colours[run] = line.get_color()
         if bad.any():
-            ax.scatter(x[bad], np.full(bad.sum(), top), marker="x", color=line.get_color(), zorder=3)
-        if run in first and first[run] in x_of:
-            xi = x_of[first[run]]
-            yi = y[list(r["key"]).index(first[run])]
-            ax.scatter([xi], [yi], s=90, facecolors="none", edgecolors="#c62828", linewidths=2, zorder=4)
+            ax.scatter(x[bad], np.full(int(bad.sum()), top), marker="x", color=line.get_color(), zorder=3)
+        if run in first and first[run] in x_of.index:
+            hit = np.flatnonzero(r["key"].to_numpy() == first[run])
+            if hit.size:
+                ax.scatter([x_of[first[run]]], [y[hit[0]]], s=90, facecolors="none", edgecolors="#c62828",
+                           linewidths=2, zorder=4)
     if many:
         _median_lines(ax, rows, x_of, metric)
     shown = _isolated_markers(ax, isolated, metric, x_of, colours, top)
@@ -78,7 +123,7 @@ def error_by_layer(rows: pd.DataFrame, first: dict[str, str], metric: str = "rel
     ax.grid(True, which="major", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="upper left")
-    return _png(fig)
+    return fig
 
 
 def _isolated_values(isolated: pd.DataFrame | None, metric: str) -> pd.Series:
@@ -88,19 +133,20 @@ def _isolated_values(isolated: pd.DataFrame | None, metric: str) -> pd.Series:
     return isolated[column].astype(float)
 
 
-def _isolated_markers(ax, isolated: pd.DataFrame | None, metric: str, x_of: dict[str, int],
+def _isolated_markers(ax, isolated: pd.DataFrame | None, metric: str, x_of: pd.Series,
                       colours: dict[str, str], top: float) -> bool:
     """Triangles at each isolated layer's own error (at the top when it is NaN/Inf); True if any drawn."""
     values = _isolated_values(isolated, metric)
     if values.empty:
         return False
+    frame = isolated.assign(_value=values.to_numpy())
+    frame = frame[frame["key"].isin(x_of.index) & frame["run"].isin(list(colours)) & frame["_value"].notna()]
     drawn = False
-    for (_, row), value in zip(isolated.iterrows(), values):
-        if row["key"] not in x_of or row["run"] not in colours or np.isnan(value):
-            continue
-        y = max(value, FLOOR) if np.isfinite(value) else top
-        ax.scatter([x_of[row["key"]]], [y], marker="^", s=110, color=colours[row["run"]], edgecolors="black",
-                   linewidths=0.8, zorder=5, label=None if drawn else "isolated (reference's inputs)")
+    for run, part in frame.groupby("run", sort=False):
+        value = part["_value"].to_numpy(float)
+        y = np.where(np.isfinite(value), np.maximum(value, FLOOR), top)
+        ax.scatter(x_of.reindex(part["key"]).to_numpy(), y, marker="^", s=110, color=colours[run],
+                   edgecolors="black", linewidths=0.8, zorder=5, label=None if drawn else "isolated (reference's inputs)")
         drawn = True
     return drawn
 
@@ -110,45 +156,91 @@ def _top_value(values: pd.Series) -> float:
     return float(max(finite.max() * 10, 1.0)) if len(finite) else 1.0
 
 
-def _median_lines(ax, rows: pd.DataFrame, x_of: dict[str, int], metric: str) -> None:
+def _median_lines(ax, rows: pd.DataFrame, x_of: pd.Series, metric: str) -> None:
     """With many runs: one bold median line per configuration (runs are labelled `config input`)."""
     config = rows["run"].str.rsplit(" ", n=1).str[0] if "config" not in rows else rows["config"]
     for name, part in rows.assign(_config=config).groupby("_config"):
         med = part.groupby("key")[metric].median()
-        keys = sorted(med.index, key=x_of.get)
-        ax.plot([x_of[k] for k in keys], np.clip(med[keys].to_numpy(float), FLOOR, None), lw=2.2, label=f"{name} (median)")
+        x, y = worst_per_bucket(x_of.reindex(med.index).to_numpy(), np.clip(med.to_numpy(float), FLOOR, None))
+        ax.plot(x, y, lw=2.2, label=f"{name} (median)")
 
 
 def heatmap(matrix: pd.DataFrame, title: str = "rel L2 error, runs x layers") -> bytes:
-    """Runs x layers of a metric on a log colour scale; grey where a layer was not compared."""
+    """Runs x layers of a metric on a log colour scale; grey where a layer was not compared.
+
+    Equal layers are white and the largest errors the darkest red, so the eye goes to what is
+    broken; past `MAX_POINTS` layers each column shows the worst of its bucket of layers.
+    """
+    return _png(heatmap_figure(matrix, title))
+
+
+def heatmap_figure(matrix: pd.DataFrame, title: str = "rel L2 error, runs x layers") -> Figure:
+    """Runs x layers of a metric on a log colour scale; grey where a layer was not compared.
+
+    Equal layers are white and the largest errors the darkest red, so the eye goes to what is
+    broken; past `MAX_POINTS` layers each column shows the worst of its bucket of layers.
+    """
     values = matrix.to_numpy(dtype=float)
-    values = np.where(np.isfinite(values), np.clip(values, FLOOR, None), np.nan)
+    values = np.where(np.isfinite(values), np.clip(values, FLOOR, None),
+                      np.where(np.isnan(values), np.nan, np.inf))
+    keys = list(matrix.columns)
+    if values.shape[1] > MAX_POINTS:
+        values, keys = _worst_columns(values), []
+    finite = values[np.isfinite(values)]
+    top = float(finite.max()) * 10 if finite.size else 1.0
+    values = np.where(np.isposinf(values), max(top, FLOOR * 10), values)
     height = min(2 + 0.28 * len(matrix.index), 14)
     fig = Figure(figsize=(11, height))
     ax = fig.subplots()
     ax.set_facecolor("#cccccc")
-    finite = values[np.isfinite(values)]
-    norm = LogNorm(vmin=max(finite.min(), FLOOR), vmax=max(finite.max(), FLOOR * 10)) if finite.size else None
-    image = ax.imshow(values, aspect="auto", cmap="magma_r", norm=norm, interpolation="nearest")
+    shown = values[np.isfinite(values)]
+    norm = LogNorm(vmin=max(shown.min(), FLOOR), vmax=max(shown.max(), shown.min() * 10, FLOOR * 10)) if shown.size else None
+    image = ax.imshow(values, aspect="auto", cmap="Reds", norm=norm, interpolation="nearest")
     ax.set_yticks(range(len(matrix.index)))
     ax.set_yticklabels(matrix.index, fontsize=7 if len(matrix.index) > 20 else 9)
-    _layer_ticks(ax, list(matrix.columns))
-    ax.set_title(title)
+    if keys:
+        _layer_ticks(ax, keys)
+    else:
+        ax.set_xlabel(f"layer buckets (execution order, worst of {matrix.shape[1] / values.shape[1]:.0f} layers each)")
+    ax.set_title(title + " (white: equal, dark red: largest; grey: not compared)")
     fig.colorbar(image, ax=ax, fraction=0.03)
-    return _png(fig)
+    return fig
+
+
+def _worst_columns(values: np.ndarray, limit: int = MAX_POINTS) -> np.ndarray:
+    """Columns merged in `limit` buckets keeping each row's worst value (NaN only if all are NaN)."""
+    edges = np.linspace(0, values.shape[1], limit + 1).astype(np.int64)
+    filled = np.where(np.isnan(values), -np.inf, values)
+    worst = np.maximum.reduceat(filled, edges[:-1], axis=1)
+    return np.where(np.isneginf(worst), np.nan, worst)
 
 
 def value_range(ranges: dict[str, pd.DataFrame]) -> bytes:
-    """Each layer's largest |value| per run against fp16's limits, plus the reference's underflow share."""
+    """Each layer's largest |value| per run against fp16's limits, plus the reference's underflow share.
+
+    Every run is drawn in the reference's layer order (sorted by its x), so a run that executes
+    layers in another order does not zig-zag.
+    """
+    return _png(value_range_figure(ranges))
+
+
+def value_range_figure(ranges: dict[str, pd.DataFrame]) -> Figure:
+    """Each layer's largest |value| per run against fp16's limits, plus the reference's underflow share.
+
+    Every run is drawn in the reference's layer order (sorted by its x), so a run that executes
+    layers in another order does not zig-zag.
+    """
     fig = Figure(figsize=(11, 6))
     ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     reference_keys = list(next(iter(ranges.values()))["key"])
-    x_of = {k: i for i, k in enumerate(reference_keys)}
+    x_of = pd.Series(np.arange(len(reference_keys)), index=reference_keys)
+    x_of = x_of[~x_of.index.duplicated()]
     for label, layers in ranges.items():
         peak = np.maximum(layers["min"].abs(), layers["max"].abs()).to_numpy(float)
-        x = np.array([x_of.get(k, -1) for k in layers["key"]])
-        keep = x >= 0
-        ax.plot(x[keep], np.clip(peak[keep], FLOOR, None), marker=".", lw=1.2, label=label)
+        x = x_of.reindex(layers["key"]).to_numpy()
+        keep = ~np.isnan(x)
+        xs, ys = worst_per_bucket(x[keep].astype(np.int64), np.clip(peak[keep], FLOOR, None))
+        ax.plot(xs, ys, marker="." if len(xs) <= 200 else None, lw=1.2, label=label)
     ax.axhline(FP16_MAX, color="#c62828", ls="--", lw=1, label="fp16 max 65504")
     ax.axhline(FP16_MIN_NORMAL, color="#1565c0", ls=":", lw=1, label="fp16 smallest normal 6.1e-5")
     ax.set_yscale("log")
@@ -157,19 +249,20 @@ def value_range(ranges: dict[str, pd.DataFrame]) -> bytes:
     ax.legend(fontsize=8, loc="best")
     ref = next(iter(ranges.values()))
     share = (ref["n_fp16_underflow"] / ref["numel"].clip(lower=1)).to_numpy(float)
-    ax2.bar(range(len(share)), share, color="#1565c0")
+    xs, ys = worst_per_bucket(np.arange(len(share)), share)
+    ax2.fill_between(xs, ys, step="mid", color="#1565c0", alpha=0.8, lw=0)
     ax2.set_ylabel("share in\n(0, 6.1e-5)")
     ax2.set_ylim(0, max(0.05, float(share.max()) * 1.1 if share.size else 0.05))
     _layer_ticks(ax2, reference_keys)
-    return _png(fig)
+    return fig
 
 
-def failure_layer(ref: np.ndarray, run: np.ndarray, title: str, max_points: int = 20000) -> bytes:
-    """Histogram of run - ref and a ref-vs-run scatter for one layer (sampled when large)."""
-    a, b = ref.reshape(-1).astype(np.float64), run.reshape(-1).astype(np.float64)
-    if a.size > max_points:
-        pick = np.random.default_rng(0).choice(a.size, max_points, replace=False)
-        a, b = a[pick], b[pick]
+def failure_layer(ref: np.ndarray, run: np.ndarray, title: str) -> bytes:
+    """Histogram of run - ref and a ref-vs-run scatter for one layer.
+
+    `ref` and `run` are flat samples taken at the same positions (`DumpFile.sample`), never whole
+    large layers."""
+    a, b = np.asarray(ref, dtype=np.float64).reshape(-1), np.asarray(run, dtype=np.float64).reshape(-1)
     fig = Figure(figsize=(11, 4.2))
     ax1, ax2 = fig.subplots(1, 2)
     diff = b - a
@@ -179,7 +272,7 @@ def failure_layer(ref: np.ndarray, run: np.ndarray, title: str, max_points: int 
     ax1.set_ylabel("elements (log)")
     ax1.set_title(f"difference histogram ({diff.size - finite.size} non-finite)")
     both = np.isfinite(a) & np.isfinite(b)
-    ax2.scatter(a[both], b[both], s=2, alpha=0.4, color="#00838f")
+    ax2.scatter(a[both], b[both], s=2, alpha=0.4, color="#00838f", rasterized=True)
     if both.any():
         lo, hi = float(min(a[both].min(), b[both].min())), float(max(a[both].max(), b[both].max()))
         ax2.plot([lo, hi], [lo, hi], color="#c62828", lw=1)

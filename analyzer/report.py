@@ -98,8 +98,14 @@ def _ranges(analysis: Analysis) -> dict[str, pd.DataFrame]:
     return chosen
 
 
+FOCUS_POINTS = 20000
+
+
 def _failure_focus(analysis: Analysis) -> bytes | None:
-    """Histogram + scatter for the first failure source (else first divergence), re-read from disk."""
+    """Histogram + scatter for the first failure source (else first divergence), sampled from disk.
+
+    Only `FOCUS_POINTS` elements of each tensor are read (`DumpFile.sample`), at the same flat
+    positions in both, so a 256 MB layer costs a few hundred short reads, not a float64 copy."""
     finding = next((f for kind in ("failure_source", "first_divergence") for f in analysis.findings
                     if f.kind == kind), None)
     if finding is None:
@@ -109,10 +115,15 @@ def _failure_focus(analysis: Analysis) -> bytes | None:
                 & (table["comparison"] == "reference")]
     if row.empty:
         return None
-    pair = analysis.comparison.plan.pairs[int(row.iloc[0]["pair"])]
+    index = int(row.iloc[0]["pair"])
+    pair = analysis.comparison.plan.pairs[index]
+    matched = analysis.comparison.alignments[index].matched
+    hit = matched[matched["key"] == finding.layer]
+    if hit.empty:
+        return None
     try:
-        ref = pair.base.dump.tensor_by_key(finding.layer)
-        run = pair.other.dump.tensor_by_key(str(row.iloc[0]["run_key"]))
+        ref = pair.base.dump.sample(int(hit.iloc[0]["base_order"]), FOCUS_POINTS)
+        run = pair.other.dump.sample(int(hit.iloc[0]["other_order"]), FOCUS_POINTS)
     except Exception:  # a plot is never worth failing the report for
         return None
     if ref.size != run.size:

@@ -8,7 +8,7 @@ pays for the fp16 range counts when its min/max say they can be non-zero.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -35,7 +35,10 @@ class TensorStats:
     n_fp16_saturated: int = 0
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {name: getattr(self, name) for name in _FIELDS}
+
+
+_FIELDS = tuple(f.name for f in fields(TensorStats))  # as_dict without asdict's deep copies
 
 
 class _Accumulator:
