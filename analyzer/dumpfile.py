@@ -18,6 +18,8 @@ import numpy as np
 
 from analyzer import __version__
 from analyzer.errors import DumpFormatError
+from analyzer.h5guard import local_dataset, local_group
+from analyzer.limits import check_tensor_bytes, checked_numel, human_bytes
 from analyzer.tensorstats import TensorStats, tensor_stats
 
 if TYPE_CHECKING:  # pandas costs ~0.5 s to import: engine children write dumps without it
@@ -25,7 +27,6 @@ if TYPE_CHECKING:  # pandas costs ~0.5 s to import: engine children write dumps 
 
 FORMAT_NAME = "dump"
 FORMAT_VERSION = 1
-MAX_TENSOR_BYTES = int(os.environ.get("LAYERDIFF_MAX_TENSOR_BYTES", str(8 << 30)))
 
 _STR = h5py.string_dtype("utf-8")
 LAYER_COLUMNS: list[tuple[str, Any]] = [
@@ -300,8 +301,11 @@ class DumpFile:
                 f"{self.path}: dump format version {version} is newer than this layerdiff reads "
                 f"({FORMAT_VERSION}); upgrade layerdiff"
             )
-        if not isinstance(self._file.get("layers"), h5py.Dataset) or not isinstance(self._file.get("tensors"), h5py.Group):
+        layers = local_dataset(self._file, "layers", self.path, "/layers")
+        self._tensors = local_group(self._file, "tensors", self.path, "/tensors")
+        if layers is None or self._tensors is None:
             raise DumpFormatError(f"{self.path}: dump lacks its /layers table or /tensors group (file truncated?)")
+        self._bounded(layers, "/layers")
 
     @property
     def attrs(self) -> dict[str, Any]:
@@ -329,6 +333,8 @@ class DumpFile:
         """The per-tensor table (one row per tensor, execution order), strings decoded."""
         if self._layers is None:
             self._layers = _read_layers(self._file["layers"], self.path)
+            for order, shape in zip(self._layers["order"], self._layers["shape"]):
+                _check_shape_cell(shape, f"{self.path}: /layers row {order}")
         return self._layers
 
     def tensor(self, order: int, buffer: "TensorBuffer | None" = None) -> np.ndarray:
@@ -391,17 +397,21 @@ class DumpFile:
 
     def _dataset(self, order: int) -> h5py.Dataset:
         name = str(int(order))
-        if name not in self._file["tensors"]:
+        where = f"/tensors/{name}"
+        if self._tensors.get(name, getlink=True) is None:
             raise DumpFormatError(f"{self.path}: tensor {order} is listed but missing from /tensors")
-        ds = self._file["tensors"][name]
-        if not isinstance(ds, h5py.Dataset) or ds.dtype.kind not in "fiub":
+        ds = local_dataset(self._tensors, name, self.path, where)
+        if ds is None or ds.dtype.kind not in "fiub":
             raise DumpFormatError(f"{self.path}: tensor {order} is not a numeric dataset")
-        nbytes = int(np.prod(ds.shape, dtype=np.float64)) * ds.dtype.itemsize
-        if nbytes > MAX_TENSOR_BYTES or _implausibly_sparse(ds, nbytes):
+        return self._bounded(ds, f"{where} (layer {_as_str(ds.attrs.get('key', name))})")
+
+    def _bounded(self, ds: h5py.Dataset, where: str) -> h5py.Dataset:
+        """`ds`, once its declared size is known to fit the limit and the bytes the file stores."""
+        nbytes = check_tensor_bytes(ds.shape, ds.dtype.itemsize, f"{self.path}: {where} {tuple(ds.shape)}")
+        if _implausibly_sparse(ds, nbytes):
             raise DumpFormatError(
-                f"{self.path}: layer {ds.attrs.get('key', name)!s} declares shape {tuple(ds.shape)} "
-                f"({nbytes / 2**30:.1f} GiB), over the {MAX_TENSOR_BYTES / 2**30:.0f} GiB limit "
-                "(set LAYERDIFF_MAX_TENSOR_BYTES to allow it)"
+                f"{self.path}: {where} declares {human_bytes(nbytes)} but stores only "
+                f"{human_bytes(ds.id.get_storage_size())} (truncated or crafted file)"
             )
         return ds
 
@@ -412,16 +422,49 @@ class DumpFile:
         return self.tensor(int(self.layers.loc[rows[0], "order"]))
 
     def inputs(self) -> Iterator[tuple[str, np.ndarray]]:
-        group = self._file.get("inputs")
+        """The model inputs the run was fed (checked like tensors: local, numeric, bounded)."""
+        group = local_group(self._file, "inputs", self.path, "/inputs")
         if group is None:
             return
-        for name in sorted(group, key=int):
-            ds = group[name]
-            yield _as_str(ds.attrs.get("name", name)), ds[()]
+        for name in sorted(group, key=_input_order):
+            where = f"/inputs/{name}"
+            ds = local_dataset(group, name, self.path, where)
+            if ds is None or ds.dtype.kind not in "fiub":
+                raise DumpFormatError(f"{self.path}: {where} is not a numeric dataset")
+            self._bounded(ds, where)
+            try:
+                yield _as_str(ds.attrs.get("name", name)), ds[()]
+            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
+                raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
 
     def stderr(self) -> str:
-        ds = self._file.get("log/stderr")
-        return "" if ds is None else _as_str(ds[()])
+        group = local_group(self._file, "log", self.path, "/log")
+        ds = None if group is None else local_dataset(group, "stderr", self.path, "/log/stderr")
+        if ds is None:
+            return ""
+        if ds.shape != () or ds.dtype.kind not in "OSU" or ds.id.get_storage_size() > MAX_LOG_BYTES:
+            raise DumpFormatError(f"{self.path}: /log/stderr is not a text of at most {human_bytes(MAX_LOG_BYTES)}")
+        try:
+            return _as_str(ds[()])
+        except (OSError, RuntimeError, ValueError, TypeError) as err:
+            raise DumpFormatError(f"{self.path}: /log/stderr is unreadable ({_short(err)})") from None
+
+
+MAX_LOG_BYTES = 64 << 20
+
+
+def _input_order(name: str) -> tuple[int, str]:
+    return (int(name), "") if name.isdigit() else (1 << 62, name)
+
+
+def _check_shape_cell(cell: str, where: str) -> None:
+    try:
+        shape = json.loads(cell)
+    except ValueError:
+        raise DumpFormatError(f"{where}: shape {cell[:40]!r} is not a JSON list") from None
+    if not isinstance(shape, list):
+        raise DumpFormatError(f"{where}: shape {cell[:40]!r} is not a JSON list")
+    checked_numel(shape, where)
 
 
 class _FastReader:

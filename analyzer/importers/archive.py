@@ -6,7 +6,6 @@ are symbolic links, are refused before anything is written. Sizes are counted wh
 """
 from __future__ import annotations
 
-import os
 import shutil
 import stat
 import zipfile
@@ -14,9 +13,9 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from analyzer.errors import DumpFormatError
+from analyzer.limits import MAX_EXTRACT_BYTES
 
 MAX_MEMBERS = 200_000
-MAX_EXTRACT_BYTES = int(os.environ.get("LAYERDIFF_MAX_EXTRACT_BYTES", str(32 << 30)))
 _BLOCK = 1 << 20
 
 

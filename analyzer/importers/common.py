@@ -8,7 +8,6 @@ that layer (recorded in `problems` and in the file's provenance); a problem with
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +15,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from analyzer.dumpfile import MAX_TENSOR_BYTES, ROOT_DEFAULTS, DumpWriter
+from analyzer.dumpfile import ROOT_DEFAULTS, DumpWriter
 from analyzer.errors import DumpFormatError, LayerdiffError
+from analyzer.limits import MAX_TENSOR_BYTES, check_tensor_bytes, env_bytes
 
-MAX_JSON_BYTES = int(os.environ.get("LAYERDIFF_MAX_JSON_BYTES", str(4 << 30)))
-MAX_TEXT_BYTES = int(os.environ.get("LAYERDIFF_MAX_TEXT_BYTES", str(4 * MAX_TENSOR_BYTES)))
+MAX_TEXT_BYTES = env_bytes("LAYERDIFF_MAX_TEXT_BYTES", 4 * MAX_TENSOR_BYTES)
 MAX_LAYERS = 1_000_000
 MAX_DIM = 1 << 40  # bound on the product of non-zero dims: keeps even empty arrays' shapes within numpy's range
 RESERVED_ATTRS = {"layerdiff_format", "format_version", "tool_version", "created", "provenance"}
@@ -77,12 +76,7 @@ def check_declared_size(shape: tuple[int, ...], itemsize: int, available: int, w
     if any((not isinstance(d, int)) or d < 0 for d in shape) or math.prod(max(d, 1) for d in shape) > MAX_DIM:
         raise DumpFormatError(f"{where}: invalid shape {list(shape)[:8]}")
     numel = math.prod(shape)
-    nbytes = numel * itemsize
-    if nbytes > MAX_TENSOR_BYTES:
-        raise DumpFormatError(
-            f"{where}: declares {numel} elements ({nbytes / 2**30:.1f} GiB), over the "
-            f"{MAX_TENSOR_BYTES / 2**30:.0f} GiB limit (set LAYERDIFF_MAX_TENSOR_BYTES to allow it)"
-        )
+    nbytes = check_tensor_bytes(shape, itemsize, where)
     if nbytes > available:
         raise DumpFormatError(f"{where}: declares {numel} elements ({nbytes} bytes) but only {available} bytes follow (truncated?)")
     return nbytes

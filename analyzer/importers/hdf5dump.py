@@ -12,8 +12,10 @@ from typing import Any
 import h5py
 import numpy as np
 
-from analyzer.dumpfile import MAX_TENSOR_BYTES, DumpFile
+from analyzer.dumpfile import DumpFile
 from analyzer.errors import DumpFormatError
+from analyzer.h5guard import check_whole_file
+from analyzer.limits import check_tensor_bytes, human_bytes
 from analyzer.importers.common import ForeignDump, Layer
 
 H5_FORMAT = "layerdiff-h5"
@@ -33,32 +35,27 @@ def detect_h5(path: Path) -> bool:
 
 
 def validate_h5(path: Path) -> None:
-    """Refuse an HDF5 dump whose datasets declare more data than the file stores."""
+    """Refuse an HDF5 dump that points outside itself or whose datasets declare more than it stores.
+
+    Every dataset counts, wherever it is (/layers, /tensors, /inputs, /log and anything else)."""
     try:
         with h5py.File(path, "r") as fh:
-            for name in ("layers",):
-                if isinstance(fh.get(name), h5py.Dataset):
-                    _check_dataset(fh[name], path, f"/{name}")
-            group = fh.get("tensors")
-            if isinstance(group, h5py.Group):
-                for key in group:
-                    item = group.get(key)
-                    if isinstance(item, h5py.Dataset):
-                        _check_dataset(item, path, f"/tensors/{key}")
+            check_whole_file(fh, path)
+            datasets: list[tuple[str, h5py.Dataset]] = []
+            fh.visititems(lambda name, item: datasets.append((name, item)) if isinstance(item, h5py.Dataset) else None)
+            for name, ds in datasets:
+                _check_dataset(ds, path, f"/{name}")
     except H5_ERRORS as err:
         raise DumpFormatError(f"{path}: not a readable HDF5 file ({_short(err)})") from None
 
 
 def _check_dataset(ds: h5py.Dataset, path: Path, where: str) -> None:
-    numel = int(np.prod(ds.shape, dtype=np.float64)) if ds.shape else 1
-    nbytes = numel * ds.dtype.itemsize
-    if nbytes > MAX_TENSOR_BYTES:
-        raise DumpFormatError(f"{path}: {where} declares {nbytes} bytes, over the {MAX_TENSOR_BYTES} byte limit")
+    nbytes = check_tensor_bytes(ds.shape, ds.dtype.itemsize, f"{path}: {where}")
     stored = ds.id.get_storage_size()
     filtered = bool(ds.compression) or bool(ds.id.get_create_plist().get_nfilters())
     limit = stored * MAX_COMPRESSION_RATIO + _SLACK if filtered else stored + (0 if ds.chunks else _SLACK)
     if nbytes > limit and not _is_compact_or_fill(ds, nbytes):
-        raise DumpFormatError(f"{path}: {where} declares {nbytes} bytes but stores {stored} (truncated or crafted file)")
+        raise DumpFormatError(f"{path}: {where} declares {human_bytes(nbytes)} but stores {human_bytes(stored)} (truncated or crafted file)")
 
 
 def _is_compact_or_fill(ds: h5py.Dataset, nbytes: int) -> bool:

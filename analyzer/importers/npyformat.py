@@ -37,8 +37,7 @@ def read_npy(stream: BinaryIO, total_bytes: int, where: str) -> np.ndarray:
     checked_array(np.empty(0, dtype=dtype), where)  # refuse string/complex/structured before reading
     available = total_bytes - stream.tell()
     nbytes = check_declared_size(tuple(shape), dtype.itemsize, available, where)
-    data = _read_exactly(stream, nbytes, where)
-    array = np.frombuffer(data, dtype=dtype)
+    array = _read_exactly(stream, nbytes, where).view(dtype)
     if fortran:
         return array.reshape(shape[::-1]).transpose()
     return array.reshape(shape)
@@ -48,16 +47,18 @@ def read_npy_bytes(data: bytes, where: str) -> np.ndarray:
     return read_npy(io.BytesIO(data), len(data), where)
 
 
-def _read_exactly(stream: BinaryIO, nbytes: int, where: str) -> bytes:
-    chunks = []
-    remaining = nbytes
-    while remaining:
-        block = stream.read(min(remaining, 1 << 24))
+def _read_exactly(stream: BinaryIO, nbytes: int, where: str) -> np.ndarray:
+    """Exactly `nbytes` into one buffer allocated once (peak memory = the tensor, not twice it)."""
+    out = np.empty(nbytes, dtype=np.uint8)
+    view = memoryview(out)
+    done = 0
+    while done < nbytes:
+        block = stream.read(min(nbytes - done, 1 << 24))
         if not block:
-            raise DumpFormatError(f"{where}: data ends {remaining} bytes early (truncated file)")
-        chunks.append(block)
-        remaining -= len(block)
-    return b"".join(chunks)
+            raise DumpFormatError(f"{where}: data ends {nbytes - done} bytes early (truncated file)")
+        view[done:done + len(block)] = block
+        done += len(block)
+    return out
 
 
 def _first_line(err: BaseException) -> str:

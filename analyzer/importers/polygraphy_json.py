@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from analyzer.errors import DumpFormatError
-from analyzer.importers.common import MAX_JSON_BYTES, ForeignDump, Layer
+from analyzer.importers.common import ForeignDump, Layer
 from analyzer.importers.npyformat import read_npy, read_npy_bytes
+from analyzer.limits import MAX_JSON_BYTES
 
 POLYGRAPHY_FORMAT = "polygraphy-json"
 TYPE_MARKER = "polygraphy_class"
