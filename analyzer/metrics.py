@@ -87,6 +87,11 @@ class PairKernel:
                 s, clean = _Sums(x.size), False
                 options.norms_per_chunk = True
                 self._stream(s, x, y, work, scratch, clean, options, same_dtype)
+            if work == np.float32 and not all(math.isfinite(v) for v in (s.dd, s.aa, s.bb)):
+                # finite values near float32's max (3e38) overflow float32 sums: redo them in float64
+                s, options.norms_per_chunk = _Sums(x.size), True
+                scratch = [np.empty(CHUNK, np.float64) for _ in range(3)]
+                self._stream(s, x, y, np.float64, scratch, clean, options, False)
         if not options.norms_per_chunk:
             s.aa, s.bb = _sum_squares(ref_stats, x.size), _sum_squares(run_stats, y.size)
         result = _finish(s, x.size)
@@ -308,9 +313,11 @@ def _sqnr(aa: float, dd: float) -> float:
     """Signal-to-quantization-noise ratio in dB: 10 log10(|ref|^2 / |run - ref|^2)."""
     if dd == 0.0:
         return math.inf
-    if aa == 0.0:
-        return -math.inf
-    return 10.0 * math.log10(aa / dd)
+    if aa == 0.0 or math.isinf(dd):
+        return -math.inf if math.isfinite(aa) else math.nan
+    if math.isinf(aa):
+        return math.inf
+    return 10.0 * (math.log10(aa) - math.log10(dd)) if aa / dd == 0.0 else 10.0 * math.log10(aa / dd)
 
 
 def topk_agreement(ref: np.ndarray, run: np.ndarray) -> tuple[float, float]:

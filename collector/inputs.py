@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from analyzer.errors import LayerdiffError
-from collector.preprocess import IMAGE_SUFFIXES, Preprocess, default_for, load_image
+from collector.preprocess import IMAGE_SUFFIXES, Preprocess, default_for, image_pixel_limit, load_image
 
 _RANDOM = re.compile(r"^random(?::(\d+))?$")
 _PAIR = re.compile(r"^([A-Za-z_][\w./:-]*)=(.+)$")
@@ -140,7 +140,7 @@ def _load_file(path: Path, shape: tuple[int, ...], preprocess: Preprocess | None
     suffix = path.suffix.lower()
     if suffix in IMAGE_SUFFIXES:
         recipe = preprocess or default_for(shape)
-        return load_image(path, recipe), recipe.as_dict()
+        return load_image(path, recipe, image_pixel_limit(shape)), recipe.as_dict()
     if suffix == ".npy":
         return _load_npy(path), {}
     raise LayerdiffError(f"{path}: unsupported input type; use .npy, .npz, an image or random[:SEED]")

@@ -9,7 +9,11 @@ or the same keys in a JSON/TOML file. Order of operations: decode → color → 
 from __future__ import annotations
 
 import json
+import math
+import os
 import tomllib
+import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -20,6 +24,10 @@ from analyzer.errors import LayerdiffError
 
 KEYS = ("resize", "crop", "color", "mean", "std", "scale", "layout")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
+# Photos up to 64 megapixels always decode; beyond that an image may be up to 256 model inputs large.
+MIN_IMAGE_PIXELS = 64 << 20
+MODEL_INPUTS_PER_IMAGE = 256
+PIXELS_ENV = "LAYERDIFF_MAX_IMAGE_PIXELS"
 
 
 @dataclass
@@ -96,8 +104,8 @@ def _from_mapping(data: dict, where: str) -> Preprocess:
         if "std" in data:
             p.std = _floats(data["std"])
         if "scale" in data:
-            p.scale = float(Fraction(str(data["scale"]).strip()))
-    except (ValueError, ZeroDivisionError) as err:
+            p.scale = _number(data["scale"], "scale")
+    except ValueError as err:
         raise LayerdiffError(f"{where}: {err}") from None
     if any(s == 0 for s in p.std):
         raise LayerdiffError(f"{where}: std must not be 0")
@@ -109,9 +117,12 @@ def _size(value) -> tuple[int, int]:
     parts = text.lower().split("x")
     if len(parts) == 1:
         parts = parts * 2
-    width, height = (int(v) for v in parts)
+    try:
+        width, height = (int(v) for v in parts)
+    except ValueError:
+        raise ValueError(f"resize={text!r} is not WIDTHxHEIGHT, like 224x224") from None
     if width <= 0 or height <= 0:
-        raise ValueError(f"resize {text!r} must be positive, like 224x224")
+        raise ValueError(f"resize={text!r} must be positive, like 224x224")
     return width, height
 
 
@@ -124,7 +135,34 @@ def _choice(value, allowed: tuple[str, ...], key: str) -> str:
 
 def _floats(value) -> tuple[float, ...]:
     items = value if isinstance(value, (list, tuple)) else [value]
-    return tuple(float(Fraction(str(v).strip())) for v in items)
+    return tuple(_number(v, "mean/std") for v in items)
+
+
+def _number(value, key: str) -> float:
+    """A finite number written as a decimal or a fraction (`1/255`)."""
+    text = str(value).strip()
+    try:
+        number = float(Fraction(text))
+    except (ValueError, ZeroDivisionError, OverflowError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise ValueError(f"{key}={text!r} is not a finite number; write e.g. 0.5 or 1/255")
+    return number
+
+
+def image_pixel_limit(shape: tuple[int, ...]) -> int:
+    """Largest image (decoded or resized, in pixels) read for a model input of `shape`.
+
+    Derived from the input so a typo like resize=50000x50000 cannot take the machine's memory;
+    LAYERDIFF_MAX_IMAGE_PIXELS overrides it."""
+    raw = os.environ.get(PIXELS_ENV, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) <= 0:
+            raise LayerdiffError(f"{PIXELS_ENV}={raw!r}: expected a positive pixel count, e.g. 100000000")
+        return int(raw)
+    dims = [d for d in shape[-3:] if d > 3] if len(shape) >= 3 else []
+    model_pixels = math.prod(dims[-2:]) if len(dims) >= 2 else 0
+    return max(MIN_IMAGE_PIXELS, MODEL_INPUTS_PER_IMAGE * model_pixels)
 
 
 def default_for(shape: tuple[int, ...]) -> Preprocess:
@@ -136,16 +174,25 @@ def default_for(shape: tuple[int, ...]) -> Preprocess:
     raise LayerdiffError(f"model input shape {list(shape)} is not an image; pass a .npy instead")
 
 
-def load_image(path: Path, recipe: Preprocess) -> np.ndarray:
-    """Decode and prepare one image; the array returned is exactly what the model is fed."""
+def load_image(path: Path, recipe: Preprocess, max_pixels: int = MIN_IMAGE_PIXELS) -> np.ndarray:
+    """Decode and prepare one image; the array returned is exactly what the model is fed.
+
+    Sizes are checked against `max_pixels` before anything is decoded or resized."""
     from PIL import Image, UnidentifiedImageError
 
+    if recipe.resize:
+        _check_pixels(path, "resize target", *recipe.resize, max_pixels)
     try:
-        with Image.open(path) as img:
-            img = img.convert("L" if recipe.color == "gray" else "RGB")
-            if recipe.resize:
-                img = _resize(img, recipe)
-            pixels = np.asarray(img, dtype=np.float32)
+        with warnings.catch_warnings(), _pillow_limit(Image, max_pixels):
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                _check_pixels(path, "image", img.width, img.height, max_pixels)
+                img = img.convert("L" if recipe.color == "gray" else "RGB")
+                if recipe.resize:
+                    img = _resize(img, recipe, path, max_pixels)
+                pixels = np.asarray(img, dtype=np.float32)
+    except Image.DecompressionBombError as err:
+        raise LayerdiffError(f"{path}: refused as a decompression bomb ({err}); set {PIXELS_ENV} if it is genuine") from None
     except (UnidentifiedImageError, OSError, ValueError) as err:
         raise LayerdiffError(f"{path}: cannot read this image ({type(err).__name__}: {err})") from None
     if pixels.ndim == 2:
@@ -159,13 +206,34 @@ def load_image(path: Path, recipe: Preprocess) -> np.ndarray:
     return np.ascontiguousarray(pixels[None], dtype=np.float32)
 
 
-def _resize(img, recipe: Preprocess):
+@contextmanager
+def _pillow_limit(image_module, max_pixels: int):
+    """Pillow's own bomb check, at our limit for the length of one decode (it errs at twice its value)."""
+    saved = image_module.MAX_IMAGE_PIXELS
+    image_module.MAX_IMAGE_PIXELS = max_pixels // 2
+    try:
+        yield
+    finally:
+        image_module.MAX_IMAGE_PIXELS = saved
+
+
+def _check_pixels(path: Path, what: str, width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise LayerdiffError(
+            f"{path}: {what} {width}x{height} is over the {max_pixels}-pixel limit derived from the model input; "
+            f"check --preprocess resize, or set {PIXELS_ENV} to allow it"
+        )
+
+
+def _resize(img, recipe: Preprocess, path: Path, max_pixels: int):
     from PIL import Image
 
     width, height = recipe.resize
     if recipe.crop != "center":
         return img.resize((width, height), Image.BILINEAR)
     factor = max(width / img.width, height / img.height)
-    scaled = img.resize((max(width, round(img.width * factor)), max(height, round(img.height * factor))), Image.BILINEAR)
+    size = (max(width, round(img.width * factor)), max(height, round(img.height * factor)))
+    _check_pixels(path, "scaled image (before the center crop)", *size, max_pixels)
+    scaled = img.resize(size, Image.BILINEAR)
     left, top = (scaled.width - width) // 2, (scaled.height - height) // 2
     return scaled.crop((left, top, left + width, top + height))
