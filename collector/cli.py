@@ -16,6 +16,7 @@ from collector.isolate import failing_layers, isolate
 from collector.preprocess import parse_preprocess
 from collector.plan import SweepPlan, resolve_devices, split_list
 from collector.progress import SweepProgress
+from collector.run import check_run_options
 from collector.samples import default_model
 from collector.sweep import run_sweep
 
@@ -89,6 +90,7 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
                max_bytes: int | None, exclude: list[str], adb_servers: list[str], keep: bool, force: bool,
                retry_failed: bool = False, preprocess: str | None = None) -> tuple[SweepPlan, list[str]]:
     """Everything `collect` needs, checked before any device is touched; plus unusable-input lines."""
+    check_run_options(threads, repeat, deadline, layers, max_bytes)
     if out.exists() and not out.is_dir():
         raise LayerdiffError(f"output {out} is a file; pass a directory to -o")
     model_files = resolve_model(model or default_model(), engine)

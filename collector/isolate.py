@@ -17,7 +17,8 @@ from analyzer.rawdump import RawDumpWriter, sha256_file
 from collector.devices import Device
 from collector.inputs import InputSet
 from collector.models import ModelFiles
-from collector.run import RunOutcome, RunSpec, collect_run
+from collector.outdir_lock import OutdirLock
+from collector.run import RunOutcome, RunSpec, check_run_options, collect_run
 
 ISOLATE_PREFIX = "isolated_"
 
@@ -75,6 +76,7 @@ def write_inject_dump(ref: DumpFile, targets: dict[str, list[str]], out_dir: Pat
 def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref_path: Path, keys: list[str],
             out_dir: Path, *, force: bool = False, deadline_s: float = 900.0, threads: int = 1) -> RunOutcome:
     """Run `keys` in isolation on `device`; writes `isolated_<engine>_<backend>_<precision>_<ref>.h5`."""
+    check_run_options(threads, 1, deadline_s, None, None)
     if not keys:
         raise LayerdiffError("no layer to isolate; pass --layer KEY (or --failing-from REPORT_DIR)")
     with DumpFile(ref_path) as ref:
@@ -92,7 +94,8 @@ def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref
                              "reference_sha256": sha256_file(ref_path),
                              "provenance": {"targets": targets, "reference_path": str(ref_path)}},
             )
-            return collect_run(device, spec, out_dir, force=force)
+            with OutdirLock(out_dir):
+                return collect_run(device, spec, out_dir, force=force)
 
 
 def failing_layers(report_dir: Path, backend: str, precision: str) -> list[str]:

@@ -7,6 +7,8 @@ partial raw dump into an HDF5 marked incomplete, under a temporary name renamed 
 from __future__ import annotations
 
 import json
+import math
+import re
 import shlex
 import tempfile
 import time
@@ -45,8 +47,31 @@ class RunOptions:
     max_bytes: int | None = None
     keep: bool = False
 
+    def __post_init__(self) -> None:
+        check_run_options(self.threads, self.repeat, self.deadline_s, self.layers, self.max_bytes)
+
     def run_options(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(RunOptions)}
+
+
+MAX_THREADS = 1024
+
+
+def check_run_options(threads: int, repeat: int, deadline_s: float, layers: str | None, max_bytes: int | None) -> None:
+    """Refuse option values no run can use, before any device or engine is touched (one line each)."""
+    if not 1 <= threads <= MAX_THREADS:
+        raise LayerdiffError(f"--threads {threads}: use a thread count from 1 to {MAX_THREADS}")
+    if repeat < 1:
+        raise LayerdiffError(f"--repeat {repeat}: dump each configuration at least once (--repeat 1 or more)")
+    if not math.isfinite(deadline_s) or deadline_s <= 0:
+        raise LayerdiffError(f"--deadline {deadline_s}: give the seconds a run may take, a positive number such as 900")
+    if max_bytes is not None and max_bytes <= 0:
+        raise LayerdiffError(f"--max-bytes {max_bytes}: give a positive byte count, or leave it out for no limit")
+    if layers is not None:
+        try:
+            re.compile(layers)
+        except re.error as err:
+            raise LayerdiffError(f"--layers {layers!r}: not a valid regular expression ({err})") from None
 
 
 @dataclass

@@ -17,6 +17,7 @@ from analyzer.dumpfile import partial_path
 from analyzer.errors import LayerdiffError
 from collector.devices import Device, DeviceError, terminate_children
 from collector.index import Index, read_index
+from collector.outdir_lock import OutdirLock
 from collector.plan import PlannedRun, SweepPlan, plan_runs, relative_name
 from collector.run import RunOutcome, collect_run
 
@@ -98,10 +99,17 @@ def device_alive(device: Device) -> bool:
 
 def run_sweep(plan: SweepPlan, observer: SweepObserver | None = None,
               on_planned: Callable[[list[PlannedRun]], None] | None = None) -> SweepResult:
-    """Plan, then run every device's runs concurrently; Ctrl-C leaves a consistent index."""
+    """Plan, then run every device's runs concurrently; Ctrl-C leaves a consistent index.
+
+    The output directory is locked for the whole sweep: a second collect into it fails at once."""
     if plan.out_dir.exists() and not plan.out_dir.is_dir():
         raise LayerdiffError(f"output {plan.out_dir} is a file; pass a directory to -o")
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    with OutdirLock(plan.out_dir):
+        return _run_locked(plan, observer, on_planned)
+
+
+def _run_locked(plan: SweepPlan, observer: SweepObserver | None,
+                on_planned: Callable[[list[PlannedRun]], None] | None) -> SweepResult:
     previous = read_index(plan.out_dir)
     runs = plan_runs(plan, previous)
     for run in runs:
