@@ -19,7 +19,7 @@ import numpy as np
 from analyzer import __version__
 from analyzer.errors import DumpFormatError
 from analyzer.h5guard import local_dataset, local_group
-from analyzer.limits import check_tensor_bytes, checked_numel, human_bytes
+from analyzer.limits import MAX_TENSOR_BYTES, check_tensor_bytes, checked_numel, human_bytes
 from analyzer.tensorstats import TensorStats, tensor_stats
 
 if TYPE_CHECKING:  # pandas costs ~0.5 s to import: engine children write dumps without it
@@ -475,7 +475,7 @@ class _FastReader:
     file offset, so after one low-level open the read is a plain `pread` into the reused buffer.
     The /layers table's shape is trusted only when the dataset's type equals the declared dtype and
     its stored byte count equals shape x itemsize; anything else (chunked, compressed, external
-    storage, other types, sizes that do not add up) returns None and takes the checked h5py path.
+    storage, links, other types, sizes that do not add up) returns None and takes the checked h5py path.
     """
 
     def __init__(self, file: h5py.File) -> None:
@@ -499,8 +499,11 @@ class _FastReader:
         if kind is None:
             return None
         dtype, type_id = kind
+        name = str(order).encode()
         try:
-            dsid = h5py.h5d.open(self._group, str(order).encode())
+            if self._group.links.get_info(name).type != h5py.h5l.TYPE_HARD:
+                return None  # links are refused on the checked path (analyzer.h5guard)
+            dsid = h5py.h5d.open(self._group, name)
             offset = dsid.get_offset()
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             if (offset is None or nbytes == 0 or nbytes > MAX_TENSOR_BYTES or dsid.get_storage_size() != nbytes
