@@ -8,7 +8,10 @@ rest. Matching goes, in order, through
    both runs before anything else, because the user knows best;
 2. exact keys `<op>:<output_index>` (multi-output ops keep their index);
 3. built-in normalization rules, only for layers still unmatched and only where the normalized key
-   is unique on both sides, so a rule can never steal a layer that already matched exactly.
+   is unique on both sides, so a rule can never steal a layer that already matched exactly;
+4. when names matched less than half of the smaller run (pnnx renames everything), the graph
+   structure of the leftovers (`analyzer.structure`: shapes, op types, order, edges).
+Every match has a confidence: 1 for names, lower for structure (see `analyzer.structure`).
 Shapes are checked per matched layer; size-1 dimensions are squeezed when that makes them agree.
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ import pandas as pd
 
 from analyzer.errors import LayerdiffError
 from analyzer.naming import canonical_from_key
+from analyzer.structure import match_by_structure
 
 # (pattern, replacement, why): applied to op names of still-unmatched layers (step 3 above).
 BUILTIN_RULES: list[tuple[str, str, str]] = [
@@ -128,11 +132,17 @@ class PairAlignment:
 
 
 MATCH_COLUMNS = ["key", "other_key", "base_order", "other_order", "op", "op_type", "other_op_type",
-                 "base_shape", "other_shape", "shape_status", "match"]
+                 "base_shape", "other_shape", "shape_status", "match", "confidence"]
+# Names matched below this share of the smaller run: the runs were renamed, match by structure too.
+STRUCTURE_BELOW = 0.5
 
 
-def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules) -> PairAlignment:
-    """Match two `/layers` tables; never raises on odd names, duplicates or disjoint sets."""
+def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
+                 error: Callable[[int, int], float] | None = None) -> PairAlignment:
+    """Match two `/layers` tables; never raises on odd names, duplicates or disjoint sets.
+
+    `error(base row, other row)` (rel L2 of the two tensors) lets structural matching settle
+    ambiguous candidates by value (see `analyzer.structure`)."""
     base_keys = _canonical_keys(base, rules)
     other_keys = _canonical_keys(other, rules)
     how = "renamed" if (rules.name_map or rules.regex) else "exact"
@@ -140,7 +150,14 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules) -> P
     if rules.builtin:
         pairs.update(_match_builtin(base_keys, other_keys, pairs, builtin_normal))
         pairs.update(_match_builtin(base_keys, other_keys, pairs, canonical_from_key))
-    matched = _matched_frame(base, other, pairs)
+    confidence = {i: 1.0 for i in pairs}
+    if rules.builtin and len(pairs) < STRUCTURE_BELOW * min(len(base), len(other)):
+        used = {j for j, _ in pairs.values()}
+        found = match_by_structure(base, other, [i for i in range(len(base)) if i not in pairs],
+                                   [j for j in range(len(other)) if j not in used], error)
+        pairs.update({i: (j, "structure") for i, (j, _c) in found.items()})
+        confidence.update({i: c for i, (_j, c) in found.items()})
+    matched = _matched_frame(base, other, pairs, confidence)
     used_other = {j for j, _ in pairs.values()}
     only_base = _unmatched_frame(base, [i for i in range(len(base)) if i not in pairs])
     only_other = _unmatched_frame(other, [j for j in range(len(other)) if j not in used_other])
@@ -183,7 +200,8 @@ def _unique_by(normal, indexed: list[tuple[int, str]]) -> dict[str, int]:
     return {n: idx[0] for n, idx in groups.items() if len(idx) == 1}
 
 
-def _matched_frame(base: pd.DataFrame, other: pd.DataFrame, pairs: dict[int, tuple[int, str]]) -> pd.DataFrame:
+def _matched_frame(base: pd.DataFrame, other: pd.DataFrame, pairs: dict[int, tuple[int, str]],
+                   confidence: dict[int, float]) -> pd.DataFrame:
     rows = []
     for i in sorted(pairs):
         j, how = pairs[i]
@@ -194,6 +212,7 @@ def _matched_frame(base: pd.DataFrame, other: pd.DataFrame, pairs: dict[int, tup
             "other_order": int(o["order"]), "op": b["op"], "op_type": b["op_type"],
             "other_op_type": o["op_type"], "base_shape": base_shape, "other_shape": other_shape,
             "shape_status": shape_status(base_shape, other_shape), "match": how,
+            "confidence": round(confidence.get(i, 1.0), 3),
         })
     return pd.DataFrame(rows, columns=MATCH_COLUMNS)
 

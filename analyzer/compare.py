@@ -8,6 +8,7 @@ with a status saying so and one problem line; they never stop the analysis.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -46,7 +47,8 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds,
     runs = {id(p.base): p.base for p in plan.pairs} | {id(p.other): p.other for p in plan.pairs}
     runs[id(plan.reference)] = plan.reference
     graphs = {run.label: build_graph(run.layers) for run in runs.values()}
-    alignments = [align_layers(p.base.layers, p.other.layers, rules) for p in plan.pairs]
+    alignments = [align_layers(p.base.layers, p.other.layers, rules, value_error(p.base, p.other))
+                  for p in plan.pairs]
     comparison = Comparison(plan=plan, table=pd.DataFrame(), alignments=alignments, graphs=graphs)
     for index, (pair, alignment) in enumerate(zip(plan.pairs, alignments)):
         if alignment.matched.empty:
@@ -64,6 +66,25 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds,
     comparison.table = _tidy(rows)
     comparison.table["growth"] = _growth(comparison.table, plan.pairs, graphs)
     return comparison
+
+
+def value_error(base: Run, other: Run) -> Callable[[int, int], float]:
+    """rel L2 between row i of base's /layers and row j of other's (inf when unreadable or sizes differ).
+
+    Only structural alignment calls it, for the few same-shape candidates of an ambiguous match."""
+    base_orders, other_orders = list(base.layers["order"]), list(other.layers["order"])
+    read_base = functools.lru_cache(maxsize=4)(lambda i: _read(base, base_orders[i])[0])
+    read_other = functools.lru_cache(maxsize=16)(lambda j: _read(other, other_orders[j])[0])
+
+    def error(i: int, j: int) -> float:
+        a, b = read_base(i), read_other(j)
+        if a is None or b is None or a.size != b.size or a.size == 0:
+            return math.inf
+        a64, b64 = a.astype(np.float64, copy=False).ravel(), b.astype(np.float64, copy=False).ravel()
+        norm = float(np.linalg.norm(a64))
+        diff = float(np.linalg.norm(a64 - b64))
+        return diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
+    return error
 
 
 def _growth(table: pd.DataFrame, pairs: list[Pair], graphs: dict[str, LayerGraph]) -> list[float]:
