@@ -53,8 +53,8 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds,
     for index, (pair, alignment) in enumerate(zip(plan.pairs, alignments)):
         if alignment.matched.empty:
             comparison.problems.append(
-                f"{pair.other.path}: no layer in common with {pair.base.path.name} "
-                "(different model? try --name-map or --rename)")
+                f"{pair.other.path}: no layer in common with {pair.base.path.name} (names differ and no "
+                "layer matched by structure and values: a different model? try --name-map or --rename)")
     rows: list[dict] = []
     kernel = PairKernel(thresholds.tolerances)
     bases = list({id(p.base): p.base for p in plan.pairs}.values())
@@ -179,13 +179,13 @@ def _layer_row(index: int, pair: Pair, match: dict, position: int, is_output: bo
         "position": position, "key": match["key"], "run_key": match["other_key"], "op": match["op"],
         "op_type": match["op_type"], "shape": json.dumps(list(match["base_shape"])),
         "run_shape": json.dumps(list(match["other_shape"])), "shape_status": match["shape_status"],
-        "match": match["match"], "is_output": is_output, "top1": math.nan, "top5": math.nan,
+        "match": match["match"], "confidence": match["confidence"], "is_output": is_output, "top1": math.nan, "top5": math.nan,
     }
 
 
 TABLE_COLUMNS = [
     "pair", "comparison", "run", "reference", "position", "key", "run_key", "op", "op_type", "status",
-    "reasons", "shape", "run_shape", "shape_status", "match", "is_output", "numel", "max_abs",
+    "reasons", "shape", "run_shape", "shape_status", "match", "confidence", "is_output", "numel", "max_abs",
     "mean_abs", "median_abs", "p99_abs", "max_rel", "mean_rel", "rel_l2", "cosine", "sqnr_db",
     "pass_fraction", "n_fail", "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new",
     "n_posinf_lost", "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed",

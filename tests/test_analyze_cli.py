@@ -126,7 +126,9 @@ def test_missing_reference_and_too_few_dumps(tmp_path, dumps, capsys):
 def test_zero_common_layers(tmp_path, dumps, capsys):
     other = [(f"other_{op}", t, [f"other_{i}" for i in ins], s) for op, t, ins, s in LAYERS]
     ref = reference_arrays()
-    alien = write_dump(tmp_path / "alien.h5", {f"other_{k}": v for k, v in ref.items()}, layers=other,
+    rng = np.random.default_rng(7)  # other names and other values: neither names nor structure + values match
+    alien = write_dump(tmp_path / "alien.h5", {f"other_{k}": rng.random(v.shape).astype(v.dtype) * 5 - 2
+                                               for k, v in ref.items()}, layers=other,
                        backend="opencl", precision="low")
     code, out, err = run_cli(capsys, dumps[0], dumps[1], alien, "-o", tmp_path / "rep")
     assert code == 2 and "no layer in common" in one_line(err) and "alien.h5" in err
