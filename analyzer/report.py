@@ -15,6 +15,7 @@ import pandas as pd
 
 from analyzer.analysis import Analysis, analyze_paths
 from analyzer.findings import Finding
+from analyzer.fixsection import fix_html
 from analyzer.outdir import atomic_write_bytes, atomic_write_text, prepare_out_dir
 from analyzer.plots import error_by_layer, failure_layer, heatmap, per_input_bars, value_range
 from analyzer.results import build_results, dumps
@@ -147,6 +148,7 @@ def render_html(analysis: Analysis, images: dict[str, bytes]) -> str:
     parts += ["<h2>Findings</h2>", _findings_html(analysis.findings)]
     parts += ["<h2>Runs</h2>", _runs_html(analysis.summary)]
     parts += _isolation_html(analysis)
+    parts += fix_html([run.path for run in analysis.runs])
     parts += ["<h2>Plots</h2>", *(_img(name, data) for name, data in images.items())]
     parts += ["<h2>Details</h2>", _layers_html(analysis), _unmatched_html(analysis), _provenance_html(analysis)]
     parts.append("</body></html>")

@@ -105,12 +105,12 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
     ), input_errors
 
 
-def _sweep_report(out_dir: Path) -> None:
+def _sweep_report(out_dir: Path, **options) -> None:
     """The matrix report of everything in OUTDIR; a report that cannot be made never fails the sweep."""
     from analyzer.report import report_paths
 
     try:
-        report_paths([out_dir], out_dir / "report").close()
+        report_paths([out_dir], out_dir / "report", **options).close()
     except LayerdiffError as err:
         print(f"collect: no report: {err}", file=sys.stderr)
         return
@@ -161,6 +161,62 @@ def isolate_command(
     if outcome.status == "failed":
         raise LayerdiffError(f"{target.serial}: isolation failed: {outcome.message}")
     print(f"{outcome.status:8s}{target.serial} {outcome.spec.stem} -> {paths} ({len(keys)} layer(s))", file=sys.stderr)
+
+
+@app.command("fix")
+def fix_command(
+    device: str = typer.Option("local", "--device", "-d", help="local or a serial"),
+    model: Path = typer.Option(..., "--model", "-m"),
+    engine: str = typer.Option("auto", "--engine"),
+    backend: str = typer.Option(..., "--backend", "-b"),
+    precision: str = typer.Option("low", "--precision", "-p", help="the precision to fix (low or normal)"),
+    input: List[str] = typer.Option(None, "--input", "-i", help="as for collect; the fix must hold on every input"),
+    preprocess: Optional[str] = typer.Option(None, "--preprocess"),
+    out: Path = typer.Option(Path("fix"), "--out", "-o"),
+    tolerance: float = typer.Option(1e-2, "--tolerance", help="max relative L2 of every output vs precision high"),
+    adb_server: List[str] = typer.Option(None, "--adb-server"),
+    deadline: float = typer.Option(900.0, "--deadline"),
+) -> None:
+    """Find the fewest layers to keep at high precision; write the patched ncnn model (MNN: a what-if)."""
+    from collector.fix import fix
+    from collector.fixjson import fix_document, write_fix_json
+
+    _checked([backend], BACKENDS, "backend")
+    _checked([precision], PRECISIONS, "precision")
+    if out.exists() and not out.is_dir():
+        raise LayerdiffError(f"output {out} is a file; pass a directory to -o")
+    files = resolve_model(model, engine)
+    inputs, errors = resolve_inputs(input or [], input_shapes(files), parse_preprocess(preprocess))
+    if errors:
+        raise LayerdiffError(errors[0])
+    target = resolve_devices([device], adb_server or [])[0]
+    result = fix(target, files, backend, precision, inputs, out, tolerance=tolerance, deadline_s=deadline)
+    doc = fix_document(result, device=target.serial, model=files.name, engine=files.engine, backend=backend,
+                       precision=precision, tolerance=tolerance)
+    print(f"fix: {write_fix_json(doc, out)}", file=sys.stderr)
+    for line in fix_summary(doc):
+        print(line, file=sys.stderr)
+    _sweep_report(out, ref=next(iter(result.references.values())))
+    if result.status == "unfixable":
+        raise typer.Exit(1)
+
+
+def fix_summary(doc: dict) -> list[str]:
+    """A few console lines: the status, the layers, the error before/after, runs and time, speed."""
+    chosen = ", ".join(layer["layer"] for layer in doc["layers"]) or "none"
+    g = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731 - inf/nan arrive as strings
+    lines = [f"{doc['status']}: {len(doc['layers'])} of {doc['layers_total']} layers kept at high precision "
+             f"({doc['mode']}): {chosen}"]
+    for label, err in doc["errors"].items():
+        lines.append(f"  {label}: output rel L2 {g(err['before'])} -> {g(err['after'])} "
+                     f"(tolerance {g(doc['tolerance']['max'])})")
+    search = doc["search"]
+    lines.append(f"  {search['runs']} runs ({search['trials']} trials) in {search['seconds']:.1f}s")
+    if "speed" in doc:
+        speed = doc["speed"]
+        lines.append(f"  patched model {doc['patched_model']['param']}: {g(speed['patched_ms'])} ms vs "
+                     f"{g(speed['original_ms'])} ms for the original ({g(speed['slowdown'])}x its time)")
+    return lines
 
 
 def main() -> None:

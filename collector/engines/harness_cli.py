@@ -49,6 +49,7 @@ class HarnessArgs:
     abort_after: int | None = None
     inject: Path | None = None
     targets: list[str] = field(default_factory=list)
+    replace: list[str] = field(default_factory=list)  # with --inject: whole run, these outputs overwritten
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,6 +72,7 @@ def _parser() -> _Parser:
     p.add_argument("--abort-after", type=int)
     p.add_argument("--inject")
     p.add_argument("--target", action="append", default=[])
+    p.add_argument("--replace", action="append", default=[])
     p.add_argument("--version", action="store_true")
     p.add_argument("--probe", action="store_true")
     return p
@@ -94,6 +96,8 @@ def validate(ns: argparse.Namespace, engine_name: str) -> HarnessArgs:
         raise HarnessExit(EXIT_ARGS, "no --out directory given")
     if ns.repeat < 1 or ns.threads < 1:
         raise HarnessExit(EXIT_ARGS, "--repeat and --threads must be at least 1")
+    if ns.replace and (not ns.inject or ns.target):
+        raise HarnessExit(EXIT_ARGS, "--replace KEY needs --inject DIR (the tensors) and no --target")
     models = [Path(m) for m in ns.model]
     for model in models:
         if not model.is_file():
@@ -116,6 +120,7 @@ def validate(ns: argparse.Namespace, engine_name: str) -> HarnessArgs:
         abort_after=ns.abort_after,
         inject=Path(ns.inject) if ns.inject else None,
         targets=list(ns.target),
+        replace=list(ns.replace),
     )
 
 

@@ -171,8 +171,11 @@ def _resolve(tensor: str, edges: dict[str, list[str]], known: set[str], depth: i
     return [n for t in edges[tensor] for n in _resolve(t, edges, known, depth + 1)]
 
 
-def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edges: dict[str, list[str]]) -> float:
+def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edges: dict[str, list[str]],
+             replace: dict[tuple[str, int], np.ndarray] | None = None) -> float:
+    """One session run with every op output dumped; outputs in `replace` are overwritten first (what-if)."""
     producers = feed(MNN, interpreter, session, inputs)
+    replace = replace or {}
     known = set(inputs)
     pending: dict[str, list[str]] = {}
     failure: list[str] = []
@@ -195,6 +198,8 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edg
                 if not shape or int(np.prod(shape)) <= 0:
                     continue
                 name = op if index == 0 else f"{op}:{index}"
+                if (op, index) in replace:
+                    _overwrite(MNN, tensor, replace.pop((op, index)), name)
                 sink.add(op=op, op_type=info.getType(), array=_host_copy(MNN, tensor), output_index=index,
                          name=name, inputs=pending.get(op, []), layout="NCHW", memory=memory, time_ms=elapsed)
                 producers[_address(tensor)] = name
@@ -207,7 +212,35 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edg
     interpreter.runSessionWithCallBackInfo(session, before, after)
     if failure:
         raise HarnessExit(EXIT_RUN, failure[0])
+    if replace:
+        op, index = next(iter(replace))
+        raise HarnessExit(EXIT_ARGS, f"--replace {op}:{index}: no op of the model wrote that output")
     return clock["total"]
+
+
+def _overwrite(MNN, tensor, value: np.ndarray, name: str) -> None:
+    """Write a reference value into an op's output inside the after-callback, so later ops read it."""
+    shape = tuple(tensor.getShape())
+    if int(np.prod(shape)) != value.size:
+        raise HarnessExit(EXIT_ARGS, f"--replace {name}: the injected tensor has shape {list(value.shape)}, "
+                                     f"the op writes {list(shape)}")
+    value = np.ascontiguousarray(value.reshape(shape), dtype=np.float32)
+    tensor.copyFrom(MNN.Tensor(shape, MNN.Halide_Type_Float, value, MNN.Tensor_DimensionType_Caffe))
+
+
+def replacements(args: HarnessArgs) -> dict[tuple[str, int], np.ndarray]:
+    """`--replace KEY` values from the `--inject` dump, found by the tensor name the dump gives that output."""
+    if not args.replace:
+        return {}
+    injected = load_inject(args.inject)
+    out = {}
+    for key in args.replace:
+        op, index = split_key(key)
+        name = op if index == 0 else f"{op}:{index}"
+        if name not in injected:
+            raise HarnessExit(EXIT_ARGS, f"--replace {key!r}: the inject dump has no tensor {name!r}")
+        out[(op, index)] = injected[name]
+    return out
 
 
 def isolate(MNN, args: HarnessArgs) -> None:
@@ -288,7 +321,7 @@ def injected_value(injected: dict[str, np.ndarray], tensor: str, key: str) -> np
 
 def run(args: HarnessArgs) -> None:
     MNN = _mnn()
-    if args.inject is not None:
+    if args.inject is not None and not args.replace:
         if not args.targets:
             raise HarnessExit(EXIT_ARGS, "--inject needs at least one --target KEY")
         return isolate(MNN, args)
@@ -308,9 +341,12 @@ def run(args: HarnessArgs) -> None:
         print(f"layerdiff-harness: MNN fell back from {args.backend} to {backend_actual}", file=sys.stderr)
     memory = "host" if backend_actual == "cpu" else "device"
     edges = graph_edges(str(args.models[0]))
+    replace = replacements(args)
+    if replace:
+        header.update({"mode": "replace", "replaced": args.replace})
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=0)
-        infer_ms = run_once(MNN, interpreter, session, inputs, sink, memory, edges)
+        infer_ms = run_once(MNN, interpreter, session, inputs, sink, memory, edges, dict(replace))
         sink.close(infer_ms)
 
 

@@ -31,6 +31,7 @@ from collector.engines.harness_cli import (
     now_ms,
     repeat_dirs,
 )
+from collector.engines.ncnn_options import PRECISION_FLAGS
 
 NO_VULKAN = (
     "no Vulkan device found; install a Vulkan driver (Debian: apt-get install mesa-vulkan-drivers "
@@ -97,12 +98,8 @@ def configure(opt, args: HarnessArgs, ncnn) -> str:
     opt.lightmode = False
     opt.num_threads = args.threads
     opt.use_vulkan_compute = args.backend == "vulkan"
-    if args.precision == "high":
-        for flag in ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_storage", "use_bf16_packed"):
-            setattr(opt, flag, False)
-    elif args.precision == "low":
-        for flag in ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_storage"):
-            setattr(opt, flag, True)
+    for flag, value in PRECISION_FLAGS[args.precision].items():
+        setattr(opt, flag, value)
     return effective_precision(opt, args, ncnn)
 
 
@@ -229,6 +226,9 @@ def run(args: HarnessArgs) -> None:
     ncnn = _ncnn()
     inputs = load_inputs(args.inputs)
     net, precision = load_net(args, ncnn)
+    if args.replace:
+        raise HarnessExit(EXIT_ARGS, "--replace is MNN's what-if; an ncnn layer is kept at high precision with "
+                                     "its feature mask (param key 31) instead")
     if args.inject is not None:
         return isolate(net, args, precision, ncnn)
     if not inputs:

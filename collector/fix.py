@@ -1,0 +1,281 @@
+"""`collect fix`: the smallest set of layers that, kept at high precision, brings the outputs back.
+
+The question users ask after a diagnosis is "what do I change to ship at low precision?". Trying
+every subset of n layers costs 2^n runs; this search costs a handful, in three phases:
+
+1. **Follow the findings (greedy).** Run the model at low precision, analyze it against the
+   high-precision run, and keep the layer the findings blame first at high precision: the Inf
+   origin, fp16 saturation, a NaN origin that no Inf explains, the failure source, the zero-collapse
+   origin, the reference's fp16 overflow/underflow-risk layers, then the strongest error amplifier
+   and the first divergence. Run again and repeat on the new findings: fixing one layer often moves
+   the failure one layer down (a value above 65504 kept in fp32 by one layer overflows again in the
+   next fp16 layer), and the next analysis names exactly that layer. One trial per step.
+2. **Bisection (fallback)** when the findings name nothing new and the outputs are still off: the
+   remaining layers are ranked by their error in the last trial; if even all of them together do
+   not meet the tolerance the model cannot be fixed this way; otherwise binary search on k finds
+   the fewest top-ranked layers that do (log2(n) trials, assuming more layers at high precision
+   never hurts, which is what Polygraphy's `debug precision` assumes too).
+3. **Prune.** Each chosen layer is dropped once, last added first; it stays out if the outputs still
+   meet the tolerance without it. The result is 1-minimal: no single layer can be removed.
+
+A trial runs every given input; the tolerance (relative L2 of every model output against the
+high-precision run on the same input) must hold on all of them. ncnn trials run a real patched
+model (feature mask, `collector.ncnn_patch`); MNN trials are what-ifs (`collector.fixtrial`).
+"""
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analyzer.analysis import analyze_paths
+from analyzer.dumpfile import DumpFile
+from analyzer.errors import LayerdiffError
+from collector.devices import Device
+from collector.engines.harness_cli import split_key
+from collector.inputs import InputSet
+from collector.models import ModelFiles
+from collector.ncnn_patch import layer_names, write_patched
+from collector.fixtrial import Trial, TrialRunner, output_keys
+from collector.run import RunSpec, collect_run
+
+KIND_PRIORITY = ("inf_origin", "saturation", "nan_origin", "failure_source", "zero_collapse_origin", "fp16_risk",
+                 "error_growth", "first_divergence")
+NOT_MASKABLE = {"Input", "Split"}  # model inputs; ncnn's blob copies (no arithmetic to keep high)
+MAX_GREEDY = 8
+TIMING_REPEATS = 4
+TIMING_ROUNDS = 2
+
+
+@dataclass
+class Step:
+    phase: str  # before | findings | bisect | prune | verify
+    trial: Trial
+    added: str = ""
+
+
+@dataclass
+class FixResult:
+    status: str  # nothing_to_fix | fixed | unfixable
+    chosen: list[str]
+    reasons: dict[str, dict]
+    steps: list[Step]
+    before: Trial
+    after: Trial | None
+    maskable: list[str]
+    layers_total: int
+    runs: int
+    seconds: float
+    patched: ModelFiles | None = None
+    masks: dict[str, int] = field(default_factory=dict)
+    speed: dict = field(default_factory=dict)
+    references: dict[str, Path] = field(default_factory=dict)
+
+
+class Search:
+    """The three phases above, on one TrialRunner; remembers every trial so none runs twice."""
+
+    def __init__(self, runner: TrialRunner, tolerance: float, maskable: list[str], op_types: dict[str, str]) -> None:
+        self.runner, self.tolerance, self.maskable, self.op_types = runner, tolerance, maskable, op_types
+        self.steps: list[Step] = []
+        self.reasons: dict[str, dict] = {}
+        self._seen: dict[frozenset, Trial] = {}
+
+    def trial(self, layers: list[str], phase: str, added: str = "") -> Trial:
+        key = frozenset(layers)
+        if key not in self._seen:
+            self._seen[key] = self.runner.run(tuple(layers))
+            self.steps.append(Step(phase, self._seen[key], added))
+        return self._seen[key]
+
+    def ok(self, trial: Trial) -> bool:
+        return trial.within(self.tolerance)
+
+    def run(self, before: Trial) -> list[str] | None:
+        """The chosen layers, or None when even every maskable layer kept high is not enough."""
+        self._seen[frozenset()] = before
+        chosen: list[str] = []
+        current = before
+        for _ in range(MAX_GREEDY):
+            if self.ok(current):
+                return self.prune(chosen)
+            nominee = self.next_candidate(current, chosen)
+            if nominee is None:
+                break
+            chosen.append(nominee)
+            current = self.trial(chosen, "findings", nominee)
+        if self.ok(current):
+            return self.prune(chosen)
+        found = self.bisect(chosen, current)
+        return None if found is None else self.prune(found)
+
+    def next_candidate(self, trial: Trial, chosen: list[str]) -> str | None:
+        """The layer the findings of this trial blame first, among those not kept high yet."""
+        for kind, op, finding in self.findings(trial):
+            if op in self.maskable and op not in chosen:
+                self.reasons.setdefault(op, {"kind": kind, "reason": finding})
+                return op
+        return None
+
+    def findings(self, trial: Trial) -> list[tuple[str, str, str]]:
+        """(kind, op, sentence) from analyzing the trial's runs against the references, by priority."""
+        refs = [self.runner.references[label] for label in trial.paths]
+        analysis = analyze_paths([*refs, *trial.paths.values()], ref=refs[0])
+        try:
+            found: list[tuple[str, str, str]] = []
+            for finding in analysis.findings:
+                if finding.kind not in KIND_PRIORITY or _inherited_nan(finding):
+                    continue
+                keys = finding.numbers.get("layers") if finding.kind == "fp16_risk" else None
+                for key in keys or [finding.layer]:
+                    if key:
+                        found.append((finding.kind, split_key(key)[0], finding.sentence))
+            self._ranked_errors = _worst_by_op(analysis.comparison.table)
+        finally:
+            analysis.close()
+        return sorted(found, key=lambda f: KIND_PRIORITY.index(f[0]))
+
+    def bisect(self, chosen: list[str], last: Trial) -> list[str] | None:
+        """Fewest of the remaining layers, worst first, that bring the outputs within tolerance."""
+        errors = getattr(self, "_ranked_errors", None) or {}
+        if not errors:
+            self.findings(last)
+            errors = self._ranked_errors
+        rest = sorted((op for op in self.maskable if op not in chosen),
+                      key=lambda op: (-errors.get(op, 0.0), self.maskable.index(op)))
+        if not self.ok(self.trial(chosen + rest, "bisect")):
+            return None
+        low, high = 0, len(rest)  # chosen + rest[:low] fails, chosen + rest[:high] passes
+        while high - low > 1:
+            mid = (low + high) // 2
+            if self.ok(self.trial(chosen + rest[:mid], "bisect")):
+                high = mid
+            else:
+                low = mid
+        for op in rest[:high]:
+            self.reasons.setdefault(op, {"kind": "bisection", "reason": f"ranked by its error in the last trial "
+                                         f"(rel L2 {errors.get(op, 0.0):.3g}); needed to meet the tolerance"})
+        return chosen + rest[:high]
+
+    def prune(self, chosen: list[str]) -> list[str]:
+        """Drop each layer once (last added first) when the outputs stay within tolerance without it."""
+        kept = list(chosen)
+        for op in reversed(chosen):
+            if len(kept) <= 1:
+                break
+            without = [k for k in kept if k != op]
+            if self.ok(self.trial(without, "prune")):
+                kept = without
+        return kept
+
+
+def _inherited_nan(finding) -> bool:
+    """A NaN origin fed by an Inf is the Inf's heir; the Inf origin is the layer to fix."""
+    return finding.kind == "nan_origin" and bool(finding.numbers.get("inf_inputs"))
+
+
+def _worst_by_op(table) -> dict[str, float]:
+    """Each op's worst relative L2 over the compared runs (infinite for NaN/Inf)."""
+    worst: dict[str, float] = {}
+    for key, rel in zip(table["key"], table["rel_l2"]):
+        op = split_key(key)[0]
+        value = math.inf if rel != rel else float(rel)
+        worst[op] = max(worst.get(op, 0.0), value)
+    return worst
+
+
+def fix(device: Device, model: ModelFiles, backend: str, precision: str, inputs: list[InputSet], out_dir: Path, *,
+        tolerance: float = 1e-2, deadline_s: float = 900.0) -> FixResult:
+    """Search the layers to keep high, write the fix (ncnn) or the what-if (MNN), verify, time it."""
+    if precision == "high":
+        raise LayerdiffError("--precision high is already the reference; name the precision to fix (low or normal)")
+    if not inputs:
+        raise LayerdiffError("collect fix needs at least one input")
+    start = time.monotonic()
+    out_dir = Path(out_dir)
+    work = out_dir / ".fix-work"
+    refs = _references(device, model, backend, inputs, out_dir / "reference", deadline_s)
+    runner = TrialRunner(device, model, backend, precision, inputs, refs, work, deadline_s, runs=len(inputs))
+    maskable, op_types, total = _maskable(model, refs[inputs[0].label])
+    before = runner.run((), out_dir / "before")
+    search = Search(runner, tolerance, maskable, op_types)
+    search.steps.append(Step("before", before))
+    result = FixResult("nothing_to_fix", [], {}, search.steps, before, None, maskable, total, 0, 0.0, references=refs)
+    if not before.within(tolerance):
+        chosen = search.run(before)
+        result.status = "unfixable" if chosen is None or len(chosen) >= len(maskable) else "fixed"
+        result.chosen = chosen if chosen is not None else _best(search)
+        result.reasons = {op: search.reasons.get(op, {"kind": "bisection", "reason": "needed"}) for op in result.chosen}
+        _verify(result, runner, model, out_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    result.runs, result.seconds = runner.runs, time.monotonic() - start
+    return result
+
+
+def _references(device: Device, model: ModelFiles, backend: str, inputs: list[InputSet], out: Path,
+                deadline_s: float) -> dict[str, Path]:
+    """The high-precision run of the same backend on every input: what the fix must come back to."""
+    refs = {}
+    for item in inputs:
+        outcome = collect_run(device, RunSpec(model, backend, "high", item, deadline_s=deadline_s), out, force=True)
+        if outcome.status != "done" or not outcome.paths:
+            raise LayerdiffError(f"{device.serial}: the {backend}/high reference run failed on input {item.label}: "
+                                 f"{outcome.message}")
+        refs[item.label] = outcome.paths[0]
+    return refs
+
+
+def _maskable(model: ModelFiles, ref: Path) -> tuple[list[str], dict[str, str], int]:
+    """Ops that can be kept high (execution order), their op types, and the model's layer count."""
+    with DumpFile(ref) as dump:
+        layers = dump.layers
+        op_types = dict(zip(layers["op"], layers["op_type"]))
+        ops = list(dict.fromkeys(layers["op"]))
+    maskable = [op for op in ops if op_types[op] not in NOT_MASKABLE]
+    total = len(layer_names(model.files[0])) if model.engine == "ncnn" else len(ops)
+    return maskable, op_types, total
+
+
+def _best(search: Search) -> list[str]:
+    """When nothing meets the tolerance: the set with the smallest worst output error."""
+    trials = [s.trial for s in search.steps]
+    best = min(trials, key=lambda t: (t.worst if math.isfinite(t.worst) else math.inf, len(t.layers)))
+    return list(best.layers)
+
+
+def _verify(result: FixResult, runner: TrialRunner, model: ModelFiles, out_dir: Path) -> None:
+    """ncnn: write `<model>.fixed.param` + `.bin`, re-run it on every input and time it. MNN: the what-if."""
+    if model.engine != "ncnn":
+        result.after = runner.run(tuple(result.chosen), out_dir / "after")
+        return
+    result.masks = {op: runner.mask() for op in result.chosen}
+    result.patched = write_patched(model, result.masks, out_dir, f"{model.stem}.fixed")
+    result.after = runner.run(tuple(result.chosen), out_dir / "after", model=result.patched)
+    result.steps.append(Step("verify", result.after))
+    result.speed = _speed(runner, model, result.patched)
+
+
+def _speed(runner: TrialRunner, original: ModelFiles, patched: ModelFiles) -> dict:
+    """Inference time of the original and the patched model on the first input.
+
+    Rounds alternate the two models and the fastest repeat of each counts (the first repeat of a
+    run is warm-up and is dropped): on a shared machine the minimum is the least noisy estimate.
+    """
+    outputs = output_keys(runner.references[runner.inputs[0].label])
+    pattern = "^(?:" + "|".join(re.escape(split_key(k)[0]) for k in outputs) + ")$"
+    samples: dict[str, list[float]] = {"original_ms": [], "patched_ms": []}
+    for round_ in range(TIMING_ROUNDS):
+        for name, model in (("original_ms", original), ("patched_ms", patched)):
+            spec = RunSpec(model, runner.backend, runner.precision, runner.inputs[0], repeat=TIMING_REPEATS,
+                           layers=pattern, deadline_s=runner.deadline_s)
+            outcome = collect_run(runner.device, spec, runner.work_dir / "timing" / f"{name}{round_}", force=True)
+            runner.runs += 1
+            for path in outcome.paths[1:]:
+                with DumpFile(path) as dump:
+                    samples[name].append(float(dump.attrs.get("infer_ms") or math.nan))
+    times = {name: min(values, default=math.nan) for name, values in samples.items()}
+    ratio = times["patched_ms"] / times["original_ms"] if times["original_ms"] else math.nan
+    return {**times, "slowdown": ratio, "samples": len(samples["original_ms"]), "input": runner.inputs[0].label}
