@@ -179,7 +179,7 @@ def fix_command(
 ) -> None:
     """Find the fewest layers to keep at high precision; write the patched ncnn model (MNN: a what-if)."""
     from collector.fix import fix
-    from collector.fixjson import fix_document, write_fix_json
+    from collector.fixjson import fix_document, summary_lines, write_fix_json
 
     _checked([backend], BACKENDS, "backend")
     _checked([precision], PRECISIONS, "precision")
@@ -194,29 +194,11 @@ def fix_command(
     doc = fix_document(result, device=target.serial, model=files.name, engine=files.engine, backend=backend,
                        precision=precision, tolerance=tolerance)
     print(f"fix: {write_fix_json(doc, out)}", file=sys.stderr)
-    for line in fix_summary(doc):
+    for line in summary_lines(doc):
         print(line, file=sys.stderr)
     _sweep_report(out, ref=next(iter(result.references.values())))
     if result.status == "unfixable":
         raise typer.Exit(1)
-
-
-def fix_summary(doc: dict) -> list[str]:
-    """A few console lines: the status, the layers, the error before/after, runs and time, speed."""
-    chosen = ", ".join(layer["layer"] for layer in doc["layers"]) or "none"
-    g = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731 - inf/nan arrive as strings
-    lines = [f"{doc['status']}: {len(doc['layers'])} of {doc['layers_total']} layers kept at high precision "
-             f"({doc['mode']}): {chosen}"]
-    for label, err in doc["errors"].items():
-        lines.append(f"  {label}: output rel L2 {g(err['before'])} -> {g(err['after'])} "
-                     f"(tolerance {g(doc['tolerance']['max'])})")
-    search = doc["search"]
-    lines.append(f"  {search['runs']} runs ({search['trials']} trials) in {search['seconds']:.1f}s")
-    if "speed" in doc:
-        speed = doc["speed"]
-        lines.append(f"  patched model {doc['patched_model']['param']}: {g(speed['patched_ms'])} ms vs "
-                     f"{g(speed['original_ms'])} ms for the original ({g(speed['slowdown'])}x its time)")
-    return lines
 
 
 def main() -> None:

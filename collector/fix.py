@@ -4,7 +4,8 @@ The question users ask after a diagnosis is "what do I change to ship at low pre
 every subset of n layers costs 2^n runs; this search costs a handful, in three phases:
 
 1. **Follow the findings (greedy).** Run the model at low precision, analyze it against the
-   high-precision run, and keep the layer the findings blame first at high precision: the Inf
+   high-precision run, and keep the layer the findings blame first at high precision (by kind,
+   then the most upstream, over every input): the Inf
    origin, fp16 saturation, a NaN origin that no Inf explains, the failure source, the zero-collapse
    origin, the reference's fp16 overflow/underflow-risk layers, then the strongest error amplifier
    and the first divergence. Run again and repeat on the new findings: fixing one layer often moves
@@ -136,7 +137,8 @@ class Search:
             self._ranked_errors = _worst_by_op(analysis.comparison.table)
         finally:
             analysis.close()
-        return sorted(found, key=lambda f: KIND_PRIORITY.index(f[0]))
+        order = {op: i for i, op in enumerate(self.maskable)}
+        return sorted(found, key=lambda f: (KIND_PRIORITY.index(f[0]), order.get(f[1], len(order))))
 
     def bisect(self, chosen: list[str], last: Trial) -> list[str] | None:
         """Fewest of the remaining layers, worst first, that bring the outputs within tolerance."""

@@ -66,3 +66,21 @@ def write_fix_json(doc: dict, out_dir: Path) -> Path:
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def summary_lines(doc: dict) -> list[str]:
+    """A few console lines: the status, the layers, the error before/after, runs and time, speed."""
+    chosen = ", ".join(layer["layer"] for layer in doc["layers"]) or "none"
+    g = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731 - inf/nan arrive as strings
+    lines = [f"{doc['status']}: {len(doc['layers'])} of {doc['layers_total']} layers kept at high precision "
+             f"({doc['mode']}): {chosen}"]
+    for label, err in doc["errors"].items():
+        lines.append(f"  {label}: output rel L2 {g(err['before'])} -> {g(err['after'])} "
+                     f"(tolerance {g(doc['tolerance']['max'])})")
+    search = doc["search"]
+    lines.append(f"  {search['runs']} runs ({search['trials']} trials) in {search['seconds']:.1f}s")
+    if "speed" in doc:
+        speed = doc["speed"]
+        lines.append(f"  patched model {doc['patched_model']['param']}: {g(speed['patched_ms'])} ms vs "
+                     f"{g(speed['original_ms'])} ms for the original ({g(speed['slowdown'])}x its time)")
+    return lines
