@@ -40,6 +40,7 @@ from collector.engines.harness_cli import split_key
 from collector.inputs import InputSet
 from collector.models import ModelFiles
 from collector.ncnn_patch import layer_names, write_patched
+from collector.outdir_lock import OutdirLock
 from collector.fixtrial import Trial, TrialRunner, output_keys
 from collector.run import RunSpec, collect_run
 
@@ -196,8 +197,15 @@ def fix(device: Device, model: ModelFiles, backend: str, precision: str, inputs:
         raise LayerdiffError("--precision high is already the reference; name the precision to fix (low or normal)")
     if not inputs:
         raise LayerdiffError("collect fix needs at least one input")
+    if not (math.isfinite(tolerance) and tolerance > 0):
+        raise LayerdiffError(f"--tolerance {tolerance}: give the largest relative L2 error to accept, e.g. 1e-2")
+    with OutdirLock(out_dir):
+        return _fix(device, model, backend, precision, inputs, Path(out_dir), tolerance, deadline_s)
+
+
+def _fix(device: Device, model: ModelFiles, backend: str, precision: str, inputs: list[InputSet], out_dir: Path,
+         tolerance: float, deadline_s: float) -> FixResult:
     start = time.monotonic()
-    out_dir = Path(out_dir)
     work = out_dir / ".fix-work"
     refs = _references(device, model, backend, inputs, out_dir / "reference", deadline_s)
     runner = TrialRunner(device, model, backend, precision, inputs, refs, work, deadline_s, runs=len(inputs))
