@@ -20,9 +20,11 @@ import csv
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 
 from analyzer.errors import LayerdiffError
@@ -202,19 +204,21 @@ def _unique_by(normal, indexed: list[tuple[int, str]]) -> dict[str, int]:
 
 def _matched_frame(base: pd.DataFrame, other: pd.DataFrame, pairs: dict[int, tuple[int, str]],
                    confidence: dict[int, float]) -> pd.DataFrame:
-    rows = []
-    for i in sorted(pairs):
-        j, how = pairs[i]
-        b, o = base.iloc[i], other.iloc[j]
-        base_shape, other_shape = _shape(b["shape"]), _shape(o["shape"])
-        rows.append({
-            "key": b["key"], "other_key": o["key"], "base_order": int(b["order"]),
-            "other_order": int(o["order"]), "op": b["op"], "op_type": b["op_type"],
-            "other_op_type": o["op_type"], "base_shape": base_shape, "other_shape": other_shape,
-            "shape_status": shape_status(base_shape, other_shape), "match": how,
-            "confidence": round(confidence.get(i, 1.0), 3),
-        })
-    return pd.DataFrame(rows, columns=MATCH_COLUMNS)
+    """One row per matched pair, built column-wise (row access through pandas cost ~1 ms a layer)."""
+    base_rows = sorted(pairs)
+    other_rows = [pairs[i][0] for i in base_rows]
+    b = {c: base[c].to_numpy()[base_rows] for c in ("key", "order", "op", "op_type", "shape")}
+    o = {c: other[c].to_numpy()[other_rows] for c in ("key", "order", "op_type", "shape")}
+    base_shapes = [_shape(cell) for cell in b["shape"]]
+    other_shapes = [_shape(cell) for cell in o["shape"]]
+    return pd.DataFrame({
+        "key": b["key"], "other_key": o["key"], "base_order": b["order"].astype(np.int64),
+        "other_order": o["order"].astype(np.int64), "op": b["op"], "op_type": b["op_type"],
+        "other_op_type": o["op_type"], "base_shape": base_shapes, "other_shape": other_shapes,
+        "shape_status": [shape_status(x, y) for x, y in zip(base_shapes, other_shapes)],
+        "match": [pairs[i][1] for i in base_rows],
+        "confidence": [round(confidence.get(i, 1.0), 3) for i in base_rows],
+    }, columns=MATCH_COLUMNS)
 
 
 def _unmatched_frame(layers: pd.DataFrame, index: list[int]) -> pd.DataFrame:
@@ -226,6 +230,7 @@ def _unmatched_frame(layers: pd.DataFrame, index: list[int]) -> pd.DataFrame:
     })
 
 
+@lru_cache(maxsize=4096)
 def _shape(cell: str) -> tuple[int, ...]:
     try:
         return tuple(int(d) for d in json.loads(cell))

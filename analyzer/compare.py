@@ -96,8 +96,9 @@ def _growth(table: pd.DataFrame, pairs: list[Pair], graphs: dict[str, LayerGraph
     for index, rows in table.groupby("pair"):
         graph = graphs[pairs[int(index)].base.label]
         rel = dict(zip(rows["key"], rows["rel_l2"]))
+        known = set(rel)
         for i, key in zip(rows.index, rows["key"]):
-            inputs = [rel[k] for k in graph.upstream(key, set(rel)) if math.isfinite(rel[k])]
+            inputs = [rel[k] for k in graph.upstream(key, known) if math.isfinite(rel[k])]
             worst_in = max(inputs, default=0.0)
             if worst_in > 0.0 and math.isfinite(rel[key]):
                 growth[i] = rel[key] / worst_in

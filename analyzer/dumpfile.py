@@ -250,7 +250,7 @@ class TensorBuffer:
         self._raw = np.empty(0, dtype=np.uint8)
 
     def view(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if self._raw.size < nbytes:
             self._raw = np.empty(nbytes, dtype=np.uint8)
         return self._raw[:nbytes].view(dtype).reshape(shape)
@@ -505,7 +505,7 @@ class _FastReader:
                 return None  # links are refused on the checked path (analyzer.h5guard)
             dsid = h5py.h5d.open(self._group, name)
             offset = dsid.get_offset()
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            nbytes = math.prod(shape) * dtype.itemsize
             if (offset is None or nbytes == 0 or nbytes > MAX_TENSOR_BYTES or dsid.get_storage_size() != nbytes
                     or not dsid.get_type().equal(type_id)):
                 return None

@@ -54,7 +54,7 @@ class LayerGraph:
 
     def position(self, key: str) -> int:
         """Execution index of a key (-1 when the dump does not have it)."""
-        if len(self._positions) != len(self.order):
+        if not self._positions and self.order:  # built once (duplicate keys keep their last index)
             self._positions = {k: i for i, k in enumerate(self.order)}
         return self._positions.get(key, -1)
 

@@ -7,10 +7,11 @@ strings "inf" / "-inf".
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
+import numpy as np
+import orjson
 import pandas as pd
 
 from analyzer import __version__
@@ -83,15 +84,38 @@ def _run_entry(run: Run, comparison: Comparison, findings: list[Finding], summar
                                      **first.numbers}
     if index is not None:
         rows = comparison.pair_rows(index)
-        entry["layers"] = rows[LAYER_FIELDS + [c for c in ISOLATED_LAYER_FIELDS if c in rows.columns]].to_dict("records")
+        entry["layers"] = records(rows, LAYER_FIELDS + [c for c in ISOLATED_LAYER_FIELDS if c in rows.columns])
         alignment = comparison.alignments[index]
-        entry["unmatched"] = {"only_in_reference": alignment.only_base.to_dict("records"),
-                              "only_in_run": alignment.only_other.to_dict("records")}
+        entry["unmatched"] = {"only_in_reference": records(alignment.only_base),
+                              "only_in_run": records(alignment.only_other)}
     return entry
+
+
+class _Cleaned(list):
+    """Rows already JSON-safe (built column by column by `records`): `clean` passes them through."""
+
+
+def records(frame: pd.DataFrame, columns: list[str] | None = None) -> list[dict]:
+    """`frame.to_dict("records")`, JSON-safe, built column-wise: 10,000 layers x 40 fields cost
+    seconds when every cell went through pandas and `clean` one by one."""
+    columns = list(frame.columns) if columns is None else columns
+    values = [_clean_column(frame[c]) for c in columns]
+    return _Cleaned(dict(zip(columns, row)) for row in zip(*values))
+
+
+def _clean_column(series: pd.Series) -> list:
+    values = series.tolist()
+    if series.dtype.kind in "iub":
+        return values
+    if series.dtype.kind == "f" and bool(np.isfinite(series.to_numpy(dtype=float)).all()):
+        return values
+    return [clean(v) for v in values]
 
 
 def clean(value: Any) -> Any:
     """Recursively make a value JSON-safe: numpy scalars to Python, NaN to None, inf to strings."""
+    if isinstance(value, _Cleaned):
+        return value
     if isinstance(value, dict):
         return {str(k): clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -107,4 +131,5 @@ def clean(value: Any) -> Any:
 
 
 def dumps(document: dict[str, Any]) -> str:
-    return json.dumps(document, indent=1, allow_nan=False, ensure_ascii=False)
+    """Compact JSON through orjson (a 10,000-layer document in tens of milliseconds, not seconds)."""
+    return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY).decode("utf-8")

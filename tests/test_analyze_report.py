@@ -52,11 +52,39 @@ def test_sweep_report_is_summarized_and_folded(sweep_report):
     assert "3 of 20 inputs fail" in dependence and all(name in dependence for name in FAILING)
     # summaries first: findings and the matrix come before any folded detail
     assert html.index("<h2>Findings</h2>") < html.index("<h2>Runs</h2>") < html.index("<details>")
-    assert html.count("<details>") >= INPUTS  # one folded layer table per run, plus the rest
+    assert "id='layer-table'" in html and "id='error-chart'" in html  # interactive table and chart
+    data = json.loads(re.search(r"id='layer-data'>(.*?)</script>", html, re.S).group(1))
+    assert len(data["rows"]) == len(doc_layers(sweep_report)) and len(data["chart"]["runs"]) == INPUTS
     assert "per input" in html and (sweep_report / "per_input.png").exists()
     assert not re.search(r"(src|href)=['\"]https?:", html)  # self-contained
     doc = json.loads((sweep_report / "results.json").read_text())
     assert len(doc["reference"]["per_input"]) == INPUTS
+
+
+def doc_layers(report: Path) -> list[dict]:
+    doc = json.loads((report / "results.json").read_text())
+    return [layer for run in doc["runs"] for layer in run["layers"]]
+
+
+def _chromium(tmp_path: Path) -> list[str]:
+    return [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000", "--hide-scrollbars",
+            "--virtual-time-budget=10000"]
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed")
+def test_chromium_runs_the_interactive_table_and_chart(sweep_report, tmp_path):
+    """The vendored Tabulator and uPlot run offline: rows render, a filter from the address applies,
+    and the error chart draws its canvas."""
+    page = (sweep_report / "index.html").as_uri()
+    dom = subprocess.run([*_chromium(tmp_path), "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    assert dom.count('class="tabulator-row') >= 10 and "<canvas" in dom and "u-legend" in dom
+    fails = subprocess.run([*_chromium(tmp_path), "--dump-dom", page + "#status=fail&run=vulkan/low in03"],
+                           capture_output=True, text=True, timeout=120).stdout
+    shown = re.findall(r'class="tabulator-row[^"]*".*?</div></div>', fails)
+    expected = [r for r in doc_layers(sweep_report) if r["status"] == "fail"]
+    assert 0 < len(shown) < len(expected) and all("s-fail" in row for row in shown)
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed")

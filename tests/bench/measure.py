@@ -5,17 +5,20 @@ Why this method:
   does not depend on what else runs. It is read from the kernel's accounting of the children this
   process waited for: `resource.getrusage(RUSAGE_CHILDREN)` before and after each child (the
   difference is that child's CPU, its own children included).
-- Peak RSS is the child's own `ru_maxrss`, taken from `os.wait4` for that child:
-  `getrusage(RUSAGE_CHILDREN).ru_maxrss` is the largest of *all* children so far, so it cannot tell
-  the floor's peak from the command's.
+- Peak RSS is the command's own `ru_maxrss`. Two kernel habits are avoided: the RUSAGE_CHILDREN
+  figure is the largest of *all* children so far (it cannot tell the floor's peak from the
+  command's), and a child's `ru_maxrss` starts from its parent's high-water mark at fork/exec (a
+  benchmark holding 200 MB of test data would be billed to every child). So each command runs under
+  `WRAPPER`, a minimal Python that forks+execs it, waits for it with `os.wait4` and reports that
+  child's own ru_maxrss and CPU (from its getrusage(RUSAGE_CHILDREN), i.e. the command and its children).
 - The command and its floor run alternately (floor, command, floor, command, ...) after one warm-up
   of each, so both see the same page cache and the same background load; each round gives one
   ratio, and the figure printed is the median of those ratios (robust to one disturbed round).
 """
 from __future__ import annotations
 
+import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -37,22 +40,36 @@ class Usage:
     returncode: int
 
 
+WRAPPER = r"""
+import json, os, resource, sys
+fd = int(sys.argv[1])
+pid = os.fork()
+if pid == 0:
+    os.close(fd)
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, own = os.wait4(pid, 0)
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+os.write(fd, json.dumps({"rc": os.waitstatus_to_exitcode(status), "maxrss_kb": own.ru_maxrss,
+                        "cpu": kids.ru_utime + kids.ru_stime}).encode())
+"""
+
+
 def run_child(argv: Sequence[str], *, env: dict | None = None, cwd: Path | None = None,
               check: bool = True) -> Usage:
-    """Run one command to completion, its output discarded, and return its resource usage."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """Run one command to completion (output discarded) under `WRAPPER`; return its resource usage."""
+    read_end, write_end = os.pipe()
     start = time.perf_counter()
-    proc = subprocess.Popen(list(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd)
-    _, status, own = os.wait4(proc.pid, 0)
+    proc = subprocess.Popen([sys.executable, "-S", "-c", WRAPPER, str(write_end), *map(str, argv)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd, pass_fds=(write_end,))
+    os.close(write_end)
+    _, err = proc.communicate()
     wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    proc.stderr and proc.stderr.close()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if check and proc.returncode not in (0, 2):  # analyze exits 2 for "report written with problems"
-        raise RuntimeError(f"{' '.join(map(str, argv))} exited {proc.returncode}: {err.strip()[-2000:]}")
-    return Usage(cpu=cpu, wall=wall, peak_rss=own.ru_maxrss * 1024, returncode=proc.returncode)
+    with os.fdopen(read_end, "rb") as f:
+        raw = f.read()
+    report = json.loads(raw) if raw else {"rc": proc.returncode or -1, "maxrss_kb": 0, "cpu": 0.0}
+    if check and report["rc"] not in (0, 2):  # analyze exits 2 for "report written with problems"
+        raise RuntimeError(f"{' '.join(map(str, argv))} exited {report['rc']}: {err.decode(errors='replace')[-2000:]}")
+    return Usage(cpu=report["cpu"], wall=wall, peak_rss=report["maxrss_kb"] * 1024, returncode=report["rc"])
 
 
 def python(*args: str) -> list[str]:
