@@ -48,16 +48,22 @@ class Analysis:
 def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None, rules: NameRules | None = None,
                   thresholds: Thresholds | None = None,
                   progress: Callable[[int, int], None] | None = None,
-                  set_attrs: dict[str, dict] | None = None) -> Analysis:
+                  set_attrs: dict[str, dict] | None = None, ref_input: str | None = None) -> Analysis:
     """Analyze every dump under `paths`; raises LayerdiffError only when nothing can be compared.
 
-    `set_attrs` attaches provenance to foreign inputs (see `analyzer.sources.open_runs`)."""
+    `ref` may be any dump, also one not under `paths` (a golden `.npz`, Polygraphy JSON, directory):
+    it is opened with the rest. `ref_input` names the input a reference without input hash was
+    made from (see `analyzer.reference.plan_comparisons`). `set_attrs` attaches provenance to
+    foreign inputs (see `analyzer.sources.open_runs`)."""
     rules = rules or NameRules()
     thresholds = thresholds or Thresholds()
+    paths = list(paths)
+    if ref is not None and Path(ref).exists():
+        paths.append(Path(ref))  # discovery drops it again when it is already among the inputs
     sources = open_runs(paths, set_attrs)
     try:
         _check_enough_runs(sources, ref)
-        plan = plan_comparisons(sources.runs, ref)
+        plan = plan_comparisons(sources.runs, ref, ref_input)
         if not plan.pairs:
             raise LayerdiffError("no run can be compared: every run is a reference or has no reference "
                                  f"run on its input ({'; '.join(plan.uncompared.values()) or 'all runs are references'})")
@@ -76,7 +82,7 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
 
 def _check_enough_runs(sources: SourceSet, ref: Path | str | None) -> None:
     """Refuse early, in one line, when there is nothing to compare (isolated dumps are not runs)."""
-    if ref is not None and any(r.path.resolve() == Path(ref).resolve() for r in sources.isolated):
+    if ref is not None and any(r.names(ref) for r in sources.isolated):
         raise LayerdiffError(f"--ref {ref}: an isolated dump (collect isolate) cannot be the reference; "
                              "pass the dump it was isolated against")
     if len(sources.runs) < 2:

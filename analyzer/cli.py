@@ -50,7 +50,10 @@ app = typer.Typer(cls=DefaultCommandGroup, add_completion=False, no_args_is_help
 def compare_command(
     inputs: List[Path] = typer.Argument(..., help="HDF5 dumps, directories of them, or other formats to import"),
     out: Path = typer.Option(..., "-o", "--out", help="report directory (created)"),
-    ref: Optional[Path] = typer.Option(None, "--ref", help="reference dump (default: cpu + high, else the first)"),
+    ref: Optional[Path] = typer.Option(None, "--ref", help="reference dump or golden in any format, e.g. an ONNX Runtime .npz "
+                                       "(default: cpu + high, else the first); need not be among the inputs"),
+    ref_input: Optional[str] = typer.Option(None, "--ref-input", help="input label (or sha256 prefix) the --ref golden "
+                                            "was made from, when it records no input hash"),
     json_out: bool = typer.Option(False, "--json", help="print the results as JSON on stdout (schema: REPORT_SCHEMA.md)"),
     atol: float = typer.Option(1e-3, "--atol", help="allclose: element fails when |diff| > atol and rel > rtol"),
     rtol: float = typer.Option(1e-2, "--rtol", help="allclose relative tolerance (|diff| / |ref|)"),
@@ -73,7 +76,7 @@ def compare_command(
     thresholds = Thresholds(atol=atol, rtol=rtol, warn_rel_l2=warn_rel_l2, fail_rel_l2=fail_rel_l2,
                             min_pass_fraction=min_pass_fraction)
     analysis = report_paths(inputs, out, force=force, ref=ref, rules=rules, thresholds=thresholds,
-                            set_attrs=per_input_attrs(set_))
+                            set_attrs=per_input_attrs(set_), ref_input=ref_input)
     try:
         if json_out:
             print(console_json(analysis))

@@ -35,6 +35,8 @@ class Run:
     dump: DumpFile
     attrs: dict[str, Any]
     label: str = ""
+    source: Path | None = None  # what the user named (a foreign file or directory) when `path` is its import
+    input_override: str = ""  # the input key a golden without input hash stands for (`--ref-input`)
     _stats: dict[int, dict[str, float]] | None = field(default=None, repr=False)
 
     def stats_by_order(self) -> dict[int, dict[str, float]]:
@@ -71,8 +73,24 @@ class Run:
 
     @property
     def input_key(self) -> str:
-        """Identity of the input fed: its sha256 when known, else its label."""
-        return str(self.attrs.get("input_sha256") or self.attrs.get("input_label") or "")
+        """Identity of the input fed: its sha256 when known, else its label (pairing goes by this)."""
+        return self.input_override or str(self.attrs.get("input_sha256") or self.attrs.get("input_label") or "")
+
+    @property
+    def input_description(self) -> str:
+        """The input as the user knows it plus the key pairing uses: `cat.png (sha256 1a2b3c4d5e6f)`."""
+        label = str(self.attrs.get("input_label") or "")
+        sha = str(self.attrs.get("input_sha256") or "")
+        if self.input_override:
+            return f"{label or '?'} (paired as {self.input_override[:12]} by --ref-input or as the only input)"
+        if sha:
+            return f"{label or '?'} (sha256 {sha[:12]})"
+        return f"{label} (no input hash: paired by this label)" if label else "unknown (no input label or hash)"
+
+    def names(self, path: Path | str) -> bool:
+        """True when `path` is this run's dump or the foreign file/directory it was imported from."""
+        wanted = Path(path).resolve()
+        return self.path.resolve() == wanted or (self.source is not None and self.source.resolve() == wanted)
 
     @property
     def is_isolated(self) -> bool:
@@ -164,7 +182,7 @@ def open_runs(paths: Iterable[Path | str], set_attrs: dict[str, dict[str, Any]] 
             except LayerdiffError as err:
                 sources.problems.append(str(err))
                 continue
-            run = Run(path=dump_path, dump=dump, attrs=dump.attrs)
+            run = Run(path=dump_path, dump=dump, attrs=dump.attrs, source=path)
             (sources.isolated if run.is_isolated else sources.runs).append(run)
     assign_labels(sources.runs)
     for run in sources.isolated:

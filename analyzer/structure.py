@@ -17,8 +17,8 @@ are instead:
    a match's neighbours (a fused or decomposed op leaves a chain of same-shape tensors on one side:
    Conv, BN, ReLU; Erf, Mul, Add for GELU), the one whose values agree wins. Values only choose
    among structurally possible partners, so an inaccurate op still meets its structural partner and
-   fails there; a guess that no value confirms is dropped (listed unmatched) unless structure is
-   sure of it and the error is one of precision, not of a different tensor.
+   fails there; a guess that no value confirms is dropped (listed unmatched) unless it is the only
+   same-shape candidate on both sides and its error is one of precision, not of a different tensor.
 Every match carries a confidence in (0, 1]: shape agreement x op-type agreement, divided by the
 number of equally plausible candidates between the neighbouring matches; a value-confirmed match
 is not ambiguous.
@@ -76,10 +76,11 @@ POSITION_SLACK = 0.05  # relative positions closer than this cost nothing: the l
 LATER_BIAS = 1e-2
 MATCH_COST = 0.7  # a match must beat this quality to be worth making: weakly typed pairs are left unmatched
 VALUES_AGREE = 0.05  # rel L2 under which two tensors are the same one computed twice
-# A match no candidate's values confirm is kept only when structure is sure of it and its error
-# is that of an inaccurate op, not of a different tensor (unrelated tensors differ by rel L2 ~1).
+# A match no candidate's values confirm is kept only when structure is sure of it (typed, the only
+# same-shape candidate on both sides between its neighbours) and its error is that of an inaccurate
+# op, not of a different tensor (unrelated tensors differ by rel L2 ~1 or more).
 KEEP_UNCONFIRMED = 0.75
-KEEP_UNCONFIRMED_ERROR = 0.15
+KEEP_UNCONFIRMED_ERROR = 0.1
 MAX_VALUE_CANDIDATES = 12
 MAX_CELLS = 30_000_000  # n x m above this: too big to align by structure (the DP table is n x m)
 
@@ -232,7 +233,7 @@ def _refine_by_values(pairs: list[tuple[int, int]], confidences: list[float], qu
         best = min(errors, key=lambda p: (errors[p], -p[0] - p[1]), default=None)
         if best is not None and errors[best] <= VALUES_AGREE:
             chosen, chosen_conf = best, float(quality[best])
-        elif (conf >= KEEP_UNCONFIRMED and errors.get((i, j), error(i, j)) <= KEEP_UNCONFIRMED_ERROR
+        elif (conf >= KEEP_UNCONFIRMED and options == [(i, j)] and errors[(i, j)] <= KEEP_UNCONFIRMED_ERROR
               and i not in used_a and j not in used_b):
             chosen, chosen_conf = (i, j), conf
         else:
