@@ -150,3 +150,40 @@ def test_ort_npz_aligns_with_mnn_dump_without_a_name_map(tmp_path):
         assert set(ref_keys) <= set(mnn_keys)
         for key, order in ref_keys.items():
             np.testing.assert_allclose(mnn.tensor(mnn_keys[key]).reshape(-1), ref.tensor(order).reshape(-1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["root-renamed", "output-renamed-order-inside", "output-renamed-order-beside"])
+def test_renamed_dump_folders_are_recognised_by_content(tmp_path, layout):
+    """Issue 15 point 11: a colleague's MNNV2Basic dump sent as a renamed folder still imports."""
+    import os
+    import shutil
+
+    from analyzer.sources import open_runs
+
+    tensors = sample_tensors()
+    work = write_mnn_dump(tmp_path / "MNNV2Basic.out", tensors)
+    if layout == "root-renamed":
+        os.rename(work, tmp_path / "from_bob")
+        given = tmp_path / "from_bob"
+    elif layout == "output-renamed-order-inside":
+        shutil.copy(work / ".order", work / "output" / ".order")
+        os.rename(work / "output", tmp_path / "bob_dump")
+        shutil.rmtree(work)
+        given = tmp_path / "bob_dump"
+    else:
+        os.rename(work / "output", work / "tensors")
+        given = work
+    assert detect_format(given) == "mnn-text"
+    sources = open_runs([tmp_path])  # found when searching the parent directory, too
+    try:
+        assert len(sources.runs) == 1, sources.problems
+        ops = list(sources.runs[0].layers["op"])
+        assert len(ops) == len(tensors) and ops[0] in (tensors[0][0], tensors[0][0].replace("/", "_"))
+    finally:
+        sources.close()
+
+
+def test_a_folder_of_other_numbered_files_is_not_an_mnn_dump(tmp_path):
+    (tmp_path / "notes_1").write_text("meeting notes, not numbers\n")
+    (tmp_path / "photo_2").write_bytes(b"\x89PNG\r\n\x1a\n....")
+    assert detect_format(tmp_path) is None

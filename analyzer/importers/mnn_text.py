@@ -16,6 +16,7 @@ files that really are in `output/`, so an order file cannot point outside the du
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -29,15 +30,42 @@ MNN_FORMAT = "mnn-text"
 ORDER_FILES = (".order", "order.txt")
 LOG_NAMES = ("stdout.txt", "log.txt", "stdout", "console.txt")
 CHUNK_TOKENS = 1 << 20
+MAX_ENTRIES_SCANNED = 100_000
+_NUMBER = re.compile(rb"[-+]?(\d+\.?\d*([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?|nan|-?inf|NAN|-?INF|-?nan)")
 
 
 def locate(path: Path) -> tuple[Path, Path] | None:
-    """(working directory, output directory) of an MNN dump, or None."""
-    if path.is_dir() and (path / "output").is_dir() and _has_dump_files(path / "output"):
-        return path, path / "output"
-    if path.is_dir() and path.name == "output" and _has_dump_files(path):
-        return path.parent, path
+    """(working directory, output directory) of an MNN dump, or None; found by content, not by names.
+
+    A colleague's dump often arrives renamed: the working directory, the `output/` folder, or both,
+    with `.order` inside the output folder or beside it. So a directory is an MNN dump when it (or one
+    of its sub-directories) holds op files whose content is MNN's numeric text; the working
+    directory is wherever the order file is.
+    """
+    if not path.is_dir() or path.is_symlink():
+        return None
+    if (path / "output").is_dir() and any(_is_op_dump(p) for p in _children(path / "output")):
+        return path, path / "output"  # MNN's own layout: a damaged file is reported, not a reason to skip
+    if _has_dump_files(path):
+        if not _has_order_file(path) and _has_order_file(path.parent):
+            return path.parent, path
+        return path, path
+    if _has_order_file(path):
+        subs = [d for d in _children(path) if d.is_dir() and not d.is_symlink() and _has_dump_files(d)]
+        if len(subs) == 1:
+            return path, subs[0]
     return None
+
+
+def _children(directory: Path) -> list[Path]:
+    try:
+        return sorted(directory.iterdir())[:MAX_ENTRIES_SCANNED]
+    except OSError:
+        return []
+
+
+def _has_order_file(directory: Path) -> bool:
+    return any((directory / n).is_file() for n in ORDER_FILES)
 
 
 def detect_mnn_text(path: Path) -> bool:
@@ -45,7 +73,19 @@ def detect_mnn_text(path: Path) -> bool:
 
 
 def _has_dump_files(directory: Path) -> bool:
-    return any(_is_op_dump(p) for p in directory.iterdir())
+    """Op files named `<op>_<i>` whose first bytes are MNN's numeric text (tab-separated numbers)."""
+    dumps = [p for p in _children(directory) if _is_op_dump(p)]
+    return bool(dumps) and _numeric_text(dumps[0])
+
+
+def _numeric_text(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    words = head.split()[:-1] if len(head) == 256 else head.split()  # the last word may be cut
+    return all(_NUMBER.fullmatch(w) for w in words)
 
 
 def _is_op_dump(p: Path) -> bool:
