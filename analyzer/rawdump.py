@@ -237,7 +237,7 @@ class RawDumpWriter:
         memory: str = "host",
         time_ms: float | None = None,
     ) -> None:
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # a 0-d tensor stays 0-d
         dtype = array.dtype.name
         if dtype not in DTYPES:
             array, dtype = array.astype(np.float32), "float32"

@@ -15,6 +15,7 @@ from rich.table import Table
 from collector.adb import AdbDevice
 from collector.adbserver import STATE_ADVICE, connect_server, list_devices
 from collector.devices import DeviceError, DeviceInfo
+from collector.engines import PHONE_ENGINES
 
 GPU_LIB_DIRS = ("/vendor/lib64", "/system/vendor/lib64", "/system/lib64", "/vendor/lib", "/system/lib")
 GPU_LIBS = ("libOpenCL.so", "libvulkan.so")
@@ -67,7 +68,7 @@ def _cached_harness(abi: str, engine: str):
 
 def probe_harness(device: AdbDevice, abi: str) -> tuple[dict | None, str]:
     """(probe JSON, note): stage an already-built harness and run `--probe` on the phone."""
-    for engine in ("ncnn", "mnn"):
+    for engine in PHONE_ENGINES:
         if _cached_harness(abi, engine) is None:
             continue
         invocation = device.prepare_harness(engine)

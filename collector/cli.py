@@ -11,7 +11,7 @@ from rich.console import Console
 
 from analyzer.errors import LayerdiffError
 from collector.inputs import resolve_inputs
-from collector.models import input_shapes, resolve_model
+from collector.models import apply_shapes, input_shapes, parse_shapes, resolve_model
 from collector.isolate import failing_layers, isolate
 from collector.preprocess import parse_preprocess
 from collector.plan import SweepPlan, resolve_devices, split_list
@@ -40,11 +40,12 @@ def _checked(values: list[str], allowed: tuple[str, ...], what: str) -> list[str
 def collect(
     ctx: typer.Context,
     device: List[str] = typer.Option(None, "--device", "-d", help="local, a serial, all, or a comma list"),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help=".mnn, or ncnn .param with its .bin (default: bundled sample)"),
-    engine: str = typer.Option("auto", "--engine", help="auto (from the file name), mnn or ncnn"),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help=".mnn, ncnn .param with its .bin, or .onnx (local golden) (default: bundled sample)"),
+    engine: str = typer.Option("auto", "--engine", help="auto (from the file name), mnn, ncnn or onnxruntime"),
     backend: List[str] = typer.Option(None, "--backend", "-b", help="cpu, opencl, vulkan (comma list or repeated)"),
     precision: List[str] = typer.Option(None, "--precision", "-p", help="low, normal, high (comma list or repeated)"),
     input: List[str] = typer.Option(None, "--input", "-i", help=".npy, .npz, image, dir, glob, name=FILE or random[:SEED]; repeatable"),
+    shape: List[str] = typer.Option(None, "--shape", help="NAME=1x3x640x640: an input's shape where the model declares none (repeatable)"),
     preprocess: Optional[str] = typer.Option(None, "--preprocess", help="image recipe: resize=224x224,crop=center,... or a .json/.toml file"),
     out: Path = typer.Option(Path("runs"), "--out", "-o", help="output directory for the .h5 files"),
     threads: int = typer.Option(1, "--threads"),
@@ -66,7 +67,7 @@ def collect(
         devices=split_list(device) or ["local"], model=model, engine=engine, preprocess=preprocess,
         backends=_checked(split_list(backend) or ["cpu"], BACKENDS, "backend"),
         precisions=_checked(split_list(precision) or ["high"], PRECISIONS, "precision"),
-        inputs=input or [], out=out, threads=threads, repeat=repeat, deadline=deadline, layers=layers,
+        inputs=input or [], shapes=shape or [], out=out, threads=threads, repeat=repeat, deadline=deadline, layers=layers,
         max_bytes=max_bytes, exclude=split_list(exclude), adb_servers=adb_server or [], keep=keep, force=force,
         retry_failed=retry_failed,
     )
@@ -88,13 +89,15 @@ def collect(
 def build_plan(*, devices: list[str], model: Path | None, engine: str, backends: list[str], precisions: list[str],
                inputs: list[str], out: Path, threads: int, repeat: int, deadline: float, layers: str | None,
                max_bytes: int | None, exclude: list[str], adb_servers: list[str], keep: bool, force: bool,
-               retry_failed: bool = False, preprocess: str | None = None) -> tuple[SweepPlan, list[str]]:
+               retry_failed: bool = False, preprocess: str | None = None,
+               shapes: list[str] | None = None) -> tuple[SweepPlan, list[str]]:
     """Everything `collect` needs, checked before any device is touched; plus unusable-input lines."""
     check_run_options(threads, repeat, deadline, layers, max_bytes)
     if out.exists() and not out.is_dir():
         raise LayerdiffError(f"output {out} is a file; pass a directory to -o")
     model_files = resolve_model(model or default_model(), engine)
-    input_sets, input_errors = resolve_inputs(inputs, input_shapes(model_files), parse_preprocess(preprocess))
+    model_shapes = apply_shapes(input_shapes(model_files), parse_shapes(shapes or []), model_files)
+    input_sets, input_errors = resolve_inputs(inputs, model_shapes, parse_preprocess(preprocess))
     if not input_sets:
         raise LayerdiffError(input_errors[0] if len(input_errors) == 1 else
                              f"none of the {len(input_errors)} inputs is usable; first: {input_errors[0]}")

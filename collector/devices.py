@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
 from analyzer.errors import LayerdiffError
+from collector.engines import ENGINES
 
 LineSink = Callable[[str], None]
 
@@ -163,10 +164,10 @@ class LocalDevice:
         return self._info
 
     def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
-        module = {"ncnn": "collector.engines.ncnn_engine", "mnn": "collector.engines.mnn_engine"}.get(engine)
-        if module is None:
-            raise DeviceError(f"local: no host engine named {engine!r}; use --engine ncnn or --engine mnn")
-        return HarnessInvocation(argv=[sys.executable, "-m", module], description=f"host {engine} (Python)")
+        if engine not in ENGINES:
+            raise DeviceError(f"local: no host engine named {engine!r}; use --engine {' or '.join(ENGINES)}")
+        return HarnessInvocation(argv=[sys.executable, "-m", ENGINES[engine].host_module],
+                                 description=f"host {engine} (Python)")
 
     def new_run_dir(self, tag: str) -> str:
         root = self._workroot or Path(tempfile.gettempdir())

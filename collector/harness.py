@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterator
 
 from analyzer.errors import LayerdiffError
+from collector.engines import ENGINES, PHONE_ENGINES
 
 DEVICE_SCRIPTS = Path(__file__).resolve().parent.parent / "device_scripts"
 NCNN_VERSION = "1.0.20261020"
@@ -81,8 +82,9 @@ def spec_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool = 
     GPU backends and MNN need an NDK build; the host ABI gets the host build (Vulkan on).
     """
     mnn_root = os.environ.get("MNN_ROOT") or None
-    if engine not in ("ncnn", "mnn"):
-        raise HarnessError(f"unknown engine {engine!r}: use ncnn or mnn")
+    if engine not in PHONE_ENGINES:
+        where = " (it runs on the local device only)" if engine in ENGINES else ""
+        raise HarnessError(f"no device harness for engine {engine!r}{where}: use {' or '.join(PHONE_ENGINES)}")
     if engine == "mnn" and not mnn_root:
         raise HarnessError(
             f"the MNN harness for {abi} needs an MNN build: set MNN_ROOT to a directory with include/ and lib/"
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m collector.harness", description=main.__doc__.splitlines()[0])
     parser.add_argument("--abi", default=host_abi())
-    parser.add_argument("--engine", default="ncnn", choices=["ncnn", "mnn"])
+    parser.add_argument("--engine", default="ncnn", choices=list(PHONE_ENGINES))
     parser.add_argument("--backend", default="cpu", choices=["cpu", "opencl", "vulkan"])
     parser.add_argument("--test-build", action="store_true", default=None)
     args = parser.parse_args(argv)

@@ -39,9 +39,13 @@ class InputSet:
 
 
 def resolve_inputs(
-    specs: list[str], shapes: dict[str, tuple[int, ...]], preprocess: Preprocess | None = None
+    specs: list[str], shapes: dict[str, tuple[int, ...] | None], preprocess: Preprocess | None = None
 ) -> tuple[list[InputSet], list[str]]:
-    """Every run's inputs (default: one `random:0`) plus one error line per unusable file."""
+    """Every run's inputs (default: one `random:0`) plus one error line per unusable file.
+
+    Arrays keep the dtype and rank their file gives (a 0-d scalar stays 0-d), so the input hash is
+    the same whichever engine's model takes them; each run casts them to what its model takes.
+    """
     sets: list[InputSet] = []
     errors: list[str] = []
     pairs: dict[str, str] = {}
@@ -136,9 +140,12 @@ def _single_input_name(path: Path, shapes: dict[str, tuple[int, ...]]) -> str:
     return next(iter(shapes))
 
 
-def _load_file(path: Path, shape: tuple[int, ...], preprocess: Preprocess | None) -> tuple[np.ndarray, dict]:
+def _load_file(path: Path, shape: tuple[int, ...] | None, preprocess: Preprocess | None) -> tuple[np.ndarray, dict]:
     suffix = path.suffix.lower()
     if suffix in IMAGE_SUFFIXES:
+        if preprocess is None and (shape is None or any(d <= 0 for d in shape)):
+            raise LayerdiffError(f"{path}: the model does not declare its input size; pass --preprocess resize=WxH "
+                                 "or --shape NAME=1x3xHxW")
         recipe = preprocess or default_for(shape)
         return load_image(path, recipe, image_pixel_limit(shape)), recipe.as_dict()
     if suffix == ".npy":
@@ -153,7 +160,7 @@ def _load_npy(path: Path) -> np.ndarray:
         raise LayerdiffError(f"{path}: not a readable .npy file ({err})") from None
     if array.dtype.kind not in "fiub":
         raise LayerdiffError(f"{path}: input dtype {array.dtype} is not numeric")
-    return np.ascontiguousarray(array, dtype=np.float32)
+    return np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d scalar 1-d
 
 
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
@@ -165,7 +172,7 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
     for name, array in arrays.items():
         if array.dtype.kind not in "fiub":
             raise LayerdiffError(f"{path}: array {name!r} has non-numeric dtype {array.dtype}")
-    return {name: np.ascontiguousarray(a, dtype=np.float32) for name, a in arrays.items()}
+    return {name: np.asarray(a, order="C") for name, a in arrays.items()}
 
 
 def check_against_model(source: Path | str, arrays: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> None:
@@ -173,7 +180,7 @@ def check_against_model(source: Path | str, arrays: dict[str, np.ndarray], shape
         if name not in shapes:
             raise LayerdiffError(f"{source}: the model has no input {name!r}; its inputs are {', '.join(shapes)}")
         expected = shapes[name]
-        if len(expected) == array.ndim and all(e <= 0 or e == a for e, a in zip(expected, array.shape)):
+        if expected is None or len(expected) == array.ndim and all(e <= 0 or e == a for e, a in zip(expected, array.shape)):
             continue
         raise LayerdiffError(
             f"{source}: input {name!r} has shape {list(array.shape)} but the model expects {list(expected)}"
@@ -183,12 +190,17 @@ def check_against_model(source: Path | str, arrays: dict[str, np.ndarray], shape
         raise LayerdiffError(f"{source}: no array for model input(s) {', '.join(missing)}")
 
 
-def random_inputs(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
-    """Uniform [0, 1) inputs, reproducible from the seed; unknown dims must be given explicitly."""
+def random_inputs(shapes: dict[str, tuple[int, ...] | None], seed: int) -> dict[str, np.ndarray]:
+    """Uniform [0, 1) float32 inputs, reproducible from the seed; unknown dims must be given explicitly.
+
+    (A run casts them to its model's dtypes: integer and bool inputs are then 0; give those in a .npz.)
+    """
     rng = np.random.default_rng(seed)
     arrays = {}
     for name, shape in shapes.items():
-        if any(d <= 0 for d in shape):
-            raise LayerdiffError(f"model input {name!r} has an unknown size {list(shape)}; pass --input with a .npy")
+        if shape is None or any(d <= 0 for d in shape):
+            size = "no declared shape" if shape is None else f"an unknown size {list(shape)}"
+            raise LayerdiffError(f"model input {name!r} has {size}; pass --shape {name}=1x3x224x224 "
+                                 "(its real sizes) or --input with a .npy")
         arrays[name] = rng.random(shape, dtype=np.float32)
     return arrays

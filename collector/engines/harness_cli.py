@@ -136,14 +136,23 @@ def _input_files(specs: list[str]) -> dict[str, Path]:
     return out
 
 
+INPUT_DTYPES = ("float32", "int32", "int64", "uint8", "bool")
+
+
 def load_inputs(files: dict[str, Path]) -> dict[str, np.ndarray]:
+    """Input arrays as the files hold them: float32, or int32/int64/uint8/bool for models that take those.
+
+    The Python host engines feed each in the dtype its model input takes; the C++ harness reads `<f4` only.
+    """
     arrays = {}
     for name, path in files.items():
         try:
             array = np.load(path, allow_pickle=False)
         except (ValueError, OSError) as err:
             raise HarnessExit(EXIT_ARGS, f"input file {path} is not a readable .npy ({err})") from None
-        arrays[name] = np.ascontiguousarray(array, dtype=np.float32)
+        if array.dtype.name not in INPUT_DTYPES:
+            raise HarnessExit(EXIT_ARGS, f"input file {path} holds {array.dtype}; use one of {', '.join(INPUT_DTYPES)}")
+        arrays[name] = np.asarray(array, order="C")  # a 0-d scalar stays 0-d
     return arrays
 
 
@@ -162,7 +171,7 @@ def base_header(args: HarnessArgs, engine_version: str, inputs: dict[str, np.nda
                 "file": args.inputs[name].name,
                 "sha256": hashlib.sha256(arr.tobytes()).hexdigest(),
                 "shape": list(arr.shape),
-                "dtype": "float32",
+                "dtype": arr.dtype.name,
             }
             for name, arr in inputs.items()
         ],

@@ -14,7 +14,8 @@ import sys
 
 import numpy as np
 
-from collector.models import quiet_stdout
+from collector.engines.mnn_model import MnnOps, read_mnn_ops
+from collector.models import mnn_dtype, quiet_stdout
 from collector.engines.harness_cli import (
     EXIT_ARGS,
     EXIT_MODEL,
@@ -67,14 +68,20 @@ def effective_precision(args: HarnessArgs, backend_actual: str) -> str:
 
 
 def _address(tensor) -> int:
-    return _capsule_pointer(tensor.getHost(), None) or 0
+    """The tensor's host buffer address (0 when it has none: e.g. an input no op reads)."""
+    try:
+        return _capsule_pointer(tensor.getHost(), None) or 0
+    except ValueError:  # pymnn refuses to wrap a null host pointer
+        return 0
 
 
 def _host_copy(MNN, tensor) -> np.ndarray:
+    """An op output as an NCHW numpy array of its own element type (int ops such as Shape stay int)."""
     shape = tuple(tensor.getShape())
-    host = MNN.Tensor(shape, MNN.Halide_Type_Float, MNN.Tensor_DimensionType_Caffe)
+    halide, _ = _host_type(MNN, tensor, np.empty(0))
+    host = MNN.Tensor(shape, halide, MNN.Tensor_DimensionType_Caffe)
     tensor.copyToHostTensor(host)
-    return np.array(host.getNumpyData(), dtype=np.float32, copy=True).reshape(shape)
+    return np.array(host.getNumpyData(), copy=True).reshape(shape)
 
 
 def create_session(MNN, args: HarnessArgs):
@@ -96,21 +103,35 @@ def feed(MNN, interpreter, session, inputs: dict[str, np.ndarray]) -> dict[int, 
     """Copy inputs into the session; returns input buffer addresses → input names (edge seeds)."""
     known = interpreter.getSessionInputAll(session)
     seeds = {}
+    resized = False
     for name, array in inputs.items():
         if name not in known:
             raise HarnessExit(EXIT_RUN, f"model has no input {name!r}; its inputs are {', '.join(sorted(known))}")
         tensor = known[name]
         expected = tuple(tensor.getShape())
-        if expected and tuple(array.shape) != expected:
-            if any(d <= 0 for d in expected) or array.ndim != len(expected):
+        if tuple(array.shape) != expected:
+            # same rank: MNN resizes (dynamic dims, and dims its converter froze to 1, e.g. [seq, 576] -> [1, 576])
+            if array.ndim != len(expected) or array.ndim == 0:
                 raise HarnessExit(EXIT_RUN, f"input {name!r} has shape {list(array.shape)}, model expects {list(expected)}")
             interpreter.resizeTensor(tensor, tuple(array.shape))
-            interpreter.resizeSession(session)
-            tensor = interpreter.getSessionInput(session, name)
-        host = MNN.Tensor(tuple(array.shape), MNN.Halide_Type_Float, array, MNN.Tensor_DimensionType_Caffe)
+            resized = True
+    if resized:
+        interpreter.resizeSession(session)
+    for name, array in inputs.items():
+        tensor = interpreter.getSessionInput(session, name)
+        halide, values = _host_type(MNN, tensor, array)
+        host = MNN.Tensor(tuple(array.shape), halide, values, MNN.Tensor_DimensionType_Caffe)
         tensor.copyFrom(host)
         seeds[_address(tensor)] = name
     return seeds
+
+
+def _host_type(MNN, tensor, array: np.ndarray):
+    """The Halide type and values for the host tensor: the session input's own element type."""
+    dtype = mnn_dtype(MNN, tensor)
+    halide = {"int32": MNN.Halide_Type_Int, "int64": MNN.Halide_Type_Int64, "uint8": MNN.Halide_Type_Uint8,
+              "float64": MNN.Halide_Type_Double}.get(dtype, MNN.Halide_Type_Float)
+    return halide, np.asarray(array, dtype=dtype, order="C")
 
 
 def graph_edges(model: str) -> dict[str, list[str]]:
@@ -172,9 +193,10 @@ def _resolve(tensor: str, edges: dict[str, list[str]], known: set[str], depth: i
 
 
 def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edges: dict[str, list[str]],
-             replace: dict[tuple[str, int], np.ndarray] | None = None) -> float:
+             ops: MnnOps, replace: dict[tuple[str, int], np.ndarray] | None = None) -> float:
     """One session run with every op output dumped; outputs in `replace` are overwritten first (what-if)."""
     producers = feed(MNN, interpreter, session, inputs)
+    keys = DumpKeys(ops)
     replace = replace or {}
     known = set(inputs)
     pending: dict[str, list[str]] = {}
@@ -184,7 +206,7 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edg
     def before(tensors, info) -> bool:
         op = info.getName()
         by_address = [producers.get(_address(t), f"<{op} input {i}>") for i, t in enumerate(tensors)]
-        pending[op] = op_inputs(op, edges, known, by_address)
+        pending[op] = op_inputs(keys.graph_op(op), edges, known, by_address)
         clock["start"] = now_ms()
         return True
 
@@ -195,14 +217,15 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edg
         try:
             for index, tensor in enumerate(tensors):
                 shape = tuple(tensor.getShape())
-                if not shape or int(np.prod(shape)) <= 0:
+                if shape and int(np.prod(shape)) <= 0:
                     continue
-                name = op if index == 0 else f"{op}:{index}"
-                if (op, index) in replace:
-                    _overwrite(MNN, tensor, replace.pop((op, index)), name)
-                sink.add(op=op, op_type=info.getType(), array=_host_copy(MNN, tensor), output_index=index,
+                address = _address(tensor)
+                dump_op, name = keys.key(op, index)
+                if (dump_op, index) in replace:
+                    _overwrite(MNN, tensor, replace.pop((dump_op, index)), name)
+                sink.add(op=dump_op, op_type=info.getType(), array=_host_copy(MNN, tensor), output_index=index,
                          name=name, inputs=pending.get(op, []), layout="NCHW", memory=memory, time_ms=elapsed)
-                producers[_address(tensor)] = name
+                producers[address] = name
                 known.add(name)
         except HarnessExit as exc:
             failure.append(str(exc))
@@ -215,6 +238,7 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edg
     if replace:
         op, index = next(iter(replace))
         raise HarnessExit(EXIT_ARGS, f"--replace {op}:{index}: no op of the model wrote that output")
+    dump_outputs(MNN, interpreter.getSessionOutputAll(session), keys, producers, sink, memory)
     return clock["total"]
 
 
@@ -241,6 +265,51 @@ def replacements(args: HarnessArgs) -> dict[tuple[str, int], np.ndarray]:
             raise HarnessExit(EXIT_ARGS, f"--replace {key!r}: the inject dump has no tensor {name!r}")
         out[(op, index)] = injected[name]
     return out
+
+
+def dump_outputs(MNN, outputs: dict, keys: DumpKeys, producers: dict[int, str], sink: DumpSink, memory: str) -> None:
+    """The model's outputs under their own names, when no model op was keyed by them: MNN often writes
+    an output through a runtime raster (a layout conversion) that alignment sets aside as engine-made.
+    Read after the run, they are the values the model returns; the producer is the last op that wrote
+    the output's buffer."""
+    for name, tensor in outputs.items():
+        if name in keys.used:
+            continue
+        shape = tuple(tensor.getShape())
+        if shape and int(np.prod(shape)) <= 0:
+            raise HarnessExit(EXIT_RUN, f"MNN computed no value for model output {name!r} (shape {list(shape)}); "
+                                        "models with control flow (If/Loop) need MNN's Module API, which this engine does not use")
+        address = _address(tensor)
+        keys.used.add(name)
+        sink.add(op=name, op_type="Output", array=_host_copy(MNN, tensor), output_index=0, name=name,
+                 inputs=[producers[address]] if address in producers else [], layout="NCHW", memory=memory,
+                 time_ms=0.0)
+
+
+class DumpKeys:
+    """How each op output is keyed in the dump (HARNESS_CLI.md): by the tensor the op writes.
+
+    Ops MNN adds at run time (rasters) keep their own names. A name already used gets `#k` appended.
+    """
+
+    def __init__(self, ops: MnnOps) -> None:
+        self.ops = ops
+        self.used: set[str] = set()
+
+    def graph_op(self, op: str) -> str:
+        keyed = self.ops.key(op, 0)
+        return keyed[0] if keyed else op
+
+    def key(self, op: str, index: int) -> tuple[str, str]:
+        dump_op, name = self.ops.key(op, index) or (op, op if index == 0 else f"{op}:{index}")
+        if name in self.used:
+            k = 1
+            while f"{name}#{k}" in self.used:
+                k += 1
+            name = f"{name}#{k}"
+            dump_op = name if index == 0 else dump_op
+        self.used.add(name)
+        return dump_op, name
 
 
 def isolate(MNN, args: HarnessArgs) -> None:
@@ -341,12 +410,13 @@ def run(args: HarnessArgs) -> None:
         print(f"layerdiff-harness: MNN fell back from {args.backend} to {backend_actual}", file=sys.stderr)
     memory = "host" if backend_actual == "cpu" else "device"
     edges = graph_edges(str(args.models[0]))
+    ops = read_mnn_ops(args.models[0])
     replace = replacements(args)
     if replace:
         header.update({"mode": "replace", "replaced": args.replace})
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=0)
-        infer_ms = run_once(MNN, interpreter, session, inputs, sink, memory, edges, dict(replace))
+        infer_ms = run_once(MNN, interpreter, session, inputs, sink, memory, edges, ops, dict(replace))
         sink.close(infer_ms)
 
 

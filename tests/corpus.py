@@ -1,0 +1,164 @@
+"""The real-model corpus: pretrained ONNX networks shipped inside PyPI wheels, converted the way users
+convert them (MNN's converter through its `_tools` module, pnnx for ncnn), at small input sizes.
+
+The wheels are installed without their dependencies (tests/corpus-wheels.txt, setup_host.sh --test):
+only the model files inside them are used, so neither torch nor OpenCV is needed. Inputs are made
+here, deterministically: rendered text for the OCR networks, a synthetic tone burst for the VAD.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from samples.onnx_emit import convert_many
+
+
+@dataclass(frozen=True)
+class CorpusModel:
+    """One network: where its ONNX lives, what it is fed, and how pnnx is told its input shapes."""
+
+    stem: str
+    kind: str
+    dist: str  # the PyPI distribution that ships it
+    member: str  # its path inside the installed distribution
+    make_inputs: str  # name of the input maker below
+    pnnx_shapes: str  # pnnx `inputshape=` (pnnx freezes shapes into the ncnn model)
+    ncnn_names: tuple[str, ...] = field(default=("in0",))  # pnnx renames inputs in0, in1, ...
+    ncnn_checked: str = ""  # the golden tensor a correct ncnn run reproduces (default: the model's output)
+
+
+MODELS = (
+    CorpusModel("ocr_det", "text detection (PP-OCRv4 det, dynamic H/W)", "rapidocr-onnxruntime",
+                "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", "det_inputs", "[1,3,64,128]f32"),
+    CorpusModel("ocr_cls", "text direction classification (PP-OCR mobile v2 cls)", "rapidocr-onnxruntime",
+                "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", "cls_inputs", "[1,3,48,192]f32"),
+    CorpusModel("ocr_rec", "text recognition, a sequence of 6625-class scores (PP-OCRv4 rec)", "rapidocr-onnxruntime",
+                "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx", "rec_inputs", "[1,3,48,120]f32"),
+    CorpusModel("vad_lstm", "voice activity, LSTM with state inputs h/c (Silero VAD 16k)", "silero-vad",
+                "silero_vad/data/silero_vad_16k_sequence.onnx", "vad_inputs",
+                "[1,576]f32,[1,1,128]f32,[1,1,128]f32", ("in0", "in1", "in2"),
+                # pnnx's ncnn model is right up to the LSTM; its head after it (Transpose -> Conv1d ->
+                # Sigmoid) gives other values at sequence length 1: a conversion defect, found by these tests
+                ncnn_checked="/recurrent/LSTM_output_0"),
+)
+# Silero VAD with a 0-d int64 `sr` input and If control flow: pnnx cannot convert it, so it is
+# collected on ONNX Runtime (the golden) and MNN only.
+SCALAR_MODEL = CorpusModel("vad_scalar", "voice activity with a scalar int64 sample-rate input", "silero-vad",
+                           "silero_vad/data/silero_vad_16k_op15.onnx", "vad_scalar_inputs", "")
+
+
+def wheel_file(model: CorpusModel) -> Path:
+    """The ONNX file inside the installed wheel (found without importing the package: its imports
+    need torch / OpenCV, which the corpus does not install)."""
+    try:
+        path = Path(importlib.metadata.distribution(model.dist).locate_file(model.member))
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError(f"{model.dist} is not installed; run device_scripts/setup_host.sh --test") from None
+    if not path.is_file():
+        raise RuntimeError(f"{model.dist} does not ship {model.member} (version changed?)")
+    return path
+
+
+def pnnx_binary() -> Path:
+    """The pnnx executable inside the pnnx wheel (its Python wrapper imports torch)."""
+    try:
+        return Path(importlib.metadata.distribution("pnnx").locate_file("pnnx/pnnx"))
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError("pnnx is not installed; run device_scripts/setup_host.sh --test") from None
+
+
+def convert_with_pnnx(onnx_path: Path, shapes: str, workdir: Path) -> Path:
+    """ONNX -> ncnn .param/.bin with pnnx, in `workdir` (pnnx writes its side files there too)."""
+    target = workdir / f"{onnx_path.stem}.ncnn.param"
+    proc = subprocess.run([str(pnnx_binary()), onnx_path.name, f"inputshape={shapes}", "fp16=0"],
+                          cwd=workdir, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0 or not target.is_file():
+        raise RuntimeError(f"pnnx could not convert {onnx_path.name}: {(proc.stdout + proc.stderr)[-800:]}")
+    return target
+
+
+@dataclass
+class Converted:
+    """One corpus model on disk: the original ONNX, its MNN and ncnn conversions, and its inputs."""
+
+    model: CorpusModel
+    onnx: Path
+    mnn: Path
+    ncnn: Path | None
+    inputs: Path  # .npz by the ONNX/MNN input names
+    ncnn_inputs: Path | None  # the same arrays by pnnx's input names
+
+
+def convert_corpus(workdir: Path, models=MODELS) -> dict[str, Converted]:
+    """Copy each ONNX out of its wheel, convert it with both converters, write its inputs."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Converted] = {}
+    jobs = []
+    for model in models:
+        onnx_path = workdir / f"{model.stem}.onnx"
+        onnx_path.write_bytes(wheel_file(model).read_bytes())
+        jobs.append((onnx_path, workdir / f"{model.stem}.mnn", False))
+        arrays = INPUT_MAKERS[model.make_inputs]()
+        inputs = workdir / f"{model.stem}_in.npz"
+        np.savez(inputs, **arrays)
+        ncnn = ncnn_inputs = None
+        if model.pnnx_shapes:
+            ncnn = convert_with_pnnx(onnx_path, model.pnnx_shapes, workdir)
+            ncnn_inputs = workdir / f"{model.stem}_in_ncnn.npz"
+            np.savez(ncnn_inputs, **dict(zip(model.ncnn_names, arrays.values())))
+        out[model.stem] = Converted(model, onnx_path, workdir / f"{model.stem}.mnn", ncnn, inputs, ncnn_inputs)
+    convert_many(jobs)
+    return out
+
+
+def text_image(height: int, width: int, text: str) -> np.ndarray:
+    """Dark text on a light background, rendered with Pillow's built-in font (HxWx3 uint8)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    image = Image.new("RGB", (width, height), (235, 232, 225))
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=max(10, int(height * 0.55)))
+    draw.text((4, height * 0.18), text, fill=(20, 20, 30), font=font)
+    return np.asarray(image)
+
+
+def _nchw(image: np.ndarray, mean, std) -> np.ndarray:
+    x = (image.astype(np.float32) / 255.0 - np.array(mean, np.float32)) / np.array(std, np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+
+
+def det_inputs() -> dict[str, np.ndarray]:
+    image = text_image(64, 128, "layer 42")
+    return {"x": _nchw(image, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+
+
+def cls_inputs() -> dict[str, np.ndarray]:
+    return {"x": _nchw(text_image(48, 192, "diff 2026"), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))}
+
+
+def rec_inputs() -> dict[str, np.ndarray]:
+    return {"x": _nchw(text_image(48, 120, "ncnn"), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))}
+
+
+def _speech_like(samples: int) -> np.ndarray:
+    t = np.arange(samples, dtype=np.float64) / 16000.0
+    voiced = 0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t)) + 0.1 * np.sin(2 * np.pi * 720 * t)
+    noise = np.random.default_rng(7).normal(0.0, 0.01, samples)
+    return (voiced + noise).astype(np.float32)[None]
+
+
+def vad_inputs() -> dict[str, np.ndarray]:
+    state = np.zeros((1, 1, 128), np.float32)
+    return {"input": _speech_like(576), "h": state, "c": state.copy()}
+
+
+def vad_scalar_inputs() -> dict[str, np.ndarray]:
+    return {"input": _speech_like(512), "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
+
+
+INPUT_MAKERS = {f.__name__: f for f in (det_inputs, cls_inputs, rec_inputs, vad_inputs, vad_scalar_inputs)}

@@ -1,0 +1,172 @@
+"""Real pretrained models (tests/corpus.py): converted in this run, collected on ONNX Runtime (the
+golden), MNN and ncnn through the `local` device, and held against the golden."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analyzer.dumpfile import DumpFile
+from analyzer.errors import LayerdiffError
+from collector.devices import LocalDevice
+from collector.inputs import InputSet, resolve_inputs
+from collector.models import apply_shapes, input_shapes, parse_shapes, resolve_model
+from collector.run import RunSpec, collect_run
+from tests.corpus import MODELS, SCALAR_MODEL, convert_corpus
+
+ENGINES = ("onnxruntime", "mnn", "ncnn")
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """Every corpus model converted once per test session."""
+    return convert_corpus(tmp_path_factory.mktemp("corpus"), MODELS + (SCALAR_MODEL,))
+
+
+@pytest.fixture(scope="session")
+def corpus_run(corpus, tmp_path_factory):
+    """`corpus_run(stem, engine, backend="cpu", precision="high")` -> the run's HDF5, each made once."""
+    out = tmp_path_factory.mktemp("corpus-runs")
+    cache: dict[tuple, Path] = {}
+    device = LocalDevice()
+
+    def run(stem: str, engine: str, backend: str = "cpu", precision: str = "high") -> Path:
+        key = (stem, engine, backend, precision)
+        if key not in cache:
+            converted = corpus[stem]
+            model_file = {"onnxruntime": converted.onnx, "mnn": converted.mnn, "ncnn": converted.ncnn}[engine]
+            model = resolve_model(model_file)
+            inputs = converted.ncnn_inputs if engine == "ncnn" else converted.inputs
+            sets, errors = resolve_inputs([str(inputs)], input_shapes(model))
+            assert not errors, errors
+            sets[0].label = stem  # one label for the same arrays whatever the engine's input names
+            outcome = collect_run(device, RunSpec(model, backend, precision, sets[0]), out / stem)
+            assert outcome.status == "done", f"{stem} on {engine}: {outcome.message}"
+            cache[key] = outcome.paths[0]
+        return cache[key]
+
+    return run
+
+
+def _layers(path: Path) -> dict[str, np.ndarray]:
+    with DumpFile(path) as dump:
+        return {row.key: dump.tensor(row.order) for row in dump.layers.itertuples()}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("stem", [m.stem for m in MODELS])
+def test_every_corpus_model_collects_completely(corpus_run, stem, engine):
+    with DumpFile(corpus_run(stem, engine)) as dump:
+        assert dump.attrs["complete"] and dump.attrs["engine"] == engine
+        assert len(dump.layers) >= 20
+        assert all(np.isfinite(dump.tensor(row.order)).all() for row in dump.layers.itertuples())
+
+
+@pytest.mark.parametrize("stem", [m.stem for m in MODELS])
+def test_golden_and_engines_share_the_input_hash(corpus_run, stem):
+    """Pairing with the golden goes by input hash: the ncnn run's inputs are named in0.., same arrays."""
+    hashes = set()
+    for engine in ENGINES:
+        with DumpFile(corpus_run(stem, engine)) as dump:
+            hashes.add(dump.attrs["input_sha256"])
+    assert len(hashes) == 1
+
+
+@pytest.mark.parametrize("stem", [m.stem for m in MODELS])
+def test_mnn_keys_are_the_tensors_ops_write_and_match_the_golden(corpus, corpus_run, stem):
+    """Fused Conv+BN(+act) is keyed by the tensor it writes, so every shared key holds the same values,
+    and the model's outputs are dumped under their ONNX names (MNN writes them through rasters)."""
+    golden, mnn = _layers(corpus_run(stem, "onnxruntime")), _layers(corpus_run(stem, "mnn"))
+    shared = [k for k in mnn if k in golden]
+    assert len(shared) >= max(10, 0.2 * len(mnn))  # the rest are MNN's runtime rasters and converter-made tensors
+    for key in shared:
+        a, b = mnn[key].astype(np.float64).ravel(), golden[key].astype(np.float64).ravel()
+        assert a.size == b.size, key
+        scale = max(np.abs(b).max(), 1e-3)
+        assert np.abs(a - b).max() <= 2e-3 * scale, f"{stem}: {key} differs from the golden"
+    outputs = _onnx_outputs(corpus[stem].onnx)
+    assert all(f"{name}:0" in mnn for name in outputs), outputs
+
+
+@pytest.mark.parametrize("stem", [m.stem for m in MODELS])
+def test_ncnn_run_reproduces_the_golden(corpus, corpus_run, stem):
+    """pnnx renames every layer, so only values can be checked here: some ncnn tensor equals the golden's
+    output (alignment by structure is the analyzer's job)."""
+    golden = _layers(corpus_run(stem, "onnxruntime"))
+    ncnn = _layers(corpus_run(stem, "ncnn"))
+    checked = corpus[stem].model.ncnn_checked or _onnx_outputs(corpus[stem].onnx)[0]
+    reference = golden[f"{checked}:0"].astype(np.float64).ravel()
+    tolerance = 2e-3 * max(np.abs(reference).max(), 1e-3)
+    assert any(v.size == reference.size and np.abs(v.astype(np.float64).ravel() - reference).max() <= tolerance
+               for v in ncnn.values()), f"{stem}: no ncnn tensor equals the golden's {checked}"
+
+
+def _onnx_outputs(path: Path) -> list[str]:
+    import onnx
+
+    return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
+
+
+def test_scalar_int64_input_reaches_the_engines_as_it_is(corpus, corpus_run, tmp_path):
+    """Silero VAD's `sr` is a 0-d int64: ONNX Runtime is fed int64, MNN the int32 its model takes, and
+    the input hash is the same. MNN's session API cannot run this model's If nodes: the run says so."""
+    with DumpFile(corpus_run("vad_scalar", "onnxruntime")) as golden:
+        fed = dict(golden.inputs())
+        assert fed["sr"].shape == () and fed["sr"].dtype == np.int64 and int(fed["sr"]) == 16000
+        assert "output:0" in set(golden.layers["key"]) and "stateN:0" in set(golden.layers["key"])
+        golden_hash = golden.attrs["input_sha256"]
+    model = resolve_model(corpus["vad_scalar"].mnn)
+    sets, errors = resolve_inputs([str(corpus["vad_scalar"].inputs)], input_shapes(model))
+    assert not errors
+    outcome = collect_run(LocalDevice(), RunSpec(model, "cpu", "high", sets[0]), tmp_path)
+    assert outcome.status == "failed" and "control flow" in outcome.message
+    with DumpFile(outcome.paths[0]) as mnn:
+        assert mnn.attrs["input_sha256"] == golden_hash and not mnn.attrs["complete"]
+        provenance = mnn.attrs["provenance"]
+        provenance = json.loads(provenance) if isinstance(provenance, str) else provenance
+        header = {i["name"]: i for i in provenance["raw_header"]["inputs"]}
+        assert header["sr"]["dtype"] == "int32" and header["sr"]["shape"] == []
+
+
+def test_ncnn_model_without_input_shapes_takes_them_from_the_input_or_shape(corpus):
+    """pnnx's Input layers declare no shape: an input array gives it; random input needs --shape."""
+    model = resolve_model(corpus["ocr_det"].ncnn)
+    declared = input_shapes(model)
+    assert declared == {"in0": None}
+    sets, errors = resolve_inputs([str(corpus["ocr_det"].ncnn_inputs)], declared)
+    assert not errors and sets[0].arrays["in0"].shape == (1, 3, 64, 128)
+    _, errors = resolve_inputs(["random:1"], declared)
+    assert errors and "--shape in0=" in errors[0]
+    shaped = apply_shapes(declared, parse_shapes(["in0=1x3x32x64"]), model)
+    sets, errors = resolve_inputs(["random:1"], shaped)
+    assert not errors and sets[0].arrays["in0"].shape == (1, 3, 32, 64)
+    with pytest.raises(LayerdiffError, match="--shape names x"):
+        apply_shapes(declared, parse_shapes(["x=1x3x8x8"]), model)
+
+
+def test_dynamic_mnn_input_is_resized_to_the_input(corpus, tmp_path):
+    """The detector keeps H and W free ([1, 3, -1, -1]); a 96x160 input runs at that size."""
+    model = resolve_model(corpus["ocr_det"].mnn)
+    assert input_shapes(model)["x"] == (1, 3, -1, -1)
+    array = np.random.default_rng(3).random((1, 3, 96, 160), dtype=np.float32)
+    outcome = collect_run(LocalDevice(), RunSpec(model, "cpu", "high", InputSet("big", {"x": array}, "test")), tmp_path)
+    assert outcome.status == "done", outcome.message
+    with DumpFile(outcome.paths[0]) as dump:
+        out = dump.layers.set_index("key").loc["sigmoid_0.tmp_0:0"]
+        assert dump.tensor(int(out["order"])).shape == (1, 1, 96, 160)
+
+
+@pytest.mark.parametrize("stem", ["ocr_det", "ocr_rec", "vad_lstm"])
+def test_correct_fp32_mnn_run_against_the_golden_has_no_fail(corpus_run, stem):
+    """The issue's acceptance check: a correct cpu/high MNN run judged against the ONNX Runtime golden."""
+    from analyzer.analysis import analyze_paths
+
+    golden = corpus_run(stem, "onnxruntime")
+    analysis = analyze_paths([golden, corpus_run(stem, "mnn")], ref=golden)
+    try:
+        fails = [f"{f.kind} {f.layer}: {f.sentence}" for f in analysis.findings if f.severity == "fail"]
+    finally:
+        analysis.close()
+    assert not fails, fails
