@@ -19,6 +19,10 @@ every subset of n layers costs 2^n runs; this search costs a handful, in three p
 3. **Prune.** Each chosen layer is dropped once, last added first; it stays out if the outputs still
    meet the tolerance without it. The result is 1-minimal: no single layer can be removed.
 
+On ncnn's CPU a kept layer must read fp32, so every layer feeding it is kept with it
+(`CLOSED_UPSTREAM` in collector.engines.ncnn_options); every phase works on such closed sets and the
+prune only drops a layer no other kept layer reads from.
+
 A trial runs every given input; the tolerance (relative L2 of every model output against the
 high-precision run on the same input) must hold on all of them. ncnn trials run a real patched
 model (feature mask, `collector.ncnn_patch`); MNN trials are what-ifs (`collector.fixtrial`).
@@ -35,8 +39,10 @@ from pathlib import Path
 from analyzer.analysis import analyze_paths
 from analyzer.dumpfile import DumpFile
 from analyzer.errors import LayerdiffError
+from analyzer.graph import build_graph
 from collector.devices import Device
 from collector.engines.harness_cli import split_key
+from collector.engines.ncnn_options import CLOSED_UPSTREAM
 from collector.inputs import InputSet
 from collector.models import ModelFiles
 from collector.ncnn_patch import layer_names, write_patched
@@ -80,8 +86,10 @@ class FixResult:
 class Search:
     """The three phases above, on one TrialRunner; remembers every trial so none runs twice."""
 
-    def __init__(self, runner: TrialRunner, tolerance: float, maskable: list[str], op_types: dict[str, str]) -> None:
+    def __init__(self, runner: TrialRunner, tolerance: float, maskable: list[str], op_types: dict[str, str],
+                 upstream: dict[str, set[str]] | None = None) -> None:
         self.runner, self.tolerance, self.maskable, self.op_types = runner, tolerance, maskable, op_types
+        self.upstream = upstream  # op -> every op feeding it, when a kept layer needs its producers kept too
         self.steps: list[Step] = []
         self.reasons: dict[str, dict] = {}
         self._seen: dict[frozenset, Trial] = {}
@@ -107,12 +115,23 @@ class Search:
             nominee = self.next_candidate(current, chosen)
             if nominee is None:
                 break
-            chosen.append(nominee)
+            chosen = self.close(chosen + [nominee], nominee)
             current = self.trial(chosen, "findings", nominee)
         if self.ok(current):
             return self.prune(chosen)
         found = self.bisect(chosen, current)
         return None if found is None else self.prune(found)
+
+    def close(self, ops: list[str], nominee: str = "") -> list[str]:
+        """`ops` plus every layer feeding them when kept layers need fp32 inputs; in execution order."""
+        closed = set(ops)
+        for op in ops if self.upstream is not None else []:
+            for feeder in self.upstream.get(op, set()) - closed:
+                closed.add(feeder)
+                self.reasons.setdefault(feeder, {"kind": "feeds_kept_layer", "reason": (
+                    f"feeds {nominee or op}, which needs fp32 inputs on the CPU (ncnn casts a 16-bit input to fp32 "
+                    "only for layers that keep 16-bit storage)")})
+        return [op for op in self.maskable if op in closed]
 
     def next_candidate(self, trial: Trial, chosen: list[str]) -> str | None:
         """The layer the findings of this trial blame first, among those not kept high yet."""
@@ -149,19 +168,19 @@ class Search:
             errors = self._ranked_errors
         rest = sorted((op for op in self.maskable if op not in chosen),
                       key=lambda op: (-errors.get(op, 0.0), self.maskable.index(op)))
-        if not self.ok(self.trial(chosen + rest, "bisect")):
+        if not self.ok(self.trial(self.close(chosen + rest), "bisect")):
             return None
         low, high = 0, len(rest)  # chosen + rest[:low] fails, chosen + rest[:high] passes
         while high - low > 1:
             mid = (low + high) // 2
-            if self.ok(self.trial(chosen + rest[:mid], "bisect")):
+            if self.ok(self.trial(self.close(chosen + rest[:mid]), "bisect")):
                 high = mid
             else:
                 low = mid
         for op in rest[:high]:
             self.reasons.setdefault(op, {"kind": "bisection", "reason": f"ranked by its error in the last trial "
                                          f"(rel L2 {errors.get(op, 0.0):.3g}); needed to meet the tolerance"})
-        return chosen + rest[:high]
+        return self.close(chosen + rest[:high])
 
     def prune(self, chosen: list[str]) -> list[str]:
         """Drop each layer once (last added first) when the outputs stay within tolerance without it."""
@@ -170,6 +189,8 @@ class Search:
             if len(kept) <= 1:
                 break
             without = [k for k in kept if k != op]
+            if set(self.close(without)) != set(without):
+                continue  # a kept layer reads this one's output and needs it in fp32
             if self.ok(self.trial(without, "prune")):
                 kept = without
         return kept
@@ -209,9 +230,10 @@ def _fix(device: Device, model: ModelFiles, backend: str, precision: str, inputs
     work = out_dir / ".fix-work"
     refs = _references(device, model, backend, inputs, out_dir / "reference", deadline_s)
     runner = TrialRunner(device, model, backend, precision, inputs, refs, work, deadline_s, runs=len(inputs))
-    maskable, op_types, total = _maskable(model, refs[inputs[0].label])
+    closed = model.engine == "ncnn" and CLOSED_UPSTREAM.get(backend, False)
+    maskable, op_types, total, upstream = _maskable(model, refs[inputs[0].label], closed)
     before = runner.run((), out_dir / "before")
-    search = Search(runner, tolerance, maskable, op_types)
+    search = Search(runner, tolerance, maskable, op_types, upstream if closed else None)
     search.steps.append(Step("before", before))
     result = FixResult("nothing_to_fix", [], {}, search.steps, before, None, maskable, total, 0, 0.0, references=refs)
     if not before.within(tolerance):
@@ -238,15 +260,33 @@ def _references(device: Device, model: ModelFiles, backend: str, inputs: list[In
     return refs
 
 
-def _maskable(model: ModelFiles, ref: Path) -> tuple[list[str], dict[str, str], int]:
-    """Ops that can be kept high (execution order), their op types, and the model's layer count."""
+def _maskable(model: ModelFiles, ref: Path, closed: bool) -> tuple[list[str], dict[str, str], int, dict[str, set[str]]]:
+    """Ops that can be kept high (execution order), their op types, the model's layer count, and
+    each op's upstream ops (model inputs excluded). With `closed`, copies (Split) are kept too."""
     with DumpFile(ref) as dump:
         layers = dump.layers
-        op_types = dict(zip(layers["op"], layers["op_type"]))
-        ops = list(dict.fromkeys(layers["op"]))
-    maskable = [op for op in ops if op_types[op] not in NOT_MASKABLE]
+        graph = build_graph(layers)
+    op_types = dict(zip(layers["op"], layers["op_type"]))
+    ops = list(dict.fromkeys(layers["op"]))
+    excluded = {"Input"} if closed else NOT_MASKABLE
+    maskable = [op for op in ops if op_types[op] not in excluded]
+    feeds: dict[str, set[str]] = {op: set() for op in ops}
+    for key in graph.order:
+        feeds[split_key(key)[0]] |= {split_key(p)[0] for p in graph.producers.get(key, [])}
+    upstream = {op: _ancestors(op, feeds) & set(maskable) for op in maskable}
     total = len(layer_names(model.files[0])) if model.engine == "ncnn" else len(ops)
-    return maskable, op_types, total
+    return maskable, op_types, total, upstream
+
+
+def _ancestors(op: str, feeds: dict[str, set[str]]) -> set[str]:
+    seen: set[str] = set()
+    stack = list(feeds.get(op, ()))
+    while stack:
+        current = stack.pop()
+        if current not in seen:
+            seen.add(current)
+            stack.extend(feeds.get(current, ()))
+    return seen
 
 
 def _best(search: Search) -> list[str]:

@@ -72,6 +72,23 @@ def test_a_tolerance_no_set_can_meet_reports_the_best_set_and_exits_1(tmp_path):
     assert "unfixable" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_on_the_cpu_kept_layers_bring_their_producers_and_bf16_drift_needs_the_whole_model(tmp_path):
+    """x86 cpu/low is bf16 storage: a layer kept fp32 must read fp32 (ncnn casts 16-bit inputs only for
+    layers that keep 16-bit storage), so its producers are kept too; at 1e-3 only the whole model does."""
+    out = tmp_path / "fix"
+    done = collect("fix", "--model", MODELS / "overflow.param", "--backend", "cpu", "--precision", "low",
+                   "--input", SAMPLES / "inputs" / "overflow.npy", "--tolerance", "1e-3", "-o", out)
+    assert done.returncode == 1, done.stderr
+    doc = json.loads((out / "fix.json").read_text())
+    assert doc["status"] == "unfixable" and len(doc["layers"]) == doc["layers_maskable"] == 14
+    assert {item["kind"] for item in doc["layers"]} >= {"feeds_kept_layer"}
+    assert doc["masks"]["splitncnn_0"]["value"] == int(HIGH_PRECISION_MASK["cpu"])
+    assert doc["errors"]["overflow"]["after"] <= 1e-3 < doc["errors"]["overflow"]["before"]
+    steps = [step["layers"] for step in doc["search"]["steps"] if step["layers"]]
+    order = layer_names(MODELS / "overflow.param")[1:]
+    assert all(layers == order[:len(layers)] for layers in steps)  # every trial is closed upstream
+
+
 def test_mnn_what_if_replaces_outputs_inside_the_low_precision_run(local_runs, tmp_path):
     """Feeding input A's run with input B's reference `block2/amplify` (the only path to the output)
     makes A's output B's: the injected tensor really drives everything after it."""

@@ -43,6 +43,14 @@ FP32_ON_CPU = Feature.FP16_ARITHMETIC | Feature.FP16_STORAGE | Feature.BF16_STOR
 # read fp16 buffers as fp32 (measured here: wrong outputs). On the CPU the per-layer casts exist.
 HIGH_PRECISION_MASK: dict[str, Feature] = {"cpu": FP32_ON_CPU, "vulkan": FP32_ON_CPU | Feature.VULKAN}
 
+# On the CPU a masked layer must be fed fp32: ncnn's convert_layout (src/net.cpp) casts a 16-bit
+# input blob to fp32 only when the *layer's own* options still have fp16/bf16 storage (and the layer
+# lacks it), so a layer masked to fp32 that reads a bf16/fp16 blob reads it as fp32 (measured here:
+# garbage, then "pool allocator get wild" crashes). Every producer of a masked CPU layer (Split
+# included, up to the model input) is therefore masked too. On Vulkan the masked layer runs on the
+# CPU and its inputs are downloaded as fp32, so no such closure is needed.
+CLOSED_UPSTREAM: dict[str, bool] = {"cpu": True, "vulkan": False}
+
 
 def describe(mask: int) -> str:
     """'fp16_arithmetic|fp16_storage|...' for a mask, in bit order (for fix.json and sentences)."""
