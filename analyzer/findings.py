@@ -17,7 +17,7 @@ from analyzer.finding import Finding, named
 from analyzer.graph import LayerGraph, build_graph
 from analyzer.sources import Run
 from analyzer.trends import error_curve, input_dependence
-from analyzer.verdict import Thresholds
+from analyzer.verdict import Thresholds, collapsed
 
 __all__ = ["Finding", "KIND_ORDER", "all_findings"]
 
@@ -63,12 +63,18 @@ def run_state_findings(run: Run) -> list[Finding]:
     out = []
     if not run.dump.complete:
         layers = run.layers
-        last = layers.iloc[-1] if len(layers) else None
-        where = f"the last layer dumped is {last['key']} ({last['op_type']})" if last is not None else "nothing was dumped"
+        computed = layers[~layers["op_type"].astype(str).str.lower().isin(("input", "data"))]
+        last = computed.iloc[-1] if len(computed) else None
+        if last is None:
+            where = ("no layer was computed (nothing beyond the inputs was dumped), so the run failed before "
+                     "its first layer: loading the model, setting up the backend or feeding the input; the "
+                     "device log in the file's provenance says which")
+        else:
+            where = (f"the last layer dumped is {last['key']} ({last['op_type']}), so the harness died in or right "
+                     "after that layer")
         out.append(Finding("incomplete_run", run.label, "" if last is None else str(last["key"]),
                            "" if last is None else str(last["op_type"]),
-                           f"Run {run.label} is incomplete (harness exit status {run.attrs.get('exit_status')}): {where}, "
-                           "so the harness died in or right after that layer.",
+                           f"Run {run.label} is incomplete (harness exit status {run.attrs.get('exit_status')}): {where}.",
                            numbers={"exit_status": run.attrs.get("exit_status"), "layers_dumped": len(layers)}))
     requested, actual = str(run.attrs.get("backend_requested") or ""), str(run.attrs.get("backend_actual") or "")
     if requested and actual and requested != actual:
@@ -237,14 +243,15 @@ def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, b
     The reference's own values at that layer say whether fp16 underflow explains it (most of them
     below fp16's smallest normal 6.1e-5), and the output's share of zeros says how far it spread.
     """
-    collapse = dict(zip(rows["key"], rows["zero_collapse"].fillna(0.0)))
+    collapse = {k: collapsed(share, n, t.warn_zero_collapse)
+                for k, share, n in zip(rows["key"], rows["zero_collapse"].fillna(0.0), rows["n_zero_collapsed"].fillna(0))}
     nonfinite = dict(zip(rows["key"], rows["n_nonfinite_mismatch"].fillna(0)))
     status = dict(zip(rows["key"], rows["status"]))
     for r in rows.sort_values("position").itertuples():
-        if collapse[r.key] <= t.warn_zero_collapse:
+        if not collapse[r.key]:
             continue
         feeders = graph.upstream(r.key, set(collapse))
-        if any(collapse[f] > t.warn_zero_collapse or nonfinite[f] for f in feeders):
+        if any(collapse[f] or nonfinite[f] for f in feeders):
             continue  # inherited: zeros (or NaN/Inf) were already coming in
         numbers = {"zero_collapse": r.zero_collapse, "n_zero_collapsed": int(r.n_zero_collapsed),
                    "position": int(r.position)}

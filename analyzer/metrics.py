@@ -29,6 +29,9 @@ CHUNK = 1 << 16
 SAMPLE_MAX = 1 << 18
 MAX_CLASSES = 1 << 16
 EPS = 2.220446049250313e-16
+# Relative to the reference tensor's RMS: a reference value smaller than this is negligible against
+# its tensor (rel errors divide by at least this much, a flush of such values to 0 is no collapse).
+NEGLIGIBLE = 1e-3
 FP16_MAX = 65504.0
 NAN_FIELDS = ("n_nan", "n_posinf", "n_neginf")
 
@@ -53,6 +56,7 @@ class _Sums:
         self.n_finite_pairs = 0
         self.n_mismatch = 0  # non-finite on one side only (or different non-finite values)
         self.zero_collapsed = 0
+        self.ref_significant = 0  # reference values above the negligible floor (zero-collapse denominator)
         self.saturated = 0
         self.counts = {k: 0 for k in ("nan_new", "nan_lost", "posinf_new", "posinf_lost", "neginf_new", "neginf_lost")}
         self.samples: list[np.ndarray] = []
@@ -79,6 +83,7 @@ class PairKernel:
             run_has_zero=bool(run_stats.get("n_zero", 1)),
             run_saturated=bool(run_stats.get("n_fp16_saturated", 1)),
             norms_per_chunk=not (clean and _has_moments(ref_stats) and _has_moments(run_stats)),
+            floor=NEGLIGIBLE * _rms(x, ref_stats),
         )
         same_dtype = x.dtype == work and y.dtype == work
         with np.errstate(all="ignore"):  # inf/huge ratios are results here, not accidents
@@ -95,8 +100,7 @@ class PairKernel:
         if not options.norms_per_chunk:
             s.aa, s.bb = _sum_squares(ref_stats, x.size), _sum_squares(run_stats, y.size)
         result = _finish(s, x.size)
-        ref_nonzero = x.size - int(ref_stats.get("n_zero", 0))
-        result["zero_collapse"] = s.zero_collapsed / ref_nonzero if ref_nonzero > 0 else 0.0
+        result["zero_collapse"] = s.zero_collapsed / s.ref_significant if s.ref_significant > 0 else 0.0
         return result
 
     def _stream(self, s: _Sums, x: np.ndarray, y: np.ndarray, work, scratch, clean: bool,
@@ -132,7 +136,9 @@ class PairKernel:
         s.max_abs = max(s.max_abs, chunk_max)
         s.sum_abs += float(np.add.reduce(ad))  # pairwise float32 sum per chunk, float64 across chunks
         den = np.abs(x, out=scratch[1][:n])
-        if opt.ref_has_zero:  # den += EPS * (den == 0): branch-free, 10x faster than a masked copy
+        if opt.floor > 0:  # scale-aware: near-zero references divide by the floor, not by ~0
+            np.maximum(den, den.dtype.type(opt.floor), out=den)
+        elif opt.ref_has_zero:  # den += EPS * (den == 0): branch-free, 10x faster than a masked copy
             zero = np.equal(den, 0, out=self._flags[0][:n])
             np.add(den, np.multiply(zero, den.dtype.type(EPS), out=scratch[2][:n]), out=den)
         rel = np.divide(ad, den, out=scratch[2][:n])
@@ -144,10 +150,11 @@ class PairKernel:
             over_rel = np.greater(rel, self.tol.rtol, out=self._flags[1][:n])
             s.n_fail += int(np.count_nonzero(np.logical_and(over_abs, over_rel, out=over_abs)))
         s.n_finite_pairs += n
-        if opt.run_has_zero:
+        if opt.run_has_zero:  # a collapse counts reference values that matter (above the floor) gone to 0
+            ref_significant = np.greater(np.abs(x), opt.floor, out=self._flags[1][:n])
+            s.ref_significant += int(np.count_nonzero(ref_significant))
             run_zero = np.equal(y, 0, out=self._flags[0][:n])
-            ref_nonzero = np.not_equal(x, 0, out=self._flags[1][:n])
-            s.zero_collapsed += int(np.count_nonzero(np.logical_and(run_zero, ref_nonzero, out=run_zero)))
+            s.zero_collapsed += int(np.count_nonzero(np.logical_and(run_zero, ref_significant, out=run_zero)))
         if opt.run_saturated:
             s.saturated += int(np.count_nonzero((np.abs(y) == FP16_MAX) & (np.abs(x) > FP16_MAX)))
         return ad
@@ -178,6 +185,17 @@ class _ChunkOptions:
     run_has_zero: bool
     run_saturated: bool
     norms_per_chunk: bool  # False: |ref|^2 and |run|^2 come from the /layers mean and std
+    floor: float = 0.0  # NEGLIGIBLE x the reference's RMS: below it a value is noise against its tensor
+
+
+def _rms(x: np.ndarray, stats: dict) -> float:
+    """Root mean square of the reference tensor: from the stored moments, else one pass over its finite values."""
+    if _has_moments(stats):
+        value = math.sqrt(stats["std"] ** 2 + stats["mean"] ** 2)
+    else:
+        finite = x[np.isfinite(x)].astype(np.float64)
+        value = math.sqrt(float(np.dot(finite, finite)) / finite.size) if finite.size else 0.0
+    return value if math.isfinite(value) else 0.0
 
 
 def _has_moments(stats: dict) -> bool:

@@ -13,6 +13,16 @@ from dataclasses import asdict, dataclass
 from analyzer.metrics import Tolerances
 
 STATUS_ORDER = {"pass": 0, "warn": 1, "fail": 2}
+# A zero collapse needs this many values that mattered gone to 0: one zero in a 2-value tensor is 50%.
+MIN_ZERO_COLLAPSED = 8
+
+
+def collapsed(share: float, count, limit: float) -> bool:
+    """A meaningful zero collapse: over `limit` of the significant values, and at least MIN_ZERO_COLLAPSED of them."""
+    try:
+        return share > limit and int(count) >= MIN_ZERO_COLLAPSED
+    except (TypeError, ValueError):
+        return False
 
 
 @dataclass
@@ -49,10 +59,10 @@ def classify(row: dict, t: Thresholds) -> tuple[str, str]:
         fails.append(f"rel L2 {rel_l2:.3g} > {t.fail_rel_l2:g}")
     elif _over(rel_l2, t.warn_rel_l2):
         warns.append(f"rel L2 {rel_l2:.3g} > {t.warn_rel_l2:g}")
-    collapse = row.get("zero_collapse", 0.0)
-    if collapse > t.fail_zero_collapse:
+    collapse, count = row.get("zero_collapse", 0.0), row.get("n_zero_collapsed", 0)
+    if collapsed(collapse, count, t.fail_zero_collapse):
         fails.append(f"{collapse:.0%} of non-zeros became 0")
-    elif collapse > t.warn_zero_collapse:
+    elif collapsed(collapse, count, t.warn_zero_collapse):
         warns.append(f"{collapse:.0%} of non-zeros became 0")
     if row.get("n_saturated", 0):
         warns.append(f"{row['n_saturated']} values pinned at +-65504")

@@ -30,7 +30,8 @@ def _numpy_metrics(ref: np.ndarray, run: np.ndarray, atol: float, rtol: float) -
     a, b = ref.astype(np.float64).ravel(), run.astype(np.float64).ravel()
     ad = np.abs(b - a)
     den = np.abs(a)
-    den[den == 0] = EPS  # Polygraphy: epsilon only where the reference is zero
+    floor = metrics.NEGLIGIBLE * np.sqrt(np.mean(a * a))  # scale-aware: near-zero references divide by the floor
+    den = np.maximum(den, floor) if floor > 0 else np.where(den == 0, EPS, den)
     rel = ad / den
     return {
         "max_abs": ad.max(), "mean_abs": ad.mean(), "median_abs": np.median(ad), "p99_abs": np.percentile(ad, 99),
@@ -94,11 +95,14 @@ def test_allclose_needs_both_abs_and_rel_to_fail():
 
 
 def test_zero_collapse_and_saturation_counts():
-    ref = np.array([1e-5, 2e-5, 0.0, 3.0, 1e5, -2e5], dtype=np.float32)
-    run = np.array([0.0, 0.0, 0.0, 3.0, 65504.0, -65504.0], dtype=np.float32)
+    # zeros count against the reference values that matter: 1e-9 is negligible against this tensor
+    ref = np.array([1.0, 2.0, 0.0, 3.0, 1e-9, 4.0], dtype=np.float32)
+    run = np.array([0.0, 0.0, 0.0, 3.0, 0.0, 4.0], dtype=np.float32)
     got = compare(ref, run)
     assert got["n_zero_collapsed"] == 2
-    assert got["zero_collapse"] == pytest.approx(2 / 5)
+    assert got["zero_collapse"] == pytest.approx(2 / 4)
+    ref = np.array([3.0, 1e5, -2e5], dtype=np.float32)
+    got = compare(ref, np.array([3.0, 65504.0, -65504.0], dtype=np.float32))
     assert got["n_saturated"] == 2
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from analyzer.dumpfile import ROOT_DEFAULTS, DumpWriter
 from analyzer.errors import DumpFormatError, LayerdiffError
+from analyzer.importers.optypes import op_type_from_name, op_types_from_onnx
 from analyzer.limits import MAX_TENSOR_BYTES, check_tensor_bytes, env_bytes
 
 MAX_TEXT_BYTES = env_bytes("LAYERDIFF_MAX_TEXT_BYTES", 4 * MAX_TENSOR_BYTES)
@@ -131,8 +132,10 @@ def write_dump(dump: ForeignDump, out: Path, attrs: dict[str, Any] | None = None
         "import_user_attrs": dict(attrs or {}),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
+    types = op_types_from_onnx(Path(dump.source)) if any(not layer.op_type for layer in dump.layers) else {}
     with DumpWriter(out, merged) as writer:
         for layer in dump.layers:
+            layer.op_type = layer.op_type or types.get(layer.name) or types.get(layer.op) or op_type_from_name(layer.op)
             array = _load_layer(layer, problems)
             if array is None:
                 continue
