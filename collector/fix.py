@@ -52,7 +52,7 @@ from collector.run import RunSpec, collect_run
 
 KIND_PRIORITY = ("inf_origin", "saturation", "nan_origin", "failure_source", "zero_collapse_origin", "fp16_risk",
                  "error_growth", "first_divergence")
-NOT_MASKABLE = {"Input", "Split"}  # model inputs; ncnn's blob copies (no arithmetic to keep high)
+NOT_MASKABLE = {"Input", "Output", "Split"}  # model inputs, MNN's output records; ncnn's blob copies (no arithmetic)
 MAX_GREEDY = 8
 TIMING_REPEATS = 4
 TIMING_ROUNDS = 2
@@ -268,7 +268,7 @@ def _maskable(model: ModelFiles, ref: Path, closed: bool) -> tuple[list[str], di
         graph = build_graph(layers)
     op_types = dict(zip(layers["op"], layers["op_type"]))
     ops = list(dict.fromkeys(layers["op"]))
-    excluded = {"Input"} if closed else NOT_MASKABLE
+    excluded = NOT_MASKABLE - {"Split"} if closed else NOT_MASKABLE
     maskable = [op for op in ops if op_types[op] not in excluded]
     feeds: dict[str, set[str]] = {op: set() for op in ops}
     for key in graph.order:
