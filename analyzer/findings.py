@@ -46,7 +46,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds) -> list
             sources = failure_sources(rows, graph)
             found += sources
             found += first_divergence(rows)
-            zeros = zero_collapse_origin(rows, graph, t, pair.base)
+            zeros = zero_collapse_origin(rows, graph, t, pair.base, pair.other)
             zero_starts.update((f.run, f) for f in zeros)
             found += zeros
             found += error_growth(rows, {f.layer for f in sources}, t)
@@ -160,18 +160,30 @@ def saturation(rows: pd.DataFrame, base: Run) -> list[Finding]:
 
 
 def first_divergence(rows: pd.DataFrame) -> list[Finding]:
-    """The first layer in execution order that fails (else the first that warns)."""
+    """The first layer in execution order that diverges (warns or fails), with the first failing one
+    named separately: one definition for every run, so "first divergence" means the same everywhere."""
     ordered = rows.sort_values("position")
-    for status in ("fail", "warn"):
-        hit = ordered[ordered["status"] == status]
-        if not hit.empty:
-            r = hit.iloc[0]
-            return [Finding("first_divergence", r["run"], r["key"], r["op_type"],
-                            f"First divergence in {r['run']}: layer {r['key']} ({r['op_type']}), #{int(r['position']) + 1} "
-                            f"in execution order, {status}s with rel L2 {r['rel_l2']:.3g}, max abs {r['max_abs']:.3g}, "
-                            f"SQNR {r['sqnr_db']:.1f} dB ({r['reasons']}).", severity=status,
-                            numbers=_metric_numbers(r))]
-    return []
+    diverging = ordered[ordered["status"].isin(["warn", "fail"])]
+    if diverging.empty:
+        return []
+    r = diverging.iloc[0]
+    numbers = _metric_numbers(r)
+    failing = ordered[ordered["status"] == "fail"]
+    if failing.empty:
+        then = " No layer fails."
+    elif failing.iloc[0]["key"] == r["key"]:
+        then = " It is also the first layer that fails."
+        numbers.update(first_fail=str(r["key"]), first_fail_op=str(r["op_type"]))
+    else:
+        f = failing.iloc[0]
+        numbers.update(first_fail=str(f["key"]), first_fail_op=str(f["op_type"]), first_fail_position=int(f["position"]))
+        then = (f" The first layer that fails is {f['key']} ({f['op_type']}), #{int(f['position']) + 1}, "
+                f"rel L2 {f['rel_l2']:.3g} ({f['reasons']}).")
+    status = str(r["status"])
+    return [Finding("first_divergence", r["run"], r["key"], r["op_type"],
+                    f"First divergence in {r['run']}: layer {r['key']} ({r['op_type']}), #{int(r['position']) + 1} "
+                    f"in execution order, {status}s with rel L2 {r['rel_l2']:.3g}, max abs {r['max_abs']:.3g}, "
+                    f"SQNR {r['sqnr_db']:.1f} dB ({r['reasons']}).{then}", severity=status, numbers=numbers)]
 
 
 def failure_sources(rows: pd.DataFrame, graph: LayerGraph) -> list[Finding]:
@@ -237,7 +249,8 @@ def _downstream(graph: LayerGraph, key: str) -> set[str]:
     return seen
 
 
-def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, base: Run | None = None) -> list[Finding]:
+def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, base: Run | None = None,
+                         other: Run | None = None) -> list[Finding]:
     """First layer where a share of the reference's non-zeros became 0 while its inputs kept theirs.
 
     The reference's own values at that layer say whether fp16 underflow explains it (most of them
@@ -258,7 +271,7 @@ def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, b
         if any(status[f] == "fail" for f in feeders):
             cause = "its inputs already fail, so the zeros may come from the error upstream"
         else:
-            cause = _underflow_cause(base, r.key, t, numbers)
+            cause = _underflow_cause(base, r.key, t, numbers, other)
         return [Finding("zero_collapse_origin", r.run, r.key, r.op_type,
                         f"Zero collapse starts in {r.run} at layer {r.key} ({r.op_type}): {r.zero_collapse:.1%} of the "
                         f"reference's non-zero values became 0 ({int(r.n_zero_collapsed)} values) while its inputs "
@@ -267,8 +280,17 @@ def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, b
     return []
 
 
-def _underflow_cause(base: Run | None, key: str, t: Thresholds, numbers: dict) -> str:
-    """Whether the reference's values at `key` sit in fp16's underflow range (fills `numbers`)."""
+def _underflow_cause(base: Run | None, key: str, t: Thresholds, numbers: dict, other: Run | None = None) -> str:
+    """Whether the reference's values at `key` sit in fp16's underflow range (fills `numbers`).
+
+    Only said when one of the two runs computes in fp16: between fp32 (or bf16, whose range is
+    fp32's) runs a flush to zero is not fp16 underflow, whatever the values."""
+    precisions = [str(r.attrs.get("precision_effective") or "") for r in (base, other) if r is not None]
+    known = [p for p in precisions if p]
+    if known and len(known) == len(precisions) and not any("16" in p and "bf16" not in p for p in known):
+        numbers["precisions"] = known
+        return (f"both runs compute in {' and '.join(sorted(set(known)))}, so it is not fp16 underflow: this op's own "
+                "arithmetic (or a pairing of two different tensors) zeroes them")
     hit = base.layers[base.layers["key"] == key] if base is not None else pd.DataFrame()
     if hit.empty:
         return "typical of fp16 underflow (|x| < 6.1e-5 flushes to 0)"

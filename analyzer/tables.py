@@ -15,11 +15,12 @@ from analyzer.compare import Comparison
 from analyzer.findings import Finding
 from analyzer.outdir import atomic_write_text
 from analyzer.sources import Run
-from analyzer.verdict import worst
+from analyzer.verdict import Thresholds, run_verdict
 
-SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "verdict", "layers_compared",
-                   "n_pass", "n_warn", "n_fail", "n_other", "only_in_reference", "only_in_run",
-                   "first_divergence", "first_divergence_op", "worst_layer", "worst_rel_l2", "output_rel_l2",
+SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "verdict", "verdict_reason",
+                   "layers_compared", "n_pass", "n_warn", "n_fail", "n_other", "only_in_reference", "only_in_run",
+                   "first_divergence", "first_divergence_op", "first_fail", "first_fail_op", "worst_layer",
+                   "worst_rel_l2", "output_beyond_tolerance", "output_rel_l2",
                    "output_sqnr_db", "top1", "top5", "backend_actual", "precision_effective", "complete", "file"]
 LAYER_VIEW = ["run", "position", "key", "op_type", "status", "rel_l2", "sqnr_db", "cosine", "max_abs", "mean_abs",
               "median_abs", "p99_abs", "max_rel", "mean_rel", "pass_fraction", "n_nonfinite_mismatch",
@@ -30,7 +31,8 @@ ISOLATION_VIEW = ["run", "position", "key", "op_type", "status", "isolated_statu
                   "max_abs", "isolated_max_abs", "sqnr_db", "isolated_sqnr_db", "isolation", "isolated_file"]
 
 
-def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding]) -> pd.DataFrame:
+def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding],
+                thresholds: Thresholds | None = None) -> pd.DataFrame:
     """One row per run: its role, verdict, counts, first divergence and output quality."""
     plan = comparison.plan
     ref_ids = {id(r) for r in plan.references.values()}
@@ -44,9 +46,11 @@ def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding]
                 row["role"] = "repeat" if any(p.other is run for p in plan.pairs) else "not compared"
             rows.append(row)
             continue
-        row.update(_pair_summary(comparison, index))
+        row.update(_pair_summary(comparison, index, thresholds))
         hit = first.get(run.label)
         row["first_divergence"], row["first_divergence_op"] = (hit.layer, hit.op_type) if hit else ("", "")
+        fail = hit.numbers.get("first_fail", "") if hit else ""
+        row["first_fail"], row["first_fail_op"] = fail, hit.numbers.get("first_fail_op", "") if fail else ""
         rows.append(row)
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
@@ -61,7 +65,7 @@ def _identity(run: Run, role: str) -> dict:
     }
 
 
-def _pair_summary(comparison: Comparison, index: int) -> dict:
+def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | None = None) -> dict:
     rows = comparison.pair_rows(index)
     alignment = comparison.alignments[index]
     pair = comparison.plan.pairs[index]
@@ -69,9 +73,11 @@ def _pair_summary(comparison: Comparison, index: int) -> dict:
     measured = rows[status.isin(["pass", "warn", "fail"])]
     outputs = measured[measured["is_output"]]
     worst_row = measured.loc[measured["rel_l2"].idxmax()] if measured["rel_l2"].notna().any() else None
+    verdict, why = run_verdict(status, outputs, thresholds) if len(measured) else ("not compared", "")
     return {
         "reference": pair.base.label,
-        "verdict": worst(status) if len(measured) else "not compared",
+        "verdict": verdict, "verdict_reason": why,
+        "output_beyond_tolerance": float((1.0 - outputs["pass_fraction"]).max()) if len(outputs) else math.nan,
         "layers_compared": int(len(rows)), "n_pass": int((status == "pass").sum()),
         "n_warn": int((status == "warn").sum()), "n_fail": int((status == "fail").sum()),
         "n_other": int((~status.isin(["pass", "warn", "fail"])).sum()),

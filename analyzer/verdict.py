@@ -78,6 +78,41 @@ def classify(row: dict, t: Thresholds) -> tuple[str, str]:
     return "pass", ""
 
 
+# A run's verdict weighs what reaches the model's outputs (issue: 17 of 18,988 mask pixels changed
+# by an fp16 flush is not "this op breaks"): the share of output elements beyond allclose tolerance
+# (the same share --min-pass-fraction bounds per layer), and top-1 agreement of score vectors.
+
+
+def run_verdict(layer_statuses, outputs, t: Thresholds | None = None) -> tuple[str, str]:
+    """The verdict of one run from its layers' statuses and its measured output rows, with the reason.
+
+    `outputs` has columns status, pass_fraction, top1, n_nonfinite_mismatch. Without a compared
+    output the worst layer decides (nothing better is known). With outputs: fail when an output gets
+    new NaN/Inf, more than 1 - min_pass_fraction of its elements beyond tolerance, or a changed top-1
+    decision; warn when layers or outputs diverge but the outputs stay within that share; else pass.
+    """
+    t = t or Thresholds()
+    statuses = list(layer_statuses)
+    layers_worst = worst(statuses)
+    if outputs is None or len(outputs) == 0:
+        return layers_worst, "no model output compared: the worst layer decides"
+    beyond = float((1.0 - outputs["pass_fraction"].astype(float)).max())
+    allowed = 1.0 - t.min_pass_fraction
+    top1 = outputs["top1"].astype(float)
+    if (outputs["n_nonfinite_mismatch"].fillna(0) > 0).any():
+        return "fail", "NaN/Inf reach a model output"
+    if beyond > allowed:
+        return "fail", f"{beyond:.2%} of an output's elements are beyond tolerance (> {allowed:.0%})"
+    if bool((top1 < 1.0).any()):
+        return "fail", f"top-1 agreement {float(top1.min()):.0%}: the output's decision changes"
+    if layers_worst in ("warn", "fail"):
+        counts = {s: statuses.count(s) for s in ("fail", "warn") if statuses.count(s)}
+        said = ", ".join(f"{n} layer(s) {s}" for s, n in counts.items())
+        return "warn", (f"{said}, but only {beyond:.3%} of the outputs' elements are beyond tolerance "
+                        f"(<= {allowed:.0%}) and no top-1 decision changes")
+    return "pass", ""
+
+
 def _over(value: float, limit: float) -> bool:
     return value > limit or (isinstance(value, float) and math.isnan(value))
 
