@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
+from analyzer import resultcache
 from analyzer.align import NameRules
 from analyzer.compare import Comparison, compare_all
 from analyzer.errors import LayerdiffError
@@ -67,7 +68,7 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
         if not plan.pairs:
             raise LayerdiffError("no run can be compared: every run is a reference or has no reference "
                                  f"run on its input ({'; '.join(plan.uncompared.values()) or 'all runs are references'})")
-        comparison = compare_all(plan, rules, thresholds, progress)
+        comparison = _measured(plan, rules, thresholds, progress)
         isolation = analyze_isolated(sources.isolated, sources.runs, comparison, thresholds)
     except BaseException:
         sources.close()
@@ -78,6 +79,18 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
     problems = sources.problems + comparison.problems + isolation.problems
     problems += [f"{label}: not compared: {why}" for label, why in plan.uncompared.items()]
     return Analysis(sources, comparison, findings, summary, thresholds, problems, isolation)
+
+
+def _measured(plan, rules: NameRules, thresholds: Thresholds,
+              progress: Callable[[int, int], None] | None) -> Comparison:
+    """compare_all, or its stored result when these very dumps were measured with these options
+    (a sweep's own report, then `analyze` of the same runs: measured once, see analyzer.resultcache)."""
+    key = resultcache.cache_key(plan, rules, thresholds)
+    comparison = resultcache.load(plan, key)
+    if comparison is None:
+        comparison = compare_all(plan, rules, thresholds, progress)
+        resultcache.store(comparison, key)
+    return comparison
 
 
 def _check_enough_runs(sources: SourceSet, ref: Path | str | None) -> None:

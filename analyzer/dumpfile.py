@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -21,6 +20,7 @@ from analyzer.errors import DumpFormatError
 from analyzer.h5guard import local_dataset, local_group
 from analyzer.limits import MAX_TENSOR_BYTES, check_tensor_bytes, checked_numel, human_bytes
 from analyzer.tensorstats import TensorStats, tensor_stats
+from analyzer.timestamps import utc_now  # noqa: F401  (re-exported: callers import it from here)
 
 if TYPE_CHECKING:  # pandas costs ~0.5 s to import: engine children write dumps without it
     import pandas as pd
@@ -83,10 +83,6 @@ ROOT_DEFAULTS: dict[str, Any] = {
     "exit_status": 0,
     "complete": True,
 }
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def tensor_key(op: str, output_index: int) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from analyzer.dumpfile import DumpWriter, utc_now
+from analyzer.timestamps import utc_now
 from analyzer.errors import DumpFormatError
 
 RAW_FORMAT = "layerdiff-raw"
@@ -350,6 +350,8 @@ def convert_raw_dump(
     provenance = dict(merged.pop("provenance", {}) or {})
     provenance.update({"raw_header": header, "raw_footer": dump.footer, "raw_problems": dump.problems})
     merged["provenance"] = provenance
+    from analyzer.dumpfile import DumpWriter  # h5py loads only where HDF5 is written, not in engine children
+
     with DumpWriter(out_path, merged, compression=compression) as writer:
         for tensor, array in dump.iter_arrays():
             writer.add_tensor({**tensor.meta(), "op": tensor.op}, array)

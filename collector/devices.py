@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import functools
 import subprocess
 import sys
 import tempfile
@@ -126,7 +127,7 @@ def _host_cpu_name() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return platform.machine()
 
 
 def _host_abi() -> str:
@@ -149,19 +150,24 @@ class LocalDevice:
         self._info: DeviceInfo | None = None
 
     def info(self) -> DeviceInfo:
+        """This machine's facts, read once per process. The GPU name is not among them: finding it
+        runs `vulkaninfo` (a process and a Vulkan instance), so only Vulkan runs ask (`vulkan_gpu`)."""
         if self._info is None:
+            uname = platform.uname()
             self._info = DeviceInfo(
                 serial="local",
                 kind="local",
-                model=platform.node(),
+                model=uname.node,
                 soc=_host_cpu_name(),
-                board=platform.platform(),
+                board=f"{uname.system}-{uname.release}-{uname.machine}",  # platform.platform() runs `uname -p`
                 abi=_host_abi(),
                 abis=[_host_abi()],
-                gpu=_local_gpu_name(),
                 extra={"python": sys.version.split()[0]},
             )
         return self._info
+
+    def vulkan_gpu(self) -> str:
+        return _local_gpu_name()
 
     def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
         if engine not in ENGINES:
@@ -200,6 +206,7 @@ def _safe_tag(tag: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in tag)[:60]
 
 
+@functools.lru_cache(maxsize=1)
 def _local_gpu_name() -> str:
     """The Vulkan device ncnn would use here (lavapipe on CI), without initialising Vulkan in-process."""
     try:

@@ -12,7 +12,7 @@ import re
 import shlex
 import tempfile
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -244,6 +244,9 @@ def _fetch_and_convert(
 
 def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: ExecResult) -> Path:
     info = device.info()
+    vulkan_gpu = getattr(device, "vulkan_gpu", None)  # the local machine names its GPU only when asked
+    if spec.backend == "vulkan" and vulkan_gpu is not None and not info.gpu:
+        info = replace(info, gpu=vulkan_gpu())
     attrs = {
         **info.provenance(),
         "input_label": spec.inputs.label,
