@@ -268,6 +268,7 @@ class DumpFile:
         except Exception:
             self._file.close()
             raise
+        _small_metadata_cache(self._file)
         self._layers: "pd.DataFrame | None" = None
         self._fast = _FastReader(self._file)
         self._declared: dict[int, tuple[str, str]] | None = None
@@ -461,6 +462,19 @@ def _check_shape_cell(cell: str, where: str) -> None:
     if not isinstance(shape, list):
         raise DumpFormatError(f"{where}: shape {cell[:40]!r} is not a JSON list")
     checked_numel(shape, where)
+
+
+def _small_metadata_cache(file: h5py.File) -> None:
+    """Cap HDF5's metadata cache at 2 MiB. Its default grows to 32 MiB per file, and an analysis
+    visits each dataset once, so the cache only added ~40 MB of RSS per dump of 10,000 layers."""
+    try:
+        config = file.id.get_mdc_config()
+        config.set_initial_size, config.initial_size = True, 1 << 20
+        config.min_size, config.max_size = 1 << 20, 2 << 20
+        config.incr_mode = config.flash_incr_mode = 0
+        file.id.set_mdc_config(config)
+    except (AttributeError, RuntimeError, ValueError):
+        pass  # an h5py without the call: the default cache is only bigger
 
 
 class _FastReader:

@@ -12,8 +12,8 @@ Why it is built this way:
   fast path with no per-element finiteness tests.
 - median and p99 of |diff| are exact up to `SAMPLE_MAX` elements; above that they come from a
   random sample of about `SAMPLE_MAX` elements drawn evenly from every chunk (fixed seed, rank
-  error about 2e-4), because an exact selection over a 100M-element layer would cost more than
-  the rest of the suite together.
+  error about 2e-3 for the median, 4e-4 for p99), because the selection was the costliest metric:
+  over a 1 MB layer it took longer than all the others together.
 Relative difference follows Polygraphy: |run - ref| / |ref|, with a zero |ref| replaced by
 2.2e-16 (computed in float32 for float32 tensors: ratios beyond 3.4e38 read inf). allclose also follows Polygraphy: an element fails when
 |diff| > atol AND rel > rtol.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 CHUNK = 1 << 16
-SAMPLE_MAX = 1 << 18
+SAMPLE_MAX = 1 << 16
 MAX_CLASSES = 1 << 16
 EPS = 2.220446049250313e-16
 # Relative to the reference tensor's RMS: a reference value smaller than this is negligible against

@@ -46,7 +46,7 @@ def compare(ref, run, tol=Tolerances()):
     return PairKernel(tol).compare(ref, run, stats(ref), stats(run))
 
 
-@pytest.mark.parametrize("n", [1, 7, 3 * metrics.CHUNK + 5])
+@pytest.mark.parametrize("n", [1, 7, metrics.SAMPLE_MAX, 3 * metrics.CHUNK + 5])
 def test_finite_metrics_match_numpy(n):
     rng = np.random.default_rng(n)
     ref = rng.normal(size=n).astype(np.float32)
@@ -54,8 +54,9 @@ def test_finite_metrics_match_numpy(n):
     if n > 1:
         ref[0] = 0.0  # exercises the epsilon denominator
     got, want = compare(ref, run), numpy_metrics(ref, run, 1e-3, 1e-2)
+    sampled = {"median_abs", "p99_abs"} if n > metrics.SAMPLE_MAX else set()  # quantiles of a sample above it
     for name, value in want.items():
-        assert got[name] == pytest.approx(value, rel=2e-5, abs=1e-9), name
+        assert got[name] == pytest.approx(value, rel=0.01 if name in sampled else 2e-5, abs=1e-9), name
 
 
 def test_cosine_is_exact_enough_near_one():
