@@ -241,7 +241,7 @@ class RawDumpWriter:
         dtype = array.dtype.name
         if dtype not in DTYPES:
             array, dtype = array.astype(np.float32), "float32"
-        self._data.write(array.astype(DTYPES[dtype], copy=False).tobytes())
+        self._data.write(np.asarray(array.astype(DTYPES[dtype], copy=False), order="C").data)  # no copy: layers are big
         self._data.flush()
         line = {
             "record": "tensor",

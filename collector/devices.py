@@ -135,6 +135,12 @@ def _host_abi() -> str:
     return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64-v8a", "arm64": "arm64-v8a"}.get(machine, machine)
 
 
+# glibc raises its mmap threshold to the size of each freed mmap'ed block, so an engine that allocates
+# and frees one layer-sized buffer after another ends up keeping them on the heap, resident. A fixed
+# threshold returns each to the system when freed: the host engines then hold about the live layers.
+HOST_ENGINE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+
+
 class LocalDevice:
     """This machine, running the host engines (pip ncnn / pymnn) in a child process.
 
@@ -172,7 +178,7 @@ class LocalDevice:
     def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
         if engine not in ENGINES:
             raise DeviceError(f"local: no host engine named {engine!r}; use --engine {' or '.join(ENGINES)}")
-        return HarnessInvocation(argv=[sys.executable, "-m", ENGINES[engine].host_module],
+        return HarnessInvocation(argv=[sys.executable, "-m", ENGINES[engine].host_module], env=dict(HOST_ENGINE_ENV),
                                  description=f"host {engine} (Python)")
 
     def new_run_dir(self, tag: str) -> str:

@@ -1,8 +1,11 @@
 """ncnn on the host (pip `ncnn`), speaking the harness command line: the `local` device's ncnn engine.
 
-Every blob is extracted in layer order with light mode off, so each `extract` runs exactly one more
-layer and its time is that layer's time. Shapes are reported as NCHW with the batch of 1 ncnn drops,
-so they line up with MNN's and the ONNX originals'.
+Every blob is extracted in layer order, so each `extract` runs exactly one more layer and its time
+is that layer's time. Light mode is on: ncnn frees a blob once its one consumer ran (Split layers
+give every other consumer its own copy), so the engine holds the live activations only, not the
+whole dump; each blob is copied out before its consumer runs, so in-place layers change nothing.
+Shapes are reported as NCHW with the batch of 1 ncnn drops, so they line up with MNN's and the
+ONNX originals'.
 """
 from __future__ import annotations
 
@@ -95,7 +98,7 @@ def probe() -> dict:
 
 def configure(opt, args: HarnessArgs, ncnn) -> str:
     """Set ncnn options for backend and precision (DESIGN.md); returns the effective precision."""
-    opt.lightmode = False
+    opt.lightmode = True  # memory: live blobs only (see the module docstring)
     opt.num_threads = args.threads
     opt.use_vulkan_compute = args.backend == "vulkan"
     for flag, value in PRECISION_FLAGS[args.precision].items():
@@ -176,9 +179,10 @@ def dump_layer(ex, layer, blobs, sink: DumpSink, memory: str, failure_hint: str)
         spent += elapsed
         if status != 0:
             raise HarnessExit(EXIT_RUN, f"layer {layer.name!r} ({layer.type}) failed (ncnn status {status}); {failure_hint}")
-        array = np.array(mat, dtype=np.float32, copy=True)
+        array = np.asarray(mat, dtype=np.float32)  # a view: written out before the next layer runs
         sink.add(op=layer.name, op_type=layer.type, array=array.reshape(nchw_shape(array)), output_index=index,
                  name=blobs[top].name, inputs=bottoms, layout="NCHW", memory=memory, time_ms=elapsed)
+        del array, mat  # light mode frees the blob once its consumer ran; hold no reference to it
     return spent
 
 
