@@ -3,9 +3,10 @@
 `collect --device local --model m.onnx` runs the original ONNX model here and dumps every
 intermediate tensor, so the reference a converted MNN/ncnn model is compared with goes through the
 same run pipeline (provenance, input hashing, HDF5) as every other run. Every node output of the
-main graph is made a graph output; graph optimisations are off, so each tensor is the value the
-ONNX graph defines (not a fused kernel's). Runs are split into groups of outputs whose total size
-stays under a budget, so a large model's activations never all sit in memory at once.
+main graph is dumped; graph optimisations are off, so each tensor is the value the ONNX graph
+defines (not a fused kernel's). The outputs are fetched in groups whose total size stays under a
+budget, each group the graph outputs of a session of its own, so a large model's activations never
+all sit in memory at once.
 
 Keys: a node's tensors are dumped under the op name of its first output tensor (`op` = that tensor's
 name, `output_index` = k, `name` = the k-th output tensor), which is how MNN's converter names ops
@@ -34,8 +35,8 @@ from collector.engines.harness_cli import (
     repeat_dirs,
 )
 
-GROUP_BYTES = 128 << 20  # about this many bytes of outputs are fetched per session run (memory bound)
-FIRST_GROUP = 32  # outputs in the first run, before tensor sizes are known
+GROUP_BYTES = 64 << 20  # about this many bytes of outputs are fetched per session run (memory bound)
+FIRST_GROUP = 1  # outputs in the first run, before tensor sizes are known
 
 
 @dataclass
@@ -90,13 +91,12 @@ def dumped_nodes(model) -> list[NodeOutputs]:
     return nodes
 
 
-def with_all_outputs(model, names: list[str]):
-    """The model with `names` as its graph outputs (types left to ONNX Runtime's own inference)."""
+def with_outputs(model, names: list[str]):
+    """The model with `names` (only) as its graph outputs, types left to ONNX Runtime's inference."""
     from onnx import helper
 
-    declared = {o.name: o for o in model.graph.output}
     del model.graph.output[:]
-    model.graph.output.extend(declared.get(n) or helper.make_empty_tensor_value_info(n) for n in names)
+    model.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names)
     return model
 
 
@@ -107,6 +107,7 @@ def create_session(model_bytes: bytes, args: HarnessArgs):
     options.intra_op_num_threads = args.threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    options.enable_cpu_mem_arena = False  # an arena keeps its peak; without it each group's memory is returned
     try:
         return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
     except Exception as err:  # noqa: BLE001 - ORT raises its own Fail/InvalidGraph types
@@ -139,17 +140,20 @@ def _first_line(err: Exception) -> str:
     return text[0][:300] if text else type(err).__name__
 
 
-def run_once(session, feeds: dict, nodes: list[NodeOutputs], sink: DumpSink, budget: int) -> float:
+def run_once(session_for, feeds: dict, nodes: list[NodeOutputs], sink: DumpSink, budget: int) -> float:
     """Fetch every node's outputs a group at a time and dump them in graph order.
 
-    The first group is small; each next group is sized from the bytes the last one returned, so a
-    group holds about `budget` bytes (a small model is done in two runs, a big one in many).
+    Each group runs in a session whose graph outputs are that group only: ONNX Runtime keeps every
+    graph output of a run alive to its end, so one session with all tensors as outputs would hold
+    the whole dump. The first group is small; each next one is sized from the bytes the last one
+    returned, so a group holds about `budget` bytes (a small model takes two sessions, a big one many).
     """
     names = [o for node in nodes for o in node.outputs]
     owner = {o: (node, k) for node in nodes for k, o in enumerate(node.outputs)}
     total, start, count = 0.0, 0, FIRST_GROUP
     while start < len(names):
         group = names[start : start + count]
+        session = session_for(group)
         begin = now_ms()
         try:
             values = session.run(group, feeds)
@@ -157,6 +161,7 @@ def run_once(session, feeds: dict, nodes: list[NodeOutputs], sink: DumpSink, bud
             raise HarnessExit(EXIT_RUN, f"ONNX Runtime failed to run the model ({_first_line(err)})") from None
         elapsed = now_ms() - begin
         total += elapsed
+        del session
         fetched = sum(int(np.asarray(v).nbytes) for v in values)
         for index, name in enumerate(group):
             node, k = owner[name]
@@ -180,15 +185,18 @@ def run(args: HarnessArgs) -> None:
     inputs = load_inputs(args.inputs)
     model = load_model(args)
     nodes = dumped_nodes(model)
-    session = create_session(with_all_outputs(model, [o for n in nodes for o in n.outputs]).SerializeToString(), args)
-    del model
+
+    def session_for(group: list[str]):
+        return create_session(with_outputs(model, group).SerializeToString(), args)
+
+    session = session_for([o for n in nodes for o in n.outputs][:1])
     feeds = feeds_for(session, inputs)
     header = base_header(args, engine_version(), inputs)
     header.update({"backends_actual": ["cpu"], "precision_effective": "fp32",
                    "options": {"providers": session.get_providers(), "graph_optimization_level": "ORT_DISABLE_ALL"}})
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(nodes))
-        sink.close(run_once(session, feeds, nodes, sink, GROUP_BYTES))
+        sink.close(run_once(session_for, feeds, nodes, sink, GROUP_BYTES))
 
 
 def main() -> int:
