@@ -1,0 +1,46 @@
+"""`collect fix` on an arm64 phone: the static aarch64 C++ harness on an arm64-v8a stand-in under
+qemu-aarch64 (-cpu max: real fp16 storage and arithmetic at precision low), through the real adb."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+
+import pytest
+
+from analyzer.dumpfile import DumpFile
+from collector.adb import AdbDevice
+from collector.fix import fix
+from collector.fixjson import fix_document
+from collector.inputs import InputSet
+from collector.models import resolve_model
+from collector.ncnn_patch import layer_names
+from samples.catalog import reference
+from tests.conftest import MODELS, sample_input
+
+pytestmark = pytest.mark.skipif(not (shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-g++")),
+                                reason="needs qemu-user and g++-aarch64-linux-gnu (apt) for the aarch64 harness")
+
+
+def test_fix_on_an_arm64_phone_patches_the_model_the_phone_runs(standins, monkeypatch, tmp_path):
+    from tests.test_harness_support import aarch64_harness
+
+    monkeypatch.setenv("LAYERDIFF_HARNESS_ARM64_V8A", str(aarch64_harness()))
+    phone = AdbDevice(standins.start(abi="arm64-v8a").serial)
+    model = resolve_model(MODELS / "overflow.param")
+    inputs = [InputSet("overflow", {"data": sample_input("overflow")}, "samples/inputs/overflow.npy")]
+    result = fix(phone, model, "cpu", "low", inputs, tmp_path / "fix")
+    doc = fix_document(result, device=phone.serial, model=model.name, engine="ncnn", backend="cpu",
+                       precision="low", tolerance=1e-2)
+    assert doc["status"] == "fixed" and doc["errors"]["overflow"]["before"] == "inf"  # fp16 on the phone: NaN out
+    assert doc["errors"]["overflow"]["after"] < 1e-2
+    kinds = {item["layer"]: item["kind"] for item in doc["layers"]}
+    assert kinds["block2/amplify"] == "inf_origin"
+    # on the CPU a kept layer keeps its producers: the chosen layers are a prefix of the model
+    order = layer_names(MODELS / "overflow.param")[1:]
+    assert list(kinds) == order[:len(kinds)] and "block2/shrink" in kinds
+    with DumpFile(result.after.paths["overflow"]) as dump:
+        assert dump.attrs["abi"] == "arm64-v8a" and "fp16" in dump.attrs["precision_effective"]
+        prob = dump.tensor_by_key("prob:0").astype(np.float64).ravel()
+    ref = reference("overflow")["prob:0"].astype(np.float64).ravel()
+    assert np.isfinite(prob).all() and np.linalg.norm(prob - ref) / np.linalg.norm(ref) < 1e-2
