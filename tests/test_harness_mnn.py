@@ -2,7 +2,11 @@
 
 MNN's C++ libraries are not on PyPI, so these tests run only where a developer (or a CI step
 with an MNN build) sets MNN_ROOT; the reference is the pymnn engine of the `local` device.
-On this machine there is no OpenCL driver, which makes the silent CPU fallback observable.
+They hold for both layouts of an MNN build: separate backend libraries (MNN_SEP_BUILD=ON:
+libMNN_CL.so, libMNN_Vulkan.so, libMNN_Express.so beside libMNN.so) and one monolithic libMNN.so.
+Whether OpenCL and Vulkan are usable depends on the machine (a GPU-type OpenCL device, a Vulkan
+device such as lavapipe): each GPU test asks the harness's `--probe` and checks the run against
+it, a real GPU run when the probe says ok, the recorded CPU fallback when it does not.
 Op isolation (`--inject`) is checked against a pymnn reference HDF5, staged the way
 `collect isolate` stages it (collector.isolate).
 """
@@ -32,9 +36,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 )]
 
 
+GPU_LIBRARIES = {"opencl": "libMNN_CL.so", "vulkan": "libMNN_Vulkan.so"}
+
+
 @pytest.fixture(scope="module")
 def harness() -> list[str]:
     return [str(ensure_built(HarnessSpec("host", with_ncnn=False, mnn_root=MNN_ROOT)))]
+
+
+@pytest.fixture(scope="module")
+def probe(harness) -> dict:
+    """The MNN engine's `--probe` backends on this machine."""
+    result = subprocess.run([*harness, "--probe"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["engines"]["mnn"]["backends"]
+
+
+def separate_library(name: str) -> bool:
+    """MNN_SEP_BUILD layout: the backend (or Express) is its own library beside libMNN.so."""
+    return (Path(MNN_ROOT) / "lib" / name).is_file()
 
 
 def mnn_args(stem: str, backend: str, precision: str) -> list[str]:
@@ -49,13 +69,17 @@ def pymnn_dump(stem: str, backend: str, precision: str, out):
     return read_raw_dump(out)
 
 
-def test_version_and_probe(harness):
+def test_version_and_probe(harness, probe):
     version = subprocess.run([*harness, "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and "(mnn " in version.stdout
-    probe = json.loads(subprocess.run([*harness, "--probe"], capture_output=True, text=True).stdout)
-    backends = probe["engines"]["mnn"]["backends"]
-    assert backends["cpu"]["ok"] is True
-    assert set(backends) == {"cpu", "opencl", "vulkan"}
+    assert probe["cpu"]["ok"] is True
+    assert set(probe) == {"cpu", "opencl", "vulkan"}
+    for backend, library in GPU_LIBRARIES.items():  # where the backend's code came from, per layout
+        entry = probe[backend]
+        if entry["ok"]:
+            assert entry["backend_library"] == (library if separate_library(library) else "libMNN.so (built in)")
+        else:
+            assert entry["reason"] and "\n" not in entry["reason"]
     binary_dir = os.path.dirname(harness[0])  # MNN's libraries travel with the binary to the phone
     assert os.path.isfile(os.path.join(binary_dir, "libMNN.so"))
 
@@ -71,6 +95,7 @@ def test_cpu_high_agrees_with_pymnn(harness, tmp_path, stem):
     assert [t.name for t in ours.tensors] == [t.name for t in reference.tensors]
     assert max_scaled_diff(arrays_by_key(ours), arrays_by_key(reference)) <= 1e-4
     assert ours.header["backends_actual"] == ["cpu"] and ours.header["precision_effective"] == "fp32"
+    assert ours.header["threads"] == 1 and ours.header["options"]["num_thread"] == 1
     assert [t.inputs for t in ours.tensors] == [t.inputs for t in reference.tensors]  # same graph edges
     assert ours.tensors[0].op_type == "Raster" and ours.tensors[0].inputs == ["data"]  # layout conversion first
 
@@ -91,13 +116,57 @@ def test_graph_corrects_edges_that_addresses_miss(harness, tmp_path):
     assert not [n for t in ours.tensors for n in t.inputs if n.startswith("<")]
 
 
-def test_opencl_without_driver_falls_back_to_cpu_and_says_so(harness, tmp_path):
-    run = run_harness(harness, mnn_args("convnet", "opencl", "low"), tmp_path / "d")
+def test_cpu_threads_are_what_mnn_reports(harness, tmp_path):
+    run = run_harness(harness, [*mnn_args("convnet", "cpu", "high"), "--threads", "2"], tmp_path / "d")
     assert run.returncode == 0, run.stderr
     header = check_well_formed(run).header
-    assert header["backend_requested"] == "opencl"
-    assert header["backends_actual"] == ["cpu"]
-    assert "backend_library_loaded" in header["options"]
+    assert header["threads"] == 2 and header["options"]["num_thread"] == 2
+
+
+@pytest.mark.parametrize("backend", ["opencl", "vulkan"])
+def test_gpu_request_runs_where_the_probe_says(harness, probe, tmp_path, backend):
+    """A GPU run happens exactly where --probe says ok; elsewhere MNN's CPU fallback is recorded,
+    with the reason, and runs the threads asked for (1), bit for bit the cpu run."""
+    run = run_harness(harness, mnn_args("convnet", backend, "low"), tmp_path / "d")
+    assert run.returncode == 0, run.stderr
+    header = check_well_formed(run).header
+    options = header["options"]
+    assert header["backend_requested"] == backend
+    if probe[backend]["ok"]:
+        assert header["backends_actual"][0] == backend and "fallback" not in options
+        assert options["backend_library"] == probe[backend]["backend_library"] and options["backend_library_loaded"] is True
+        assert {t.memory for t in run.dump().tensors} >= {"device"}
+        return
+    assert header["backends_actual"] == ["cpu"] and options["fallback"] == f"cpu: {probe[backend]['reason']}"
+    assert header["threads"] == 1 and options["num_thread"] == 1
+    cpu = run_harness(harness, mnn_args("convnet", "cpu", "low"), tmp_path / "cpu")
+    assert cpu.returncode == 0, cpu.stderr
+    assert header["precision_effective"] == cpu.dump().header["precision_effective"]
+    ours, reference = arrays_by_key(run.dump()), arrays_by_key(cpu.dump())
+    assert ours.keys() == reference.keys() and all(np.array_equal(ours[k], reference[k]) for k in ours)
+
+
+def test_vulkan_precision_is_what_mnn_stores(harness, probe, tmp_path):
+    """MNN's Vulkan backend keeps fp16 images unless precision is high, so normal is low bit for
+    bit and both say fp16-storage; high is fp32 and agrees with the CPU. Without a Vulkan device the
+    three fall back to the CPU and say what the CPU did."""
+    runs = {}
+    for precision in ("low", "normal", "high"):
+        run = run_harness(harness, mnn_args("convnet", "vulkan", precision), tmp_path / precision)
+        assert run.returncode == 0, run.stderr
+        runs[precision] = check_well_formed(run)
+    cpu = run_harness(harness, mnn_args("convnet", "cpu", "high"), tmp_path / "cpu")
+    assert cpu.returncode == 0, cpu.stderr
+    cpu_high = arrays_by_key(cpu.dump())
+    arrays = {p: arrays_by_key(d) for p, d in runs.items()}
+    effective = [runs[p].header["precision_effective"] for p in ("low", "normal", "high")]
+    if not probe["vulkan"]["ok"]:
+        assert all(d.header["backends_actual"] == ["cpu"] for d in runs.values()) and effective[2] == "fp32"
+        return
+    assert effective == ["fp16-storage", "fp16-storage", "fp32"]
+    assert all(np.array_equal(arrays["low"][k], arrays["normal"][k]) for k in arrays["low"])
+    assert max_scaled_diff(arrays["high"], cpu_high) <= 1e-5
+    assert max_scaled_diff(arrays["low"], cpu_high) > 1e-4  # fp16-sized errors
 
 
 def test_abort_after_leaves_partial_dump(harness, tmp_path):
@@ -171,27 +240,42 @@ def test_constant_inputs_stay_inside_the_cut_graph(harness, local_runs, tmp_path
         np.testing.assert_allclose(array, ref.tensor_by_key("dec/up:0"), rtol=1e-5, atol=1e-5)
 
 
-def test_isolation_on_opencl_without_driver_records_the_cpu_fallback(harness, convnet_inject, tmp_path):
-    run = run_harness(harness, isolate_args("convnet", convnet_inject[1], "opencl", "low", ISOLATED[0]), tmp_path / "iso")
+@pytest.mark.parametrize("backend", ["opencl", "vulkan"])
+def test_isolation_on_a_gpu_request_records_what_ran(harness, probe, convnet_inject, tmp_path, backend):
+    run = run_harness(harness, isolate_args("convnet", convnet_inject[1], backend, "high", ISOLATED[0]), tmp_path / "iso")
     assert run.returncode == 0, run.stderr
-    header = check_well_formed(run).header
-    assert header["backend_requested"] == "opencl" and header["backends_actual"] == ["cpu"]
-    assert "backend_library_loaded" in header["options"]
+    dump = check_well_formed(run)
+    header = dump.header
+    actual = backend if probe[backend]["ok"] else "cpu"
+    assert header["backend_requested"] == backend and header["backends_actual"] == [actual]
+    assert header["precision_effective"] == "fp32" and header["threads"] == 1
+    assert [t.memory for t in dump.tensors] == ["host" if actual == "cpu" else "device"]
+    assert ("fallback" in header["options"]) is (actual == "cpu")
+    with DumpFile(convnet_inject[0]) as ref:
+        (tensor, array), = list(dump.iter_arrays())
+        np.testing.assert_allclose(array, ref.tensor_by_key(ISOLATED[0]), rtol=1e-4, atol=1e-4)
+
+
+def mnn_root_copy(root: Path, *, express_headers: bool) -> Path:
+    """An MNN_ROOT with only libMNN.so of $MNN_ROOT, and its headers with or without include/MNN/expr."""
+    (root / "lib").mkdir(parents=True)
+    shutil.copy2(Path(MNN_ROOT) / "lib" / "libMNN.so", root / "lib" / "libMNN.so")
+    shutil.copytree(Path(MNN_ROOT) / "include", root / "include",
+                    ignore=None if express_headers else shutil.ignore_patterns("expr"))
+    return root
+
+
+def build_harness(mnn_root: Path, out: Path) -> list[str]:
+    build = subprocess.run(build_command(HarnessSpec("host", with_ncnn=False, mnn_root=str(mnn_root)), out),
+                           capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stdout + build.stderr
+    return [str(out / "layerdiff-harness")]
 
 
 def test_mnn_without_express_runs_models_but_refuses_isolation(convnet_inject, tmp_path):
-    """An MNN_ROOT with libMNN but no libMNN_Express (and no Express inside libMNN): the build still
-    succeeds, whole-model runs work, --inject exits 4 naming what is missing."""
-    root = tmp_path / "mnn"
-    (root / "lib").mkdir(parents=True)
-    (root / "include").symlink_to(Path(MNN_ROOT) / "include")
-    if not (Path(MNN_ROOT) / "lib" / "libMNN.so").is_file():
-        pytest.skip("needs a host MNN_ROOT with lib/libMNN.so")
-    shutil.copy2(Path(MNN_ROOT) / "lib" / "libMNN.so", root / "lib" / "libMNN.so")
-    build = subprocess.run(build_command(HarnessSpec("host", with_ncnn=False, mnn_root=str(root)), tmp_path / "bin"),
-                           capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stdout + build.stderr
-    binary = [str(tmp_path / "bin" / "layerdiff-harness")]
+    """An MNN_ROOT without Express (here: no include/MNN/expr headers, as in core-only packages):
+    the build still succeeds, whole-model runs work, --inject exits 4 naming what is missing."""
+    binary = build_harness(mnn_root_copy(tmp_path / "mnn", express_headers=False), tmp_path / "bin")
     assert run_harness(binary, mnn_args("convnet", "cpu", "high"), tmp_path / "whole").returncode == 0
     addresses_only = run_harness(binary, mnn_args("underflow", "cpu", "high"), tmp_path / "edges")
     assert addresses_only.returncode == 0, addresses_only.stderr  # no graph to correct edges with: as recorded
@@ -199,3 +283,15 @@ def test_mnn_without_express_runs_models_but_refuses_isolation(convnet_inject, t
     run = run_harness(binary, isolate_args("convnet", convnet_inject[1], "cpu", "high", ISOLATED[0]), tmp_path / "iso")
     assert run.returncode == 4
     assert run.stderr.strip().splitlines()[-1].startswith("layerdiff-harness: ") and "without Express" in run.stderr
+
+
+def test_lone_libmnn_isolates_when_express_is_inside(convnet_inject, tmp_path):
+    """libMNN.so alone: a monolithic build has Express inside (CMake's link probe finds it) and
+    isolates; a MNN_SEP_BUILD libMNN.so needs libMNN_Express.so beside it and exits 4 on --inject."""
+    binary = build_harness(mnn_root_copy(tmp_path / "mnn", express_headers=True), tmp_path / "bin")
+    run = run_harness(binary, isolate_args("convnet", convnet_inject[1], "cpu", "high", ISOLATED[0]), tmp_path / "iso")
+    if separate_library("libMNN_Express.so"):
+        assert run.returncode == 4 and "without Express" in run.stderr
+    else:
+        assert run.returncode == 0, run.stderr
+        assert [t.op for t in run.dump().tensors] == ["block4/add"]

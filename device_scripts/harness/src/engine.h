@@ -27,6 +27,7 @@ struct EngineFacts {
     std::string engine_version;
     std::vector<std::string> backends_actual;
     std::string precision_effective;
+    int threads = -1;                  // CPU threads the engine reports using; -1: the requested --threads
     std::string options_json = "{}";  // engine options actually set, a JSON object
 };
 

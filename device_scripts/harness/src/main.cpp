@@ -82,7 +82,7 @@ std::string header_json(const Options& o, const EngineFacts& facts, const std::s
         .add("backends_actual", facts.backends_actual)
         .add("precision_requested", o.precision)
         .add("precision_effective", facts.precision_effective)
-        .add("threads", o.threads)
+        .add("threads", facts.threads >= 0 ? facts.threads : o.threads)
         .add_raw("model", models_json)
         .add_raw("inputs", input_list_json(inputs))
         .add("harness", std::string(kHarnessName) + " " + LAYERDIFF_HARNESS_VERSION)

@@ -4,8 +4,9 @@
 // Why Tensor(t, CAFFE) + copyToHostTensor: it converts NC4HW4 and device memory to plain NCHW on
 // the host (createHostTensorFromDevice would keep NC4HW4). Edges come from Tensor* identity:
 // the after-callback records which op produced each tensor, the before-callback looks the
-// op's inputs up, corrected by the model's graph where addresses mislead (mnn_edges.h). MNN falls back to the CPU silently when a GPU backend is missing, so the
-// header's backends_actual comes from getSessionInfo(BACKENDS), never from the request.
+// op's inputs up, corrected by the model's graph where addresses mislead (mnn_edges.h). MNN falls
+// back to the CPU silently when a GPU backend is missing, so the header's backends_actual, threads
+// and precision_effective are read from the session (mnn_backend.h), never from the request.
 // With --inject no session is made: mnn_isolate.cpp cuts each target out of the graph instead.
 #include <cstring>
 #include <map>
@@ -31,10 +32,6 @@
 namespace ld {
 namespace {
 
-const char* const kOpenClLibraries[] = {"libOpenCL.so", "libOpenCL.so.1", "/system/vendor/lib64/libOpenCL.so",
-                                        "/vendor/lib64/libOpenCL.so", "/system/lib64/libOpenCL.so", nullptr};
-const char* const kVulkanLibraries[] = {"libvulkan.so", "libvulkan.so.1", nullptr};
-
 std::string layout_of(size_t dims) {
     if (dims == 4) return "NCHW";
     if (dims == 2) return "NC";
@@ -50,20 +47,21 @@ public:
 
     void open(const RunConfig& config) override {
         if (config.isolate) return open_isolation(config);
-        std::string library_error = mnn_load_backend_library(config.backend);
+        MNN::BackendConfig backend_config;
+        MnnResolved resolved = mnn_resolve(config.backend, config.precision, config.threads, &backend_config);
         const std::string& model = config.model_files[0];
         net_ = MNN::Interpreter::createFromFile(model.c_str());
         if (!net_) throw HarnessError(kExitModel, "MNN cannot load " + model + " (is it an .mnn file from a compatible MNNConvert?)");
         net_->setSessionMode(MNN::Interpreter::Session_Debug);
-        MNN::BackendConfig backend_config;
-        MNN::ScheduleConfig schedule = mnn_schedule(config.backend, config.precision, config.threads, &backend_config);
-        session_ = net_->createSession(schedule);
+        session_ = net_->createSession(resolved.schedule);
         if (!session_) throw HarnessError(kExitBackend, "MNN could not create a " + config.backend + " session for " + model);
+        MnnSessionFacts session_facts = mnn_session_facts(net_, session_, config.precision);
         facts_.engine = "mnn";
         facts_.engine_version = mnn_version();
-        facts_.backends_actual = session_backends();
-        facts_.precision_effective = mnn_effective_precision(facts_.backends_actual.front(), config.precision);
-        facts_.options_json = mnn_options(schedule, config.backend, library_error).add("session_mode", "Session_Debug").str();
+        facts_.backends_actual = session_facts.backends;
+        facts_.precision_effective = session_facts.precision;
+        facts_.threads = session_facts.threads;
+        facts_.options_json = mnn_options(resolved, config.backend).add("session_mode", "Session_Debug").str();
         edges_ = MnnGraphEdges::load(model);
     }
 
@@ -142,23 +140,6 @@ private:
 #endif
     }
 
-    std::vector<std::string> session_backends() {
-        int types[16];
-        for (int& t : types) t = -1;
-        std::vector<std::string> names;
-        if (net_->getSessionInfo(session_, MNN::Interpreter::BACKENDS, types)) {
-            for (int t : types) {
-                if (t < 0) break;
-                std::string name = mnn_backend_name(t);
-                bool seen = false;
-                for (const auto& n : names) seen = seen || n == name;
-                if (!seen) names.push_back(name);
-            }
-        }
-        if (names.empty()) names.push_back("unknown");
-        return names;
-    }
-
     static std::string unique_name(const std::string& name, std::set<std::string>& used) {
         std::string candidate = name;
         for (int k = 1; used.count(candidate); ++k) candidate = name + "#" + std::to_string(k);
@@ -229,25 +210,18 @@ std::unique_ptr<Engine> make_mnn_engine() { return std::unique_ptr<Engine>(new M
 
 std::string mnn_version() { return MNN::getVersion(); }
 
+// One rule for every GPU entry (HARNESS_CLI.md): ok when MNN, asked for that backend, creates a
+// runtime of that type, i.e. exactly when a run would not fall back to the CPU.
 std::string mnn_probe_json() {
     JsonObject backends;
     backends.add_raw("cpu", JsonObject().add("ok", true).add("fp16", mnn_cpu_has_fp16_arith()).str());
-    struct Gpu { const char* backend; const char* const* system_libraries; const char* what; };
-    for (const Gpu& gpu : {Gpu{"opencl", kOpenClLibraries, "OpenCL"}, Gpu{"vulkan", kVulkanLibraries, "Vulkan"}}) {
+    for (const char* backend : {"opencl", "vulkan"}) {
+        MNN::BackendConfig backend_config;
+        MnnResolved resolved = mnn_resolve(backend, "normal", 1, &backend_config);
         JsonObject entry;
-        std::string reason;
-        std::string backend_error = mnn_load_backend_library(gpu.backend);
-        if (!library_loadable_anywhere(gpu.system_libraries, &reason)) {
-            entry.add("ok", false).add("reason", std::string("no ") + gpu.what + " driver: " + reason);
-        } else if (!backend_error.empty()) {
-            // Unless this libMNN has the backend built in (no MNN_SEP_BUILD), runs fall back to cpu.
-            entry.add("ok", false)
-                .add("reason", std::string(mnn_backend_library(gpu.backend)) + " not loadable: " + backend_error)
-                .add("driver", true);
-        } else {
-            entry.add("ok", true).add("backend_library", mnn_backend_library(gpu.backend));
-        }
-        backends.add_raw(gpu.backend, entry.str());
+        entry.add("ok", resolved.available).add("backend_library", resolved.library);
+        if (!resolved.available) entry.add("reason", resolved.reason);
+        backends.add_raw(backend, entry.str());
     }
     return JsonObject().add("version", mnn_version()).add_raw("backends", backends.str()).str();
 }

@@ -9,6 +9,7 @@
 #include "mnn_isolate.h"
 
 #include <map>
+#include <memory>
 #include <set>
 
 #include <MNN/expr/Executor.hpp>
@@ -55,17 +56,18 @@ bool is_constant(const VARP& var) {
 class ExpressIsolator : public MnnIsolator {
 public:
     explicit ExpressIsolator(const RunConfig& config) : config_(config), model_(config.model_files[0]) {
-        std::string library_error = mnn_load_backend_library(config.backend);
+        MnnResolved resolved = mnn_resolve(config.backend, config.precision, config.threads, &backend_config_);
         graph_ = Variable::loadMap(model_.c_str());
         if (graph_.empty()) throw HarnessError(kExitModel, "MNN cannot load the graph of " + model_ + " (is it an .mnn file from a compatible MNNConvert?)");
-        MNN::ScheduleConfig schedule = mnn_schedule(config.backend, config.precision, config.threads, &backend_config_);
-        runtime_.reset(RuntimeManager::createRuntimeManager(schedule), RuntimeManager::destroy);
+        runtime_.reset(RuntimeManager::createRuntimeManager(resolved.schedule), RuntimeManager::destroy);
         if (!runtime_) throw HarnessError(kExitBackend, "MNN could not create a " + config.backend + " runtime for " + model_);
+        MnnSessionFacts observed = session_facts(resolved.schedule);
         facts_.engine = "mnn";
         facts_.engine_version = mnn_version();
         facts_.backends_actual = {runtime_backend()};
-        facts_.precision_effective = mnn_effective_precision(facts_.backends_actual.front(), config.precision);
-        facts_.options_json = mnn_options(schedule, config.backend, library_error).add("api", "Express Module (isolation)").str();
+        facts_.precision_effective = observed.precision;
+        facts_.threads = observed.threads;
+        facts_.options_json = mnn_options(resolved, config.backend).add("api", "Express Module (isolation)").str();
     }
 
     EngineFacts facts() const override { return facts_; }
@@ -84,11 +86,25 @@ public:
     }
 
 private:
-    // What MNN resolved the requested backend to (CPU when the GPU backend is missing).
+    // What MNN resolved the requested backend to (CPU when the GPU backend is missing). MNN 3.6.1
+    // fills the type in but returns false for BACKENDS (later versions return true): the value says.
     std::string runtime_backend() {
         int type = -1;
-        if (!runtime_->getInfo(MNN::Interpreter::BACKENDS, &type) || type < 0) return "unknown";
-        return mnn_backend_name(type);
+        runtime_->getInfo(MNN::Interpreter::BACKENDS, &type);
+        return type < 0 ? "unknown" : mnn_backend_name(type);
+    }
+
+    // MNN reports threads and storage per session, and a Module's sessions are internal: a
+    // whole-model session on the same schedule, released before any target runs, says the same.
+    MnnSessionFacts session_facts(const MNN::ScheduleConfig& schedule) const {
+        std::unique_ptr<MNN::Interpreter, void (*)(MNN::Interpreter*)> net(MNN::Interpreter::createFromFile(model_.c_str()),
+                                                                           MNN::Interpreter::destroy);
+        if (!net) throw HarnessError(kExitModel, "MNN cannot load " + model_ + " (is it an .mnn file from a compatible MNNConvert?)");
+        MNN::Session* session = net->createSession(schedule);
+        if (!session) throw HarnessError(kExitBackend, "MNN could not create a " + config_.backend + " session for " + model_);
+        MnnSessionFacts facts = mnn_session_facts(net.get(), session, config_.precision);
+        net->releaseSession(session);
+        return facts;
     }
 
     double isolate_one(const std::string& key, const std::string& op, int index, const InjectSource& source, DumpWriter& out) {

@@ -18,4 +18,17 @@ std::string executable_dir();          // directory of the running executable ("
 std::string library_load_error(const std::string& name);
 bool library_loadable_anywhere(const char* const* candidates, std::string* reason);
 
+// While alive, fd 1 goes to stderr: libraries that print to stdout (MNN's "Can't Find type=..."
+// while it resolves a backend) must not mix with the harness's own stdout (--probe JSON, @@ld lines).
+class StdoutToStderr {
+public:
+    StdoutToStderr();
+    ~StdoutToStderr();
+    StdoutToStderr(const StdoutToStderr&) = delete;
+    StdoutToStderr& operator=(const StdoutToStderr&) = delete;
+
+private:
+    int saved_ = -1;
+};
+
 }  // namespace ld
