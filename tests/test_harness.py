@@ -153,7 +153,8 @@ def kill_mid_repeat(harness, out) -> list:
     assert proc.wait(timeout=30) == -signal.SIGKILL
     proc.stdout.close()
     runs = sorted(out.iterdir(), key=lambda d: int(d.name[1:]))
-    if not (runs[-1] / "manifest.jsonl").exists():  # killed between creating a directory and its header
+    manifest = runs[-1] / "manifest.jsonl"
+    if not manifest.exists() or manifest.stat().st_size == 0:  # killed between creating a directory and its header
         runs = runs[:-1]
     return [read_raw_dump(d) for d in runs]
 
