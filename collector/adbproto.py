@@ -118,23 +118,72 @@ class SyncSession:
         return sent
 
     def pull(self, remote: str, local: Path) -> int:
-        """Receive one file into `local` (caller picks a temporary name); returns its size."""
+        """Receive one file into `local` (caller picks a temporary name); returns its size.
+
+        The socket is read in large blocks and the DATA frames are cut out of the block, so a
+        64 KiB frame costs no header-sized reads of its own: two small `recv` calls per frame made
+        the pull markedly slower than `adb pull` through the same server.
+        """
         self._request(b"RECV", remote)
-        buf = bytearray(SYNC_DATA_MAX)
-        view = memoryview(buf)
+        frames = _FrameReader(self._sock)
         size = 0
-        with open(local, "wb") as f:
+        with open(local, "wb", buffering=0) as f:
             while True:
-                kind, length = _REQ.unpack(_read_exact(self._sock, 8))
+                kind, length = _REQ.unpack(frames.take(8))
                 if kind == b"DONE":
+                    frames.check_drained()
                     return size
                 if kind == b"FAIL":
-                    raise SyncFailed(self._fail_message(length))
+                    raise SyncFailed(frames.take(length).decode("utf-8", "replace"))
                 if kind != b"DATA" or length > SYNC_DATA_MAX:
                     raise TransferLost(f"unexpected sync reply {kind!r}")
-                _read_exact_into(self._sock, view[:length])
-                f.write(view[:length])
+                frames.copy_to(f, length)
                 size += length
+
+
+class _FrameReader:
+    """Reads a socket in blocks of up to `BLOCK` bytes and hands out exact byte counts from them."""
+
+    BLOCK = 1 << 20
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buf = bytearray(self.BLOCK)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+
+    def _fill(self) -> None:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == len(self._buf):  # keep the unread tail, move it to the front
+            tail = self._end - self._start
+            self._buf[:tail] = self._buf[self._start:self._end]
+            self._start, self._end = 0, tail
+        k = self._sock.recv_into(self._view[self._end:])
+        if k == 0:
+            raise TransferLost("connection closed")
+        self._end += k
+
+    def take(self, n: int) -> bytes:
+        while self._end - self._start < n:
+            self._fill()
+        out = bytes(self._view[self._start:self._start + n])
+        self._start += n
+        return out
+
+    def copy_to(self, f, n: int) -> None:
+        while n:
+            if self._start == self._end:
+                self._fill()
+            k = min(n, self._end - self._start)
+            written = f.write(self._view[self._start:self._start + k])  # raw file: may write less
+            self._start += written
+            n -= written
+
+    def check_drained(self) -> None:
+        """Nothing may follow DONE before the next request; bytes here would belong to no reply."""
+        if self._start != self._end:
+            raise TransferLost("unexpected bytes after the end of a file")
 
 
 LineSink = Callable[[bytes], None]

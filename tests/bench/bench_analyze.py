@@ -10,6 +10,9 @@ Method (see tests/bench/measure.py):
   start-up, alignment, metrics, findings, tables, plots, HTML and results.json.
 - floor: a child Python that imports numpy and h5py and reads each layer of both dumps once,
   computing max |run - ref| and the relative L2 error: the least any comparison tool must do.
+- The analyzer's stored results (analyzer.resultcache) are deleted before every measured run, so
+  each round is a full analysis; one extra run at the end shows the cost of analyzing the same runs
+  again (a sweep's own report followed by `analyze`).
 - Both are timed by CPU time (user + sys, from getrusage(RUSAGE_CHILDREN)) and peak RSS (the
   child's ru_maxrss from wait4), alternately after one warm-up each; the ratio printed is the
   median over rounds of command CPU / floor CPU.
@@ -29,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from analyzer import resultcache  # noqa: E402
 from analyzer.dumpfile import DumpWriter  # noqa: E402
 from tests.bench.measure import MiB, alternate, child_env, python, run_child, verdict  # noqa: E402
 
@@ -95,7 +99,9 @@ def bench_case(name: str, rounds: int, folder: Path) -> dict:
     floor_script.write_text(FLOOR)
     counter = iter(range(10**6))
 
-    def analyze():
+    def analyze(keep_cache: bool = False):
+        if not keep_cache:  # every measured round analyzes from scratch (analyzer.resultcache)
+            shutil.rmtree(folder / resultcache.CACHE_DIR, ignore_errors=True)
         out = folder / f"report{next(counter)}"
         usage = run_child(python("-m", "analyzer.cli", str(ref), str(run), "-o", str(out)), env=env)
         shutil.rmtree(out, ignore_errors=True)
@@ -118,6 +124,9 @@ def bench_case(name: str, rounds: int, folder: Path) -> dict:
         f"[{name}] peak RSS {peak / MiB:.0f} MiB (target <= 2 x {largest / MiB:.3g} MiB + 300 MiB = "
         f"{rss_goal / MiB:.0f} MiB) -> {verdict(peak <= rss_goal)}",
     ]
+    if target is not None:
+        again = analyze(keep_cache=True)
+        lines.append(f"[{name}] analyze again, same runs (stored results reused): {again.cpu:.2f} s CPU")
     print("\n".join(lines), flush=True)
     return {"case": name, "ratio": ratio, "peak": peak, "rss_goal": rss_goal}
 
