@@ -1,7 +1,7 @@
 """`analyze`: compare dumps into a report (`analyze FILES_OR_DIRS... -o REPORT`) or inspect one dump.
 
 The main job needs no sub-command word, as the README promises: `analyze runs/ -o report/`. A
-click group with a default command does that while keeping real sub-commands (`analyze inspect`,
+command group with a default command does that while keeping real sub-commands (`analyze inspect`,
 and the ones other modules contribute through `COMMAND_PROVIDERS`). Every user-fixable problem ends as
 one line on stderr and a non-zero exit code, never a traceback:
   0  report written, every input usable;
@@ -15,13 +15,12 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
-from analyzer.errors import LayerdiffError
+from analyzer.errors import LayerdiffError, os_error_line
 from analyzer.tables import format_number
 
 DEFAULT_COMMAND = "compare"
@@ -34,21 +33,21 @@ MAX_CONSOLE_FINDINGS = 25
 class DefaultCommandGroup(TyperGroup):
     """A group that runs `compare` when the first argument is not a sub-command name."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
 
 
 app = typer.Typer(cls=DefaultCommandGroup, add_completion=False, no_args_is_help=True,
-                  pretty_exceptions_enable=False,
+                  pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Compare layerdiff dumps layer by layer (analyze FILES_OR_DIRS... -o REPORTDIR), "
                        "or inspect one dump.")
 
 
 @app.command(DEFAULT_COMMAND)
 def compare_command(
-    inputs: List[Path] = typer.Argument(..., help="HDF5 dumps, directories of them, or other formats to import"),
+    inputs: List[Path] = typer.Argument(..., metavar="FILES_OR_DIRS", help="HDF5 dumps, directories of them, or other formats to import"),
     out: Path = typer.Option(..., "-o", "--out", help="report directory (created)"),
     ref: Optional[Path] = typer.Option(None, "--ref", help="reference dump or golden in any format, e.g. an ONNX Runtime .npz "
                                        "(default: cpu + high, else the first); need not be among the inputs"),
@@ -131,7 +130,7 @@ def _print_summary(analysis, out_dir: Path) -> None:
 
 @app.command("inspect")
 def inspect_command(
-    file: Path = typer.Argument(..., help="one HDF5 dump"),
+    file: Path = typer.Argument(..., metavar="FILE", help="one HDF5 dump"),
     layer: Optional[str] = typer.Option(None, "--layer", help="summarize one layer (key, op name or tensor name)"),
     json_out: bool = typer.Option(False, "--json", help="print as JSON"),
 ) -> None:
@@ -151,12 +150,19 @@ _register_extra_commands()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point: LayerdiffError becomes one line on stderr and a non-zero exit."""
+    """Console-script entry point.
+
+    Usage mistakes are typer's (standalone mode: "Usage: ... Error: ...", exit 2); a LayerdiffError
+    becomes one line on stderr and its exit code; an OS error (unwritable report, ...) names its path.
+    """
     try:
         app(args=argv, prog_name="analyze", standalone_mode=True)
     except LayerdiffError as err:
         print(f"analyze: error: {err}", file=sys.stderr)
         return err.exit_code
+    except OSError as err:
+        print(f"analyze: error: {os_error_line(err)}", file=sys.stderr)
+        return 1
     except SystemExit as exit_:
         return int(exit_.code or 0) if not isinstance(exit_.code, str) else 1
     return 0

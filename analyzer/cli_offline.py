@@ -10,6 +10,8 @@ from typing import List, Optional
 
 import typer
 
+from analyzer.cli_options import choices
+
 from analyzer.errors import LayerdiffError
 from analyzer.export import KEY_BY, METRICS, export_model_explorer, export_polygraphy
 from analyzer.importers import import_one, parse_set_options
@@ -54,10 +56,13 @@ def merge_command(
 def export_command(
     run: Path = typer.Argument(..., help="The run (HDF5 dump) to export"),
     output: Path = typer.Option(..., "-o", "--output", help="JSON file to write"),
-    to: str = typer.Option("model-explorer", "--to", help=f"Target: {', '.join(EXPORT_FORMATS)}"),
+    to: str = typer.Option("model-explorer", "--to", help=f"Target: {', '.join(EXPORT_FORMATS)}",
+                          callback=choices(EXPORT_FORMATS, "export target")),
     reference: Optional[Path] = typer.Option(None, "--reference", help="Model Explorer: the reference run"),
-    metric: str = typer.Option("rel_l2", "--metric", help=f"Model Explorer: per-layer metric ({', '.join(METRICS)})"),
-    key_by: str = typer.Option("reference", "--key-by", help=f"Model Explorer node keys ({', '.join(KEY_BY)})"),
+    metric: str = typer.Option("rel_l2", "--metric", help=f"Model Explorer: per-layer metric ({', '.join(METRICS)})",
+                              callback=choices(METRICS, "metric")),
+    key_by: str = typer.Option("reference", "--key-by", help=f"Model Explorer node keys ({', '.join(KEY_BY)})",
+                              callback=choices(KEY_BY, "key")),
     runner_name: Optional[str] = typer.Option(None, "--runner-name", help="Polygraphy: runner name to record"),
 ) -> None:
     """Export a run for Google Model Explorer (per-layer error vs a reference) or Polygraphy."""

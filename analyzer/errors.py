@@ -20,3 +20,11 @@ class LayerdiffError(Exception):
 
 class DumpFormatError(LayerdiffError):
     """A file is not a valid layerdiff dump (raw or HDF5), or is of a newer format version."""
+
+
+def os_error_line(err: OSError) -> str:
+    """One line for an OS error that escaped the library: what failed, on which path, and what to do."""
+    where = f" ({err.filename})" if err.filename else ""
+    hint = {28: "free some space and re-run", 30: "write to another directory with -o",
+            13: "check the permissions or write elsewhere"}.get(err.errno or 0, "check the path and re-run")
+    return f"{err.strerror or err}{where}; {hint}"

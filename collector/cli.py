@@ -9,9 +9,10 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from analyzer.errors import LayerdiffError
+from analyzer.cli_options import choices
+from analyzer.errors import LayerdiffError, os_error_line
 from collector.inputs import resolve_inputs
-from collector.models import apply_shapes, input_shapes, parse_shapes, resolve_model
+from collector.models import ENGINES, apply_shapes, input_shapes, parse_shapes, resolve_model
 from collector.isolate import failing_layers, isolate
 from collector.preprocess import parse_preprocess
 from collector.plan import SweepPlan, resolve_devices, split_list
@@ -29,21 +30,17 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
 console = Console(stderr=True)
 
 
-def _checked(values: list[str], allowed: tuple[str, ...], what: str) -> list[str]:
-    for value in values:
-        if value not in allowed:
-            raise LayerdiffError(f"unknown {what} {value!r}; use one of {', '.join(allowed)}")
-    return values
-
-
 @app.callback(invoke_without_command=True)
 def collect(
     ctx: typer.Context,
     device: List[str] = typer.Option(None, "--device", "-d", help="local, a serial, all, or a comma list"),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help=".mnn, ncnn .param with its .bin, or .onnx (local golden) (default: bundled sample)"),
-    engine: str = typer.Option("auto", "--engine", help="auto (from the file name), mnn, ncnn or onnxruntime"),
-    backend: List[str] = typer.Option(None, "--backend", "-b", help="cpu, opencl, vulkan (comma list or repeated)"),
-    precision: List[str] = typer.Option(None, "--precision", "-p", help="low, normal, high (comma list or repeated)"),
+    engine: str = typer.Option("auto", "--engine", help="auto (from the file name), or one of: " + ", ".join(ENGINES),
+                               callback=choices(("auto", *ENGINES), "engine")),
+    backend: List[str] = typer.Option(None, "--backend", "-b", help="cpu, opencl, vulkan (comma list or repeated)",
+                                      callback=choices(BACKENDS, "backend")),
+    precision: List[str] = typer.Option(None, "--precision", "-p", help="low, normal, high (comma list or repeated)",
+                                        callback=choices(PRECISIONS, "precision")),
     input: List[str] = typer.Option(None, "--input", "-i", help=".npy, .npz, image, dir, glob, name=FILE or random[:SEED]; repeatable"),
     shape: List[str] = typer.Option(None, "--shape", help="NAME=1x3x640x640: an input's shape where the model declares none (repeatable)"),
     preprocess: Optional[str] = typer.Option(None, "--preprocess", help="image recipe: resize=224x224,crop=center,... or a .json/.toml file"),
@@ -65,8 +62,7 @@ def collect(
         return
     plan, input_errors = build_plan(
         devices=split_list(device) or ["local"], model=model, engine=engine, preprocess=preprocess,
-        backends=_checked(split_list(backend) or ["cpu"], BACKENDS, "backend"),
-        precisions=_checked(split_list(precision) or ["high"], PRECISIONS, "precision"),
+        backends=split_list(backend) or ["cpu"], precisions=split_list(precision) or ["high"],
         inputs=input or [], shapes=shape or [], out=out, threads=threads, repeat=repeat, deadline=deadline, layers=layers,
         max_bytes=max_bytes, exclude=split_list(exclude), adb_servers=adb_server or [], keep=keep, force=force,
         retry_failed=retry_failed,
@@ -140,9 +136,9 @@ def devices_command(
 def isolate_command(
     device: str = typer.Option("local", "--device", "-d", help="local or a serial"),
     model: Path = typer.Option(..., "--model", "-m"),
-    engine: str = typer.Option("auto", "--engine"),
-    backend: str = typer.Option(..., "--backend", "-b"),
-    precision: str = typer.Option(..., "--precision", "-p"),
+    engine: str = typer.Option("auto", "--engine", callback=choices(("auto", *ENGINES), "engine")),
+    backend: str = typer.Option(..., "--backend", "-b", callback=choices(BACKENDS, "backend")),
+    precision: str = typer.Option(..., "--precision", "-p", callback=choices(PRECISIONS, "precision")),
     ref: Path = typer.Option(..., "--ref", help="the reference run's HDF5 (its tensors feed the layers)"),
     layer: List[str] = typer.Option(None, "--layer", "-l", help="layer key to isolate, e.g. block3/conv:0 (repeatable)"),
     failing_from: Optional[Path] = typer.Option(None, "--failing-from", help="a report dir: isolate every layer it flagged"),
@@ -152,8 +148,6 @@ def isolate_command(
     force: bool = typer.Option(False, "--force"),
 ) -> None:
     """Re-run single layers on a backend, fed with the reference run's own input tensors."""
-    _checked([backend], BACKENDS, "backend")
-    _checked([precision], PRECISIONS, "precision")
     keys = list(layer or [])
     if failing_from is not None:
         keys += [k for k in failing_layers(failing_from, backend, precision) if k not in keys]
@@ -170,9 +164,10 @@ def isolate_command(
 def fix_command(
     device: str = typer.Option("local", "--device", "-d", help="local or a serial"),
     model: Path = typer.Option(..., "--model", "-m"),
-    engine: str = typer.Option("auto", "--engine"),
-    backend: str = typer.Option(..., "--backend", "-b"),
-    precision: str = typer.Option("low", "--precision", "-p", help="the precision to fix (low or normal)"),
+    engine: str = typer.Option("auto", "--engine", callback=choices(("auto", *ENGINES), "engine")),
+    backend: str = typer.Option(..., "--backend", "-b", callback=choices(BACKENDS, "backend")),
+    precision: str = typer.Option("low", "--precision", "-p", help="the precision to fix (low or normal)",
+                                  callback=choices(PRECISIONS, "precision")),
     input: List[str] = typer.Option(None, "--input", "-i", help="as for collect; the fix must hold on every input"),
     preprocess: Optional[str] = typer.Option(None, "--preprocess"),
     out: Path = typer.Option(Path("fix"), "--out", "-o"),
@@ -184,8 +179,6 @@ def fix_command(
     from collector.fix import fix
     from collector.fixjson import fix_document, summary_lines, write_fix_json
 
-    _checked([backend], BACKENDS, "backend")
-    _checked([precision], PRECISIONS, "precision")
     if out.exists() and not out.is_dir():
         raise LayerdiffError(f"output {out} is a file; pass a directory to -o")
     files = resolve_model(model, engine)
@@ -204,26 +197,25 @@ def fix_command(
         raise typer.Exit(1)
 
 
-def main() -> None:
-    """Console entry point: a LayerdiffError becomes one line on stderr and a non-zero exit."""
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point.
+
+    Usage mistakes (unknown option, bad type, missing value, bad choice) are typer's own business:
+    standalone mode prints the conventional "Usage: ... Error: ..." text and exits 2, whatever
+    click typer ships with. What is left to us: a LayerdiffError (a user mistake in content: a
+    file, a device, a model) becomes one line and its exit code; an OS error names its path.
+    """
     try:
-        code = app(standalone_mode=False)
-        sys.exit(code if isinstance(code, int) else 0)
+        app(args=argv, prog_name="collect", standalone_mode=True)
     except LayerdiffError as err:
         print(f"collect: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
-    except typer.Exit as exit_:
-        sys.exit(exit_.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:
         print("collect: interrupted; runs already written are kept", file=sys.stderr)
         sys.exit(130)
-    except Exception as err:  # click usage errors come through here in standalone_mode=False
-        import click
-
-        if isinstance(err, click.ClickException):
-            print(f"collect: {err.format_message()}", file=sys.stderr)
-            sys.exit(err.exit_code)
-        raise
+    except OSError as err:
+        print(f"collect: {os_error_line(err)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analyzer.dumpfile import DumpFile
+from analyzer.cli_options import comma_items
 from analyzer.errors import LayerdiffError
 from collector.devices import Device, DeviceError, LocalDevice
 from collector.index import IndexRow, read_index
@@ -59,13 +60,7 @@ class PlannedRun:
 
 def split_list(values: list[str] | None) -> list[str]:
     """`--backend cpu,vulkan --backend opencl` → ["cpu", "vulkan", "opencl"], order kept, no repeats."""
-    out: list[str] = []
-    for value in values or []:
-        for item in value.split(","):
-            item = item.strip()
-            if item and item not in out:
-                out.append(item)
-    return out
+    return comma_items(values)
 
 
 def resolve_devices(names: list[str], adb_servers: list[str] | None = None, exclude: list[str] | None = None) -> list[Device]:

@@ -168,3 +168,19 @@ def test_foreign_dumps_in_a_directory_get_per_input_provenance_with_set(tmp_path
     runs = {r["provenance"]["backend_requested"]: r for r in doc["runs"]}
     assert set(runs) == {"cpu", "opencl"} and all(r["provenance"]["device_model"] == "Pixel 8" for r in runs.values())
     assert runs["opencl"]["verdict"] in ("warn", "fail")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--bogus-flag"], "No such option: --bogus-flag"),
+    (["runs", "-o"], "requires an argument"),
+    (["runs", "-o", "rep", "--atol", "abc"], "Invalid value for '--atol'"),
+    (["inspect"], "Missing argument"),
+    (["import", "x.npz"], "Missing option"),
+    (["export", "a.h5", "-o", "x.json", "--to", "nothing"], "Invalid value"),
+])
+def test_usage_errors_follow_the_click_convention(tmp_path, args, expected):
+    """Exit 2 with "Usage: ... Error: ..." and never a traceback, for the default command and sub-commands."""
+    proc = subprocess.run([sys.executable, "-m", "analyzer.cli", *args], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "Error:" in proc.stderr and expected in proc.stderr, proc.stderr

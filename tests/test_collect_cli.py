@@ -70,9 +70,6 @@ def _wrong_shape(tmp_path):
 
 
 BAD_INPUTS = {
-    "unknown backend": (lambda t: ["--backend", "gpu"], "unknown backend 'gpu'"),
-    "unknown precision": (lambda t: ["--precision", "fp8"], "unknown precision 'fp8'"),
-    "unknown engine": (lambda t: ["--engine", "tflite"], "unknown engine 'tflite'"),
     "missing model": (lambda t: ["--model", t / "nope.param"], "nope.param does not exist"),
     "unparsable ncnn model": (lambda t: ["--model", _bad_param(t)], "not an ncnn .param file"),
     "unparsable mnn model": (lambda t: ["--model", _bad_mnn(t)], "MNN could not load this model"),
@@ -91,6 +88,31 @@ def test_bad_input_gives_one_line_and_a_failing_exit(tmp_path, case):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and expected in lines[0], result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+USAGE_ERRORS = {  # args (OUT stands for the output dir), expected text
+    "unknown option": (["-o", "OUT", "--bogus-flag"], "No such option: --bogus-flag"),
+    "wrong type": (["--threads", "abc", "-o", "OUT"], "Invalid value for '--threads'"),
+    "missing value": (["-o", "OUT", "--model"], "requires an argument"),
+    "unknown backend": (["--backend", "cpu,gpu", "-o", "OUT"], "unknown backend 'gpu'"),
+    "unknown precision": (["--precision", "fp8", "-o", "OUT"], "unknown precision 'fp8'"),
+    "unknown engine": (["--engine", "tflite", "-o", "OUT"], "unknown engine 'tflite'"),
+    "isolate: bad choice": (["isolate", "-m", "m.param", "-b", "npu", "-p", "low", "--ref", "r.h5", "-o", "OUT"],
+                            "unknown backend 'npu'"),
+    "isolate: missing option": (["isolate", "-b", "cpu", "-p", "low", "-o", "OUT"], "Missing option"),
+    "devices: extra argument": (["devices", "x"], "unexpected extra argument"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USAGE_ERRORS))
+def test_usage_errors_follow_the_click_convention(tmp_path, case):
+    """Exit 2 with "Usage: ... Error: ..." (no traceback), as every click/typer tool does."""
+    args, expected = USAGE_ERRORS[case]
+    result = collect(*[tmp_path / "out" if a == "OUT" else a for a in args], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "Error:" in result.stderr and expected in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_vulkan_without_a_vulkan_device_names_the_package_and_keeps_other_runs(tmp_path):

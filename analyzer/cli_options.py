@@ -1,0 +1,35 @@
+"""Option checks shared by the `collect` and `analyze` command lines.
+
+A value outside a fixed set is a usage mistake, so it is reported the way click/typer report
+every other one ("Usage: ... Error: Invalid value for '--backend': ...", exit 2), not as a content
+error. Comma lists (`--backend cpu,vulkan`) are checked item by item.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+
+def comma_items(values: Iterable[str] | str | None) -> list[str]:
+    """`["cpu,vulkan", "opencl"]` → ["cpu", "vulkan", "opencl"], order kept, no repeats."""
+    out: list[str] = []
+    for value in [values] if isinstance(values, str) else values or []:
+        for item in value.split(","):
+            item = item.strip()
+            if item and item not in out:
+                out.append(item)
+    return out
+
+
+def choices(allowed: Iterable[str], what: str) -> Callable:
+    """An option callback accepting only values (or comma items) from `allowed`."""
+    allowed = tuple(allowed)
+
+    def check(values):
+        import typer  # here, not at the top: library modules use comma_items without the CLI stack
+
+        for value in comma_items(values):
+            if value not in allowed:
+                raise typer.BadParameter(f"unknown {what} {value!r}; use one of {', '.join(allowed)}")
+        return values
+
+    return check
