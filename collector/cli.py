@@ -15,6 +15,7 @@ from collector.inputs import resolve_inputs
 from collector.models import ENGINES, apply_shapes, input_shapes, parse_shapes, resolve_model
 from collector.isolate import failing_layers, isolate
 from collector.preprocess import parse_preprocess
+from collector.prepare import build_phone_harnesses, prepare_devices
 from collector.plan import SweepPlan, resolve_devices, split_list
 from collector.progress import SweepProgress
 from collector.run import check_run_options
@@ -69,6 +70,7 @@ def collect(
     )
     for error in input_errors:
         print(f"collect: {error}", file=sys.stderr)
+    build_phone_harnesses(plan.devices, plan.model.engine, plan.backends)
     with SweepProgress(console) as progress:
         result = run_sweep(plan, observer=progress, on_planned=progress.planned)
     progress.summary(result.runs, plan.out_dir, result.interrupted)
@@ -130,6 +132,25 @@ def devices_command(
         print(json.dumps(devices_json(reports), indent=2))
     else:
         Console().print(devices_table(reports))
+
+
+@app.command("prepare")
+def prepare_command(
+    device: List[str] = typer.Option(None, "--device", "-d", help="serials, all, or a comma list (default: all)"),
+    engine: List[str] = typer.Option(None, "--engine", help="ncnn, mnn (comma list; default ncnn)",
+                                     callback=choices(ENGINES, "engine")),
+    backend: List[str] = typer.Option(None, "--backend", "-b", help="cpu, opencl, vulkan (default cpu)",
+                                      callback=choices(BACKENDS, "backend")),
+    adb_server: List[str] = typer.Option(None, "--adb-server", help="host:port of an adb server (repeatable)"),
+    exclude: List[str] = typer.Option(None, "--exclude", help="serials to leave out of --device all"),
+) -> None:
+    """Build and stage the harness on phones ahead of time (the first build takes minutes)."""
+    devices = resolve_devices(split_list(device) or ["all"], adb_server or [], split_list(exclude))
+    results = prepare_devices(devices, split_list(engine) or ["ncnn"], split_list(backend) or ["cpu"])
+    for r in results:
+        print(f"{'ready' if r.ok else 'failed':8s}{r.serial} {r.engine}/{r.backend}: {r.detail}", file=sys.stderr)
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
 
 
 @app.command("isolate")

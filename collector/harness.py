@@ -24,14 +24,18 @@ import os
 import platform
 import shlex
 import subprocess
+import signal
+import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
 from analyzer.errors import LayerdiffError
+from collector.buildprogress import BuildReporter, BuildWatcher, default_reporter, estimate_minutes
 from collector.engines import ENGINES, PHONE_ENGINES
 
+# Installed next to collector/ by the wheel and sdist (package data), as in a checkout.
 DEVICE_SCRIPTS = Path(__file__).resolve().parent.parent / "device_scripts"
 NCNN_VERSION = "1.0.20261020"
 # Bump when the ncnn CMake options in device_scripts/build_*.sh change: it keys cached ncnn builds.
@@ -107,8 +111,16 @@ def ncnn_key(spec: HarnessSpec) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _check_device_scripts() -> None:
+    """The harness sources ship with the package; without them nothing can be built (a broken install)."""
+    if not (DEVICE_SCRIPTS / "harness" / "CMakeLists.txt").is_file():
+        raise HarnessError(f"the harness sources are missing from {DEVICE_SCRIPTS}; reinstall layerdiff "
+                           "(pip install --force-reinstall layerdiff) or run from a checkout")
+
+
 def sources_digest() -> str:
     """sha256 over the harness sources and build scripts: any edit gives a new binary."""
+    _check_device_scripts()
     digest = hashlib.sha256()
     files = sorted(p for p in (DEVICE_SCRIPTS / "harness").rglob("*") if p.is_file())
     files += sorted(DEVICE_SCRIPTS.glob("build_*.sh")) + sorted((DEVICE_SCRIPTS / "cmake").glob("*"))
@@ -142,7 +154,7 @@ def build_command(spec: HarnessSpec, out_dir: Path | None = None) -> list[str]:
     """The build script invocation that produces the binary for `spec` (also shown in errors)."""
     out = out_dir or binary_dir(spec)
     base = spec.target.split("-", 1)[0]
-    cmd = [str(DEVICE_SCRIPTS / TARGET_SCRIPTS[base]), "--out", str(out), "--build-dir", str(out / "build")]
+    cmd = ["bash", str(DEVICE_SCRIPTS / TARGET_SCRIPTS[base]), "--out", str(out), "--build-dir", str(out / "build")]
     if base == "android":
         cmd += ["--abi", spec.target.split("-", 1)[1]]
     if spec.with_ncnn:
@@ -176,7 +188,7 @@ def _locked(path: Path) -> Iterator[None]:
 def _fetch_ncnn_source() -> None:
     """Unpack ncnn's PyPI sdist into the cache (once) before a build needs it."""
     dest = cache_root() / "harness" / "src"
-    fetch = [os.environ.get("PYTHON", "python3"), str(DEVICE_SCRIPTS / "fetch_ncnn_source.py"), str(dest),
+    fetch = [sys.executable, str(DEVICE_SCRIPTS / "fetch_ncnn_source.py"), str(dest),
              "--version", NCNN_VERSION]
     with _locked(dest.parent / "src.lock"):
         result = subprocess.run(fetch, capture_output=True, text=True)
@@ -185,8 +197,12 @@ def _fetch_ncnn_source() -> None:
         raise HarnessError(f"cannot fetch the ncnn source from PyPI ({detail}); run: {shlex.join(fetch)}")
 
 
-def ensure_built(spec: HarnessSpec) -> Path:
-    """Return the cached binary for `spec`, building it first if needed (one builder at a time)."""
+def ensure_built(spec: HarnessSpec, reporter: BuildReporter | None = None) -> Path:
+    """Return the cached binary for `spec`, building it first if needed (one builder at a time).
+
+    A build says what it builds, why and roughly how long it takes, then shows progress on
+    `reporter` (default: a bar on a terminal, plain lines elsewhere).
+    """
     out = binary_dir(spec)
     binary = out / "layerdiff-harness"
     if binary.is_file():
@@ -201,14 +217,57 @@ def ensure_built(spec: HarnessSpec) -> Path:
             _fetch_ncnn_source()
         out.mkdir(parents=True, exist_ok=True)
         cmd = build_command(spec)
-        log = out / "build.log"
         with open(out / "builds.txt", "a") as history:  # one line per build run: audit trail
             history.write(shlex.join(cmd) + "\n")
-        with open(log, "w") as handle:
-            result = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT)
-        if result.returncode != 0 or not binary.is_file():
-            raise HarnessError(f"building the {spec.target} harness failed (log: {log}); run: {shlex.join(cmd)}")
+        ok = _run_build(cmd, out / "build.log", spec, reporter or default_reporter())
+        if not ok or not binary.is_file():
+            raise HarnessError(f"building the {spec.target} harness failed (log: {out / 'build.log'}); "
+                               f"run: {shlex.join(cmd)}")
     return binary
+
+
+def describe_build(spec: HarnessSpec) -> str:
+    """What is about to be built, why, and roughly how long it takes (first line a user sees)."""
+    ncnn_cached = not spec.with_ncnn or (cache_root() / "harness" / f"ncnn-{spec.target}-{ncnn_key(spec)}"
+                                         / ".complete").is_file()
+    engines = " + ".join(e for e, on in (("ncnn " + NCNN_VERSION, spec.with_ncnn), ("MNN", bool(spec.mnn_root))) if on)
+    vulkan = " with Vulkan" if spec.vulkan else ""
+    minutes = estimate_minutes(spec.target, vulkan=spec.vulkan, ncnn_cached=ncnn_cached, test_build=spec.test_build)
+    why = "ncnn is not built yet for this target" if not ncnn_cached else "no cached binary for these harness sources"
+    return (f"building the {spec.target} harness ({engines}{vulkan}): {why}; about {minutes} min, "
+            f"once (cached in {binary_dir(spec)})")
+
+
+def _run_build(cmd: list[str], log: Path, spec: HarnessSpec, reporter: BuildReporter) -> bool:
+    """Run the build script with its output in `log`, following its steps for the reporter."""
+    watcher = BuildWatcher(reporter)
+    watcher.start(describe_build(spec))
+    ok = False
+    env = {**os.environ, "PYTHON": sys.executable}
+    with open(log, "w") as handle:
+        # its own process group, so an interrupted build takes cmake, ninja and the compilers with it
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                errors="replace", start_new_session=True)
+        try:
+            for line in proc.stdout:
+                handle.write(line)
+                watcher.feed(line)
+            ok = proc.wait() == 0
+        finally:
+            if proc.poll() is None:  # interrupted: never leave cmake/ninja compiling behind
+                _kill_group(proc)
+            watcher.stop(ok)
+    return ok
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=5)
+            return
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            continue
 
 
 def prebuilt_override(abi: str) -> Path | None:
@@ -223,7 +282,8 @@ def prebuilt_override(abi: str) -> Path | None:
     return path
 
 
-def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool | None = None) -> Path:
+def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool | None = None,
+                reporter: BuildReporter | None = None) -> Path:
     """The harness binary to run `engine`/`backend` on a device with `abi`, built on demand.
 
     test_build None reads $LAYERDIFF_HARNESS_TEST_BUILD ("1": the faster CI build of ncnn, which
@@ -234,7 +294,7 @@ def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool
         return override
     if test_build is None:
         test_build = os.environ.get("LAYERDIFF_HARNESS_TEST_BUILD", "") == "1"
-    return ensure_built(spec_for(abi, engine, backend, test_build=test_build))
+    return ensure_built(spec_for(abi, engine, backend, test_build=test_build), reporter)
 
 
 def main(argv: list[str] | None = None) -> int:

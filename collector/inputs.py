@@ -107,13 +107,11 @@ def _one_input(spec: str, shapes: dict[str, tuple[int, ...]], preprocess: Prepro
     if not path.is_file():
         raise LayerdiffError(f"input {spec}: no such file; give a .npy, .npz, an image, a directory or random[:SEED]")
     if path.suffix.lower() == ".npz":
-        arrays = _load_npz(path)
-        check_against_model(path, arrays, shapes)
+        arrays = check_against_model(path, _load_npz(path), shapes)
         return InputSet(path.stem, arrays, str(path))
     name = _single_input_name(path, shapes)
     array, recipe = _load_file(path, shapes[name], preprocess)
-    arrays = {name: array}
-    check_against_model(path, arrays, shapes)
+    arrays = check_against_model(path, {name: array}, shapes)
     return InputSet(path.stem, arrays, str(path), recipe)
 
 
@@ -128,7 +126,7 @@ def _paired(pairs: dict[str, str], shapes: dict[str, tuple[int, ...]], preproces
         if recipe:
             recipes[name] = recipe
     label = "+".join(Path(f).stem for f in pairs.values())
-    check_against_model(label, arrays, shapes)
+    arrays = check_against_model(label, arrays, shapes)
     return InputSet(label, arrays, ",".join(f"{n}={f}" for n, f in pairs.items()), recipes)
 
 
@@ -175,19 +173,43 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
     return {name: np.asarray(a, order="C") for name, a in arrays.items()}
 
 
-def check_against_model(source: Path | str, arrays: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> None:
+def check_against_model(source: Path | str, arrays: dict[str, np.ndarray],
+                        shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """The arrays as the model takes them, or one line saying which input does not fit.
+
+    Shapes that differ only by leading 1s are the same tensor: ncnn users hold images as CHW
+    while the model is declared [1, C, H, W] (and the reverse). Such an array is reshaped (no
+    copy, same bytes and hash) to the declared rank, and that shape is what the run records.
+    """
+    fitted = {}
     for name, array in arrays.items():
         if name not in shapes:
             raise LayerdiffError(f"{source}: the model has no input {name!r}; its inputs are {', '.join(shapes)}")
         expected = shapes[name]
-        if expected is None or len(expected) == array.ndim and all(e <= 0 or e == a for e, a in zip(expected, array.shape)):
-            continue
-        raise LayerdiffError(
-            f"{source}: input {name!r} has shape {list(array.shape)} but the model expects {list(expected)}"
-        )
+        shape = array.shape if expected is None else fit_shape(array.shape, expected)
+        if shape is None:
+            raise LayerdiffError(
+                f"{source}: input {name!r} has shape {list(array.shape)} but the model expects {list(expected)}"
+            )
+        fitted[name] = array.reshape(shape)
     missing = [n for n in shapes if n not in arrays]
     if missing:
         raise LayerdiffError(f"{source}: no array for model input(s) {', '.join(missing)}")
+    return fitted
+
+
+def fit_shape(actual: tuple[int, ...], expected: tuple[int, ...]) -> tuple[int, ...] | None:
+    """`actual` written in `expected`'s rank when they agree up to leading 1s (dims <= 0 are free)."""
+    def core(shape):
+        dims = list(shape)
+        while dims and dims[0] == 1:
+            dims.pop(0)
+        return dims
+
+    a, e = core(actual), core(expected)
+    if len(a) != len(e) or any(d > 0 and d != x for d, x in zip(e, a)):
+        return None
+    return tuple([1] * (len(expected) - len(e)) + a)
 
 
 def random_inputs(shapes: dict[str, tuple[int, ...] | None], seed: int) -> dict[str, np.ndarray]:

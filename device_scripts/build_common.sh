@@ -67,6 +67,8 @@ ld_absolute() { mkdir -p "$1" && (cd "$1" && pwd); }
 # ld_quiet LOG CMD...: run CMD with its output in LOG; on failure show the log's tail.
 ld_quiet() {
     local log="$1"; shift
+    # announce the step: the collector follows the log named here to show progress
+    echo "layerdiff-build-step: $(basename "$log" .log) $log"
     if ! "$@" >"$log" 2>&1; then
         tail -n 40 "$log" >&2
         echo "$(basename "$0"): failed: $* (full log: $log)" >&2
@@ -95,10 +97,10 @@ ld_ncnn_source() {
     if [ -n "$LD_NCNN_SRC" ] && [ -f "$LD_NCNN_SRC/CMakeLists.txt" ]; then
         echo "$LD_NCNN_SRC"
     elif [ -n "$LD_NCNN_SRC" ]; then
-        python3 "$LD_SCRIPTS_DIR/fetch_ncnn_source.py" "$(dirname "$LD_NCNN_SRC")" \
+        "${PYTHON:-python3}" "$LD_SCRIPTS_DIR/fetch_ncnn_source.py" "$(dirname "$LD_NCNN_SRC")" \
             --version "${LD_NCNN_SRC##*/ncnn-}"
     else
-        python3 "$LD_SCRIPTS_DIR/fetch_ncnn_source.py" "$LD_BUILD_DIR/src"
+        "${PYTHON:-python3}" "$LD_SCRIPTS_DIR/fetch_ncnn_source.py" "$LD_BUILD_DIR/src"
     fi
 }
 

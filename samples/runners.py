@@ -4,7 +4,7 @@ Why here and not in the collector: samples must prove themselves (ncnn and MNN g
 reference says) without depending on the tool they are meant to test. These runners are small and
 direct: pip `ncnn` (CPU, or Vulkan on Mesa lavapipe) and pymnn (CPU), keyed `<op name>:0`.
 
-Precision settings follow DESIGN.md: high = every fp16/bf16 option off; low = fp16 packed, storage
+Precision settings follow docs/DESIGN.md: high = every fp16/bf16 option off; low = fp16 packed, storage
 and arithmetic on, plus bf16 storage on the CPU (x86 has no fp16 arithmetic, so ncnn uses bf16);
 normal = ncnn's defaults.
 """

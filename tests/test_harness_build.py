@@ -98,3 +98,40 @@ def test_ncnn_sdist_is_found_through_the_pypi_json_api():
     url, sha256 = fetch.stdout.split()
     assert url.startswith("https://") and "/../" not in url and url.endswith(f"ncnn-{harness.NCNN_VERSION}.tar.gz")
     assert len(sha256) == 64
+
+
+class _Recorder:
+    def __init__(self):
+        self.events = []
+
+    def started(self, what):
+        self.events.append(("started", what))
+
+    def update(self, status):
+        self.events.append(("update", status.step, status.done, status.total))
+
+    def finished(self, ok, elapsed_s):
+        self.events.append(("finished", ok))
+
+
+def test_a_build_says_what_why_and_how_long_then_follows_ninja(tmp_path, monkeypatch):
+    """The build script's step marks and ninja's [N/M] lines become progress (the real parser, a scripted build)."""
+    monkeypatch.setenv("LAYERDIFF_CACHE", str(tmp_path / "cache"))
+    step_log = tmp_path / "ncnn-build.log"
+    script = (f"echo 'layerdiff-build-step: ncnn-build {step_log}'; "
+              f"for i in 1 2 3; do echo \"[$i/40] Building CXX object\" >> {step_log}; sleep 0.4; done")
+    recorder = _Recorder()
+    ok = harness._run_build(["bash", "-c", script], tmp_path / "build.log", HOST_SPEC, recorder)
+    assert ok and recorder.events[-1] == ("finished", True)
+    kind, what = recorder.events[0]
+    assert kind == "started" and "host harness" in what and "with Vulkan" in what and "about" in what
+    assert "ncnn is not built yet" in what  # the empty cache: why it builds
+    updates = [e for e in recorder.events if e[0] == "update"]
+    assert updates[0][1] == "ncnn-build" and max(e[2] for e in updates) >= 2 and updates[-1][3] == 40
+    assert "layerdiff-build-step" in (tmp_path / "build.log").read_text()
+
+
+def test_a_failed_build_reports_and_returns_false(tmp_path):
+    recorder = _Recorder()
+    assert not harness._run_build(["bash", "-c", "exit 3"], tmp_path / "build.log", HOST_SPEC, recorder)
+    assert recorder.events[-1] == ("finished", False)

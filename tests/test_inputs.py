@@ -114,3 +114,37 @@ def test_sample_photos_reproduce_seed_003_only_the_dark_ones_collapse(tmp_path):
     assert not {"street_day", "beach_noon"} & set(numbers["failing_inputs"])
     assert numbers["zero_start_by_input"]["garden_night"] == "gate/square:0"
     assert any(f["kind"] == "fp16_risk" and f["layer"].startswith("gate/") for f in doc["findings"])
+
+
+@pytest.mark.parametrize("given, declared, fed", [
+    ((3, 32, 32), (1, 3, 32, 32), (1, 3, 32, 32)),  # CHW, as ncnn users hold images
+    ((1, 3, 32, 32), (3, 32, 32), (3, 32, 32)),      # the reverse, for an engine declared without batch
+    ((1, 1, 3, 32, 32), (1, 3, 32, 32), (1, 3, 32, 32)),
+    ((3, 8, 8), (1, 3, -1, -1), (1, 3, 8, 8)),       # free dims take the input's size
+])
+def test_shapes_that_differ_only_by_leading_ones_are_fed_in_the_models_rank(tmp_path, given, declared, fed):
+    np.save(tmp_path / "x.npy", np.arange(np.prod(given), dtype=np.float32).reshape(given))
+    sets, errors = resolve_inputs([str(tmp_path / "x.npy")], {"data": declared})
+    assert errors == [] and sets[0].arrays["data"].shape == fed
+    assert sets[0].sha256() == resolve_inputs([str(tmp_path / "x.npy")], {"data": given})[0][0].sha256()
+
+
+@pytest.mark.parametrize("given", [(3, 32, 16), (2, 3, 32, 32), (32, 32)])
+def test_any_other_shape_mismatch_stays_one_line(tmp_path, given):
+    np.save(tmp_path / "x.npy", np.zeros(given, np.float32))
+    sets, errors = resolve_inputs([str(tmp_path / "x.npy")], SHAPES)
+    assert sets == [] and len(errors) == 1 and "the model expects [1, 3, 32, 32]" in errors[0]
+
+
+def test_a_chw_npy_feeds_an_nchw_ncnn_model_and_the_run_records_the_fed_shape(tmp_path):
+    chw = np.random.default_rng(1).random((3, 32, 32), dtype=np.float32)
+    np.save(tmp_path / "chw.npy", chw)
+    out = tmp_path / "runs"
+    result = subprocess.run([sys.executable, "-m", "collector.cli", "--model", str(MODELS / "convnet.param"),
+                             "--input", str(tmp_path / "chw.npy"), "-o", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    with DumpFile(out / "ncnn_cpu_high_chw.h5") as dump:
+        fed = dict(dump.inputs())["data"]
+    assert fed.shape == (1, 3, 32, 32)
+    np.testing.assert_array_equal(fed[0], chw)

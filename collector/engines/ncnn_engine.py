@@ -97,7 +97,7 @@ def probe() -> dict:
 
 
 def configure(opt, args: HarnessArgs, ncnn) -> str:
-    """Set ncnn options for backend and precision (DESIGN.md); returns the effective precision."""
+    """Set ncnn options for backend and precision (docs/DESIGN.md); returns the effective precision."""
     opt.lightmode = True  # memory: live blobs only (see the module docstring)
     opt.num_threads = args.threads
     opt.use_vulkan_compute = args.backend == "vulkan"

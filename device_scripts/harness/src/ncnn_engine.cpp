@@ -46,7 +46,7 @@ void set_fp16(ncnn::Option& opt, bool packed, bool storage, bool arithmetic) {
     opt.use_fp16_uniform = arithmetic;
 }
 
-// DESIGN.md mapping: low = fp16 packed+storage+arithmetic (bf16 storage where the CPU has no
+// docs/DESIGN.md mapping: low = fp16 packed+storage+arithmetic (bf16 storage where the CPU has no
 // fp16), normal = ncnn defaults, high = every reduced-precision path off.
 void apply_precision(ncnn::Option& opt, const std::string& precision, bool vulkan) {
     if (precision == "high") {

@@ -1,0 +1,197 @@
+"""What a user installs: the wheel built from the sdist, in a fresh venv, used from an unrelated directory.
+
+Why here and not only in a developer's checkout: a checkout hides undeclared imports (whatever the
+machine's Python happens to have), files the wheel leaves out, and paths that only resolve next to
+the sources. The venv holds the declared dependencies and nothing else (no system site-packages),
+every command runs from a temporary directory with PYTHONPATH unset, and the harness is compiled
+from the installed package's own sources.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from collector.harness import HarnessSpec, cache_root, ensure_built, ncnn_key, NCNN_VERSION
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+# import names of the optional extras' packages: a module may need them only if it is not part of the tool
+OPTIONAL_IMPORTS = {"onnx", "google", "pytest", "hypothesis", "polygraphy", "build"}
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(extra)
+    return env
+
+
+def _run(cmd: list, cwd: Path, timeout: float = 900, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=_clean_env(**env))
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory) -> dict[str, Path]:
+    """sdist, and the wheel `python -m build` makes *from that sdist* (what pip does with a .tar.gz)."""
+    out = tmp_path_factory.mktemp("dist")
+    built = _run([sys.executable, "-m", "build", "--outdir", out, REPO], cwd=out)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return {"sdist": next(out.glob("layerdiff-*.tar.gz")), "wheel": next(out.glob("layerdiff-*.whl"))}
+
+
+@pytest.fixture(scope="module")
+def venv(dists, tmp_path_factory) -> Path:
+    """A fresh venv (no system site-packages) with only the wheel and its declared dependencies."""
+    root = tmp_path_factory.mktemp("venv") / "v"
+    made = _run([sys.executable, "-m", "venv", root], cwd=root.parent)
+    assert made.returncode == 0, made.stderr
+    pip = _run([root / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", dists["wheel"]],
+               cwd=root.parent, timeout=1800)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    return root
+
+
+@pytest.fixture
+def elsewhere(tmp_path) -> Path:
+    """An unrelated working directory: nothing of the checkout can be found from here."""
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    return work
+
+
+def test_the_wheel_carries_samples_and_everything_to_build_the_harness(dists):
+    names = set(zipfile.ZipFile(dists["wheel"]).namelist())
+    for needed in ("samples/models/convnet.param", "samples/models/convnet.bin", "samples/models/convnet.mnn",
+                   "samples/inputs/convnet.npy", "device_scripts/harness/CMakeLists.txt",
+                   "device_scripts/harness/src/main.cpp", "device_scripts/build_host.sh",
+                   "device_scripts/build_aarch64.sh", "device_scripts/build_common.sh",
+                   "device_scripts/cmake/aarch64-linux-gnu.toolchain.cmake", "device_scripts/fetch_ncnn_source.py",
+                   "analyzer/FORMATS.md"):
+        assert needed in names, needed
+
+
+def test_the_sdist_gives_the_same_package_as_the_checkout(dists, tmp_path):
+    """pip install of the .tar.gz and of the checkout install the same files (the sdist drops nothing)."""
+    direct = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp_path, REPO], cwd=tmp_path)
+    assert direct.returncode == 0, direct.stderr[-2000:]
+    from_checkout = set(zipfile.ZipFile(next(tmp_path.glob("layerdiff-*.whl"))).namelist())
+    from_sdist = set(zipfile.ZipFile(dists["wheel"]).namelist())
+    assert from_sdist == from_checkout, sorted(from_sdist ^ from_checkout)
+
+
+def test_every_module_imports_with_only_the_declared_dependencies(venv, elsewhere):
+    script = r"""
+import importlib, json, pkgutil
+result = {}
+for package in ("collector", "analyzer", "samples", "device_scripts"):
+    module = importlib.import_module(package)
+    names = [package] + [m.name for m in pkgutil.walk_packages(module.__path__, package + ".")]
+    for name in names:
+        try:
+            importlib.import_module(name)
+            result[name] = None
+        except ModuleNotFoundError as err:
+            result[name] = err.name
+print(json.dumps(result))
+"""
+    proc = _run([venv / "bin" / "python", "-c", script], cwd=elsewhere)
+    assert proc.returncode == 0, proc.stderr
+    modules = json.loads(proc.stdout)
+    assert "collector.cli" in modules and "analyzer.cli" in modules and "collector.engines.ncnn_engine" in modules
+    missing = {name: dep for name, dep in modules.items() if dep}
+    tool_modules = {n: d for n, d in missing.items() if n.split(".")[0] in ("collector", "analyzer")}
+    assert tool_modules == {}, f"the tool imports undeclared packages: {tool_modules}"
+    undeclared = {n: d for n, d in missing.items() if d.split(".")[0] not in OPTIONAL_IMPORTS}
+    assert undeclared == {}, f"imports that no extra declares: {undeclared}"
+
+
+def _command_paths(venv: Path, cwd: Path) -> list[list[str]]:
+    script = r"""
+import json, typer.main
+import collector.cli, analyzer.cli
+def walk(cmd, path):
+    yield path
+    for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+        yield from walk(sub, path + [name])
+paths = list(walk(typer.main.get_command(collector.cli.app), ["collect"]))
+paths += list(walk(typer.main.get_command(analyzer.cli.app), ["analyze"]))
+print(json.dumps(paths))
+"""
+    proc = _run([venv / "bin" / "python", "-c", script], cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_help_of_every_command_and_subcommand(venv, elsewhere):
+    paths = _command_paths(venv, elsewhere)
+    assert ["collect", "isolate"] in paths and ["collect", "prepare"] in paths and ["analyze", "inspect"] in paths
+    for prog, *sub in paths:
+        proc = _run([venv / "bin" / prog, *sub, "--help"], cwd=elsewhere)
+        assert proc.returncode == 0 and proc.stdout.startswith("Usage:"), (prog, sub, proc.stderr)
+
+
+@pytest.mark.parametrize("args", [["collect", "--bogus-flag"], ["collect", "--threads", "abc", "-o", "x"],
+                                  ["analyze", "--bogus-flag"]])
+def test_usage_errors_exit_2_without_a_traceback(venv, elsewhere, args):
+    proc = _run([venv / "bin" / args[0], *args[1:]], cwd=elsewhere)
+    assert proc.returncode == 2, proc.stderr
+    assert re.search(r"^Usage: ", proc.stderr, re.M) and "Error:" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_quick_start_from_an_unrelated_directory(venv, elsewhere):
+    """The README's main job: the bundled sample on the local device, high and low, then the report."""
+    collected = _run([venv / "bin" / "collect", "--device", "local", "--backend", "cpu", "--precision", "high,low",
+                      "-o", "out", "--no-report"], cwd=elsewhere)
+    assert collected.returncode == 0, collected.stderr
+    assert sorted(p.name for p in (elsewhere / "out").glob("*.h5")) == ["ncnn_cpu_high_random0.h5",
+                                                                       "ncnn_cpu_low_random0.h5"]
+    analyzed = _run([venv / "bin" / "analyze", "out", "-o", "rep"], cwd=elsewhere)
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert (elsewhere / "rep" / "index.html").stat().st_size > 10_000
+
+
+def _cache_sharing_ncnn(tmp_path: Path, specs: list[HarnessSpec]) -> Path:
+    """A harness cache with nothing but the ncnn builds (and source) of the main cache.
+
+    The installed package then compiles the harness itself from its own sources (about a minute),
+    without rebuilding ncnn, which the rest of the suite already built for these targets.
+    """
+    cache = tmp_path / "cache"
+    (cache / "harness").mkdir(parents=True)
+    main = cache_root() / "harness"
+    for spec in specs:
+        ensure_built(spec)  # the main cache's ncnn (and a harness) for this target, as the suite uses them
+        name = f"ncnn-{spec.target}-{ncnn_key(spec)}"
+        (cache / "harness" / name).symlink_to(main / name)
+    (cache / "harness" / "src").mkdir()
+    (cache / "harness" / "src" / f"ncnn-{NCNN_VERSION}").symlink_to(main / "src" / f"ncnn-{NCNN_VERSION}")
+    return cache
+
+
+def test_collect_through_adb_builds_the_harness_from_the_installed_package(venv, elsewhere, standins, tmp_path):
+    """x86_64 and arm64 stand-ins on the real adb server; harness builds (host, static aarch64) from the venv."""
+    specs = [HarnessSpec("host", vulkan=True, test_build=True), HarnessSpec("aarch64", test_build=True)]
+    cache = _cache_sharing_ncnn(tmp_path, specs)
+    phones = [standins.start(), standins.start(abi="arm64-v8a")]
+    for phone in phones:
+        proc = _run([venv / "bin" / "collect", "--device", phone.serial, "--backend", "cpu", "--precision", "high",
+                     "-o", f"out-{phone.serial.replace(':', '_')}"], cwd=elsewhere, timeout=1800,
+                    LAYERDIFF_CACHE=str(cache), LAYERDIFF_HARNESS_TEST_BUILD="1")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "harness: building the" in proc.stderr and "harness: built after" in proc.stderr
+        assert list((elsewhere / f"out-{phone.serial.replace(':', '_')}").glob("ncnn_cpu_high_random0.h5"))
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    builds = sorted((cache / "harness").glob("*/builds.txt"))
+    assert len(builds) == 2
+    for log in builds:
+        assert str(site / "device_scripts") in log.read_text()  # built from the installed sources
