@@ -89,22 +89,27 @@ def run_verdict(layer_statuses, outputs, t: Thresholds | None = None) -> tuple[s
     `outputs` has columns status, pass_fraction, top1, n_nonfinite_mismatch. Without a compared
     output the worst layer decides (nothing better is known). With outputs: fail when an output gets
     new NaN/Inf, more than 1 - min_pass_fraction of its elements beyond tolerance, or a changed top-1
-    decision; warn when layers or outputs diverge but the outputs stay within that share; else pass.
+    decision (score vectors, where top-1 is measured, are judged by their decision, not by every
+    score); warn when layers or outputs diverge but the outputs stay within that; else pass.
     """
     t = t or Thresholds()
     statuses = list(layer_statuses)
     layers_worst = worst(statuses)
     if outputs is None or len(outputs) == 0:
         return layers_worst, "no model output compared: the worst layer decides"
-    beyond = float((1.0 - outputs["pass_fraction"].astype(float)).max())
     allowed = 1.0 - t.min_pass_fraction
     top1 = outputs["top1"].astype(float)
+    scores = top1.notna()  # score vectors: their decision is the top-1 class, not every probability
+    dense = outputs[~scores]
+    beyond = float((1.0 - dense["pass_fraction"].astype(float)).max()) if len(dense) else 0.0
     if (outputs["n_nonfinite_mismatch"].fillna(0) > 0).any():
         return "fail", "NaN/Inf reach a model output"
     if beyond > allowed:
         return "fail", f"{beyond:.2%} of an output's elements are beyond tolerance (> {allowed:.0%})"
     if bool((top1 < 1.0).any()):
         return "fail", f"top-1 agreement {float(top1.min()):.0%}: the output's decision changes"
+    if scores.any() and bool((outputs.loc[scores, "status"] != "pass").any()):
+        return "warn", "the output scores move beyond tolerance, but every top-1 decision is the same"
     if layers_worst in ("warn", "fail"):
         counts = {s: statuses.count(s) for s in ("fail", "warn") if statuses.count(s)}
         said = ", ".join(f"{n} layer(s) {s}" for s, n in counts.items())

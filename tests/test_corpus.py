@@ -158,16 +158,8 @@ def test_dynamic_mnn_input_is_resized_to_the_input(corpus, tmp_path):
         assert dump.tensor(int(out["order"])).shape == (1, 1, 96, 160)
 
 
-# vad_lstm: alignment by structure pairs the golden's pre-ReLU convolutions (`/encoder.k/Conv_output_0`,
-# a tensor MNN never writes: it fuses the ReLU) with MNN's layout rasters of the ReLU output, and
-# calls them failures. That is the analyzer's alignment (issue 15, analyzer side); strict, so the
-# test says when it is fixed.
-FALSE_STRUCTURE_MATCH = pytest.mark.xfail(strict=True, reason="analyzer: structure alignment pairs a pre-ReLU "
-                                          "golden tensor with an MNN raster of the fused ReLU output")
-
-
 @pytest.mark.parametrize("engine, stem", [(e, m) for e in ("mnn", "ncnn") for m in ("ocr_det", "ocr_cls", "ocr_rec")]
-                         + [pytest.param("mnn", "vad_lstm", marks=FALSE_STRUCTURE_MATCH)])
+                         + [("mnn", "vad_lstm")])
 def test_correct_fp32_run_against_the_golden_has_no_fail(corpus_run, engine, stem):
     """The issue's acceptance check: a correct cpu/high run judged against the ONNX Runtime golden
     (ncnn's layers, renamed by pnnx, are paired by the analyzer's alignment by structure)."""

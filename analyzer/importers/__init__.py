@@ -35,6 +35,9 @@ _DETECTORS: list[tuple[str, Callable[[Path], bool]]] = [
 ]
 SUPPORTED_FORMATS = tuple(name for name, _ in _DETECTORS)
 MAX_SCAN_DEPTH = 3
+# Part of every cache key: bump it when an importer's output changes (e.g. op types inferred), so a
+# conversion cached by an older version is made again instead of reused.
+IMPORT_VERSION = 2
 
 
 @dataclass
@@ -212,7 +215,8 @@ def cache_dir() -> Path:
 
 
 def cache_path(path: Path, fmt: str, attrs: dict[str, Any], options: dict[str, Any]) -> Path:
-    key = json.dumps([str(path.resolve()), fmt, _stamp(path), attrs, {k: str(v) for k, v in options.items()}],
+    key = json.dumps([IMPORT_VERSION, str(path.resolve()), fmt, _stamp(path), attrs,
+                      {k: str(v) for k, v in options.items()}],
                      sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir() / f"{path.stem or 'dump'}-{digest}.h5"
