@@ -167,9 +167,18 @@ def to_markdown(frame: pd.DataFrame) -> str:
         return "_(none)_\n"
     header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(format_number(_py(v)).replace("|", "\\|").replace("\n", " ") for v in row) + " |"
-            for row in frame.itertuples(index=False)]
+    cells = [_formatted_column(frame[c], markdown=True) for c in frame.columns]
+    body = ["| " + " | ".join(row) + " |" for row in zip(*cells)]
     return "\n".join([header, rule, *body]) + "\n"
+
+
+def _formatted_column(series: pd.Series, markdown: bool = False) -> list[str]:
+    """`format_number` of every cell, a column at a time (`tolist` gives Python scalars in one call,
+    so a 10,000-layer table is not formatted through per-cell pandas/numpy access)."""
+    out = [format_number(v) for v in series.tolist()]
+    if markdown and series.dtype.kind not in "iufb":
+        out = [t.replace("|", "\\|").replace("\n", " ") for t in out]
+    return out
 
 
 def to_html(frame: pd.DataFrame, css_class: str = "data") -> str:
@@ -177,20 +186,15 @@ def to_html(frame: pd.DataFrame, css_class: str = "data") -> str:
     if frame.empty:
         return "<p><em>(none)</em></p>"
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    lines = []
-    for row in frame.itertuples(index=False):
-        cells = []
-        for column, value in zip(frame.columns, row):
-            text = html.escape(format_number(_py(value)))
-            cls = f' class="s-{text}"' if column in ("status", "verdict", "isolated_status") else ""
-            cells.append(f"<td{cls}>{text}</td>")
-        lines.append("<tr>" + "".join(cells) + "</tr>")
+    columns = []
+    for column in frame.columns:
+        texts = [html.escape(t) for t in _formatted_column(frame[column])]
+        if column in ("status", "verdict", "isolated_status"):
+            columns.append([f'<td class="s-{t}">{t}</td>' for t in texts])
+        else:
+            columns.append([f"<td>{t}</td>" for t in texts])
+    lines = ["<tr>" + "".join(row) + "</tr>" for row in zip(*columns)]
     return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
-
-
-def _py(value):
-    """numpy scalars to Python ones, so formatting sees int/float/bool."""
-    return value.item() if hasattr(value, "item") else value
 
 
 def write_tables(out_dir, summary: pd.DataFrame, comparison: Comparison, findings: list[Finding]) -> None:
