@@ -47,7 +47,8 @@ def _headline(doc: dict) -> str:
     n, total = len(doc.get("layers", [])), doc.get("layers_total", "?")
     what = {"fixed": f"{n} of {total} layers kept at high precision bring every output within tolerance",
             "unfixable": f"no set smaller than the whole model meets the tolerance; best set found: {n} layers",
-            "nothing_to_fix": "the outputs are already within tolerance; nothing to fix"}.get(doc.get("status"), "")
+            "nothing_to_fix": "the outputs are already within tolerance; nothing to fix",
+            "unverified": f"{n} layers met the tolerance in the search but the patched model, re-run, did not"}.get(doc.get("status"), "")
     model = doc.get("patched_model", {}).get("param")
     how = f"; patched model {model}" if model else " (MNN: what-if by injecting high-precision outputs)"
     tol = doc.get("tolerance", {}).get("max")

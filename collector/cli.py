@@ -214,7 +214,7 @@ def fix_command(
     for line in summary_lines(doc):
         print(line, file=sys.stderr)
     _sweep_report(out, ref=next(iter(result.references.values())))
-    if result.status == "unfixable":
+    if result.status in ("unfixable", "unverified"):
         raise typer.Exit(1)
 
 

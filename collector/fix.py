@@ -67,7 +67,7 @@ class Step:
 
 @dataclass
 class FixResult:
-    status: str  # nothing_to_fix | fixed | unfixable
+    status: str  # nothing_to_fix | fixed | unfixable | unverified
     chosen: list[str]
     reasons: dict[str, dict]
     steps: list[Step]
@@ -144,6 +144,9 @@ class Search:
     def findings(self, trial: Trial) -> list[tuple[str, str, str]]:
         """(kind, op, sentence) from analyzing the trial's runs against the references, by priority."""
         refs = [self.runner.references[label] for label in trial.paths]
+        if not refs:
+            self._ranked_errors = {}
+            return []
         analysis = analyze_paths([*refs, *trial.paths.values()], ref=refs[0])
         try:
             found: list[tuple[str, str, str]] = []
@@ -163,7 +166,7 @@ class Search:
     def bisect(self, chosen: list[str], last: Trial) -> list[str] | None:
         """Fewest of the remaining layers, worst first, that bring the outputs within tolerance."""
         errors = getattr(self, "_ranked_errors", None) or {}
-        if not errors:
+        if not errors and last.paths:
             self.findings(last)
             errors = self._ranked_errors
         rest = sorted((op for op in self.maskable if op not in chosen),
@@ -242,6 +245,8 @@ def _fix(device: Device, model: ModelFiles, backend: str, precision: str, inputs
         result.chosen = chosen if chosen is not None else _best(search)
         result.reasons = {op: search.reasons.get(op, {"kind": "bisection", "reason": "needed"}) for op in result.chosen}
         _verify(result, runner, model, out_dir)
+        if result.status == "fixed" and not (result.after and result.after.within(tolerance)):
+            result.status = "unverified"  # the chosen set passed its trial but not the re-run (nondeterminism?)
     shutil.rmtree(work, ignore_errors=True)
     result.runs, result.seconds = runner.runs, time.monotonic() - start
     return result

@@ -47,7 +47,8 @@ def fix_document(result: FixResult, *, device: str, model: str, engine: str, bac
                    for label, err in result.before.errors.items()},
         "search": {"runs": result.runs, "trials": len(result.steps), "seconds": round(result.seconds, 2),
                    "steps": [{"phase": s.phase, "layers": list(s.trial.layers), "added": s.added,
-                              "worst_error": number(s.trial.worst)} for s in result.steps]},
+                              "worst_error": number(s.trial.worst),
+                              **({"failed": s.trial.failures} if s.trial.failures else {})} for s in result.steps]},
     }
     if result.patched is not None:
         doc["patched_model"] = {"param": result.patched.files[0].name, "bin": result.patched.files[1].name,

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analyzer.dumpfile import DumpFile
-from analyzer.errors import LayerdiffError
 from analyzer.graph import build_graph
 from analyzer.metrics import PairKernel, Tolerances
 from collector.devices import Device
@@ -38,6 +37,7 @@ class Trial:
     layers: tuple[str, ...]
     errors: dict[str, float]
     paths: dict[str, Path] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)  # input label -> why its run failed
 
     @property
     def worst(self) -> float:
@@ -85,8 +85,10 @@ class TrialRunner:
                 outcome = collect_run(self.device, spec, out_dir, force=True)
             self.runs += 1
             if outcome.status != "done" or not outcome.paths:
-                raise LayerdiffError(f"{self.device.serial}: a fix trial ({', '.join(layers) or 'no layer kept high'}) "
-                                     f"failed on input {inputs.label}: {outcome.message}")
+                # a set the engine cannot run (a crash, a refused model) is a set that does not work
+                trial.errors[inputs.label] = math.inf
+                trial.failures[inputs.label] = outcome.message or "the run failed"
+                continue
             trial.paths[inputs.label] = outcome.paths[0]
             trial.errors[inputs.label] = self.output_error(inputs.label, outcome.paths[0])
         return trial
