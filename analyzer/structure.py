@@ -255,7 +255,7 @@ def _match_final_outputs(pairs: list[tuple[int, int]], confidences: list[float],
     n, m = quality.shape
     if not n or not m or quality[n - 1, m - 1] <= 0:
         return pairs, confidences
-    if any(i == n - 1 or j == m - 1 for i, j in pairs):
+    if not pairs or any(i == n - 1 or j == m - 1 for i, j in pairs):  # unrelated runs share no output either
         return pairs, confidences
     return pairs + [(n - 1, m - 1)], confidences + [0.9 * float(quality[n - 1, m - 1])]
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import pandas as pd
+
 from analyzer.metrics import Tolerances
 
 STATUS_ORDER = {"pass": 0, "warn": 1, "fail": 2}
@@ -89,8 +91,9 @@ def run_verdict(layer_statuses, outputs, t: Thresholds | None = None) -> tuple[s
     `outputs` has columns status, pass_fraction, top1, n_nonfinite_mismatch. Without a compared
     output the worst layer decides (nothing better is known). With outputs: fail when an output gets
     new NaN/Inf, more than 1 - min_pass_fraction of its elements beyond tolerance, or a changed top-1
-    decision (score vectors, where top-1 is measured, are judged by their decision, not by every
-    score); warn when layers or outputs diverge but the outputs stay within that; else pass.
+    decision or scores off by more than fail_rel_l2 (score vectors, where top-1 is measured, are
+    not judged by every score's allclose); warn when layers or outputs diverge but the outputs stay
+    within that; else pass.
     """
     t = t or Thresholds()
     statuses = list(layer_statuses)
@@ -108,6 +111,10 @@ def run_verdict(layer_statuses, outputs, t: Thresholds | None = None) -> tuple[s
         return "fail", f"{beyond:.2%} of an output's elements are beyond tolerance (> {allowed:.0%})"
     if bool((top1 < 1.0).any()):
         return "fail", f"top-1 agreement {float(top1.min()):.0%}: the output's decision changes"
+    score_rel = outputs.loc[scores, "rel_l2"].astype(float) if "rel_l2" in outputs else pd.Series(dtype=float)
+    if len(score_rel) and float(score_rel.max()) > t.fail_rel_l2:
+        return "fail", (f"the output scores are off by rel L2 {float(score_rel.max()):.3g} (> {t.fail_rel_l2:g}), "
+                        "though every top-1 decision is the same")
     if scores.any() and bool((outputs.loc[scores, "status"] != "pass").any()):
         return "warn", "the output scores move beyond tolerance, but every top-1 decision is the same"
     if layers_worst in ("warn", "fail"):
