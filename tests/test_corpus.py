@@ -183,3 +183,26 @@ def _findings(corpus_run, stem: str, engine: str) -> list:
         return list(analysis.findings)
     finally:
         analysis.close()
+
+
+def test_collect_command_makes_the_golden_and_takes_shape(corpus, tmp_path):
+    """`collect --model m.onnx` is the golden in one command; `--shape` sizes a random input for a
+    model that declares none, and without it the refusal is one line naming the flag."""
+    import subprocess
+    import sys
+
+    def collect(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "collector.cli", "--device", "local", *args, "-o", str(tmp_path)],
+                              capture_output=True, text=True, timeout=600)
+
+    golden = collect("--model", str(corpus["ocr_cls"].onnx), "--input", str(corpus["ocr_cls"].inputs))
+    assert golden.returncode == 0, golden.stderr
+    with DumpFile(tmp_path / "onnxruntime_cpu_high_ocr_cls_in.h5") as dump:
+        assert dump.attrs["engine"] == "onnxruntime" and dump.attrs["complete"]
+        assert "save_infer_model/scale_0.tmp_1:0" in set(dump.layers["key"])
+    refused = collect("--model", str(corpus["ocr_det"].ncnn))
+    assert refused.returncode == 1 and "--shape in0=" in refused.stderr and "Traceback" not in refused.stderr
+    shaped = collect("--model", str(corpus["ocr_det"].ncnn), "--shape", "in0=1x3x32x64")
+    assert shaped.returncode == 0, shaped.stderr
+    with DumpFile(tmp_path / "ncnn_cpu_high_random0.h5") as dump:
+        assert [array.shape for _, array in dump.inputs()] == [(1, 3, 32, 64)]
