@@ -200,6 +200,9 @@ def check_against_model(source: Path | str, arrays: dict[str, np.ndarray],
 
 def fit_shape(actual: tuple[int, ...], expected: tuple[int, ...]) -> tuple[int, ...] | None:
     """`actual` written in `expected`'s rank when they agree up to leading 1s (dims <= 0 are free)."""
+    if len(actual) == len(expected) and all(e <= 0 or e == a for e, a in zip(expected, actual)):
+        return tuple(actual)  # same rank: a free leading dim (ONNX's dynamic batch) takes any size
+
     def core(shape):
         dims = list(shape)
         while dims and dims[0] == 1:
