@@ -209,6 +209,8 @@ def fit_shape(actual: tuple[int, ...], expected: tuple[int, ...]) -> tuple[int, 
             dims.pop(0)
         return dims
 
+    if len(actual) == len(expected) and all(d <= 0 or d == x for d, x in zip(expected, actual)):
+        return tuple(actual)  # same rank: free dims (a dynamic batch -1 included) take the array's size
     a, e = core(actual), core(expected)
     if len(a) != len(e) or any(d > 0 and d != x for d, x in zip(e, a)):
         return None

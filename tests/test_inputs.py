@@ -148,3 +148,12 @@ def test_a_chw_npy_feeds_an_nchw_ncnn_model_and_the_run_records_the_fed_shape(tm
         fed = dict(dump.inputs())["data"]
     assert fed.shape == (1, 3, 32, 32)
     np.testing.assert_array_equal(fed[0], chw)
+
+
+def test_dynamic_batch_and_spatial_dims_take_the_arrays_sizes():
+    """An ONNX input declared [-1, 3, -1, -1] (dynamic batch, H, W) takes a [1, 3, 96, 160] array as it is."""
+    from collector.inputs import fit_shape
+
+    assert fit_shape((1, 3, 96, 160), (-1, 3, -1, -1)) == (1, 3, 96, 160)
+    assert fit_shape((3, 96, 160), (1, 3, -1, -1)) == (1, 3, 96, 160)  # leading 1s still fitted
+    assert fit_shape((1, 4, 96, 160), (-1, 3, -1, -1)) is None
