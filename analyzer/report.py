@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import html
-from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
@@ -17,9 +16,10 @@ import pandas as pd
 from analyzer.analysis import Analysis, analyze_paths
 from analyzer.findings import Finding
 from analyzer.fixsection import fix_html
+from analyzer.interactive import error_chart_html, layer_table_html
 from analyzer.outdir import atomic_write_bytes, atomic_write_text, prepare_out_dir
 from analyzer.plots import error_by_layer, failure_layer, heatmap, per_input_bars, value_range
-from analyzer.results import build_results, dumps, records
+from analyzer.results import build_results, dumps
 from analyzer.tables import (LAYER_VIEW, isolation_table, layer_matrix, layer_view, reference_rows, sweep_matrix,
                              to_html, unmatched_table, write_tables)
 from analyzer.verdict import worst
@@ -33,7 +33,7 @@ h1{margin-bottom:4px} .verdict{font-size:1.4em;padding:10px 16px;border-radius:6
 ul.findings li{margin:4px 0} .sev-fail{color:#b71c1c}.sev-warn{color:#e65100}.sev-info{color:#37474f}
 table.data{border-collapse:collapse;font-size:12px;margin:6px 0} table.data td,table.data th{border:1px solid #ddd;padding:2px 6px;text-align:right}
 table.data th{background:#f3f3f3;position:sticky;top:0} table.data td:first-child{text-align:left}
-td.s-pass,.tabulator-cell.s-pass{background:#e8f5e9}td.s-warn,.tabulator-cell.s-warn{background:#fff3e0}td.s-fail,.tabulator-cell.s-fail{background:#ffebee}
+td.s-pass{background:#e8f5e9}td.s-warn{background:#fff3e0}td.s-fail{background:#ffebee}
 details{margin:6px 0} summary{cursor:pointer;font-weight:600} img{max-width:100%;border:1px solid #eee;margin:6px 0}
 .problems{background:#fff8e1;border-left:4px solid #ffb300;padding:6px 12px} code{background:#f5f5f5;padding:0 3px}
 """
@@ -150,9 +150,9 @@ def render_html(analysis: Analysis, images: dict[str, bytes]) -> str:
     parts += ["<h2>Runs</h2>", _runs_html(analysis.summary)]
     parts += _isolation_html(analysis)
     parts += fix_html([run.path for run in analysis.runs])
-    parts += ["<h2>Plots</h2>", "<div id='error-chart'></div>", *(_img(name, data) for name, data in images.items())]
+    parts += ["<h2>Plots</h2>", _chart_html(analysis), *(_img(name, data) for name, data in images.items())]
     parts += ["<h2>Details</h2>", _layers_html(analysis), _unmatched_html(analysis), _provenance_html(analysis)]
-    parts += [_interactive_assets(analysis), "</body></html>"]
+    parts += ["</body></html>"]
     return "\n".join(parts)
 
 
@@ -205,13 +205,12 @@ def _isolation_html(analysis: Analysis) -> list[str]:
 
 
 def _layers_html(analysis: Analysis) -> str:
-    """Every layer of every run in one interactive table (see `_interactive_data`), then repeats."""
-    rows = reference_rows(analysis.comparison)
+    """Every layer of every run in one interactive table (analyzer.interactive), then repeats."""
+    rows = reference_rows(analysis.comparison).sort_values(["run", "position"], kind="stable")
     bad = int(rows["status"].isin(["fail", "warn"]).sum())
     blocks = [f"<h3>Layers ({len(rows)} rows, {bad} warn/fail)</h3>"
-              "<p><input id='layer-search' type='search' placeholder='search layer, op type or reason' size='40'> "
-              "Filter by run, op type or status in the column headers; click a header to sort.</p>"
-              "<div id='layer-table'></div>"]
+              "<p>Search, filter by run, op type or status in the panes, click a header to sort.</p>",
+              layer_table_html(rows, layer_view(rows))]
     repeats = analysis.comparison.table[analysis.comparison.table["comparison"] == "repeat"]
     if len(repeats):
         blocks.append(f"<details><summary>Repeat-vs-repeat comparisons ({len(repeats)} rows)</summary>"
@@ -219,45 +218,10 @@ def _layers_html(analysis: Analysis) -> str:
     return "\n".join(blocks)
 
 
-def _interactive_data(analysis: Analysis, metric: str = "rel_l2") -> str:
-    """The layer table's rows and the error chart's series as one JSON island for web/report.js.
-
-    The page renders them in the browser (Tabulator draws only the visible rows), so the report's
-    size and build time grow with the data, not with thousands of HTML table rows."""
-    rows = reference_rows(analysis.comparison).sort_values(["run", "position"], kind="stable")
-    columns = layer_view(rows)
-    measured = rows[rows["status"].isin(["pass", "warn", "fail"])]
-    keys = list(measured.groupby("key")["position"].min().sort_values().index)
-    x_of = pd.Series(range(len(keys)), index=keys, dtype="int64")
-    finite = measured[metric].replace([float("inf"), float("-inf")], float("nan"))
-    top = float(finite.max()) * 10 if finite.notna().any() else 1.0
-    series, names = [], []
-    for run, part in measured.groupby("run", sort=False):
-        ys: list = [None] * len(keys)
-        for x, value in zip(x_of.reindex(part["key"]).tolist(), part[metric].tolist()):
-            ys[x] = top if value != value or value in (float("inf"), float("-inf")) else value
-        series.append(ys)
-        names.append(run)
-    payload = {"columns": columns, "rows": records(rows, columns),
-               "chart": {"metric": metric, "title": f"{metric} by layer (drag to zoom, double-click to reset)",
-                         "keys": keys, "x": list(range(len(keys))), "runs": names, "y": series}}
-    return dumps(payload).replace("</", "<\\/")
-
-
-def _interactive_assets(analysis: Analysis) -> str:
-    """Data island, the vendored libraries and report.js, inlined so the page stays self-contained."""
-    web = _web_assets()
-    return (f"<style>{web['tabulator_simple.min.css']}{web['uPlot.min.css']}</style>"
-            f"<script type='application/json' id='layer-data'>{_interactive_data(analysis)}</script>"
-            f"<script>{web['tabulator.min.js']}</script><script>{web['uPlot.iife.min.js']}</script>"
-            f"<script>{web['report.js']}</script>")
-
-
-@lru_cache(maxsize=1)
-def _web_assets() -> dict[str, str]:
-    folder = Path(__file__).with_name("web")
-    names = ("tabulator_simple.min.css", "uPlot.min.css", "tabulator.min.js", "uPlot.iife.min.js", "report.js")
-    return {name: (folder / name).read_text(encoding="utf-8").replace("</script", "<\\/script") for name in names}
+def _chart_html(analysis: Analysis) -> str:
+    """The zoomable error-over-depth chart of every measured layer (the PNG below stays for print/e-mail)."""
+    rows = reference_rows(analysis.comparison)
+    return error_chart_html(rows[rows["status"].isin(["pass", "warn", "fail"])])
 
 
 def _unmatched_html(analysis: Analysis) -> str:
