@@ -57,6 +57,8 @@ def classify(row: dict, t: Thresholds) -> tuple[str, str]:
     rel_l2 = row.get("rel_l2", 0.0)
     if fails:
         pass  # rel L2 is infinite because of the NaN/Inf: already said
+    elif rel_l2 == math.inf and row.get("max_abs", math.inf) <= t.atol:
+        pass  # an all-zero reference: no relative error exists, and the run stays within atol of it
     elif _over(rel_l2, t.fail_rel_l2):
         fails.append(f"rel L2 {rel_l2:.3g} > {t.fail_rel_l2:g}")
     elif _over(rel_l2, t.warn_rel_l2):

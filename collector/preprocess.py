@@ -150,7 +150,7 @@ def _number(value, key: str) -> float:
     return number
 
 
-def image_pixel_limit(shape: tuple[int, ...]) -> int:
+def image_pixel_limit(shape: tuple[int, ...] | None) -> int:
     """Largest image (decoded or resized, in pixels) read for a model input of `shape`.
 
     Derived from the input so a typo like resize=50000x50000 cannot take the machine's memory;
@@ -160,7 +160,7 @@ def image_pixel_limit(shape: tuple[int, ...]) -> int:
         if not raw.isdigit() or int(raw) <= 0:
             raise LayerdiffError(f"{PIXELS_ENV}={raw!r}: expected a positive pixel count, e.g. 100000000")
         return int(raw)
-    dims = [d for d in shape[-3:] if d > 3] if len(shape) >= 3 else []
+    dims = [d for d in shape[-3:] if d > 3] if shape is not None and len(shape) >= 3 else []  # None: no declared shape
     model_pixels = math.prod(dims[-2:]) if len(dims) >= 2 else 0
     return max(MIN_IMAGE_PIXELS, MODEL_INPUTS_PER_IMAGE * model_pixels)
 

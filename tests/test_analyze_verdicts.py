@@ -74,3 +74,11 @@ def test_zeros_between_two_fp32_runs_are_not_called_fp16_underflow(tmp_path):
         assert "not fp16 underflow" in zero.sentence and "fp32" in zero.sentence
     finally:
         analysis.close()
+
+
+def test_an_all_zero_reference_met_within_atol_is_no_failure():
+    from analyzer.verdict import Thresholds, classify
+
+    row = {"rel_l2": float("inf"), "max_abs": 5.6e-9, "n_nonfinite_mismatch": 0, "pass_fraction": 1.0}
+    assert classify(row, Thresholds())[0] == "pass"
+    assert classify({**row, "max_abs": 0.5}, Thresholds())[0] == "fail"
