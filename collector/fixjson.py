@@ -16,7 +16,8 @@ from collector.fix import FixResult
 FIX_JSON = "fix.json"
 MNN_OPTIONS = [
     "MNN has no per-op precision switch; these numbers are a what-if (the layers' high-precision outputs "
-    "injected into the low-precision run).",
+    "injected into the low-precision run). An injected output also erases the error of everything upstream, "
+    "so the set is a lower bound: a layer computed at high precision from broken inputs would still be broken.",
     "Per session: ScheduleConfig.backendConfig.precision (Precision_Low / Normal / High / Low_BF16) applies "
     "to a whole session.",
     "Split the model: Interpreter::createMultiPathSession with one ScheduleConfig per path "
