@@ -140,11 +140,11 @@ STRUCTURE_BELOW = 0.5
 
 
 def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
-                 error: Callable[[int, int], float] | None = None) -> PairAlignment:
+                 error: Callable[[int, int], float] | None = None, fp32: bool = False) -> PairAlignment:
     """Match two `/layers` tables; never raises on odd names, duplicates or disjoint sets.
 
     `error(base row, other row)` (rel L2 of the two tensors) lets structural matching settle
-    ambiguous candidates by value (see `analyzer.structure`)."""
+    ambiguous candidates by value, closely when both runs are `fp32` (see `analyzer.structure`)."""
     base_keys = _canonical_keys(base, rules)
     other_keys = _canonical_keys(other, rules)
     how = "renamed" if (rules.name_map or rules.regex) else "exact"
@@ -156,7 +156,7 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
     if rules.builtin and len(pairs) < STRUCTURE_BELOW * min(len(base), len(other)):
         used = {j for j, _ in pairs.values()}
         found = match_by_structure(base, other, [i for i in range(len(base)) if i not in pairs],
-                                   [j for j in range(len(other)) if j not in used], error)
+                                   [j for j in range(len(other)) if j not in used], error, fp32)
         pairs.update({i: (j, "structure") for i, (j, _c) in found.items()})
         confidence.update({i: c for i, (_j, c) in found.items()})
     matched = _matched_frame(base, other, pairs, confidence)

@@ -47,8 +47,8 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds,
     runs = {id(p.base): p.base for p in plan.pairs} | {id(p.other): p.other for p in plan.pairs}
     runs[id(plan.reference)] = plan.reference
     graphs = {run.label: build_graph(run.layers) for run in runs.values()}
-    alignments = [align_layers(p.base.layers, p.other.layers, rules, value_error(p.base, p.other))
-                  for p in plan.pairs]
+    alignments = [align_layers(p.base.layers, p.other.layers, rules, value_error(p.base, p.other),
+                               both_fp32(p.base, p.other)) for p in plan.pairs]
     comparison = Comparison(plan=plan, table=pd.DataFrame(), alignments=alignments, graphs=graphs)
     for index, (pair, alignment) in enumerate(zip(plan.pairs, alignments)):
         if alignment.matched.empty:
@@ -66,6 +66,11 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds,
     comparison.table = rows.frame()
     comparison.table["growth"] = _growth(comparison.table, plan.pairs, graphs)
     return comparison
+
+
+def both_fp32(base: Run, other: Run) -> bool:
+    """Neither run declares a reduced precision (a foreign golden that says nothing counts as fp32)."""
+    return all(str(r.attrs.get("precision_effective") or "fp32").lower() == "fp32" for r in (base, other))
 
 
 def value_error(base: Run, other: Run) -> Callable[[int, int], float]:

@@ -75,7 +75,8 @@ POSITION_WEIGHT = 0.005  # weak: constants (weights) in a golden shift positions
 POSITION_SLACK = 0.05  # relative positions closer than this cost nothing: the later-tensor rule decides
 LATER_BIAS = 1e-2
 MATCH_COST = 0.7  # a match must beat this quality to be worth making: weakly typed pairs are left unmatched
-VALUES_AGREE = 0.05  # rel L2 under which two tensors are the same one computed twice
+VALUES_AGREE = 0.05  # rel L2 under which two tensors are the same one computed twice (a reduced precision)
+VALUES_AGREE_FP32 = 0.02  # the same between two fp32 runs: an SE block's conv before its bias Add differs by 0.03
 # A match no candidate's values confirm is kept only when structure is sure of it (typed, the only
 # same-shape candidate on both sides between its neighbours) and its error is that of an inaccurate
 # op, not of a different tensor (unrelated tensors differ by rel L2 ~1 or more).
@@ -194,10 +195,14 @@ def _confidences(pairs: list[tuple[int, int]], quality: np.ndarray) -> list[floa
 
 def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[int],
                        other_left: list[int], error: Callable[[int, int], float] | None = None,
-                       ) -> dict[int, tuple[int, float]]:
+                       fp32: bool = False) -> dict[int, tuple[int, float]]:
     """Match the leftover rows `base_left` of `base` with `other_left` of `other`: {base row: (other row, confidence)}.
 
-    `error(base row, other row)`, when given, is the rel L2 between the two tensors (inf if unreadable)."""
+    `error(base row, other row)`, when given, is the rel L2 between the two tensors (inf if unreadable).
+    `fp32`: both runs compute in fp32, so values must agree closely (VALUES_AGREE_FP32) and no match
+    is kept that values do not confirm."""
+    agree = VALUES_AGREE_FP32 if fp32 else VALUES_AGREE
+    keep = VALUES_AGREE_FP32 if fp32 else KEEP_UNCONFIRMED_ERROR
     base_left = [i for i in base_left if not _COPIES.match(str(base["op"].iloc[i]))]
     other_left = [j for j in other_left if not _COPIES.match(str(other["op"].iloc[j]))]
     if not base_left or not other_left or len(base_left) * len(other_left) > MAX_CELLS:
@@ -208,16 +213,17 @@ def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[
     confidences = _confidences(pairs, quality)
     if error is not None:
         local_error = lambda i, j: error(base_left[i], other_left[j])  # noqa: E731
-        pairs, confidences = _refine_by_values(pairs, confidences, quality, local_error)
-        pairs, confidences = _fill_gaps_by_values(pairs, confidences, quality, local_error)
+        pairs, confidences = _refine_by_values(pairs, confidences, quality, local_error, agree, keep)
+        pairs, confidences = _fill_gaps_by_values(pairs, confidences, quality, local_error, agree)
     pairs, confidences = _match_final_outputs(pairs, confidences, quality)
     result = {base_left[i]: (other_left[j], conf) for (i, j), conf in zip(pairs, confidences)}
-    result.update(_propagate(base, other, base_left, other_left, result, quality, error))
+    result.update(_propagate(base, other, base_left, other_left, result, quality, error, agree))
     return result
 
 
 def _refine_by_values(pairs: list[tuple[int, int]], confidences: list[float], quality: np.ndarray,
-                      error: Callable[[int, int], float]) -> tuple[list[tuple[int, int]], list[float]]:
+                      error: Callable[[int, int], float], agree: float = VALUES_AGREE,
+                      keep: float = KEEP_UNCONFIRMED_ERROR) -> tuple[list[tuple[int, int]], list[float]]:
     """Per match, the same-shape candidate between its neighbours (on either side) whose values agree."""
     n, m = quality.shape
     used_a: set[int] = set()
@@ -232,9 +238,9 @@ def _refine_by_values(pairs: list[tuple[int, int]], confidences: list[float], qu
         options = sorted(options, key=lambda p: abs(p[0] - i) + abs(p[1] - j))[:MAX_VALUE_CANDIDATES]
         errors = {p: error(*p) for p in options}
         best = min(errors, key=lambda p: (errors[p], -p[0] - p[1]), default=None)
-        if best is not None and errors[best] <= VALUES_AGREE:
+        if best is not None and errors[best] <= agree:
             chosen, chosen_conf = best, float(quality[best])
-        elif (conf >= KEEP_UNCONFIRMED and options == [(i, j)] and errors[(i, j)] <= KEEP_UNCONFIRMED_ERROR
+        elif (conf >= KEEP_UNCONFIRMED and options == [(i, j)] and errors[(i, j)] <= keep
               and i not in used_a and j not in used_b):
             chosen, chosen_conf = (i, j), conf
         else:
@@ -261,7 +267,8 @@ def _match_final_outputs(pairs: list[tuple[int, int]], confidences: list[float],
 
 
 def _fill_gaps_by_values(pairs: list[tuple[int, int]], confidences: list[float], quality: np.ndarray,
-                         error: Callable[[int, int], float]) -> tuple[list[tuple[int, int]], list[float]]:
+                         error: Callable[[int, int], float],
+                         agree: float = VALUES_AGREE) -> tuple[list[tuple[int, int]], list[float]]:
     """Between consecutive matches, pair the leftovers whose values agree (in order, same shape only)."""
     n, m = quality.shape
     bounds = [(-1, -1), *pairs, (n, m)]
@@ -272,7 +279,7 @@ def _fill_gaps_by_values(pairs: list[tuple[int, int]], confidences: list[float],
             options = [i for i in range(last + 1, a1) if quality[i, j] > 0][:2 * MAX_VALUE_CANDIDATES]
             errors = {i: error(i, j) for i in options}
             best = min(errors, key=lambda i: (errors[i], -i), default=None)
-            if best is not None and errors[best] <= VALUES_AGREE:
+            if best is not None and errors[best] <= agree:
                 found.append(((best, j), float(quality[best, j])))
                 last = best
     merged = sorted(list(zip(pairs, confidences)) + found)
@@ -281,7 +288,8 @@ def _fill_gaps_by_values(pairs: list[tuple[int, int]], confidences: list[float],
 
 def _propagate(base: pd.DataFrame, other: pd.DataFrame, base_left: list[int], other_left: list[int],
                done: dict[int, tuple[int, float]], quality: np.ndarray,
-               error: Callable[[int, int], float] | None = None) -> dict[int, tuple[int, float]]:
+               error: Callable[[int, int], float] | None = None,
+               agree: float = VALUES_AGREE) -> dict[int, tuple[int, float]]:
     """Leftovers whose nearest matched producers map onto those of exactly one same-shape candidate
     (whose values agree, when they can be read: a fused op's consumer has the same feeders)."""
     graph_a, graph_b = build_graph(base), build_graph(other)
@@ -303,7 +311,7 @@ def _propagate(base: pd.DataFrame, other: pd.DataFrame, base_left: list[int], ot
                 continue
             candidates = [(jb, j) for jb, j in enumerate(other_left) if j not in used_b and quality[ia, jb] > 0
                           and set(graph_b.upstream(keys_b[j], known_b)) == feeders]
-            if len(candidates) == 1 and (error is None or error(i, candidates[0][1]) <= VALUES_AGREE):
+            if len(candidates) == 1 and (error is None or error(i, candidates[0][1]) <= agree):
                 jb, j = candidates[0]
                 found[i] = (j, 0.8 * float(quality[ia, jb]))
                 used_b.add(j)
