@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 
 from analyzer import __version__
+from analyzer.diskspace import as_write_error, writing
 from analyzer.errors import DumpFormatError
 from analyzer.h5guard import local_dataset, local_group
 from analyzer.limits import MAX_TENSOR_BYTES, check_tensor_bytes, checked_numel, human_bytes
@@ -102,13 +103,16 @@ class DumpWriter:
     any existing file at `path` untouched.
     """
 
-    def __init__(self, path: Path | str, attrs: dict[str, Any], *, compression: str | None = None) -> None:
+    def __init__(self, path: Path | str, attrs: dict[str, Any], *, compression: str | None = None,
+                 expected_bytes: int = 0) -> None:
         self.path = Path(path)
+        self._expected_bytes = expected_bytes  # for the "space needed" of a full-disk message
         self._partial = partial_path(self.path)
         self._compression = compression
         self._rows: list[dict[str, Any]] = []
         self._attrs = {**ROOT_DEFAULTS, **attrs}
-        self._file = h5py.File(self._partial, "w")
+        with writing(self.path):
+            self._file = h5py.File(self._partial, "w")
         self._tensors = self._file.create_group("tensors")
         self._closed = False
 
@@ -117,9 +121,21 @@ class DumpWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            self.close()
+            try:
+                self.close()
+            except (OSError, RuntimeError) as err:
+                self._fail(err)
         else:
             self.abort()
+            if isinstance(exc, (OSError, RuntimeError)):
+                self._fail(exc)
+
+    def _fail(self, err: BaseException) -> None:
+        """A full disk or read-only target becomes its one-line error (the partial file is gone)."""
+        self.abort()
+        error = as_write_error(err, self.path, self._expected_bytes)
+        if error is not None:
+            raise error from None
 
     def add_tensor(self, meta: dict[str, Any], array: np.ndarray) -> TensorStats:
         """Store one tensor and its stats row. `meta` carries the raw-dump tensor fields."""
@@ -157,6 +173,8 @@ class DumpWriter:
             self._closed = True
             try:
                 self._file.close()
+            except (OSError, RuntimeError):
+                pass  # closing flushes; on a full disk that fails again, and the file is discarded anyway
             finally:
                 self._partial.unlink(missing_ok=True)
 

@@ -18,6 +18,12 @@ class LayerdiffError(Exception):
             self.exit_code = exit_code
 
 
+class Interrupted(LayerdiffError):
+    """The user asked to stop (Ctrl-C); whatever was half-written has been removed."""
+
+    exit_code = 130
+
+
 class DumpFormatError(LayerdiffError):
     """A file is not a valid layerdiff dump (raw or HDF5), or is of a newer format version."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from analyzer.diskspace import writing
 from analyzer.errors import LayerdiffError
 
 REPORT_MARKERS = ("index.html", "results.json", "summary.csv")
@@ -33,9 +34,14 @@ def prepare_out_dir(path: Path | str, force: bool = False) -> Path:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to `.<name>.partial` beside the target, then rename over it."""
     tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with writing(path, len(data)):
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk never leaves a 0-byte .partial behind
+        raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -12,12 +12,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from analyzer.timestamps import utc_now
-from analyzer.errors import DumpFormatError
+from analyzer.errors import DumpFormatError, Interrupted
 
 RAW_FORMAT = "layerdiff-raw"
 RAW_VERSION = 1
@@ -331,11 +331,13 @@ def convert_raw_dump(
     stderr: str = "",
     exit_status: int = 0,
     compression: str | None = None,
+    cancel: Callable[[], bool] | None = None,
 ) -> Path:
     """Stream a raw dump into one HDF5 dump, tensor by tensor (memory bounded by the largest tensor).
 
     A dump without a footer, or from a harness that exited non-zero, becomes an HDF5 marked
-    incomplete with every tensor that was written.
+    incomplete with every tensor that was written. `cancel` is asked between tensors: when it says
+    stop, the partial file is removed and `Interrupted` raised (so no thread is left inside HDF5).
     """
     dump = raw if isinstance(raw, RawDump) else read_raw_dump(raw)
     header = dump.header
@@ -352,8 +354,11 @@ def convert_raw_dump(
     merged["provenance"] = provenance
     from analyzer.dumpfile import DumpWriter  # h5py loads only where HDF5 is written, not in engine children
 
-    with DumpWriter(out_path, merged, compression=compression) as writer:
+    expected = sum(t.nbytes for t in dump.tensors) + sum(a.nbytes for _, a in inputs or [])
+    with DumpWriter(out_path, merged, compression=compression, expected_bytes=expected) as writer:
         for tensor, array in dump.iter_arrays():
+            if cancel is not None and cancel():
+                raise Interrupted(f"{out_path}: conversion stopped on request")
             writer.add_tensor({**tensor.meta(), "op": tensor.op}, array)
         for name, array in inputs or []:
             writer.add_input(name, array, _array_sha256(array))

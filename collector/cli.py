@@ -1,16 +1,17 @@
 """`collect`: parse the command line, call the collector library, print. Nothing else lives here."""
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import typer
 from rich.console import Console
 
 from analyzer.cli_options import choices
-from analyzer.errors import LayerdiffError, os_error_line
+from analyzer.errors import Interrupted, LayerdiffError, os_error_line
 from collector.inputs import resolve_inputs
 from collector.models import ENGINES, apply_shapes, input_shapes, parse_shapes, resolve_model
 from collector.isolate import failing_layers, isolate
@@ -31,7 +32,21 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
 console = Console(stderr=True)
 
 
+def _ctrl_c_is_one_line(command: Callable) -> Callable:
+    """Typer turns Ctrl-C into a silent exit 130; say what happened (runs already written stay)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted; runs already written are kept, re-run the same command to resume") from None
+
+    return wrapper
+
+
 @app.callback(invoke_without_command=True)
+@_ctrl_c_is_one_line
 def collect(
     ctx: typer.Context,
     device: List[str] = typer.Option(None, "--device", "-d", help="local, a serial, all, or a comma list"),
@@ -154,6 +169,7 @@ def prepare_command(
 
 
 @app.command("isolate")
+@_ctrl_c_is_one_line
 def isolate_command(
     device: str = typer.Option("local", "--device", "-d", help="local or a serial"),
     model: Path = typer.Option(..., "--model", "-m"),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
 from analyzer.errors import LayerdiffError
+from collector import children
 from collector.engines import ENGINES
 
 LineSink = Callable[[str], None]
@@ -227,21 +228,6 @@ def _local_gpu_name() -> str:
     return ""
 
 
-_CHILDREN: set[subprocess.Popen] = set()
-_CHILDREN_LOCK = threading.Lock()
-
-
-def terminate_children() -> None:
-    """Kill every harness process this collector started locally (used on Ctrl-C)."""
-    with _CHILDREN_LOCK:
-        children = list(_CHILDREN)
-    for proc in children:
-        try:
-            proc.kill()
-        except OSError:
-            pass
-
-
 def run_with_deadline(
     argv: list[str], *, env: dict[str, str], deadline_s: float, on_stdout_line: LineSink | None = None
 ) -> ExecResult:
@@ -249,17 +235,16 @@ def run_with_deadline(
     start = time.monotonic()
     child_env = {**os.environ, **env}
     # A session of its own: Ctrl-C on the terminal reaches the collector, which stops children itself
-    # (see terminate_children) and records the runs as interrupted instead of crashed.
+    # (see collector.children) and records the runs as interrupted instead of crashed.
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env, text=True, errors="replace",
         start_new_session=True,
     )
-    with _CHILDREN_LOCK:
-        _CHILDREN.add(proc)
+    children.register(proc)
     stderr_chunks: list[str] = []
     reader = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
     reader.start()
-    timer = threading.Timer(deadline_s, proc.kill)
+    timer = threading.Timer(deadline_s, children.kill_group, args=(proc,))
     timer.start()
     try:
         for line in proc.stdout:
@@ -268,8 +253,7 @@ def run_with_deadline(
         status = proc.wait()
     finally:
         timer.cancel()
-        with _CHILDREN_LOCK:
-            _CHILDREN.discard(proc)
+        children.unregister(proc)
     reader.join()
     elapsed = time.monotonic() - start
     return ExecResult(

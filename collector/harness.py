@@ -24,7 +24,6 @@ import os
 import platform
 import shlex
 import subprocess
-import signal
 import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from analyzer.errors import LayerdiffError
+from collector import children
 from collector.buildprogress import BuildReporter, BuildWatcher, default_reporter, estimate_minutes
 from collector.engines import ENGINES, PHONE_ENGINES
 
@@ -246,28 +246,21 @@ def _run_build(cmd: list[str], log: Path, spec: HarnessSpec, reporter: BuildRepo
     env = {**os.environ, "PYTHON": sys.executable}
     with open(log, "w") as handle:
         # its own process group, so an interrupted build takes cmake, ninja and the compilers with it
+        # (registered: Ctrl-C during a sweep ends it from the main thread while a worker builds)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 errors="replace", start_new_session=True)
+        children.register(proc)
         try:
             for line in proc.stdout:
                 handle.write(line)
                 watcher.feed(line)
             ok = proc.wait() == 0
         finally:
+            children.unregister(proc)
             if proc.poll() is None:  # interrupted: never leave cmake/ninja compiling behind
-                _kill_group(proc)
+                children.end_group(proc)
             watcher.stop(ok)
     return ok
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=5)
-            return
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            continue
 
 
 def prebuilt_override(abi: str) -> Path | None:

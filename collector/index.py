@@ -12,6 +12,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from analyzer.diskspace import writing
+from analyzer.errors import LayerdiffError
+
 INDEX_NAME = "index.csv"
 COLUMNS = ["serial", "engine", "backend", "precision", "input", "repeat", "status", "reason", "duration_s",
            "files", "model_sha256", "input_sha256", "harness"]
@@ -84,6 +87,7 @@ class Index:
         self.path = Path(out_dir) / INDEX_NAME
         self.rows = rows
         self._lock = threading.Lock()
+        self.write_error: LayerdiffError | None = None
         self.save()
 
     def update(self, row: IndexRow, **changes) -> None:
@@ -97,13 +101,21 @@ class Index:
             self._write()
 
     def _write(self) -> None:
+        """Replace the file whole; on a full disk the old file stays and the rows stay in memory
+        (`write_error` says so, and the next write that fits catches up)."""
         tmp = self.path.with_name(f".{self.path.name}.partial")
-        with open(tmp, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-            writer.writeheader()
-            for row in self.rows:
-                writer.writerow(row.as_csv())
-        os.replace(tmp, self.path)
+        try:
+            with writing(self.path):
+                with open(tmp, "w", newline="") as fh:
+                    writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+                    writer.writeheader()
+                    for row in self.rows:
+                        writer.writerow(row.as_csv())
+                os.replace(tmp, self.path)
+            self.write_error = None
+        except LayerdiffError as err:
+            tmp.unlink(missing_ok=True)
+            self.write_error = err
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from pathlib import Path
 
 from analyzer.errors import LayerdiffError
 
 LOCK_NAME = ".layerdiff.lock"
+FETCH_PREFIX = ".layerdiff-fetch-"  # a run's scratch in OUTDIR; hidden, so never taken for a dump
 
 
 class OutdirBusyError(LayerdiffError):
@@ -48,14 +50,31 @@ class OutdirLock:
             raise OutdirBusyError(
                 f"{self.out_dir} is being written by pid {holder}; wait for it to finish or choose another -o"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass  # a full disk: the lock holds all the same, only the pid in messages is missing
         self._fd = fd
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing drops the lock; the file stays (removing it would race a new holder)
             self._fd = None
+
+
+def remove_leftovers(out_dir: Path) -> list[Path]:
+    """Delete what an interrupted writer left in `out_dir` (half-written `.partial` files, fetch
+    scratch directories). Only safe while holding the lock: then no other writer owns them."""
+    removed: list[Path] = []
+    for path in Path(out_dir).glob(".*"):
+        if path.is_file() and path.name.endswith(".partial"):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        elif path.is_dir() and path.name.startswith(FETCH_PREFIX):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _holder(fd: int) -> str:

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from analyzer.diskspace import NO_SPACE
 from analyzer.dumpfile import DumpFile
 from analyzer.cli_options import comma_items
 from analyzer.errors import LayerdiffError
@@ -160,7 +161,8 @@ def _decide(run: PlannedRun, plan: SweepPlan, before: IndexRow | None, backends:
         return
     if plan.force:
         return
-    if before is not None and before.status == "failed" and not plan.retry_failed and _same_inputs(before, row):
+    if (before is not None and before.status == "failed" and not plan.retry_failed and _same_inputs(before, row)
+            and not before.reason.startswith(NO_SPACE)):  # the host's disk was full, not the run at fault: retried
         row.status, row.duration_s, run.todo = "failed", before.duration_s, False
         row.reason = before.reason.removesuffix(" (use --retry-failed)") + " (use --retry-failed)"
         row.files = before.files

@@ -11,6 +11,7 @@ import math
 import re
 import shlex
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -18,12 +19,14 @@ from typing import Callable
 
 import numpy as np
 
-from analyzer.errors import LayerdiffError
+from analyzer.diskspace import writing
+from analyzer.errors import Interrupted, LayerdiffError
 from analyzer.rawdump import MANIFEST, convert_raw_dump, read_raw_dump
 from collector.devices import Device, DeviceError, ExecResult
 from collector.engines.harness_cli import INPUT_DTYPES
 from collector.inputs import InputSet
 from collector.models import ModelFiles, input_dtypes
+from collector.outdir_lock import FETCH_PREFIX
 
 PROGRESS_PREFIX = "@@ld "
 HARNESS_EXIT_MEANINGS = {
@@ -115,9 +118,12 @@ def _safe(label: str) -> str:
 
 
 def collect_run(
-    device: Device, spec: RunSpec, out_dir: Path, *, force: bool = False, on_progress: ProgressSink | None = None
+    device: Device, spec: RunSpec, out_dir: Path, *, force: bool = False, on_progress: ProgressSink | None = None,
+    cancel: threading.Event | None = None,
 ) -> RunOutcome:
-    """Run `spec` on `device`, writing its HDF5 file(s) into `out_dir`."""
+    """Run `spec` on `device`, writing its HDF5 file(s) into `out_dir`.
+
+    Once `cancel` is set (Ctrl-C) nothing more is fetched or converted: `Interrupted` is raised."""
     out_dir = Path(out_dir)
     targets = [out_dir / name for name in spec.output_names()]
     if not force and all(t.exists() for t in targets):
@@ -134,7 +140,8 @@ def collect_run(
             argv = _stage(device, spec, run_dir, Path(tmp))
             result = device.execute(harness.argv + argv, env=harness.env, deadline_s=spec.deadline_s,
                                     on_stdout_line=_progress_parser(on_progress))
-        paths, message = _fetch_and_convert(device, spec, run_dir, targets, result)
+        with writing(out_dir, (spec.expected_bytes or 0) * spec.repeat):
+            paths, message = _fetch_and_convert(device, spec, run_dir, targets, result, cancel)
     finally:
         if not spec.keep:
             _cleanup(device, run_dir)
@@ -223,13 +230,17 @@ def harness_failure(result: ExecResult, deadline_s: float) -> str:
 
 
 def _fetch_and_convert(
-    device: Device, spec: RunSpec, run_dir: str, targets: list[Path], result: ExecResult
+    device: Device, spec: RunSpec, run_dir: str, targets: list[Path], result: ExecResult,
+    cancel: threading.Event | None = None,
 ) -> tuple[list[Path], str]:
     message = harness_failure(result, spec.deadline_s)
     dump_dirs = [f"{run_dir}/dump"] if spec.repeat == 1 else [f"{run_dir}/dump/r{k}" for k in range(spec.repeat)]
     written: list[Path] = []
-    with tempfile.TemporaryDirectory(prefix="layerdiff-fetch-", dir=targets[0].parent) as tmp:
+    stop = cancel.is_set if cancel is not None else None
+    with tempfile.TemporaryDirectory(prefix=FETCH_PREFIX, dir=targets[0].parent) as tmp:
         for k, (remote, target) in enumerate(zip(dump_dirs, targets)):
+            if stop and stop():
+                raise Interrupted(f"{device.serial}: {spec.stem}: stopped on request")
             try:
                 local = device.fetch_dir(remote, Path(tmp) / f"r{k}")
             except DeviceError as err:
@@ -238,11 +249,12 @@ def _fetch_and_convert(
                 if not message:
                     message = f"the harness wrote no dump at {remote}"
                 continue
-            written.append(_convert(device, spec, Path(local), target, result))
+            written.append(_convert(device, spec, Path(local), target, result, stop))
     return written, message
 
 
-def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: ExecResult) -> Path:
+def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: ExecResult,
+             stop: Callable[[], bool] | None = None) -> Path:
     info = device.info()
     vulkan_gpu = getattr(device, "vulkan_gpu", None)  # the local machine names its GPU only when asked
     if spec.backend == "vulkan" and vulkan_gpu is not None and not info.gpu:
@@ -270,7 +282,7 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     except LayerdiffError as err:
         raise LayerdiffError(f"{device.serial}: {spec.stem}: the harness's dump is unusable ({err})") from None
     return convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
-                            stderr=result.stderr, exit_status=result.exit_status)
+                            stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
 
 
 def _cleanup(device: Device, run_dir: str) -> None:

@@ -7,17 +7,21 @@ saying exactly what is done (final files only ever appear complete: see analyzer
 """
 from __future__ import annotations
 
+import os
+import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from analyzer.diskspace import NO_SPACE, NoSpaceError
 from analyzer.dumpfile import partial_path
 from analyzer.errors import LayerdiffError
-from collector.devices import Device, DeviceError, terminate_children
+from collector.children import terminate_children
+from collector.devices import Device, DeviceError
 from collector.index import Index, read_index
-from collector.outdir_lock import OutdirLock
+from collector.outdir_lock import OutdirLock, remove_leftovers
 from collector.plan import PlannedRun, SweepPlan, plan_runs, relative_name
 from collector.run import RunOutcome, collect_run
 
@@ -44,15 +48,16 @@ class _Worker(threading.Thread):
     """Works through one device's runs in order; stops between runs when asked."""
 
     def __init__(self, device: Device, runs: list[PlannedRun], index: Index, plan: SweepPlan,
-                 stop: threading.Event, observer: SweepObserver | None) -> None:
+                 stop: threading.Event, observer: SweepObserver | None, halt: threading.Event | None = None) -> None:
         super().__init__(name=f"sweep-{device.serial}", daemon=True)
         self.device, self.runs, self.index, self.plan = device, runs, index, plan
         self.stop, self.observer = stop, observer
+        self.halt = halt or threading.Event()  # set when the output disk is full: no worker starts another run
         self.current: PlannedRun | None = None
 
     def run(self) -> None:
         for position, run in enumerate(self.runs):
-            if self.stop.is_set():
+            if self.stop.is_set() or self.halt.is_set():
                 return
             self.current = run
             self.index.update(run.row, status="running", reason="")
@@ -74,7 +79,10 @@ class _Worker(threading.Thread):
         start = time.monotonic()
         sink = (lambda k, n, op: self.observer.layer(run, k, n, op)) if self.observer else None
         try:
-            outcome = collect_run(self.device, run.spec, run.out_dir, force=True, on_progress=sink)
+            outcome = collect_run(self.device, run.spec, run.out_dir, force=True, on_progress=sink, cancel=self.stop)
+        except NoSpaceError as err:
+            self.halt.set()  # later runs would fail the same way; they stay planned for the resume
+            outcome = RunOutcome(run.spec, self.device.serial, "failed", [], f"{NO_SPACE}: {err}")
         except LayerdiffError as err:
             outcome = RunOutcome(run.spec, self.device.serial, "failed", [], str(err))
         if self.stop.is_set():
@@ -114,14 +122,15 @@ def _run_locked(plan: SweepPlan, observer: SweepObserver | None,
     runs = plan_runs(plan, previous)
     for run in runs:
         run.out_dir.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(run.out_dir)  # under the lock, anything half-written is an earlier run's
     planned_keys = {run.row.key for run in runs}
     others = [row for key, row in previous.items() if key not in planned_keys]  # e.g. a phone not attached today
     index = Index(plan.out_dir, [run.row for run in runs] + others)
     if on_planned:
         on_planned(runs)
-    stop = threading.Event()
+    stop, halt = threading.Event(), threading.Event()
     workers = [
-        _Worker(device, [r for r in runs if r.device is device and r.todo], index, plan, stop, observer)
+        _Worker(device, [r for r in runs if r.device is device and r.todo], index, plan, stop, observer, halt)
         for device in plan.devices
     ]
     for worker in workers:
@@ -138,15 +147,28 @@ def _run_locked(plan: SweepPlan, observer: SweepObserver | None,
     return SweepResult(runs, index, interrupted, failed)
 
 
+STOP_WAIT_S = 5.0
+
+
 def _interrupt(workers: list[_Worker], index: Index, stop: threading.Event) -> None:
-    """Stop everything, record in-flight runs as interrupted, and remove half-written files."""
+    """Stop everything, record in-flight runs as interrupted, and remove half-written files.
+
+    Workers stop between tensors of a conversion (never inside HDF5) and their child process groups
+    are killed. A worker still blocked after STOP_WAIT_S (e.g. in a network read) would keep the
+    interpreter from exiting cleanly, so then the process ends here with 130, everything recorded."""
     stop.set()
     in_flight = [w.current for w in workers if w.current is not None]
     terminate_children()
+    deadline = time.monotonic() + STOP_WAIT_S
     for worker in workers:
-        worker.join(timeout=15)
+        worker.join(timeout=max(0.0, deadline - time.monotonic()))
     for run in in_flight:
         index.update(run.row, status="interrupted", reason="stopped by Ctrl-C; re-run the command to resume")
         for name in run.spec.output_names():
             partial_path(run.out_dir / name).unlink(missing_ok=True)
+        remove_leftovers(run.out_dir)
     index.save()
+    if any(worker.is_alive() for worker in workers):
+        sys.stderr.write("collect: interrupted; runs already written are kept\n")
+        sys.stderr.flush()
+        os._exit(130)
