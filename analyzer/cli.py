@@ -26,7 +26,7 @@ from analyzer.tables import format_number
 DEFAULT_COMMAND = "compare"
 # Modules that contribute sub-commands: "module:function", each function called with `app` to add
 # its commands (e.g. "analyzer.cli_offline:register" adds import / merge / export). The lead wires them.
-COMMAND_PROVIDERS: list[str] = ["analyzer.cli_offline:register"]
+COMMAND_PROVIDERS: list[str] = ["analyzer.cli_offline:register", "analyzer.cli_cache:register"]
 MAX_CONSOLE_FINDINGS = 25
 
 

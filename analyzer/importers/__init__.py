@@ -11,11 +11,11 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from analyzer import convcache
 from analyzer.errors import DumpFormatError, LayerdiffError
 from analyzer.importers import archive, hdf5dump, mnn_text, npyfiles, polygraphy_json, rawdir
 from analyzer.importers.common import ForeignDump, parse_set_options, write_dump
@@ -102,11 +102,15 @@ def _import(path: Path, fmt: str, attrs: dict[str, Any], out: Path | None, optio
         return ImportResult(path, fmt)
     target = out if out is not None else cache_path(path, fmt, attrs, options)
     if out is None and target.is_file():
+        convcache.touch(target)
         return ImportResult(target, fmt)
     if fmt == rawdir.RAW_FORMAT:
-        return ImportResult(target, fmt, rawdir.import_raw(path, target, attrs))
-    problems = write_dump(_read_foreign(path, fmt, options), target, attrs)
-    return ImportResult(target, fmt, problems)
+        result = ImportResult(target, fmt, rawdir.import_raw(path, target, attrs))
+    else:
+        result = ImportResult(target, fmt, write_dump(_read_foreign(path, fmt, options), target, attrs))
+    if out is None:
+        convcache.trim(keep=target)
+    return result
 
 
 def _read_foreign(path: Path, fmt: str, options: dict[str, Any]) -> ForeignDump:
@@ -133,14 +137,17 @@ def _import_zip(path: Path, attrs: dict[str, Any], out: Path | None, options: di
 
 def extracted(path: Path) -> Path:
     """The zip extracted once into the cache (under a temporary name, renamed when complete)."""
-    dest = cache_dir() / f"zip-{_stamp(path)}"
-    if not dest.is_dir():
-        partial = dest.with_name(dest.name + f".partial-{os.getpid()}")
-        archive.extract_zip(path, partial)
-        try:
-            os.replace(partial, dest)
-        except OSError:  # another process finished the same extraction first
-            shutil.rmtree(partial, ignore_errors=True)
+    dest = convcache.cache_dir() / f"zip-{_stamp(path)}"
+    if dest.is_dir():
+        convcache.touch(dest)
+        return dest
+    partial = dest.with_name(dest.name + f".partial-{os.getpid()}")
+    archive.extract_zip(path, partial)  # removes what it wrote when the archive is refused
+    try:
+        os.replace(partial, dest)
+    except OSError:  # another process finished the same extraction first
+        shutil.rmtree(partial, ignore_errors=True)
+    convcache.trim(keep=dest)
     return dest
 
 
@@ -206,20 +213,12 @@ def _expand(paths: list[Path | str], errors: list[str]) -> list[Path]:
     return out
 
 
-def cache_dir() -> Path:
-    """Where conversions without an explicit output go (LAYERDIFF_CACHE_DIR, else the temp dir)."""
-    base = os.environ.get("LAYERDIFF_CACHE_DIR") or os.path.join(tempfile.gettempdir(), f"layerdiff-cache-{os.getuid()}")
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def cache_path(path: Path, fmt: str, attrs: dict[str, Any], options: dict[str, Any]) -> Path:
     key = json.dumps([IMPORT_VERSION, str(path.resolve()), fmt, _stamp(path), attrs,
                       {k: str(v) for k, v in options.items()}],
                      sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir() / f"{path.stem or 'dump'}-{digest}.h5"
+    return convcache.cache_dir() / f"{path.stem or 'dump'}-{digest}.h5"
 
 
 def _stamp(path: Path, limit: int = 100_000) -> str:

@@ -1,0 +1,85 @@
+"""The conversion cache: in the user's cache dir (XDG), private, owned, bounded (LRU), reported and
+emptied by `analyze cache`; a zip bomb's extraction is bounded and leaves nothing behind."""
+from __future__ import annotations
+
+import os
+import stat
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analyzer import convcache
+from analyzer.errors import LayerdiffError
+from analyzer.importers import import_any
+from tests.faults.support import assert_one_line_error, cli
+
+
+@pytest.fixture
+def xdg(tmp_path, monkeypatch) -> Path:
+    monkeypatch.delenv("LAYERDIFF_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "layerdiff" / "conversions"
+
+
+def _npz(path: Path, seed: int, n: int = 1 << 16) -> Path:
+    np.savez(path, a=np.random.default_rng(seed).random(n, dtype=np.float32))
+    return path
+
+
+def test_cache_is_private_and_in_the_users_cache_dir(xdg, tmp_path):
+    converted = import_any(_npz(tmp_path / "r.npz", 0))
+    assert converted.parent == xdg and not str(converted).startswith("/tmp/layerdiff-cache")
+    assert stat.S_IMODE(xdg.stat().st_mode) == 0o700
+    again = import_any(tmp_path / "r.npz")
+    assert again == converted  # converted once, reused
+
+
+def test_cache_opened_by_others_is_closed_and_foreign_owner_refused(xdg, tmp_path):
+    xdg.mkdir(parents=True)
+    xdg.chmod(0o777)
+    convcache.cache_dir()
+    assert stat.S_IMODE(xdg.stat().st_mode) == 0o700
+    if os.geteuid() != 0:
+        pytest.skip("changing a directory's owner needs root")
+    os.chown(xdg, 12345, 12345)
+    with pytest.raises(LayerdiffError, match="belongs to uid 12345, not you"):
+        convcache.cache_dir()
+    os.chown(xdg, 0, 0)
+
+
+def test_cache_is_bounded_least_recently_used_first(xdg, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERDIFF_CACHE_MAX_BYTES", str(700 << 10))  # room for about two 260 KiB conversions
+    first = import_any(_npz(tmp_path / "a.npz", 1))
+    second = import_any(_npz(tmp_path / "b.npz", 2))
+    import_any(tmp_path / "a.npz")  # a used again: b is now the least recently used
+    third = import_any(_npz(tmp_path / "c.npz", 3))
+    count, size = convcache.usage()
+    assert size <= 700 << 10 and first.exists() and third.exists() and not second.exists()
+    print(f"figure: cache bounded at 700 KiB holds {count} entries, {size} bytes")
+
+
+def test_analyze_cache_reports_and_cleans(xdg, tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "LAYERDIFF_CACHE_DIR": ""}
+    assert cli("analyze", "import", str(_npz(tmp_path / "a.npz", 1)), "-o", str(tmp_path / "a.h5"), env=env).returncode == 0
+    assert cli("analyze", "compare", str(tmp_path / "a.npz"), str(_npz(tmp_path / "b.npz", 2)), "-o",
+               str(tmp_path / "rep"), env=env).returncode == 0
+    info = cli("analyze", "cache", env=env)
+    assert info.returncode == 0 and str(xdg) in info.stdout and "2 entries" in info.stdout, info.stdout + info.stderr
+    cleaned = cli("analyze", "cache", "clean", env=env)
+    assert cleaned.returncode == 0 and "removed 2 entries" in cleaned.stdout, cleaned.stdout + cleaned.stderr
+    assert convcache.usage() == (0, 0)
+
+
+def test_zip_bomb_is_bounded_and_cleaned(xdg, tmp_path):
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("dump/a.npy", "w", force_zip64=True) as fh:
+            for _ in range(64):
+                fh.write(bytes(1 << 20))
+    assert bomb.stat().st_size < 1 << 20
+    proc = cli("analyze", "import", str(bomb), "-o", str(tmp_path / "o.h5"),
+               env={"XDG_CACHE_HOME": str(tmp_path / "xdg"), "LAYERDIFF_CACHE_DIR": "", "LAYERDIFF_MAX_EXTRACT_BYTES": "8M"})
+    assert_one_line_error(proc, "bomb.zip", "LAYERDIFF_MAX_EXTRACT_BYTES")
+    assert convcache.usage() == (0, 0)  # figure: 0 bytes of the refused archive left in the cache
