@@ -65,6 +65,7 @@ def test_npz_inflating_under_limit_costs_one_copy(tmp_path):
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
     baseline, _ = _peak_rss_mib("import analyzer.importers.npyfiles")
+    print(f"figure: 256 MiB tensor from a {npz.stat().st_size / 2**10:.0f} KiB npz at {rss - baseline:.0f} MiB over baseline")
     assert rss - baseline < 256 * 1.3, (rss, baseline)  # figure: RSS over baseline ≤ 1.3x the tensor
 
 
@@ -198,3 +199,24 @@ def test_sqnr_unchanged_for_ordinary_values():
     result = PairKernel(Tolerances()).compare(x, y, tensor_stats(x).as_dict(), tensor_stats(y).as_dict())
     d = (y - x).astype(np.float32)
     assert result["sqnr_db"] == pytest.approx(10 * np.log10(float(np.dot(x, x)) / float(np.dot(d, d))), rel=1e-6)
+
+
+def test_polygraphy_json_peak_memory_is_bounded(tmp_path):
+    """A 64 MB Polygraphy JSON: peak RSS over the interpreter's stays within 5x the file (the default
+    JSON limit is a quarter of the per-layer limit, so the peak stays under 25% of RAM)."""
+    from tests.test_import_polygraphy import run_results
+
+    outputs = {f"t{k}": np.random.default_rng(k).random(1 << 21, dtype=np.float32) for k in range(6)}
+    doc = tmp_path / "big.json"
+    doc.write_text(json.dumps(run_results({"onnxrt-runner": [outputs]})))
+    size_mib = doc.stat().st_size / 2**20
+    rss, proc = _peak_rss_mib(f"""
+        from pathlib import Path
+        from analyzer.importers import import_any
+        import_any(Path({str(doc)!r}), None, Path({str(tmp_path / 'o.h5')!r}))
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    baseline, _ = _peak_rss_mib("import analyzer.importers")
+    print(f"figure: {size_mib:.0f} MiB Polygraphy JSON imported at {rss - baseline:.0f} MiB over baseline "
+          f"({(rss - baseline) / size_mib:.1f}x the file)")
+    assert rss - baseline < 5 * size_mib
