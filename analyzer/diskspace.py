@@ -21,12 +21,12 @@ _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _READ_ONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
-class NoSpaceError(LayerdiffError):
-    """The file system holding the output is full."""
+class NoSpaceError(LayerdiffError, OSError):
+    """The file system holding the output is full (still an OSError for code that skips failed writes)."""
 
 
-class NotWritableError(LayerdiffError):
-    """The output is on a read-only file system or not writable by this user."""
+class NotWritableError(LayerdiffError, OSError):
+    """The output is on a read-only file system or not writable by this user (also an OSError)."""
 
 
 def free_bytes(path: Path) -> int:
