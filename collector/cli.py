@@ -18,7 +18,8 @@ from collector.isolate import failing_layers, isolate
 from collector.preprocess import parse_preprocess
 from collector.prepare import build_phone_harnesses, prepare_devices
 from collector.plan import SweepPlan, resolve_devices, split_list
-from collector.progress import SweepProgress
+from collector.arm64 import prepare_runtime
+from collector.progress import SweepProgress, step_progress
 from collector.run import check_run_options
 from collector.samples import default_model
 from collector.sweep import run_sweep
@@ -49,7 +50,7 @@ def _ctrl_c_is_one_line(command: Callable) -> Callable:
 @_ctrl_c_is_one_line
 def collect(
     ctx: typer.Context,
-    device: List[str] = typer.Option(None, "--device", "-d", help="local, a serial, all, or a comma list"),
+    device: List[str] = typer.Option(None, "--device", "-d", help="local, arm64[:CPU] (emulated ARM core), a serial, all, or a comma list"),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help=".mnn, ncnn .param with its .bin, or .onnx (local golden) (default: bundled sample)"),
     engine: str = typer.Option("auto", "--engine", help="auto (from the file name), or one of: " + ", ".join(ENGINES),
                                callback=choices(("auto", *ENGINES), "engine")),
@@ -86,6 +87,7 @@ def collect(
     for error in input_errors:
         print(f"collect: {error}", file=sys.stderr)
     build_phone_harnesses(plan.devices, plan.model.engine, plan.backends)
+    prepare_runtime(plan.devices, lambda title: step_progress(console, title))
     with SweepProgress(console) as progress:
         result = run_sweep(plan, observer=progress, on_planned=progress.planned)
     progress.summary(result.runs, plan.out_dir, result.interrupted)

@@ -9,7 +9,9 @@ import contextlib
 import functools
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
+from typing import Iterator
 from pathlib import Path
 
 from analyzer.errors import LayerdiffError
@@ -131,17 +133,37 @@ def _ncnn_input_shapes(param: Path) -> dict[str, Shape]:
 
 
 @contextlib.contextmanager
-def quiet_stdout():
-    """pymnn prints a CPU-feature banner on stdout; keep stdout clean for progress lines and --json."""
+def quiet_stdout() -> Iterator[list[str]]:
+    """pymnn prints a CPU-feature banner on stdout; keep stdout clean for progress lines and --json.
+
+    What was printed is kept (`with quiet_stdout() as printed:`, then `printed[0]`): the banner is
+    MNN's own word on the CPU's features (fp16:1), which the MNN engine records.
+    """
     sys.stdout.flush()
     saved = os.dup(1)
+    printed: list[str] = []
     try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 1)
+            try:
+                yield printed
+            finally:
+                _flush_c_stdout()
+                os.dup2(saved, 1)
+                sink.seek(0)
+                printed.append(sink.read(1 << 16).decode(errors="replace"))
     finally:
-        os.dup2(saved, 1)
         os.close(saved)
+
+
+def _flush_c_stdout() -> None:
+    """MNN prints with C stdio, which buffers when stdout is not a terminal: flush it into the sink."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
 
 
 def _onnx_input_specs(path: Path) -> dict[str, tuple[Shape, str]]:

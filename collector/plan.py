@@ -65,20 +65,49 @@ def split_list(values: list[str] | None) -> list[str]:
 
 
 def resolve_devices(names: list[str], adb_servers: list[str] | None = None, exclude: list[str] | None = None) -> list[Device]:
-    """`local`, serials, or `all` (every device the adb server(s) know) → Device objects."""
-    devices: list[Device] = []
-    adb_names = [n for n in names if n != "local"]
-    if "local" in names:
-        devices.append(LocalDevice())
-    if adb_names:
-        from collector.adb import adb_devices  # the ADB stack loads only when a phone is asked for
+    """`local`, `arm64[:CPU]`, serials, or `all` → Device objects.
 
-        devices.extend(adb_devices(adb_names, adb_servers or []))
+    `all` is this machine, the emulated arm64 core (when qemu-user is installed) and every online
+    phone of the adb server(s); without a running adb server it is just the first two.
+    """
+    from collector.arm64 import Arm64Device, is_arm64_name
+
     excluded = set(exclude or [])
+    wanted = [n for n in names if n not in excluded]
+    if "all" in wanted:
+        extra = ["local"] + (["arm64"] if _qemu_available() else [])
+        wanted = [n for n in extra if n not in excluded] + [n for n in wanted if n not in extra]
+    devices: list[Device] = []
+    if "local" in wanted:
+        devices.append(LocalDevice())
+    devices.extend(Arm64Device.from_name(n) for n in dict.fromkeys(wanted) if is_arm64_name(n))
+    adb_names = [n for n in wanted if n != "local" and not is_arm64_name(n)]
+    if adb_names:
+        devices.extend(_phones(adb_names, adb_servers or []))
     devices = [d for d in devices if d.serial not in excluded]
     if not devices:
         raise LayerdiffError("no device left to run on; check --device and --exclude")
     return devices
+
+
+def _qemu_available() -> bool:
+    import shutil
+
+    from collector.arm64runtime import QEMU
+
+    return shutil.which(QEMU) is not None
+
+
+def _phones(names: list[str], adb_servers: list[str]) -> list[Device]:
+    """ADB devices by serial; `all` alone with no adb server running (and none named) means no phones."""
+    from collector.adb import adb_devices  # the ADB stack loads only when a phone is asked for
+
+    try:
+        return list(adb_devices(names, adb_servers))
+    except DeviceError:
+        if names == ["all"] and not adb_servers:
+            return []
+        raise
 
 
 def probe_backends(device: Device, engine: str) -> tuple[dict[str, dict], str]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -102,3 +104,19 @@ class SweepProgress:
             row = run.row
             table.add_row(row.serial, run.spec.stem, row.status, f"{row.duration_s:.1f}", row.reason[:100])
         self.console.print(table)
+
+
+@contextmanager
+def step_progress(console: Console, title: str) -> Iterator[Callable[[str, int, int], None]]:
+    """A one-off set-up (the arm64 runtime) as a bar on a terminal, as numbered lines elsewhere."""
+    if not console.is_terminal:
+        yield lambda text, done, total: print(f"{title} [{done}/{total}] {text}", file=sys.stderr, flush=True)
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task(title, total=None)
+
+        def step(text: str, done: int, total: int) -> None:
+            progress.update(task, description=f"{title}: {text}", completed=done, total=total)
+
+        yield step

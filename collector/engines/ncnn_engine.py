@@ -96,18 +96,19 @@ def probe() -> dict:
     }
 
 
-def configure(opt, args: HarnessArgs, ncnn) -> str:
-    """Set ncnn options for backend and precision (docs/DESIGN.md); returns the effective precision."""
+def configure(opt, args: HarnessArgs) -> None:
+    """Set ncnn options for backend and precision (see README's precision table)."""
     opt.lightmode = True  # memory: live blobs only (see the module docstring)
     opt.num_threads = args.threads
     opt.use_vulkan_compute = args.backend == "vulkan"
     for flag, value in PRECISION_FLAGS[args.precision].items():
-        setattr(opt, flag, value)
-    return effective_precision(opt, args, ncnn)
+        if hasattr(opt, flag):  # use_bf16_packed is newer than the aarch64 wheel the arm64 device runs
+            setattr(opt, flag, value)
 
 
 def effective_precision(opt, args: HarnessArgs, ncnn) -> str:
-    """What the arithmetic really is, given what this CPU/GPU supports (ncnn silently ignores the rest)."""
+    """What the arithmetic really is: the net's options after load (ncnn drops what the Vulkan device
+    lacks) against what ncnn says this CPU/GPU supports (its CPU kernels ignore fp16 without asimdhp)."""
     if args.backend == "vulkan":
         gpu = _gpu_info(ncnn)
         storage = opt.use_fp16_storage and gpu.get("fp16_storage")
@@ -134,12 +135,12 @@ def load_net(args: HarnessArgs, ncnn):
         raise HarnessExit(EXIT_BACKEND, NO_VULKAN)
     param, weights = _model_pair(args.models)
     net = ncnn.Net()
-    precision = configure(net.opt, args, ncnn)
+    configure(net.opt, args)
     if net.load_param(str(param)) != 0:
         raise HarnessExit(EXIT_MODEL, f"{param}: ncnn could not parse this .param file")
     if net.load_model(str(weights)) != 0:
         raise HarnessExit(EXIT_MODEL, f"{weights}: ncnn could not load the weights (does it match {param.name}?)")
-    return net, precision
+    return net, effective_precision(net.opt, args, ncnn)
 
 
 def _model_pair(models: list[Path]) -> tuple[Path, Path]:
@@ -243,6 +244,7 @@ def run(args: HarnessArgs) -> None:
         "precision_effective": precision,
         "options": {f: bool(getattr(net.opt, f)) for f in dir(net.opt) if f.startswith("use_")},
     })
+    header["options"]["cpu_fp16_arithmetic"] = _cpu_has_fp16(ncnn)  # ncnn's own cpu_support_arm_asimdhp()
     gpu = _gpu_info(ncnn) if args.backend == "vulkan" else {}
     if gpu.get("device"):
         header["options"]["vulkan_device"] = gpu["device"]

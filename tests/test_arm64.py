@@ -1,0 +1,90 @@
+"""The `arm64` device: MNN's and ncnn's real aarch64 builds under qemu-user, precision read from the engines."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analyzer.dumpfile import DumpFile
+from collector.arm64 import Arm64Device
+from collector.inputs import InputSet
+from collector.models import resolve_model
+from collector.plan import resolve_devices
+from collector.run import RunSpec, collect_run
+from tests.conftest import MODELS, sample_input
+
+COLLECT = [sys.executable, "-m", "collector.cli"]
+
+
+@pytest.fixture(scope="session")
+def arm64_runs(tmp_path_factory):
+    """`arm64_runs(cpu, model, precision)` → HDF5 path, each configuration run once under qemu."""
+    out = tmp_path_factory.mktemp("arm64-runs")
+    cache: dict[tuple, Path] = {}
+
+    def run(cpu: str, model: str, precision: str) -> Path:
+        key = (cpu, model, precision)
+        if key not in cache:
+            stem = Path(model).stem
+            inputs = InputSet(stem, {"data": sample_input(stem)}, f"samples/inputs/{stem}.npy")
+            outcome = collect_run(Arm64Device(cpu), RunSpec(resolve_model(MODELS / model), "cpu", precision, inputs),
+                                  out / cpu)
+            assert outcome.status == "done", outcome.message
+            cache[key] = outcome.paths[0]
+        return cache[key]
+
+    return run
+
+
+def _options(dump: DumpFile) -> dict:
+    return dump.provenance["raw_header"]["options"]
+
+
+def test_mnn_low_is_fp16_on_a_big_core_and_fp32_on_a_little_one(arm64_runs):
+    with DumpFile(arm64_runs("cortex-a76", "convnet.mnn", "low")) as big:
+        assert big.attrs["precision_effective"] == "fp16" and big.attrs["abi"] == "arm64-v8a"
+        assert _options(big)["forward_type_code"] == 13  # MNN ran its Arm82 backend
+        assert _options(big)["cpu_features"]["fp16"] == 1
+        assert big.attrs["device_serial"] == "arm64" and big.attrs["soc"] == "cortex-a76"
+        big_prob = big.tensor_by_key("prob:0")
+    with DumpFile(arm64_runs("cortex-a53", "convnet.mnn", "low")) as little:
+        assert little.attrs["precision_effective"] == "fp32"
+        assert _options(little)["forward_type_code"] == 0 and _options(little)["cpu_features"]["fp16"] == 0
+        assert little.attrs["device_serial"] == "arm64:cortex-a53"
+        little_prob = little.tensor_by_key("prob:0")
+    assert float(np.abs(big_prob - little_prob).max()) > 1e-6  # fp16 arithmetic really happened
+
+
+def test_ncnn_runs_its_aarch64_fp16_kernels(arm64_runs):
+    with DumpFile(arm64_runs("cortex-a76", "convnet.param", "low")) as low:
+        assert low.attrs["precision_effective"] == "fp16-storage+arith"
+        assert _options(low)["cpu_fp16_arithmetic"] and low.complete
+        assert low.attrs["engine"] == "ncnn" and len(low.layers) > 10
+
+
+def test_a_stuck_emulator_is_killed_at_the_deadline(tmp_path):
+    inputs = InputSet("convnet", {"data": sample_input("convnet")}, "samples/inputs/convnet.npy")
+    spec = RunSpec(resolve_model(MODELS / "convnet.mnn"), "cpu", "high", inputs, deadline_s=1.0)
+    device = Arm64Device("cortex-a76")
+    device.runtime()  # built (or found) before the clock starts
+    start = time.monotonic()
+    outcome = collect_run(device, spec, tmp_path)
+    assert outcome.status == "failed" and "deadline of 1s exceeded" in outcome.message
+    assert time.monotonic() - start < 10  # the emulator was killed, not waited for
+    assert not list(tmp_path.glob("*.h5"))
+
+
+def test_unknown_cpu_model_is_one_line_naming_the_models(tmp_path):
+    result = subprocess.run(COLLECT + ["--device", "arm64:pentium", "-o", str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "arm64:pentium: qemu-aarch64 has no such CPU model" in result.stderr and "cortex-a53" in result.stderr
+
+
+def test_all_lists_this_machine_and_the_emulated_core_first():
+    devices = resolve_devices(["all"])
+    assert [d.serial for d in devices[:2]] == ["local", "arm64"]
+    assert [d.serial for d in resolve_devices(["all"], exclude=["local"])][:1] == ["arm64"]
