@@ -68,7 +68,7 @@ class Arm64Device(LocalDevice):
     def info(self) -> DeviceInfo:
         if self._info is None:
             self._info = DeviceInfo(
-                serial=self.serial, kind="qemu", model=f"qemu-aarch64 -cpu {self.cpu}", soc=self.cpu,
+                serial=self.serial, kind="qemu", model=f"qemu {self.cpu}", soc=self.cpu,
                 board="qemu-user (emulated)", abi="arm64-v8a", abis=["arm64-v8a"],
                 extra={"qemu": qemu_version(), "runtime": str(self.runtime().root)},
             )
