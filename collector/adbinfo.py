@@ -116,6 +116,46 @@ def list_adb_devices(servers: list[str] | None = None, *, probe: bool = True) ->
     return reports
 
 
+def machine_reports(*, probe: bool = True) -> list[AdbDeviceReport]:
+    """This machine's own devices, listed before the phones: `local` and the emulated `arm64` core.
+
+    The arm64 probe runs only when its runtime is already prepared (listing never downloads).
+    """
+    import shutil
+    import tempfile
+
+    from collector.arm64 import Arm64Device
+    from collector.arm64runtime import QEMU, runtime
+    from collector.devices import LocalDevice
+
+    devices: list = [LocalDevice()] + ([Arm64Device()] if shutil.which(QEMU) else [])
+    reports = []
+    for device in devices:
+        report = AdbDeviceReport(**{**asdict(device.info()), "server": "this machine"})
+        report.free_bytes = shutil.disk_usage(tempfile.gettempdir()).free
+        if isinstance(device, Arm64Device) and not runtime().ready():
+            report.probe_note = "runtime not prepared yet (the first `collect --device arm64` prepares it)"
+        elif probe:
+            report.probe, report.probe_note = _probe_engines(device)
+        reports.append(report)
+    return reports
+
+
+def _probe_engines(device) -> tuple[dict | None, str]:
+    """Both host engines' `--probe` on a machine device, merged into one probe document."""
+    engines: dict = {}
+    for engine in ("ncnn", "mnn"):
+        invocation = device.prepare_harness(engine)
+        out: list[str] = []
+        result = device.execute(invocation.argv + ["--probe"], env=invocation.env, deadline_s=120,
+                                on_stdout_line=out.append)
+        document = next((line for line in out if line.strip().startswith("{")), "")
+        if result.exit_status != 0 or not document:
+            return None, f"{engine} --probe failed (status {result.exit_status}): {result.stderr.strip()[-200:]}"
+        engines.update(json.loads(document).get("engines", {}))
+    return {"engines": engines}, ""
+
+
 def devices_json(reports: list[AdbDeviceReport]) -> dict:
     """The `--json` document: {"devices": [...]} with every field of every report."""
     return {"devices": [{**asdict(r), "backends": r.backends()} for r in reports]}
@@ -127,19 +167,20 @@ def _gib(n: int | None) -> str:
 
 def devices_table(reports: list[AdbDeviceReport]) -> Table:
     """The rich table `collect devices` prints."""
-    table = Table(title="adb devices")
+    table = Table(title="devices")
     for column in ("serial", "state", "model", "SoC", "ABIs", "Android", "GPU", "OpenCL", "Vulkan",
-                   "free /data/local/tmp", "harness backends"):
+                   "free space for dumps", "harness backends"):
         table.add_column(column)
     for r in reports:
         if r.state != "device" or r.error:
             table.add_row(r.serial, r.state, f"[yellow]{r.error or r.advice}[/yellow]", *[""] * 8)
             continue
         backends = "; ".join(f"{e}: {','.join(b) or '-'}" for e, b in r.backends().items()) or r.probe_note
+        phone = r.kind == "adb"
         table.add_row(
             r.serial, r.state, r.model, " / ".join(x for x in (r.soc, r.board) if x), ",".join(r.abis),
-            f"{r.android_release} (SDK {r.sdk})", r.gpu or "?",
-            "yes" if r.gpu_libs.get("libOpenCL.so") else "no", "yes" if r.gpu_libs.get("libvulkan.so") else "no",
+            f"{r.android_release} (SDK {r.sdk})" if phone else "-", r.gpu or ("?" if phone else "-"),
+            *(("yes" if r.gpu_libs.get(lib) else "no") if phone else "-" for lib in GPU_LIBS),
             _gib(r.free_bytes), backends,
         )
     return table

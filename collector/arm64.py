@@ -70,7 +70,7 @@ class Arm64Device(LocalDevice):
             self._info = DeviceInfo(
                 serial=self.serial, kind="qemu", model=f"qemu {self.cpu}", soc=self.cpu,
                 board="qemu-user (emulated)", abi="arm64-v8a", abis=["arm64-v8a"],
-                extra={"qemu": qemu_version(), "runtime": str(self.runtime().root)},
+                extra={"qemu": qemu_version(), "runtime": str(runtime().root)},
             )
         return self._info
 

@@ -31,7 +31,7 @@ DEBIAN_PACKAGES = (
 )
 # MNN is pinned like the host's; PyPI's newest aarch64 ncnn wheel; numpy as the host engines need it.
 WHEELS = ("MNN==3.6.1", "ncnn==1.0.20250503", "numpy==2.2.6")
-DOWNLOAD_MB = 45  # debs ~10 MB + wheels ~35 MB, what the first run tells the user it will fetch
+DOWNLOAD_MB = 55  # apt index ~9 MB + debs ~9 MB + wheels ~35 MB: what the first run tells the user it fetches
 
 # (description, completed steps, total steps): how the build tells a display where it is.
 StepSink = Callable[[str, int, int], None]

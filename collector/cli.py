@@ -141,10 +141,17 @@ def devices_command(
     json_out: bool = typer.Option(False, "--json", help="machine-readable output on stdout"),
     probe: bool = typer.Option(True, "--probe/--no-probe", help="ask a built harness which backends work"),
 ) -> None:
-    """Every device the adb server(s) know, with what it can run."""
-    from collector.adbinfo import devices_json, devices_table, list_adb_devices
+    """This machine (`local`, `arm64`) and every device the adb server(s) know, with what it can run."""
+    from collector.adbinfo import devices_json, devices_table, list_adb_devices, machine_reports
+    from collector.devices import DeviceError
 
-    reports = list_adb_devices(adb_server or None, probe=probe)
+    reports = machine_reports(probe=probe)
+    try:
+        reports += list_adb_devices(adb_server or None, probe=probe)
+    except DeviceError as err:
+        if adb_server:
+            raise
+        print(f"collect: no phones listed: {err}", file=sys.stderr)
     if json_out:
         print(json.dumps(devices_json(reports), indent=2))
     else:

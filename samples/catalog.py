@@ -74,6 +74,8 @@ CATALOG: dict[str, SampleModel] = {m.stem: m for m in (
                 shows="scenario 5 at 32x32: pool/sum stays below 65504, no overflow"),
     SampleModel("sizenet_large", scenarios.sizenet, {"": SampleInput((1, 3, 128, 128), 15)},
                 shows="scenario 5 at 128x128: pool/sum passes 65504 -> inf, head/fc1 NaN (vulkan/low)"),
+    SampleModel("gridwarp", scenarios.gridwarp, {"": SampleInput((1, 4, 32, 512), 16)},
+                shows="seed 002 on MNN: GridSample alone fails at fp16 (arm64 cpu/low); high fixes it"),
 )}
 
 #: stem -> recipe building the network at its declared input shape

@@ -91,6 +91,25 @@ def _dense(layer: Layer, x: np.ndarray) -> np.ndarray:
     return (flat + layer.weights["bias"].astype(np.float64))[:, :, None, None]
 
 
+def _grid_sample(layer: Layer, x: np.ndarray) -> np.ndarray:
+    """Bilinear GridSample, zeros padding, align_corners=0 (ONNX GridSample-16 / ncnn / MNN rules)."""
+    grid = layer.weights["grid"].astype(np.float64)
+    n, c, h, w = x.shape
+    px = ((grid[..., 0] + 1.0) * w - 1.0) / 2.0  # (N, OH, OW) pixel coordinates
+    py = ((grid[..., 1] + 1.0) * h - 1.0) / 2.0
+    x0, y0 = np.floor(px).astype(int), np.floor(py).astype(int)
+    out = np.zeros((n, c) + px.shape[1:], dtype=np.float64)
+    for dy in (0, 1):
+        for dx in (0, 1):
+            xi, yi = x0 + dx, y0 + dy
+            weight = (1.0 - np.abs(px - xi)) * (1.0 - np.abs(py - yi))
+            inside = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
+            for b in range(n):
+                values = x[b][:, np.clip(yi[b], 0, h - 1), np.clip(xi[b], 0, w - 1)]
+                out[b] += values * (weight[b] * inside[b])[None]
+    return out
+
+
 _OPS: dict[str, Callable[..., np.ndarray]] = {
     "conv": _conv,
     "relu": lambda layer, x: np.maximum(x, 0.0),
@@ -111,4 +130,5 @@ _OPS: dict[str, Callable[..., np.ndarray]] = {
     "concat": lambda layer, *xs: np.concatenate(xs, axis=1),
     "dense": _dense,
     "softmax": _softmax,
+    "grid_sample": _grid_sample,
 }

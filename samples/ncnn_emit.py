@@ -10,7 +10,8 @@ Format (ncnn wiki "param and model file structure"):
     <type> <name> <n inputs> <n outputs> <input blobs...> <output blobs...> <k=v ...>
 ncnn needs a `Split` layer whenever one blob feeds several layers; blobs are named after layers.
 Weights in .bin, per layer in load order: conv/inner-product weight = 4-byte tag + data (tag 0 =
-fp32 raw, 0x01306B47 = fp16, padded to 4 bytes), then bias as raw fp32 without tag.
+fp32 raw, 0x01306B47 = fp16, padded to 4 bytes), then bias as raw fp32 without tag; a GridSample's
+grid is a MemoryData layer just before it (raw fp32 without tag).
 """
 
 from __future__ import annotations
@@ -71,13 +72,22 @@ def _params(layer: Layer) -> dict[int, int | float]:
         return {0: w.shape[0], 1: 1, 2: int(w.size)}
     if layer.kind == "softmax":
         return {0: 0, 1: 1}  # InnerProduct gives a 1-D blob: softmax over axis 0; 1=1 fixed semantics
+    if layer.kind == "grid_sample":  # 0=sample_type (1 bilinear) 1=padding_mode (1 zeros) 2=align_corner
+        return {0: 1, 1: 1, 2: int(a["align_corners"]), 3: 0}
     return {}
+
+
+def _grid_blob(layer: Layer) -> tuple[str, dict[int, int]]:
+    """A GridSample's constant grid as an ncnn MemoryData blob (w=2, h=out width, c=out height)."""
+    _, out_h, out_w, _ = layer.weights["grid"].shape
+    return f"{layer.name}/grid", {0: 2, 1: out_w, 2: out_h}
 
 
 def _layer_type(layer: Layer) -> str:
     types = {"input": "Input", "conv": "Convolution", "maxpool": "Pooling", "avgpool": "Pooling",
              "gap": "Pooling", "hardswish": "HardSwish", "clip": "Clip", "interp": "Interp",
-             "concat": "Concat", "dense": "InnerProduct", "softmax": "Softmax", "reduce_sum": "Reduction"}
+             "concat": "Concat", "dense": "InnerProduct", "softmax": "Softmax", "reduce_sum": "Reduction",
+             "grid_sample": "GridSample"}
     if layer.kind in _BINARY_OPS:
         return "BinaryOp"
     return types.get(layer.kind) or _UNARY_TYPES[layer.kind]
@@ -109,6 +119,11 @@ def param_text(net: Network) -> str:
     split_index = 0
     for layer in net.layers:
         bottoms = [pending[src].pop(0) if src in pending else src for src in layer.inputs]
+        if layer.kind == "grid_sample":
+            grid, shape = _grid_blob(layer)
+            lines.append(_param_line("MemoryData", grid, [], [grid], _format_params(shape)))
+            blob_count += 1
+            bottoms.append(grid)
         params = _reduction_params(layer) if layer.kind == "reduce_sum" else _format_params(_params(layer))
         lines.append(_param_line(_layer_type(layer), layer.name, bottoms, [layer.name], params))
         blob_count += 1
@@ -164,6 +179,8 @@ def weight_bytes(net: Network, storage: str = "fp32") -> bytes:
         if layer.kind in ("conv", "dense"):
             chunks.append(_tagged_weight(layer.weights["weight"], storage))
             chunks.append(np.ascontiguousarray(layer.weights["bias"], dtype="<f4").tobytes())
+        elif layer.kind == "grid_sample":  # the MemoryData before it: raw fp32, no tag
+            chunks.append(np.ascontiguousarray(layer.weights["grid"], dtype="<f4").tobytes())
     return b"".join(chunks)
 
 

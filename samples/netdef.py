@@ -25,7 +25,7 @@ INPUT_KIND = "input"
 KINDS: Mapping[str, int | None] = MappingProxyType({
     "input": 0, "conv": 1, "relu": 1, "sigmoid": 1, "tanh": 1, "hardswish": 1, "clip": 1,
     "exp": 1, "maxpool": 1, "avgpool": 1, "gap": 1, "interp": 1, "reduce_sum": 1,
-    "add": 2, "sub": 2, "mul": 2, "div": 2, "concat": None, "dense": 1, "softmax": 1,
+    "add": 2, "sub": 2, "mul": 2, "div": 2, "concat": None, "dense": 1, "softmax": 1, "grid_sample": 1,
 })
 
 #: activations a conv can carry inside itself (ncnn Convolution activation_type; MNN fuses Conv+Relu)
@@ -224,6 +224,22 @@ class NetBuilder:
         n, c, h, w = self.shape(src)
         return self._add(Layer(name, "interp", (src,), {"scale": int(scale), "mode": mode}, {},
                                (n, c, h * scale, w * scale)))
+
+    def grid_sample(self, name: str, src: str, wobble_px: float = 0.3) -> str:
+        """Bilinear GridSample (zeros padding, align_corners=0) with a constant near-identity grid:
+        every output pixel reads its own position moved by a smooth sub-pixel wobble, the warp a
+        rectification or optical-flow model applies. The grid is a weight (ONNX initializer, ncnn
+        MemoryData), normalised to [-1, 1]; in fp16 its unnormalised x keeps only 2 fraction bits
+        past 256 pixels, which is what breaks it at low precision on wide maps."""
+        n, c, h, w = self.shape(src)
+        ys = (2.0 * np.arange(h) + 1.0) / h - 1.0
+        xs = (2.0 * np.arange(w) + 1.0) / w - 1.0
+        gy, gx = np.meshgrid(ys, xs, indexing="ij")
+        gx = gx + 2.0 * wobble_px / w * np.sin(np.arange(w) / 7.0)[None, :]
+        gy = gy + 2.0 * wobble_px / h * np.cos(np.arange(h) / 5.0)[:, None]
+        grid = np.stack([gx, gy], axis=-1)[None].astype(np.float32)  # (1, H, W, 2): x then y
+        return self._add(Layer(name, "grid_sample", (src,), {"mode": "bilinear", "padding": "zeros",
+                                                             "align_corners": False}, {"grid": grid}, (n, c, h, w)))
 
     def reduce_sum(self, name: str, src: str) -> str:
         """Sum over H and W, keeping dims: (1, C, 1, 1). Sums are where dynamic range bites."""

@@ -29,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 from samples.netdef import Layer, Network, validate
 
 OPSET = 14  # HardSwish needs 14
+GRID_SAMPLE_OPSET = 16  # GridSample exists from 16; only networks using it get it (others keep their bytes)
 IR_VERSION = 8
 PRODUCER = "layerdiff-samples"
 
@@ -89,11 +90,15 @@ def _nodes(layer: Layer, ins: list[str]) -> tuple[list[onnx.NodeProto], list[Ten
                                  kernel_shape=[1, 1])], inits
     if layer.kind == "softmax":
         return [helper.make_node("Softmax", ins, [name], name=name, axis=1)], []
+    if layer.kind == "grid_sample":
+        inits = [_const(f"{name}/grid", layer.weights["grid"])]
+        return [helper.make_node("GridSample", ins + [f"{name}/grid"], [name], name=name, mode=a["mode"],
+                                 padding_mode=a["padding"], align_corners=int(a["align_corners"]))], inits
     raise ValueError(f"{layer.name}: no ONNX mapping for kind {layer.kind!r}")
 
 
 def to_onnx(net: Network) -> onnx.ModelProto:
-    """The network as a checked ONNX model (opset 14) with static shapes."""
+    """The network as a checked ONNX model (opset 14, 16 with GridSample) with static shapes."""
     validate(net)
     nodes: list[onnx.NodeProto] = []
     inits: list[TensorProto] = []
@@ -108,7 +113,8 @@ def to_onnx(net: Network) -> onnx.ModelProto:
         [helper.make_tensor_value_info(net.input_name, TensorProto.FLOAT, list(net.input_shape))],
         [helper.make_tensor_value_info(values[net.output_name], TensorProto.FLOAT, out_shape)],
         initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+    opset = GRID_SAMPLE_OPSET if any(layer.kind == "grid_sample" for layer in net.layers) else OPSET
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
                               producer_name=PRODUCER)
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model, full_check=True)

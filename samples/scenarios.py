@@ -10,6 +10,8 @@ arithmetic of an engine on this machine; see samples/README.md for what was meas
    input drives them below fp16's smallest subnormal (6e-8) so fp16 flushes them to exact zeros.
 5. `sizenet`    a spatial sum (ReduceSum) grows with the image area: finite in fp16 at 32x32, past
    65504 at 128x128, so fp16 turns it into inf and the next layer into NaN.
+6. `gridwarp`   a near-identity GridSample warp of a wide (32x512) feature map: MNN's fp16 GridSample
+   (arm64 cpu/low) places the samples on a quarter-pixel raster and fails while its inputs pass.
 """
 
 from __future__ import annotations
@@ -90,3 +92,13 @@ def sizenet(input_shape: Sequence[int] = SMALL) -> Network:
     s = b.dense("head/fc2", s, 10)
     b.softmax("prob", s)
     return b.build("prob")
+
+
+def gridwarp(input_shape: Sequence[int] = (1, 4, 32, 512)) -> Network:
+    """conv -> GridSample (constant near-identity grid, sub-pixel wobble) -> 1x1 conv. The warp is
+    the only precision-sensitive op: its input conv only warns in fp16, its output is off by ~50 %."""
+    b = NetBuilder("gridwarp", input_shape, seed=20240616)
+    x = b.conv("feat", "data", 4)
+    x = b.grid_sample("warp", x)
+    b.conv("head", x, 4, kernel=1)
+    return b.build("head")

@@ -1,6 +1,8 @@
 """The `arm64` device: MNN's and ncnn's real aarch64 builds under qemu-user, precision read from the engines."""
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -88,3 +90,27 @@ def test_all_lists_this_machine_and_the_emulated_core_first():
     devices = resolve_devices(["all"])
     assert [d.serial for d in devices[:2]] == ["local", "arm64"]
     assert [d.serial for d in resolve_devices(["all"], exclude=["local"])][:1] == ["arm64"]
+
+
+def test_collect_devices_lists_this_machine_next_to_the_phones():
+    Arm64Device().runtime()  # prepared, so the listing probes it (listing itself never downloads)
+    done = subprocess.run(COLLECT + ["devices", "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["devices"]
+    assert [(r["serial"], r["kind"]) for r in rows[:2]] == [("local", "local"), ("arm64", "qemu")]
+    arm64 = rows[1]
+    assert arm64["abi"] == "arm64-v8a" and arm64["soc"] == "cortex-a76"
+    assert arm64["backends"] == {"ncnn": ["cpu"], "mnn": ["cpu"]}  # the runtime exists: both engines probed
+
+
+def test_first_arm64_run_prepares_the_runtime_saying_so_and_the_second_does_not(tmp_path):
+    """A fresh cache: the runtime is built from apt and PyPI (real downloads), then reused."""
+    env = {**os.environ, "LAYERDIFF_CACHE": str(tmp_path / "cache")}
+    args = COLLECT + ["--device", "arm64", "--model", str(MODELS / "convnet.param"), "-o", str(tmp_path / "runs")]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
+    assert first.returncode == 0, first.stderr
+    assert "arm64: preparing the emulated ARM runtime once" in first.stderr
+    assert "arm64 runtime [3/4] installing the aarch64 wheels" in first.stderr and "[4/4] ready" in first.stderr
+    assert len(list((tmp_path / "cache" / "arm64").glob("*/READY"))) == 1
+    again = subprocess.run(args + ["--force"], capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0 and "preparing" not in again.stderr, again.stderr

@@ -188,6 +188,7 @@ def _every_kind_network() -> Network:
     x = b.concat("a/concat", [x, b.hardswish("a/hswish", c)])
     x = b.mul("a/mul", x, b.gap("a/gap", x))                       # per-channel broadcast
     x = b.add("a/add", b.interp("a/up_nearest", x, 2, "nearest"), b.interp("a/up_linear", x, 2))
+    x = b.grid_sample("a/warp", x, wobble_px=1.5)
     x = b.avgpool("a/avgpool", b.relu("a/relu", b.maxpool("a/maxpool", x)), kernel=2)  # no ReLU after Add: MNN fuses it
     x = b.reduce_sum("a/sum", x)
     b.softmax("prob", b.dense("a/fc", x, 5))

@@ -1,0 +1,127 @@
+"""The field reports on the engine they name: MNN's own ARM kernels on the `arm64` device (qemu-user).
+
+Seed 002 (GridSample at low precision) with a model made and converted outside the project: built
+with the `onnx` helper API here, converted by MNN's converter (`_tools`), collected with `collect
+--device arm64` and analyzed with `analyze --json`, as a user would. Seeds 003 (zero collapse for the
+dark input only) and 004 (fp16 overflow) use the sample models. Nothing is injected: every deviation
+is MNN's Arm82 fp16 arithmetic on an emulated cortex-a76.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from analyzer.dumpfile import DumpFile
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "samples"
+SHAPE = (1, 4, 32, 512)  # wide: past 256 pixels fp16 keeps 2 fraction bits of a sample position
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _warp_model(opset: int, mode: str) -> onnx.ModelProto:
+    """Conv -> GridSample (constant near-identity grid, sub-pixel wobble) -> 1x1 Conv, fixed weights."""
+    rng = np.random.default_rng(16)
+    n, c, h, w = SHAPE
+    ys, xs = (2 * np.arange(h) + 1) / h - 1, (2 * np.arange(w) + 1) / w - 1
+    gy, gx = np.meshgrid(ys, xs, indexing="ij")
+    grid = np.stack([gx + 0.6 / w * np.sin(np.arange(w) / 7.0), gy + 0.6 / h * np.cos(np.arange(h) / 5.0)[:, None]], -1)
+    inits = [numpy_helper.from_array(a.astype(np.float32), name) for name, a in (
+        ("feat/weight", rng.standard_normal((c, c, 3, 3)) * np.sqrt(2 / (9 * c))), ("feat/bias", rng.standard_normal(c) * 0.1),
+        ("warp/grid", grid[None]), ("head/weight", rng.standard_normal((c, c, 1, 1)) * np.sqrt(2 / c)),
+        ("head/bias", rng.standard_normal(c) * 0.1))]
+    nodes = [helper.make_node("Conv", ["data", "feat/weight", "feat/bias"], ["feat"], name="feat", pads=[1, 1, 1, 1]),
+             helper.make_node("GridSample", ["feat", "warp/grid"], ["warp"], name="warp", mode=mode,
+                              padding_mode="zeros", align_corners=0),
+             helper.make_node("Conv", ["warp", "head/weight", "head/bias"], ["head"], name="head")]
+    graph = helper.make_graph(nodes, "warp", [helper.make_tensor_value_info("data", TensorProto.FLOAT, list(SHAPE))],
+                              [helper.make_tensor_value_info("head", TensorProto.FLOAT, list(SHAPE))], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def warp_sweep(tmp_path_factory):
+    """The user's model converted by MNN's converter, collected on a big and a little emulated core."""
+    work = tmp_path_factory.mktemp("warp")
+    onnx.save(_warp_model(16, "bilinear"), work / "warp.onnx")
+    convert = ("import sys, _tools; _tools.mnnconvert(['mnnconvert', '-f', 'ONNX', '--modelFile', sys.argv[1], "
+               "'--MNNModel', sys.argv[2], '--bizCode', 'user'])")
+    subprocess.run([sys.executable, "-c", convert, str(work / "warp.onnx"), str(work / "warp.mnn")],
+                   capture_output=True, check=True, timeout=300)
+    x = np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32)
+    np.save(work / "x.npy", x)
+    done = _cli("collector.cli", "--device", "arm64,arm64:cortex-a53", "--model", str(work / "warp.mnn"),
+                "--input", str(work / "x.npy"), "--backend", "cpu", "--precision", "high,low", "-o", str(work / "runs"),
+                "--no-report")
+    assert done.returncode == 0, done.stderr
+    return work, x
+
+
+def _analyze(runs: Path, report: Path) -> dict:
+    done = _cli("analyzer.cli", str(runs), "-o", str(report), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _findings(doc: dict, kind: str) -> list[dict]:
+    return [f for f in doc["findings"] if f["kind"] == kind]
+
+
+def test_seed_002_gridsample_is_the_failure_source_on_mnn_arm64_low(warp_sweep):
+    work, x = warp_sweep
+    doc = _analyze(work / "runs" / "arm64", work / "report-a76")
+    (source,) = _findings(doc, "failure_source")
+    assert source["layer"] == "warp:0" and source["op_type"] == "GridSample"
+    assert source["numbers"]["rel_l2"] > 0.2 and source["numbers"]["worst_input_rel_l2"] < 0.01  # its inputs pass
+    with DumpFile(work / "runs" / "arm64" / "mnn_cpu_low_x.h5") as low:
+        assert low.attrs["precision_effective"] == "fp16"
+    # high fixes it: MNN's fp32 GridSample on the same core agrees with ONNX's own reference evaluator
+    expected = ReferenceEvaluator(_warp_model(20, "linear")).run(None, {"data": x})[0]
+    with DumpFile(work / "runs" / "arm64" / "mnn_cpu_high_x.h5") as high:
+        assert high.attrs["precision_effective"] == "fp32"
+        got = high.tensor_by_key("head:0")
+    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-4
+
+
+def test_seed_002_on_a_little_core_low_precision_is_fp32_and_nothing_fails(warp_sweep):
+    work, _ = warp_sweep
+    with DumpFile(work / "runs" / "arm64_cortex-a53" / "mnn_cpu_low_x.h5") as low:
+        assert low.attrs["precision_effective"] == "fp32" and low.attrs["soc"] == "cortex-a53"
+    doc = _analyze(work / "runs" / "arm64_cortex-a53", work / "report-a53")
+    assert not _findings(doc, "failure_source")
+
+
+def test_seed_003_dark_input_collapses_to_zeros_on_mnn_arm64_low_only(tmp_path):
+    inputs = [f"--input={SAMPLES / 'inputs' / name}" for name in ("underflow.npy", "underflow_dark.npy")]
+    done = _cli("collector.cli", "--device", "arm64", "--model", str(SAMPLES / "models" / "underflow.mnn"), *inputs,
+                "--backend", "cpu", "--precision", "high,low", "-o", str(tmp_path / "runs"), "--no-report")
+    assert done.returncode == 0, done.stderr
+    doc = _analyze(tmp_path / "runs", tmp_path / "report")
+    collapsed = {f["run"] for f in _findings(doc, "zero_collapse_origin")}
+    assert collapsed == {"cpu/low underflow_dark"}
+    (dependence,) = _findings(doc, "input_dependence")
+    assert "underflow_dark collapses to zero" in dependence["sentence"]
+
+
+def test_seed_004_overflow_gives_inf_at_the_amplifying_conv_on_mnn_arm64_low(tmp_path):
+    done = _cli("collector.cli", "--device", "arm64", "--model", str(SAMPLES / "models" / "overflow.mnn"),
+                "--input", str(SAMPLES / "inputs" / "overflow.npy"), "--backend", "cpu", "--precision", "high,low",
+                "-o", str(tmp_path / "runs"), "--no-report")
+    assert done.returncode == 0, done.stderr
+    doc = _analyze(tmp_path / "runs", tmp_path / "report")
+    (origin,) = _findings(doc, "inf_origin")
+    assert origin["layer"] == "block2/amplify:0" and "fp16 overflow" in origin["sentence"]
