@@ -84,7 +84,9 @@ def _findings(doc: dict, kind: str) -> list[dict]:
 def test_seed_002_gridsample_is_the_failure_source_on_mnn_arm64_low(warp_sweep):
     work, x = warp_sweep
     doc = _analyze(work / "runs" / "arm64", work / "report-a76")
-    (source,) = _findings(doc, "failure_source")
+    sources = _findings(doc, "failure_source")
+    assert len(sources) == 1, (doc["reference"], [(f["kind"], f["run"], f["layer"]) for f in doc["findings"]])
+    source = sources[0]
     assert source["layer"] == "warp:0" and source["op_type"] == "GridSample"
     assert source["numbers"]["rel_l2"] > 0.2 and source["numbers"]["worst_input_rel_l2"] < 0.01  # its inputs pass
     with DumpFile(work / "runs" / "arm64" / "mnn_cpu_low_x.h5") as low:
