@@ -220,3 +220,12 @@ def test_polygraphy_json_peak_memory_is_bounded(tmp_path):
     print(f"figure: {size_mib:.0f} MiB Polygraphy JSON imported at {rss - baseline:.0f} MiB over baseline "
           f"({(rss - baseline) / size_mib:.1f}x the file)")
     assert rss - baseline < 5 * size_mib
+
+
+def test_collect_input_npz_bomb_refused_before_inflating(tmp_path):
+    """`collect --input x.npz` reads through the same checked reader as `analyze import`."""
+    npz = _deflated_npz(tmp_path / "bomb.npz", 256 << 20)
+    proc = cli("collect", "--model", str(REPO / "samples" / "models" / "convnet.param"), "--input", str(npz), "-o", str(tmp_path / "out"),
+               env={"LAYERDIFF_MAX_TENSOR_BYTES": "64M"})
+    assert_one_line_error(proc, "bomb.npz", "per-layer limit", "LAYERDIFF_MAX_TENSOR_BYTES")
+    assert not list((tmp_path).glob("out/*.h5"))
