@@ -83,7 +83,9 @@ def _check(result, out: Path, serial: str) -> tuple[int, int]:
     ({"die_on_command": r"--out ", "die_after_s": 0.3}, "harness run"),
     ({"die_after_pull_bytes": 64}, "pull"),
 ])
-def test_phone_killed_mid_push_run_or_pull(standins, tmp_path, fault, match):
+def test_phone_killed_mid_push_run_or_pull(standins, tmp_path, fault, match, monkeypatch):
+    if match == "harness run":  # runs last ~1 s, so the kill 0.3 s in lands mid-run however fast the machine
+        monkeypatch.setenv("LAYERDIFF_FAKE_HARNESS_SLEEP", "0.3")
     phone = standins.start()
     out = tmp_path / "out"
     observer = ArmAfter(phone.serial, FAULT_AFTER, lambda: phone.set_faults(**fault))
