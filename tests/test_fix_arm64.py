@@ -44,3 +44,24 @@ def test_fix_on_an_arm64_phone_patches_the_model_the_phone_runs(standins, monkey
         prob = dump.tensor_by_key("prob:0").astype(np.float64).ravel()
     ref = reference("overflow")["prob:0"].astype(np.float64).ravel()
     assert np.isfinite(prob).all() and np.linalg.norm(prob - ref) / np.linalg.norm(ref) < 1e-2
+
+
+@pytest.mark.parametrize("model", ["overflow.param", "overflow.mnn"])
+def test_fix_on_the_arm64_device_finds_finite_outputs(tmp_path, model):
+    """`--device arm64` (the engines' aarch64 wheels under qemu, real fp16): ncnn gets a patched model,
+    MNN the what-if; either way the outputs become finite and close to the high-precision run."""
+    import json
+
+    from tests.test_collect_cli import collect
+    from tests.conftest import MODELS, SAMPLES
+
+    out = tmp_path / "fix"
+    done = collect("fix", "--device", "arm64", "--model", MODELS / model, "--backend", "cpu", "--precision", "low",
+                   "--input", SAMPLES / "inputs" / "overflow.npy", "-o", out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads((out / "fix.json").read_text())
+    assert doc["status"] == "fixed" and doc["layers"]
+    before, after = doc["errors"]["overflow"]["before"], doc["errors"]["overflow"]["after"]
+    assert not float(before) < 0.1 and float(after) < 1e-2  # before: NaN/Inf or far off; after: within tolerance
+    if model.endswith(".param"):
+        assert doc["mode"] == "feature-mask" and (out / "overflow.fixed.param").is_file()
