@@ -99,7 +99,8 @@ def test_phone_killed_mid_push_run_or_pull(standins, tmp_path, fault, match, mon
 
 
 @pytest.mark.parametrize("state", ["offline", "unauthorized"])
-def test_phone_turning_offline_or_unauthorized_mid_run_then_resume(standins, adb_server, tmp_path, state):
+def test_phone_turning_offline_or_unauthorized_mid_run_then_resume(standins, adb_server, tmp_path, state, monkeypatch):
+    monkeypatch.setenv("LAYERDIFF_FAKE_HARNESS_SLEEP", "0.3")  # runs last ~1 s: the drop 0.3 s in lands mid-run
     phone = standins.start()
     out = tmp_path / "out"
 

@@ -97,14 +97,15 @@ def test_conversion_stops_between_tensors_and_leaves_nothing(tmp_path):
 def test_ctrl_c_during_a_local_sweep(tmp_path, delay):
     """Engine runs, HDF5 writes and index updates of a local sweep, interrupted at different moments."""
     out = tmp_path / "out"
+    # 3 x 3 x 3 runs: long enough on an idle machine that even the 4 s interrupt lands mid-sweep
     args = ["--model", str(MODELS / "sizenet_large.mnn"), "-p", "low,normal,high", "-i", "random:1", "-i", "random:2",
-            "--repeat", "2", "--no-report", "-o", str(out)]
+            "-i", "random:3", "--repeat", "3", "--no-report", "-o", str(out)]
     proc = _start(args)
     _wait_for(lambda: any(r["status"] == "running" for r in _rows(out)) or proc.poll() is not None, 120, "a running row")
     time.sleep(delay)
     code, elapsed, err = interrupt(proc)
     print(f"figure: local sweep, Ctrl-C {delay}s into the first run: exit {code} after {elapsed:.2f}s")
-    if code == 0:
+    if code == 0 or (code == -signal.SIGINT and _rows(out) and all(r["status"] == "done" for r in _rows(out))):
         pytest.skip("the sweep finished before the interrupt arrived (machine too fast for this delay)")
     assert code == 130, err[-2000:]
     assert "Traceback" not in err, err[-3000:]
