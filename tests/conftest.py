@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,11 @@ from collector.run import RunSpec, collect_run
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
 MODELS = SAMPLES / "models"
+
+# A suite started as a background job (`bash .ci/run &`) inherits SIGINT ignored, and so would every
+# child it starts; the Ctrl-C tests need it delivered the way a terminal delivers it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 pytest_plugins = [p for p in ("tests.standin.fixtures",) if importlib.util.find_spec(p) is not None]
 
