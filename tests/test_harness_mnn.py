@@ -101,17 +101,20 @@ def test_cpu_high_agrees_with_pymnn(harness, tmp_path, stem):
 
 
 def test_graph_corrects_edges_that_addresses_miss(harness, tmp_path):
-    """underflow's `dec/up` (Interp) and `image` (a Convolution whose graph tensor is a layout
-    conversion `image` of `image__before_tr`) read buffers no dumped op is recorded at; the model's
-    graph names their producers, exactly as the pymnn engine resolves them."""
+    """underflow's `dec/up` (Interp) and op `image` (a Convolution writing `image__before_tr`, which a
+    layout conversion turns into the model output `image`) read buffers no dumped op is recorded at;
+    the model's graph names their producers, and both engines key each op by the tensor it writes
+    (read from the .mnn file) and dump the model output under its own name, exactly alike."""
     run = run_harness(harness, mnn_args("underflow", "cpu", "high"), tmp_path / "cxx")
     assert run.returncode == 0, run.stderr
     ours = check_well_formed(run)
     reference = pymnn_dump("underflow", "cpu", "high", tmp_path / "py")
-    assert [(t.op, t.output_index) for t in ours.tensors] == [(t.op, t.output_index) for t in reference.tensors]
+    assert [(t.op, t.op_type, t.output_index, t.name) for t in ours.tensors] == \
+        [(t.op, t.op_type, t.output_index, t.name) for t in reference.tensors]
     assert [t.inputs for t in ours.tensors] == [t.inputs for t in reference.tensors]
     inputs = {t.name: t.inputs for t in ours.tensors}
-    assert inputs["dec/up"] == ["dec/conv"] and inputs["image"] == ["dec/up"]
+    assert inputs["dec/up"] == ["dec/conv"] and inputs["image__before_tr"] == ["dec/up"]
+    assert inputs["image"] == ["image__before_tr_raster_0"] and ours.tensors[-1].op_type == "Output"
     assert inputs["gate/scale"] == ["enc/pool", "gate/conv"]  # both inputs, in the op's order
     assert not [n for t in ours.tensors for n in t.inputs if n.startswith("<")]
 

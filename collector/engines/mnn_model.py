@@ -8,6 +8,7 @@ read with the `flatbuffers` runtime: only the few fields needed, by their slot i
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def read_mnn_ops(path: Path | str) -> MnnOps:
             if name is not None:
                 writes[name] = [names[i] for i in _ints(op, OP_OUTPUT_INDEXES, number_types) if 0 <= i < len(names)]
         return MnnOps(writes, _strings(net, NET_OUTPUT_NAME))
-    except (ImportError, IndexError, ValueError, UnicodeDecodeError, OSError):
+    except (ImportError, IndexError, ValueError, UnicodeDecodeError, OSError, struct.error):
         return MnnOps({}, [])
 
 

@@ -12,7 +12,7 @@
 namespace ld {
 namespace {
 
-// A graph tensor as the dump names it: ops are dumped by name, so `conv/relu` is op `conv`.
+// A graph tensor as the dump names it: a fused activation `conv/relu` is dumped as op `conv`.
 // Empty when no prefix of it is a dumped name (no dumped name is empty).
 std::string dumped_name(const std::string& tensor, const std::set<std::string>& known) {
     std::string name = tensor;

@@ -1,5 +1,6 @@
 // MNN engine: one session in debug mode; every op's outputs are copied in the after-callback of
-// runSessionWithCallBackInfo (MNN reuses buffers, so later is too late).
+// runSessionWithCallBackInfo (MNN reuses buffers, so later is too late), keyed by the tensor the
+// op writes, read from the model file (mnn_model.h), like the host engine of the `local` device.
 //
 // Why Tensor(t, CAFFE) + copyToHostTensor: it converts NC4HW4 and device memory to plain NCHW on
 // the host (createHostTensorFromDevice would keep NC4HW4). Edges come from Tensor* identity:
@@ -24,6 +25,7 @@
 #include "json.h"
 #include "mnn_backend.h"
 #include "mnn_edges.h"
+#include "mnn_model.h"
 #if LAYERDIFF_MNN_EXPRESS
 #include "mnn_isolate.h"
 #endif
@@ -63,6 +65,8 @@ public:
         facts_.threads = session_facts.threads;
         facts_.options_json = mnn_options(resolved, config.backend).add("session_mode", "Session_Debug").str();
         edges_ = MnnGraphEdges::load(model);
+        std::pair<const void*, size_t> buffer = net_->getModelBuffer();
+        ops_ = read_mnn_ops(buffer.first, buffer.second);
     }
 
     EngineFacts facts() const override { return facts_; }
@@ -75,7 +79,7 @@ public:
         for (const auto& entry : net_->getSessionInputAll(session_)) producer[entry.second] = entry.first;
         std::set<std::string> known;  // the inputs and names dumped so far: what graph edges may map to
         for (const NpyArray& input : inputs) known.insert(input.name);
-        std::set<std::string> used_names;
+        MnnDumpKeys keys(ops_);
         std::vector<std::string> pending_inputs;
         std::string failure;
         double op_started = 0;
@@ -88,7 +92,7 @@ public:
                 by_address.push_back(found != producer.end() ? found->second
                                                              : "<" + info->name() + " input " + std::to_string(i) + ">");
             }
-            pending_inputs = edges_.op_inputs(info->name(), known, by_address);
+            pending_inputs = edges_.op_inputs(keys.graph_op(info->name()), known, by_address);
             op_started = monotonic_ms();
             return true;
         };
@@ -97,11 +101,13 @@ public:
             double elapsed = monotonic_ms() - op_started;
             try {
                 for (size_t i = 0; i < tensors.size(); ++i) {
-                    // Named like the host MNN engine: the op for output 0, `<op>:<i>` for others.
-                    std::string name = unique_name(i == 0 ? info->name() : info->name() + ":" + std::to_string(i), used_names);
-                    producer[tensors[i]] = name;
-                    if (tensors[i]->elementSize() > 0) known.insert(name);  // empty outputs are not dumped
-                    if (out.wants(info->name())) dump_output(*tensors[i], *info, static_cast<int>(i), name, pending_inputs, elapsed, out);
+                    if (tensors[i]->elementSize() <= 0) continue;  // empty outputs get no key, as on the host
+                    std::pair<std::string, std::string> key = keys.key(info->name(), i);
+                    producer[tensors[i]] = key.second;
+                    known.insert(key.second);
+                    if (out.wants(key.first)) {
+                        dump_output(*tensors[i], key.first, info->type(), static_cast<int>(i), key.second, pending_inputs, elapsed, out);
+                    }
                 }
             } catch (const HarnessError& err) {
                 failure = err.what();
@@ -115,6 +121,7 @@ public:
         double infer_ms = monotonic_ms() - started;
         if (!failure.empty()) throw HarnessError(failure_code_, failure);
         if (code != MNN::NO_ERROR) throw HarnessError(kExitRun, "MNN run failed with error code " + std::to_string(code));
+        dump_model_outputs(keys, producer, out);
         ops_seen_ = ops;
         return infer_ms;
     }
@@ -138,13 +145,6 @@ private:
         throw HarnessError(kExitBackend, "MNN built without Express: this harness found no libMNN_Express under MNN_ROOT "
                                          "(nor Express inside libMNN); --inject needs it: rebuild against an MNN with libMNN_Express");
 #endif
-    }
-
-    static std::string unique_name(const std::string& name, std::set<std::string>& used) {
-        std::string candidate = name;
-        for (int k = 1; used.count(candidate); ++k) candidate = name + "#" + std::to_string(k);
-        used.insert(candidate);
-        return candidate;
     }
 
     void feed_inputs(const std::vector<NpyArray>& inputs) {
@@ -173,14 +173,33 @@ private:
         }
     }
 
-    void dump_output(const MNN::Tensor& t, const MNN::OperatorInfo& info, int index, const std::string& name,
-                     const std::vector<std::string>& inputs, double elapsed, DumpWriter& out) {
-        if (t.elementSize() <= 0) return;
+    // The model's outputs under their own names, when no model op was keyed by them: MNN often
+    // writes an output through a runtime raster (a layout conversion), which alignment sets aside
+    // as engine-made. Read after the run, they are the values the model returns; the producer is
+    // the last op that wrote the output tensor.
+    void dump_model_outputs(MnnDumpKeys& keys, const std::map<const MNN::Tensor*, std::string>& producer, DumpWriter& out) {
+        for (const auto& entry : net_->getSessionOutputAll(session_)) {
+            if (keys.used(entry.first)) continue;
+            const MNN::Tensor* t = entry.second;
+            if (t->elementSize() <= 0) {
+                throw HarnessError(kExitRun, "MNN computed no value for model output '" + entry.first + "'; models with "
+                                             "control flow (If/Loop) need MNN's Module API, which this engine does not use");
+            }
+            keys.use(entry.first);
+            auto found = producer.find(t);
+            std::vector<std::string> inputs;
+            if (found != producer.end()) inputs.push_back(found->second);
+            if (out.wants(entry.first)) dump_output(*t, entry.first, "Output", 0, entry.first, inputs, 0.0, out);
+        }
+    }
+
+    void dump_output(const MNN::Tensor& t, const std::string& op, const std::string& op_type, int index,
+                     const std::string& name, const std::vector<std::string>& inputs, double elapsed, DumpWriter& out) {
         MNN::Tensor host(&t, MNN::Tensor::CAFFE);
         t.copyToHostTensor(&host);
         TensorInfo record;
-        record.op = info.name();
-        record.op_type = info.type();
+        record.op = op;
+        record.op_type = op_type;
         record.output_index = index;
         record.name = name;
         record.inputs = inputs;
@@ -197,6 +216,7 @@ private:
     MNN::Session* session_ = nullptr;
     EngineFacts facts_;
     MnnGraphEdges edges_;  // empty without Express: edges from addresses alone
+    MnnOps ops_;           // the tensors each model op writes: the dump's keys
     int ops_seen_ = 0;
     ExitCode failure_code_ = kExitRun;
 #if LAYERDIFF_MNN_EXPRESS
