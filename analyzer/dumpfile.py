@@ -620,8 +620,24 @@ def _read_layers(ds: h5py.Dataset, path: Path) -> "pd.DataFrame":
         raise DumpFormatError(f"{path}: /layers table lacks columns {', '.join(missing)}")
     frame = pd.DataFrame({c: table[c] for c, _ in LAYER_COLUMNS})
     for column in _STRING_COLUMNS:
-        frame[column] = [_as_str(v) for v in frame[column]]
+        frame[column] = _decoded(frame[column])
     return frame
+
+
+def _decoded(cells: Any) -> list[str]:
+    """A string column's cells as str, equal cells sharing one object: op types, dtypes, layouts and
+    shapes repeat across layers, and a str per cell was ~40 MB at 50,000 layers."""
+    seen: dict[Any, str] = {}
+    out = []
+    for cell in cells:
+        if not isinstance(cell, (bytes, str)):
+            out.append(_as_str(cell))
+            continue
+        text = seen.get(cell)
+        if text is None:
+            text = seen[cell] = _as_str(cell)
+        out.append(text)
+    return out
 
 
 def _as_str(value: Any) -> str:

@@ -9,9 +9,9 @@ only the rows in view (DataTables Scroller), the chart switches to WebGL for big
 from __future__ import annotations
 
 import base64
+import importlib.util
 import math
 from functools import lru_cache
-from importlib.resources import files
 from pathlib import Path
 
 import pandas as pd
@@ -32,13 +32,22 @@ def layer_table_html(rows: pd.DataFrame, columns: list[str]) -> str:
     formatter costs seconds at 10,000 rows); DataTables and its extensions come from the bundle that
     the installed itables ships (itables/html/dt_bundle.js, found without importing itables),
     inlined base64 and imported as a module by web/layer_table.js."""
-    bundle = Path(str(files("itables") / "html" / "dt_bundle.js"))
+    bundle = _itables_dir() / "html" / "dt_bundle.js"
     data = dumps({"columns": columns, "rows": [list(r.values()) for r in records(rows, columns)]}).replace("</", "<\\/")
     return (f"<style>{_asset(bundle.with_suffix('.css'))}</style>"
             f"<table id='{TABLE_ID}' class='display compact nowrap' style='width:100%'></table>"
             f"<script type='application/json' id='layer-data'>{data}</script>"
             f"<script type='text/plain' id='dt-bundle'>{_base64(bundle)}</script>"
             f"<script>{_asset(Path(__file__).with_name('web') / 'layer_table.js')}</script>")
+
+
+def _itables_dir() -> Path:
+    """The installed itables package's folder, located without importing it (its import pulls in
+    its DataFrame formatters, which the page does not use)."""
+    spec = importlib.util.find_spec("itables")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("itables is not installed (pip install itables)")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 @lru_cache(maxsize=4)

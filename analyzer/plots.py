@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import FixedFormatter, FuncFormatter, NullFormatter  # noqa: E402
+from matplotlib.ticker import FixedFormatter, FuncFormatter, NullLocator  # noqa: E402
 
 STATUS_COLOURS = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828"}
 FLOOR = 1e-12  # where an exactly-zero error sits on a log axis
@@ -27,6 +27,7 @@ MANY_RUNS = 10
 MAX_NAMED_LAYERS = 40
 MAX_POINTS = 1500  # per line; the heatmap's columns likewise
 FP16_MAX, FP16_MIN_NORMAL = 65504.0, 6.1e-5
+DPI = 96  # 11-inch figures are 1056 px wide: the page's width; pixels cost rasterising and PNG encoding
 
 
 def _png(fig: Figure) -> bytes:
@@ -36,14 +37,14 @@ def _png(fig: Figure) -> bytes:
         for axis in (ax.xaxis, ax.yaxis):
             if axis.get_scale() == "log":
                 axis.set_major_formatter(FuncFormatter(_log_label))
-                axis.set_minor_formatter(NullFormatter())
+                axis.set_minor_locator(NullLocator())  # unlabelled minor ticks were a third of a figure's drawing
     named = any(isinstance(axis.get_major_formatter(), FixedFormatter) for ax in fig.axes
                 for axis in (ax.xaxis, ax.yaxis))
     if not named:  # fixed margins: "tight" draws the figure twice to measure it, a third of the cost
         fig.subplots_adjust(left=0.08, right=0.97, bottom=0.11, top=0.85 if fig.get_suptitle() else 0.9,
                             hspace=0.08, wspace=0.22)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight" if named else None,
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight" if named else None,
                 pil_kwargs={"compress_level": 1})
     return buf.getvalue()
 
