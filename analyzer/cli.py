@@ -80,7 +80,7 @@ def compare_command(
         if json_out:
             print(console_json(analysis))
         else:
-            _print_summary(analysis, out)
+            print_summary(analysis, out / "index.html")
     finally:
         analysis.close()
     err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -102,8 +102,9 @@ def per_input_attrs(items: list[str]) -> dict[str, dict]:
     return {target: parse_set_options(values) for target, values in grouped.items()}
 
 
-def _print_summary(analysis, out_dir: Path) -> None:
-    """The console view: one row per compared run, then the findings as sentences."""
+def print_summary(analysis, page: Path | None = None) -> None:
+    """The console view: one row per compared run, then the findings as sentences (and the report
+    page, when it is written; a finished sweep prints this too)."""
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:
         console = Console(highlight=False, soft_wrap=True, width=160)
@@ -125,7 +126,8 @@ def _print_summary(analysis, out_dir: Path) -> None:
         console.print(f"- {finding.sentence}", markup=False)
     if len(analysis.findings) > MAX_CONSOLE_FINDINGS:
         console.print(f"... and {len(analysis.findings) - MAX_CONSOLE_FINDINGS} more findings in the report", markup=False)
-    console.print(f"Report: {out_dir / 'index.html'}", markup=False)
+    if page is not None:
+        console.print(f"Report: {page}", markup=False)
 
 
 @app.command("inspect")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -18,7 +19,6 @@ from analyzer.findings import Finding
 from analyzer.fixsection import fix_html
 from analyzer.interactive import error_chart_html, layer_table_html
 from analyzer.outdir import atomic_write_bytes, atomic_write_text, prepare_out_dir
-from analyzer.plots import error_by_layer, failure_layer, heatmap, per_input_bars, value_range
 from analyzer.results import build_results, dumps
 from analyzer.tables import (LAYER_VIEW, isolation_table, layer_matrix, layer_view, reference_rows, sweep_matrix,
                              to_html, unmatched_table, write_tables)
@@ -39,15 +39,20 @@ details{margin:6px 0} summary{cursor:pointer;font-weight:600} img{max-width:100%
 """
 
 
-def report_paths(paths, out_dir: Path | str, *, force: bool = False, **analyze_options) -> Analysis:
+def report_paths(paths, out_dir: Path | str, *, force: bool = False,
+                 on_analyzed: Callable[[Analysis], None] | None = None, **analyze_options) -> Analysis:
     """What `analyze` and a finished sweep both do: check the report directory, analyze, write it.
 
     The report directory is checked first so a bad `-o` fails before any dump is read. The
     caller owns (and closes) the returned Analysis, e.g. to print a summary or JSON.
+    `on_analyzed` sees the analysis before the files are drawn and written (a sweep prints its
+    verdict there, so the user reads it without waiting for the plots).
     """
     out = prepare_out_dir(out_dir, force=force)
     analysis = analyze_paths(paths, **analyze_options)
     try:
+        if on_analyzed is not None:
+            on_analyzed(analysis)
         write_report(analysis, out)
     except BaseException:
         analysis.close()
@@ -69,7 +74,11 @@ def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
 
 
 def _draw(analysis: Analysis) -> dict[str, bytes]:
-    """Every figure that has data; error_by_layer always exists (empty axes when nothing compared)."""
+    """Every figure that has data; error_by_layer always exists (empty axes when nothing compared).
+
+    matplotlib is imported here, not with this module: a sweep prints its verdict before drawing."""
+    from analyzer.plots import error_by_layer, heatmap, per_input_bars, value_range
+
     rows = reference_rows(analysis.comparison)
     measured = rows[rows["status"].isin(["pass", "warn", "fail"])]
     first = {f.run: f.layer for f in analysis.findings if f.kind == "first_divergence"}
@@ -130,6 +139,8 @@ def _failure_focus(analysis: Analysis) -> bytes | None:
         return None
     if ref.size != run.size:
         return None
+    from analyzer.plots import failure_layer
+
     return failure_layer(ref, run, f"{finding.kind.replace('_', ' ')}: {finding.layer} ({finding.op_type}) in {finding.run}")
 
 

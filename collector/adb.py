@@ -70,6 +70,7 @@ class AdbDevice:
         self.root = root.rstrip("/")
         self._info: DeviceInfo | None = None
         self._sha_cache: dict[tuple[str, int, int], str] = {}
+        self._present: set[tuple[str, str]] = set()  # (device path, sha256) checked or pushed by this object
         self.pushed: list[str] = []  # device paths pushed by this object (staging skips are absent)
 
     # -- errors ---------------------------------------------------------------------------------------
@@ -155,7 +156,13 @@ class AdbDevice:
         return self._sha_cache[key]
 
     def same_file(self, local: Path, remote: str, digest: str) -> bool:
-        """True when `remote` has local's size and sha256 (sha256sum runs on the phone)."""
+        """True when `remote` has local's size and sha256 (sha256sum runs on the phone).
+
+        Asked once per file and object: a sweep's later runs reuse the answer instead of hashing
+        the harness and MNN's libraries on the phone again (a stage/ or bin/ file, named by its
+        content, only goes away when someone deletes it by hand)."""
+        if (remote, digest) in self._present:
+            return True
         try:
             with self._sync() as sync:
                 st = sync.stat(remote)
@@ -164,7 +171,10 @@ class AdbDevice:
         if st is None or st[1] != local.stat().st_size & 0xFFFFFFFF:
             return False
         code, out, _err = self.shell(f"sha256sum {shlex.quote(remote)}", f"hashing {remote}")
-        return code == 0 and out.split()[:1] == [digest]
+        if code == 0 and out.split()[:1] == [digest]:
+            self._present.add((remote, digest))
+            return True
+        return False
 
     def push_file(self, local: Path, remote: str, *, mode: int = 0o644) -> None:
         """Push under a temporary name, then rename: a cut push never looks like the real file."""
@@ -200,6 +210,7 @@ class AdbDevice:
         remote = f"{self.root}/stage/{digest[:16]}/{local.name}"
         if not self.same_file(local, remote, digest):
             self.push_file(local, remote, mode=0o755 if os.access(local, os.X_OK) else 0o644)
+            self._present.add((remote, digest))
         return remote
 
     def put(self, local: Path, remote_path: str) -> None:
@@ -268,8 +279,10 @@ class AdbDevice:
                                  description=f"{binary} on {self.serial} ({abi})")
 
     def _stage_at(self, local: Path, remote: str, mode: int) -> str:
-        if not self.same_file(local, remote, self._local_sha256(local)):
+        digest = self._local_sha256(local)
+        if not self.same_file(local, remote, digest):
             self.push_file(local, remote, mode=mode)
+            self._present.add((remote, digest))
         return remote
 
     def execute(self, argv: list[str], *, env: dict[str, str], deadline_s: float,

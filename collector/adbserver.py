@@ -60,10 +60,19 @@ def no_server_error(host: str, port: int) -> DeviceError:
 class ServerClient(adbutils.AdbClient):
     """adbutils' client that refuses to start a server: a missing server is a DeviceError."""
 
+    _version: int | None = None
+
     def make_connection(self, timeout: float | None = None) -> adbutils.AdbConnection:
         if not server_reachable(self.host, self.port):
             raise no_server_error(self.host, self.port)
         return super().make_connection(timeout=timeout)
+
+    def server_version(self) -> int:
+        """Asked once per client: adbutils asks before every device connection (one more round trip
+        each), to pick the transport request; a server answering on this port keeps its version."""
+        if self._version is None:
+            self._version = super().server_version()
+        return self._version
 
 
 def connect_server(spec: str | None = None) -> ServerClient:

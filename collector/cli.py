@@ -124,11 +124,13 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
 
 
 def _sweep_report(out_dir: Path, **options) -> None:
-    """The matrix report of everything in OUTDIR; a report that cannot be made never fails the sweep."""
+    """The matrix report of everything in OUTDIR, its verdict printed before the plots are drawn;
+    a report that cannot be made never fails the sweep."""
+    from analyzer.cli import print_summary
     from analyzer.report import report_paths
 
     try:
-        report_paths([out_dir], out_dir / "report", **options).close()
+        report_paths([out_dir], out_dir / "report", on_analyzed=print_summary, **options).close()
     except LayerdiffError as err:
         print(f"collect: no report: {err}", file=sys.stderr)
         return

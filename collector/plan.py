@@ -8,6 +8,7 @@ with the reason). Nothing then fails one by one after a timeout for a backend a 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,11 +154,15 @@ def plan_runs(plan: SweepPlan, previous: dict[tuple, IndexRow] | None = None) ->
     """Every run of the sweep with its fate decided (see module docstring)."""
     previous = read_index(plan.out_dir) if previous is None else previous
     model_hash = plan.model.sha256
-    expected = estimate_dump_bytes(plan)
+    # The host run that sizes the dump and the devices' probes wait on different machines (or
+    # processes): asked at once, planning takes the longer of the two instead of their sum.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="estimate") as pool:
+        estimate = pool.submit(estimate_dump_bytes, plan)
+        capabilities = [_capabilities(plan, device) for device in plan.devices]
+        expected = estimate.result()
     runs: list[PlannedRun] = []
-    for device in plan.devices:
+    for device, (backends, harness, skip_all) in zip(plan.devices, capabilities):
         out_dir = plan.device_dir(device)
-        backends, harness, skip_all = _capabilities(plan, device)
         for spec in plan.specs():
             spec.expected_bytes = expected
             row = IndexRow(device.serial, spec.model.engine, spec.backend, spec.precision, spec.inputs.label,
