@@ -4,6 +4,10 @@ Every blob is extracted in layer order, so each `extract` runs exactly one more 
 is that layer's time. Light mode is on: ncnn frees a blob once its one consumer ran (Split layers
 give every other consumer its own copy), so the engine holds the live activations only, not the
 whole dump; each blob is copied out before its consumer runs, so in-place layers change nothing.
+On Vulkan, light mode frees only the GPU copy of a consumed blob: the host copy each `extract`
+downloads stays in the extractor for its whole life (about the size of the dump). Once written out it
+is dropped by feeding an empty Mat under the blob's name, which the consumer then never needs: it
+reads the GPU copy, or downloads it again if it runs on the CPU.
 Shapes are reported as NCHW with the batch of 1 ncnn drops, so they line up with MNN's and the
 ONNX originals'.
 """
@@ -169,9 +173,14 @@ def feed(ex, net, inputs: dict[str, np.ndarray], ncnn) -> None:
         ex.input(name, ncnn.Mat(np.ascontiguousarray(data, dtype=np.float32)))
 
 
-def dump_layer(ex, layer, blobs, sink: DumpSink, memory: str, failure_hint: str) -> float:
-    """Extract every top of one layer (its bottoms are already in the extractor); returns ms spent."""
+def dump_layer(ex, layer, blobs, sink: DumpSink, memory: str, failure_hint: str, ncnn=None) -> float:
+    """Extract every top of one layer (its bottoms are already in the extractor); returns ms spent.
+
+    With `ncnn` given (a Vulkan run), the host copy of a GPU-computed top is dropped once written
+    (see the module docstring); a CPU-fallback layer's tops live only on the host and are kept.
+    """
     bottoms = [blobs[i].name for i in layer.bottoms]
+    drop_host_copy = ncnn is not None and layer.support_vulkan and layer.type != "Input"
     spent = 0.0
     for index, top in enumerate(layer.tops):
         start = now_ms()
@@ -184,6 +193,8 @@ def dump_layer(ex, layer, blobs, sink: DumpSink, memory: str, failure_hint: str)
         sink.add(op=layer.name, op_type=layer.type, array=array.reshape(nchw_shape(array)), output_index=index,
                  name=blobs[top].name, inputs=bottoms, layout="NCHW", memory=memory, time_ms=elapsed)
         del array, mat  # light mode frees the blob once its consumer ran; hold no reference to it
+        if drop_host_copy:
+            ex.input(blobs[top].name, ncnn.Mat())
     return spent
 
 
@@ -194,7 +205,8 @@ def run_once(net, args: HarnessArgs, inputs: dict[str, np.ndarray], sink: DumpSi
     feed(ex, net, inputs, ncnn)
     memory = "device" if args.backend == "vulkan" else "host"
     hint = "check the input shape against the model"
-    return sum(dump_layer(ex, layer, blobs, sink, memory, hint) for layer in net.layers())
+    gpu = ncnn if args.backend == "vulkan" else None
+    return sum(dump_layer(ex, layer, blobs, sink, memory, hint, gpu) for layer in net.layers())
 
 
 def ncnn_dims(array: np.ndarray) -> np.ndarray:
