@@ -21,6 +21,7 @@ from analyzer.compare import value_error
 from analyzer.dumpfile import DumpFile
 from analyzer.importers import import_any
 from analyzer.structure import op_class, type_agreement
+from tests.corpus import pnnx_binary
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "models"
 
@@ -39,7 +40,7 @@ def pnnx_case(tmp_path_factory):
     """The sample model converted by pnnx, run on ncnn, and its ONNX Runtime golden."""
     ort = pytest.importorskip("onnxruntime")
     onnx = pytest.importorskip("onnx")
-    pnnx = shutil.which("pnnx") or pytest.skip("pnnx (PyPI) is not installed")
+    pnnx = str(pnnx_binary())  # the converter inside the pnnx wheel (its console script imports torch)
     work = tmp_path_factory.mktemp("pnnx")
     model = onnx.load(str(SAMPLES / "convnet.onnx"))
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]

@@ -2,24 +2,34 @@
 
 Per-op outputs come from `runSessionWithCallBackInfo`, copied to an NCHW host tensor inside the
 callback (MNN reuses buffers). Graph edges are recovered from buffer addresses: an op's input is the
-most recent output written at the same address. The PyPI wheel has only the CPU backend; asking for
-OpenCL/Vulkan gives a run recorded with `backend_actual = cpu` (what MNN really did), never a CPU run
-labelled as GPU.
+most recent output written at the same address (corrected by the graph: mnn_edges.py). Sessions and
+what MNN reports about them are in mnn_session.py, isolation in mnn_isolate.py. The PyPI wheel has
+only the CPU backend; asking for OpenCL/Vulkan gives a run recorded with `backend_actual = cpu`
+(what MNN really did), never a CPU run labelled as GPU.
 """
 from __future__ import annotations
 
 import ctypes
 import platform
-import re
 import sys
 
 import numpy as np
 
+from collector.engines.mnn_edges import graph_edges, op_inputs
+from collector.engines.mnn_isolate import isolate
 from collector.engines.mnn_model import MnnOps, read_mnn_ops
-from collector.models import mnn_dtype, quiet_stdout
+from collector.engines.mnn_session import (
+    FEATURES,
+    create_session,
+    effective_precision,
+    engine_options,
+    engine_version,
+    mnn_module,
+    session_backend,
+)
+from collector.models import mnn_dtype
 from collector.engines.harness_cli import (
     EXIT_ARGS,
-    EXIT_MODEL,
     EXIT_RUN,
     DumpSink,
     HarnessArgs,
@@ -33,74 +43,19 @@ from collector.engines.harness_cli import (
     repeat_dirs,
 )
 
-BACKEND_NAMES = {"cpu": "CPU", "opencl": "OPENCL", "vulkan": "VULKAN"}
-FORWARD_TYPES = {0: "cpu", 13: "cpu", 3: "opencl", 7: "vulkan", 1: "metal", 2: "cuda", 5: "nn", 6: "opengl"}
-SESSION_INFO_BACKENDS = 2
-
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-FORWARD_CPU_EXTENSION = 13  # MNN_FORWARD_CPU_EXTENSION: the Arm82 backend, the CPU computing in fp16
-_FEATURES: dict[str, int] = {}
-
-
-def _mnn():
-    with quiet_stdout() as printed:
-        import MNN
-    if printed and printed[0]:
-        _FEATURES.update(cpu_features(printed[0]))
-    return MNN
-
-
-def cpu_features(banner: str) -> dict[str, int]:
-    """MNN's own CPU report, "The device supports: i8sdot:1, fp16:1, ..." → {"i8sdot": 1, "fp16": 1, ...}."""
-    match = re.search(r"device supports:(.*)", banner)
-    if match is None:
-        return {}
-    return {name: int(value) for name, value in re.findall(r"(\w+):\s*(\d+)", match.group(1))}
-
-
-def engine_version() -> str:
-    return str(_mnn().version())
-
-
 def probe() -> dict:
-    _mnn()
-    backends = {"cpu": {"ok": True, "fp16": bool(_FEATURES.get("fp16"))}}
+    mnn_module()
+    backends = {"cpu": {"ok": True, "fp16": bool(FEATURES.get("fp16"))}}
     for name in ("opencl", "vulkan"):
         backends[name] = {"ok": False, "reason": "the MNN wheel from PyPI has no GPU backends (MNN falls back to CPU)"}
     abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
     return {"harness": "layerdiff-local-mnn", "version": "0.1.0", "abi": abi,
             "engines": {"mnn": {"version": engine_version(), "backends": backends}}}
-
-
-def effective_precision(backend_code: int) -> str:
-    """What MNN computed in, from the backend MNN says the session runs on (not from what was asked).
-
-    On the CPU, MNN computes fp16 only in its Arm82 extension backend (forward type 13), which it
-    picks at precision low when the core reports fp16:1; forward type 0 is its fp32 CPU backend,
-    whatever precision was requested (x86, or an ARM core without fp16 such as the cortex-a53).
-    MNN reports no precision for GPU backends (the PyPI wheel has none).
-    """
-    if backend_code == FORWARD_CPU_EXTENSION:
-        return "fp16"
-    if backend_code == 0:
-        return "fp32"
-    return "unknown (MNN reports no precision for this backend)"
-
-
-def session_backend(interpreter, session) -> tuple[int, str]:
-    """(MNN forward type code, our backend name) of a created session."""
-    code = int(interpreter.getSessionInfo(session, SESSION_INFO_BACKENDS))
-    return code, FORWARD_TYPES.get(code, f"type{code}")
-
-
-def engine_options(code: int, args: HarnessArgs) -> dict:
-    """What the dump header records about how MNN ran: its backend code and its CPU feature report."""
-    return {"forward_type_code": code, "session_config": BACKEND_NAMES[args.backend],
-            "precision_config": args.precision, "cpu_features": dict(_FEATURES)}
 
 
 def _address(tensor) -> int:
@@ -118,21 +73,6 @@ def _host_copy(MNN, tensor) -> np.ndarray:
     host = MNN.Tensor(shape, halide, MNN.Tensor_DimensionType_Caffe)
     tensor.copyToHostTensor(host)
     return np.array(host.getNumpyData(), copy=True).reshape(shape)
-
-
-def create_session(MNN, args: HarnessArgs):
-    model = args.models[0]
-    try:
-        with quiet_stdout():
-            interpreter = MNN.Interpreter(str(model))
-    except Exception:  # noqa: BLE001 - pymnn raises a bare Exception for unparsable files
-        raise HarnessExit(EXIT_MODEL, f"{model}: MNN could not load this model (not a valid .mnn file?)") from None
-    config = {"backend": BACKEND_NAMES[args.backend], "precision": args.precision, "numThread": args.threads}
-    with quiet_stdout():
-        session = interpreter.createSession(config)
-    if session is None:
-        raise HarnessExit(EXIT_MODEL, f"{model}: MNN could not create a session for this model")
-    return interpreter, session
 
 
 def feed(MNN, interpreter, session, inputs: dict[str, np.ndarray]) -> dict[int, str]:
@@ -168,64 +108,6 @@ def _host_type(MNN, tensor, array: np.ndarray):
     halide = {"int32": MNN.Halide_Type_Int, "int64": MNN.Halide_Type_Int64, "uint8": MNN.Halide_Type_Uint8,
               "float64": MNN.Halide_Type_Double}.get(dtype, MNN.Halide_Type_Float)
     return halide, np.asarray(array, dtype=dtype, order="C")
-
-
-def graph_edges(model: str) -> dict[str, list[str]]:
-    """The model's own edges: graph tensor → its non-constant input tensors (MNN Express graph)."""
-    import MNN.expr as F
-
-    try:
-        graph = F.load_as_dict(model)
-    except Exception:  # noqa: BLE001 - pymnn raises bare Exceptions; edges then come from addresses only
-        return {}
-    return {name: [v.name for v in var.inputs if v.name in graph and v.op_type != "Const"]
-            for name, var in graph.items()}
-
-
-def _dumped_name(tensor: str, known) -> str | None:
-    """A graph tensor as the dump names it: ops are dumped by name, so `conv/relu` is op `conv`."""
-    name = tensor
-    while name:
-        if name in known:
-            return name
-        name = name.rpartition("/")[0]
-    return None
-
-
-def op_inputs(op: str, edges: dict[str, list[str]], known: set[str], by_address: list[str]) -> list[str]:
-    """An op's inputs from buffer addresses, corrected by the graph where addresses mislead.
-
-    Addresses see what really ran, including MNN's runtime-only raster ops, so they are kept unless
-    one names no producer or names a model op the graph says this op does not read (MNN computed
-    in place or reused the memory); then the graph's own edges are used.
-    """
-    tensor = _graph_tensor(op, edges)
-    if tensor is None:
-        return by_address
-    mapped = [name for t in edges[tensor] for name in _resolve(t, edges, known, depth=0)]
-    if not mapped or not all(mapped):
-        return by_address
-    graph_inputs = set(mapped)
-    misleading = [n for n in by_address
-                  if n.startswith("<") or (n not in graph_inputs and _graph_tensor(n, edges) is not None)]
-    return list(dict.fromkeys(mapped)) if misleading else by_address
-
-
-def _graph_tensor(op: str, edges: dict[str, list[str]]) -> str | None:
-    """The graph tensor an op writes (its name, or `<op>/<fused activation>`); None for runtime-only ops."""
-    if op in edges:
-        return op
-    return next((t for t in edges if t.startswith(op + "/")), None)
-
-
-def _resolve(tensor: str, edges: dict[str, list[str]], known: set[str], depth: int) -> list[str | None]:
-    """Dumped names behind a graph tensor, looking through tensors MNN never dumps (layout converts)."""
-    name = _dumped_name(tensor, known)
-    if name is not None:
-        return [name]
-    if depth >= 4 or not edges.get(tensor):
-        return [None]
-    return [n for t in edges[tensor] for n in _resolve(t, edges, known, depth + 1)]
 
 
 def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edges: dict[str, list[str]],
@@ -348,85 +230,8 @@ class DumpKeys:
         return dump_op, name
 
 
-def isolate(MNN, args: HarnessArgs) -> None:
-    """Each target op alone, as a sub-graph from its reference inputs to its output (MNN's path mode).
-
-    The inject dump's header names every target's input tensors (`targets`), already traced back
-    through MNN's runtime-only raster ops by the collector, since those are not graph tensors.
-    """
-    import MNN.expr as F
-    import MNN.nn as nn
-
-    injected = load_inject(args.inject)
-    graph = F.load_as_dict(str(args.models[0]))
-    config = {"backend": BACKEND_NAMES[args.backend], "precision": args.precision, "numThread": args.threads}
-    runtime = nn.create_runtime_manager((config,))
-    code, backend_actual = session_backend(*create_session(MNN, args))
-    header = base_header(args, engine_version(), {})
-    header.update({"backends_actual": [backend_actual], "precision_effective": effective_precision(code),
-                   "options": engine_options(code, args), "mode": "isolate", "targets": args.targets})
-    sink = DumpSink(args, args.out, header, total_ops=len(args.targets))
-    total = 0.0
-    for key in args.targets:
-        op, index = split_key(key)
-        output = graph_tensor(graph, op)
-        names = cut_points(graph, output, injected, key)
-        values = [injected_value(injected, n, key) for n in names]
-        try:
-            with quiet_stdout():
-                module = nn.load_module_from_file(str(args.models[0]), names, [output], runtime_manager=runtime)
-        except Exception:  # noqa: BLE001 - pymnn raises bare Exceptions for unknown tensor names
-            raise HarnessExit(EXIT_ARGS, f"--target {key!r}: MNN cannot cut the graph at {names} -> {output!r}") from None
-        feeds = [F.const(np.ascontiguousarray(v), list(v.shape), F.NCHW) for v in values]
-        start = now_ms()
-        outputs = module.forward(feeds)
-        array = np.array(F.convert(outputs[0], F.NCHW).read(), dtype=np.float32, copy=True)
-        elapsed = now_ms() - start
-        total += elapsed
-        sink.add(op=op, op_type="isolated", array=array, output_index=index, name=op, inputs=names,
-                 layout="NCHW", memory="host", time_ms=elapsed)
-    sink.close(total)
-
-
-def graph_tensor(graph: dict, op: str) -> str:
-    """The graph tensor an op writes: its own name, or `<op>/<activation>` when MNN fused one in."""
-    if op in graph:
-        return op
-    fused = [name for name in graph if name.startswith(op + "/")]
-    if len(fused) == 1:
-        return fused[0]
-    raise HarnessExit(EXIT_ARGS, f"--target {op!r}: no graph tensor of that op in the model (runtime-only ops such as rasters cannot be isolated)")
-
-
-def cut_points(graph: dict, output: str, injected: dict[str, np.ndarray], key: str, depth: int = 0) -> list[str]:
-    """Graph tensors to start the sub-graph at: the op's inputs, or for one the reference lacks (a
-    layout conversion MNN inserted), the tensors behind it, so the conversion runs inside the cut."""
-    names: list[str] = []
-    for var in graph[output].inputs:
-        if var.name not in graph or var.op_type == "Const":
-            continue
-        if _has_value(injected, var.name) or depth >= 3 or not graph[var.name].inputs:
-            names.append(var.name)
-        else:
-            names.extend(cut_points(graph, var.name, injected, key, depth + 1))
-    return list(dict.fromkeys(names))
-
-
-def _has_value(injected: dict[str, np.ndarray], tensor: str) -> bool:
-    return _dumped_name(tensor, injected) is not None
-
-
-def injected_value(injected: dict[str, np.ndarray], tensor: str, key: str) -> np.ndarray:
-    """A graph tensor's reference value: dumps name tensors by op, so `conv/relu` may be `conv`."""
-    name = _dumped_name(tensor, injected)
-    if name is not None:
-        return injected[name]
-    raise HarnessExit(EXIT_ARGS, f"--target {key!r}: the reference has no value for its input tensor {tensor!r} "
-                                 "(produced by an op MNN replaced at run time); isolate the op that feeds it instead")
-
-
 def run(args: HarnessArgs) -> None:
-    MNN = _mnn()
+    MNN = mnn_module()
     if args.inject is not None and not args.replace:
         if not args.targets:
             raise HarnessExit(EXIT_ARGS, "--inject needs at least one --target KEY")

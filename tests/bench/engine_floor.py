@@ -41,7 +41,7 @@ def plain_onnxruntime(args: HarnessArgs, inputs: dict[str, np.ndarray]) -> None:
 def plain_mnn(args: HarnessArgs, inputs: dict[str, np.ndarray]) -> None:
     from collector.engines import mnn_engine
 
-    MNN = mnn_engine._mnn()
+    MNN = mnn_engine.mnn_module()
     interpreter, session = mnn_engine.create_session(MNN, args)
     mnn_engine.feed(MNN, interpreter, session, inputs)
     interpreter.runSession(session)
