@@ -1,4 +1,5 @@
-"""The conversion cache: foreign dumps converted (and zips extracted) once, reused by later analyses.
+"""The user's layerdiff cache: foreign dumps converted (and zips extracted) once, and measured
+comparisons stored (`analyzer.resultcache`), reused by later analyses.
 
 It lives in the user's own cache directory ($XDG_CACHE_HOME, else ~/.cache, then layerdiff/conversions;
 $LAYERDIFF_CACHE_DIR overrides), never in a shared temp directory where another user could plant

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyzer.results import dumps, records
+from analyzer.results import LazyRecords, dumps
 
 TABLE_ID = "layer-table"
 CHART_ID = "error-chart"
@@ -33,7 +33,7 @@ def layer_table_html(rows: pd.DataFrame, columns: list[str]) -> str:
     the installed itables ships (itables/html/dt_bundle.js, found without importing itables),
     inlined base64 and imported as a module by web/layer_table.js."""
     bundle = _itables_dir() / "html" / "dt_bundle.js"
-    data = dumps({"columns": columns, "rows": [list(r.values()) for r in records(rows, columns)]}).replace("</", "<\\/")
+    data = dumps({"columns": columns, "rows": LazyRecords(rows, columns, as_lists=True)}).replace("</", "<\\/")
     return (f"<style>{_asset(bundle.with_suffix('.css'))}</style>"
             f"<table id='{TABLE_ID}' class='display compact nowrap' style='width:100%'></table>"
             f"<script type='application/json' id='layer-data'>{data}</script>"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterable
 
 from analyzer.diskspace import writing
 from analyzer.errors import LayerdiffError
@@ -33,11 +34,17 @@ def prepare_out_dir(path: Path | str, force: bool = False) -> Path:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to `.<name>.partial` beside the target, then rename over it."""
+    atomic_write_chunks(path, [data], len(data))
+
+
+def atomic_write_chunks(path: Path, chunks: Iterable[bytes], need: int = 0) -> None:
+    """`atomic_write_bytes` for a file produced piece by piece, so it is never whole in memory."""
     tmp = path.with_name(f".{path.name}.partial")
     try:
-        with writing(path, len(data)):
+        with writing(path, need):
             with open(tmp, "wb") as f:
-                f.write(data)
+                for chunk in chunks:
+                    f.write(chunk)
             os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk never leaves a 0-byte .partial behind

@@ -352,7 +352,7 @@ def convert_raw_dump(
     provenance = dict(merged.pop("provenance", {}) or {})
     provenance.update({"raw_header": header, "raw_footer": dump.footer, "raw_problems": dump.problems})
     merged["provenance"] = provenance
-    from analyzer.dumpfile import DumpWriter  # h5py loads only where HDF5 is written, not in engine children
+    from analyzer.dumpwriter import DumpWriter  # h5py loads only where HDF5 is written, not in engine children
 
     expected = sum(t.nbytes for t in dump.tensors) + sum(a.nbytes for _, a in inputs or [])
     with DumpWriter(out_path, merged, compression=compression, expected_bytes=expected) as writer:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pandas as pd
 
@@ -18,8 +18,8 @@ from analyzer.analysis import Analysis, analyze_paths
 from analyzer.findings import Finding
 from analyzer.fixsection import fix_html
 from analyzer.interactive import error_chart_html, layer_table_html
-from analyzer.outdir import atomic_write_bytes, atomic_write_text, prepare_out_dir
-from analyzer.results import build_results, dumps
+from analyzer.outdir import atomic_write_bytes, atomic_write_chunks, prepare_out_dir
+from analyzer.results import build_results, dump_chunks, dumps
 from analyzer.tables import (LAYER_VIEW, isolation_table, layer_matrix, layer_view, reference_rows, sweep_matrix,
                              to_html, unmatched_table, write_tables)
 from analyzer.verdict import worst
@@ -67,8 +67,8 @@ def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
     images = _draw(analysis)
     for name, data in images.items():
         atomic_write_bytes(out_dir / f"{name}.png", data)
-    atomic_write_text(out_dir / "results.json", console_json(analysis))
-    atomic_write_text(out_dir / "index.html", render_html(analysis, images))
+    atomic_write_chunks(out_dir / "results.json", dump_chunks(results_document(analysis)))
+    atomic_write_chunks(out_dir / "index.html", (part.encode("utf-8") for part in html_parts(analysis, images)))
     names = ["index.html", "summary.csv", "runs.csv", "summary.md", "results.json", *(f"{n}.png" for n in images)]
     return {name: out_dir / name for name in names}
 
@@ -146,25 +146,42 @@ def _failure_focus(analysis: Analysis) -> bytes | None:
 
 def render_html(analysis: Analysis, images: dict[str, bytes]) -> str:
     """The whole page as one string."""
+    return "".join(html_parts(analysis, images))
+
+
+def html_parts(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str]:
+    """The page in pieces, each section built only when the previous one is written (a 50,000-layer
+    page is tens of MB: joined and encoded whole it was counted two more times at the peak)."""
+    for i, piece in enumerate(_sections(analysis, images)):
+        if i:
+            yield "\n"
+        yield piece
+
+
+def _sections(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str]:
     plan = analysis.comparison.plan
     verdict = _overall(analysis.summary)
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>layerdiff report</title><style>{CSS}</style></head><body>",
-             "<h1>layerdiff report</h1>",
-             f"<div class='verdict v-{verdict if verdict in ('pass', 'warn', 'fail') else 'none'}'>Verdict: {verdict.upper()}"
-             f" &mdash; {_counts_line(analysis.summary)}</div>",
-             f"<p>Reference: <b>{_e(plan.reference.label)}</b> (<code>{_e(plan.reference.path.name)}</code>; {_e(plan.reason)})."
-             f" Runs on other inputs are compared with the reference configuration's run on the same input.</p>"]
+    yield f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>layerdiff report</title><style>{CSS}</style></head><body>"
+    yield "<h1>layerdiff report</h1>"
+    yield (f"<div class='verdict v-{verdict if verdict in ('pass', 'warn', 'fail') else 'none'}'>Verdict: {verdict.upper()}"
+           f" &mdash; {_counts_line(analysis.summary)}</div>")
+    yield (f"<p>Reference: <b>{_e(plan.reference.label)}</b> (<code>{_e(plan.reference.path.name)}</code>; {_e(plan.reason)})."
+           f" Runs on other inputs are compared with the reference configuration's run on the same input.</p>")
     if analysis.problems:
-        parts.append("<div class='problems'><b>Problems</b><ul>" +
-                     "".join(f"<li>{_e(p)}</li>" for p in analysis.problems) + "</ul></div>")
-    parts += ["<h2>Findings</h2>", _findings_html(analysis.findings)]
-    parts += ["<h2>Runs</h2>", _runs_html(analysis.summary)]
-    parts += _isolation_html(analysis)
-    parts += fix_html([run.path for run in analysis.runs])
-    parts += ["<h2>Plots</h2>", _chart_html(analysis), *(_img(name, data) for name, data in images.items())]
-    parts += ["<h2>Details</h2>", _layers_html(analysis), _unmatched_html(analysis), _provenance_html(analysis)]
-    parts += ["</body></html>"]
-    return "\n".join(parts)
+        yield ("<div class='problems'><b>Problems</b><ul>" +
+               "".join(f"<li>{_e(p)}</li>" for p in analysis.problems) + "</ul></div>")
+    yield from ["<h2>Findings</h2>", _findings_html(analysis.findings)]
+    yield from ["<h2>Runs</h2>", _runs_html(analysis.summary)]
+    yield from _isolation_html(analysis)
+    yield from fix_html([run.path for run in analysis.runs])
+    yield "<h2>Plots</h2>"
+    yield _chart_html(analysis)
+    yield from (_img(name, data) for name, data in images.items())
+    yield "<h2>Details</h2>"
+    yield _layers_html(analysis)
+    yield _unmatched_html(analysis)
+    yield _provenance_html(analysis)
+    yield "</body></html>"
 
 
 def _overall(summary: pd.DataFrame) -> str:
@@ -217,11 +234,13 @@ def _isolation_html(analysis: Analysis) -> list[str]:
 
 def _layers_html(analysis: Analysis) -> str:
     """Every layer of every run in one interactive table (analyzer.interactive), then repeats."""
-    rows = reference_rows(analysis.comparison).sort_values(["run", "position"], kind="stable")
+    table = reference_rows(analysis.comparison)
+    columns = layer_view(table)
+    rows = table[list(dict.fromkeys([*columns, "run", "position"]))].sort_values(["run", "position"], kind="stable")
     bad = int(rows["status"].isin(["fail", "warn"]).sum())
     blocks = [f"<h3>Layers ({len(rows)} rows, {bad} warn/fail)</h3>"
               "<p>Search, filter by run, op type or status in the panes, click a header to sort.</p>",
-              layer_table_html(rows, layer_view(rows))]
+              layer_table_html(rows, columns)]
     repeats = analysis.comparison.table[analysis.comparison.table["comparison"] == "repeat"]
     if len(repeats):
         blocks.append(f"<details><summary>Repeat-vs-repeat comparisons ({len(repeats)} rows)</summary>"
@@ -259,7 +278,10 @@ def _e(text) -> str:
 
 def console_json(analysis: Analysis) -> str:
     """What `--json` prints: the same document as results.json."""
-    document = build_results(analysis.comparison, analysis.runs, analysis.findings, analysis.summary,
-                             analysis.thresholds, analysis.problems, analysis.isolation.matched)
-    return dumps(document)
+    return dumps(results_document(analysis))
+
+
+def results_document(analysis: Analysis) -> dict:
+    return build_results(analysis.comparison, analysis.runs, analysis.findings, analysis.summary,
+                         analysis.thresholds, analysis.problems, analysis.isolation.matched)
 

@@ -1,37 +1,44 @@
-"""Measured comparisons kept next to the dumps, so one set of runs is measured once.
+"""Measured comparisons kept in the user's layerdiff cache, so one set of runs is measured once.
 
 A sweep ends with its own report, and users then often run `analyze` on the same runs (another
 `-o`, `--json`): without this, every layer was read and measured twice. The expensive part of an
-analysis, `analyzer.compare.compare_all` (alignment + every metric of every layer), is stored in
-`<common folder of the dumps>/.layerdiff-cache/` and reused when the same dumps are analyzed with
-the same options.
+analysis, `analyzer.compare.compare_all` (alignment + every metric of every layer), is stored as
+one `results-<key>.json` entry of the cache that also holds conversions (`analyzer.convcache`: the
+user's private XDG cache directory, bounded least-recently-used first, shown and emptied by
+`analyze cache`), and reused when the same dumps are analyzed with the same options.
 
 The key covers everything the measurement depends on: each dump's path, size, modification time
 and inode (a rewritten dump gets a new key), the pairing, the name rules, the thresholds and the
-tool version. Entries are plain JSON (never pickle: a cache folder arriving inside a colleague's
-zip must not be able to run code) and any entry that does not load is ignored and recomputed.
-Failing to write the cache (read-only media) is never an error.
+tool version. Entries are plain JSON (never pickle: a cache must not be able to run code), written
+one column at a time (a 50,000-layer table is never a second time in memory as Python lists), and
+any entry that does not load is ignored and recomputed. A cache that cannot be used (read-only,
+owned by someone else) is never an error: the analysis just is not stored.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+import math
 from pathlib import Path
+from typing import Any, Iterator
 
+import numpy as np
+import orjson
 import pandas as pd
 
-from analyzer import __version__
+from analyzer import __version__, convcache
 from analyzer.align import NameRules, PairAlignment
 from analyzer.compare import Comparison
+from analyzer.errors import LayerdiffError
 from analyzer.graph import build_graph
-from analyzer.outdir import atomic_write_text
+from analyzer.outdir import atomic_write_chunks
 from analyzer.reference import Plan
 from analyzer.verdict import Thresholds
 
-CACHE_DIR = ".layerdiff-cache"
-KEEP = 4  # newest entries kept per folder
+PREFIX = "results-"
+FORMAT = 2  # 1: a JSON file per folder of dumps (.layerdiff-cache/); 2: entries of the user's cache
 TUPLE_COLUMNS = ("base_shape", "other_shape")
+NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 def cache_key(plan: Plan, rules: NameRules, thresholds: Thresholds) -> str:
@@ -49,67 +56,107 @@ def cache_key(plan: Plan, rules: NameRules, thresholds: Thresholds) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def cache_folder(plan: Plan) -> Path | None:
-    """The dumps' common folder, unless that is a system-wide one like `/` or `/tmp` (no cache then)."""
-    paths = [str(r.path.resolve().parent) for p in plan.pairs for r in (p.base, p.other)]
-    common = Path(os.path.commonpath(paths))
-    return common / CACHE_DIR if len(common.parts) >= 3 else None
+def entry_path(key: str) -> Path | None:
+    """Where the entry for `key` lives, or None when the user's cache cannot be used."""
+    try:
+        return convcache.cache_dir() / f"{PREFIX}{key}.json"
+    except (LayerdiffError, OSError):
+        return None
 
 
 def load(plan: Plan, key: str) -> Comparison | None:
     """The stored comparison for `key` attached to this plan, or None (absent, damaged, stale)."""
-    folder = cache_folder(plan)
-    if folder is None:
+    path = entry_path(key)
+    if path is None:
         return None
-    path = folder / f"{key}.json"
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        if doc.get("key") != key or len(doc["alignments"]) != len(plan.pairs):
+        doc = orjson.loads(path.read_bytes())
+        if doc.get("key") != key or doc.get("format") != FORMAT or len(doc["alignments"]) != len(plan.pairs):
             return None
         alignments = [PairAlignment(**{part: _frame(a[part]) for part in ("matched", "only_base", "only_other")})
                       for a in doc["alignments"]]
-        table = _frame(doc["table"])
+        table = _frame(doc.pop("table"))
         runs = {id(r): r for p in plan.pairs for r in (p.base, p.other)} | {id(plan.reference): plan.reference}
         graphs = {run.label: build_graph(run.layers) for run in runs.values()}
-        os.utime(path)  # recently used entries survive the pruning
+        convcache.touch(path)  # recently used entries survive the trimming
         return Comparison(plan=plan, table=table, alignments=alignments, graphs=graphs,
                           problems=[str(p) for p in doc["problems"]])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def store(comparison: Comparison, key: str) -> None:
-    folder = cache_folder(comparison.plan)
-    if folder is None:
+    path = entry_path(key)
+    if path is None:
         return
-    doc = {"key": key, "table": _columns(comparison.table), "problems": comparison.problems,
-           "alignments": [{part: _columns(getattr(a, part)) for part in ("matched", "only_base", "only_other")}
-                          for a in comparison.alignments]}
     try:
-        folder.mkdir(exist_ok=True)
-        atomic_write_text(folder / f"{key}.json", json.dumps(doc, allow_nan=True, default=_plain))
-        entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-        for stale in entries[KEEP:]:
-            stale.unlink(missing_ok=True)
-    except OSError:
+        atomic_write_chunks(path, _document(comparison, key))
+        convcache.trim(keep=path)
+    except (OSError, LayerdiffError):
         pass
 
 
-def _columns(frame: pd.DataFrame) -> dict:
-    return {"columns": list(frame.columns), "data": {c: frame[c].tolist() for c in frame.columns}}
+def _document(comparison: Comparison, key: str) -> Iterator[bytes]:
+    head = {"key": key, "format": FORMAT, "problems": comparison.problems}
+    yield orjson.dumps(head)[:-1] + b',"alignments":['
+    for i, alignment in enumerate(comparison.alignments):
+        yield b"," if i else b""
+        yield b'{"matched":'
+        yield from _columns(alignment.matched)
+        yield b',"only_base":'
+        yield from _columns(alignment.only_base)
+        yield b',"only_other":'
+        yield from _columns(alignment.only_other)
+        yield b"}"
+    yield b'],"table":'
+    yield from _columns(comparison.table)
+    yield b"}"
+
+
+def _columns(frame: pd.DataFrame) -> Iterator[bytes]:
+    """{"columns": [...], "data": {column: [values]}, "special": [...]}, one column serialized at a
+    time; "special" names the columns holding NaN or infinities, written as {"f": "nan"|"inf"|"-inf"}
+    (JSON has no such numbers; a dict is never a table cell, so no string can be mistaken for one)."""
+    yield orjson.dumps({"columns": [str(c) for c in frame.columns]})[:-1] + b',"data":{'
+    special = []
+    for i, column in enumerate(frame.columns):
+        data, nonfinite = _column(frame[column])
+        if nonfinite:
+            special.append(str(column))
+        yield (b"," if i else b"") + orjson.dumps(str(column)) + b":" + data
+    yield b'},"special":' + orjson.dumps(special) + b"}"
+
+
+def _column(series: pd.Series) -> tuple[bytes, bool]:
+    """A column as a JSON list, and whether it needed the non-finite encoding."""
+    values = series.to_numpy()
+    if values.dtype.kind in "iub":
+        return orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY), False
+    if values.dtype.kind == "f":
+        values = values.astype(np.float64, copy=False)
+        if bool(np.isfinite(values).all()):
+            return orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY), False
+    cells = [_plain(v) for v in values.tolist()]
+    return orjson.dumps(cells), any(isinstance(v, dict) for v in cells)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"f": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+    if hasattr(value, "item"):
+        return _plain(value.item())
+    if isinstance(value, (tuple, set)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (str, int, float, bool, list, dict)) or value is None:
+        return value
+    raise TypeError(f"not JSON: {type(value).__name__}")
 
 
 def _frame(doc: dict) -> pd.DataFrame:
-    data = dict(doc["data"])
+    data = doc["data"]
+    for column in doc["special"]:
+        data[column] = [NON_FINITE[v["f"]] if isinstance(v, dict) else v for v in data[column]]
     for column in TUPLE_COLUMNS:
         if column in data:
-            data[column] = [tuple(v) for v in data[column]]
+            data[column] = [tuple(v) if isinstance(v, list) else v for v in data[column]]
     return pd.DataFrame(data, columns=doc["columns"])
-
-
-def _plain(value):
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    raise TypeError(f"not JSON: {type(value).__name__}")

@@ -8,7 +8,8 @@ strings "inf" / "-inf".
 from __future__ import annotations
 
 import math
-from typing import Any
+import secrets
+from typing import Any, Iterator
 
 import numpy as np
 import orjson
@@ -24,6 +25,7 @@ from analyzer.verdict import Thresholds
 
 SCHEMA_NAME = "layerdiff-results"
 SCHEMA_VERSION = 1
+ROWS_PER_CHUNK = 2000
 LAYER_FIELDS = ["position", "key", "run_key", "op", "op_type", "status", "reasons", "shape", "run_shape",
                 "shape_status", "match", "confidence", "is_output", "numel", "max_abs", "mean_abs", "median_abs", "p99_abs",
                 "max_rel", "mean_rel", "rel_l2", "cosine", "sqnr_db", "pass_fraction", "n_fail",
@@ -84,11 +86,34 @@ def _run_entry(run: Run, comparison: Comparison, findings: list[Finding], summar
                                      **first.numbers}
     if index is not None:
         rows = comparison.pair_rows(index)
-        entry["layers"] = records(rows, LAYER_FIELDS + [c for c in ISOLATED_LAYER_FIELDS if c in rows.columns])
+        entry["layers"] = LazyRecords(rows, LAYER_FIELDS + [c for c in ISOLATED_LAYER_FIELDS if c in rows.columns])
         alignment = comparison.alignments[index]
         entry["unmatched"] = {"only_in_reference": records(alignment.only_base),
                               "only_in_run": records(alignment.only_other)}
     return entry
+
+
+class LazyRecords:
+    """A table's rows in the document, turned into JSON-safe dicts `ROWS_PER_CHUNK` at a time only when
+    the document is written (`dump_chunks`): a dict per layer of a 50,000-layer run held ~100 MB."""
+
+    def __init__(self, frame: pd.DataFrame, columns: list[str], *, as_lists: bool = False) -> None:
+        self.frame, self.columns, self.as_lists = frame, columns, as_lists
+
+    def chunks(self) -> Iterator[list]:
+        """Rows as dicts (or, `as_lists`, as lists in `columns` order), `ROWS_PER_CHUNK` at a time."""
+        for start in range(0, len(self.frame), ROWS_PER_CHUNK):
+            part = self.frame.iloc[start:start + ROWS_PER_CHUNK]
+            if self.as_lists:
+                yield [list(row) for row in zip(*(_clean_column(part[c]) for c in self.columns))]
+            else:
+                yield records(part, self.columns)
+
+    def __iter__(self) -> Iterator:
+        return (row for chunk in self.chunks() for row in chunk)
+
+    def __len__(self) -> int:
+        return len(self.frame)
 
 
 class _Cleaned(list):
@@ -114,7 +139,7 @@ def _clean_column(series: pd.Series) -> list:
 
 def clean(value: Any) -> Any:
     """Recursively make a value JSON-safe: numpy scalars to Python, NaN to None, inf to strings."""
-    if isinstance(value, _Cleaned):
+    if isinstance(value, (_Cleaned, LazyRecords)):
         return value
     if isinstance(value, dict):
         return {str(k): clean(v) for k, v in value.items()}
@@ -132,4 +157,30 @@ def clean(value: Any) -> Any:
 
 def dumps(document: dict[str, Any]) -> str:
     """Compact JSON through orjson (a 10,000-layer document in tens of milliseconds, not seconds)."""
-    return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY).decode("utf-8")
+    return b"".join(dump_chunks(document)).decode("utf-8")
+
+
+def dump_chunks(document: dict[str, Any]) -> Iterator[bytes]:
+    """The document's compact JSON in pieces: the skeleton once, each `LazyRecords` a chunk of rows at a
+    time in its place, so a big document is never whole in memory (results.json is written from this)."""
+    lazy: list[LazyRecords] = []
+    token = secrets.token_hex(8)
+
+    def placeholder(value: Any) -> str:
+        if isinstance(value, LazyRecords):
+            lazy.append(value)
+            return f"{token}:{len(lazy) - 1}"
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+    skeleton = orjson.dumps(document, default=placeholder, option=orjson.OPT_SERIALIZE_NUMPY)
+    for i, rows in enumerate(lazy):
+        before, skeleton = skeleton.split(f'"{token}:{i}"'.encode(), 1)
+        yield before
+        yield b"["
+        first = True
+        for chunk in rows.chunks():
+            if chunk:
+                yield (b"" if first else b",") + orjson.dumps(chunk, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+                first = False
+        yield b"]"
+    yield skeleton

@@ -111,8 +111,15 @@ def isolation_table(comparison: Comparison) -> pd.DataFrame:
 
 
 def reference_rows(comparison: Comparison) -> pd.DataFrame:
-    """Rows of run-vs-reference comparisons (repeat-vs-repeat rows feed only nondeterminism)."""
-    return comparison.table[comparison.table["comparison"] == "reference"]
+    """Rows of run-vs-reference comparisons (repeat-vs-repeat rows feed only nondeterminism).
+
+    The table itself when it has no repeat rows (the usual case): a filtered copy of a 50,000-layer
+    table is tens of MB, and the report asks for these rows several times."""
+    table = comparison.table
+    if len(table) == 0 or "comparison" not in table.columns:
+        return table
+    wanted = table["comparison"] == "reference"
+    return table if bool(wanted.all()) else table[wanted]
 
 
 def layer_matrix(comparison: Comparison, value: str = "rel_l2") -> pd.DataFrame:

@@ -8,6 +8,8 @@ import sys
 
 import h5py
 import numpy as np
+import orjson
+import pandas as pd
 import pytest
 
 import analyzer.analysis as analysis_module
@@ -18,7 +20,14 @@ from tests.analyze_dumps import perturbed, reference_arrays, write_dump
 
 
 @pytest.fixture()
-def runs(tmp_path):
+def cache(tmp_path, monkeypatch):
+    """The user's layerdiff cache (analyzer.convcache), here a private folder of this test."""
+    monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture()
+def runs(tmp_path, cache):
     folder = tmp_path / "runs"
     folder.mkdir()
     ref = reference_arrays(seed=1)
@@ -32,11 +41,15 @@ def _results(analysis) -> dict:
     return {"rows": len(table), "rel": table["rel_l2"].round(12).tolist(), "findings": [f.sentence for f in analysis.findings]}
 
 
-def test_second_analysis_of_the_same_runs_reuses_the_measurement(runs, monkeypatch):
+def _entries(cache):
+    return list(cache.glob(f"{resultcache.PREFIX}*.json"))
+
+
+def test_second_analysis_of_the_same_runs_reuses_the_measurement(runs, cache, monkeypatch):
     first = analyze_paths([runs])
     expected = _results(first)
     first.close()
-    assert len(list((runs / resultcache.CACHE_DIR).glob("*.json"))) == 1
+    assert len(_entries(cache)) == 1 and not (runs / ".layerdiff-cache").exists()
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured again although nothing changed")
@@ -49,7 +62,7 @@ def test_second_analysis_of_the_same_runs_reuses_the_measurement(runs, monkeypat
         again.close()
 
 
-def test_changed_dump_or_options_are_measured_again(runs):
+def test_changed_dump_or_options_are_measured_again(runs, cache):
     before = analyze_paths([runs])
     worst_before = float(before.comparison.table["rel_l2"].max())
     before.close()
@@ -60,13 +73,14 @@ def test_changed_dump_or_options_are_measured_again(runs):
         assert worst_before < 0.01 < float(changed.comparison.table["rel_l2"].max())
     finally:
         changed.close()
-    assert len(list((runs / resultcache.CACHE_DIR).glob("*.json"))) == 2
+    assert len(_entries(cache)) == 2
 
 
-def test_damaged_cache_entries_are_ignored(runs):
+def test_damaged_cache_entries_are_ignored(runs, cache):
     analyze_paths([runs]).close()
-    for entry in (runs / resultcache.CACHE_DIR).glob("*.json"):
-        entry.write_text(json.dumps({"key": entry.stem, "table": "not a table"}))
+    for entry in _entries(cache):
+        key = entry.stem.removeprefix(resultcache.PREFIX)
+        entry.write_text(json.dumps({"key": key, "format": resultcache.FORMAT, "alignments": [], "table": "not a table"}))
     again = analyze_paths([runs])
     try:
         assert len(again.comparison.table) > 0
@@ -74,11 +88,37 @@ def test_damaged_cache_entries_are_ignored(runs):
         again.close()
 
 
+def test_stored_table_keeps_non_finite_values_strings_and_shapes():
+    frame = pd.DataFrame({"key": ["nan", "inf", "x"], "rel_l2": [np.nan, np.inf, 0.5], "max_abs": [1.0, 2.0, 3.0],
+                          "n": np.array([1, 2, 3]), "ok": [True, False, True], "note": ["a", None, "b"],
+                          "base_shape": [(1, 2), (3,), ()], "mixed": [-np.inf, "inf", 1]})
+    stored = orjson.loads(b"".join(resultcache._columns(frame)))
+    back = resultcache._frame(stored)
+    assert back["key"].tolist() == ["nan", "inf", "x"]  # strings that spell non-finite numbers stay strings
+    assert np.isnan(back["rel_l2"][0]) and back["rel_l2"][1] == np.inf and back["rel_l2"].dtype == np.float64
+    assert back["mixed"].tolist() == [-np.inf, "inf", 1] and back["base_shape"].tolist() == [(1, 2), (3,), ()]
+    assert back["n"].tolist() == [1, 2, 3] and back["ok"].tolist() == [True, False, True]
+    assert back["note"].tolist()[::2] == ["a", "b"] and pd.isna(back["note"][1])
+
+
 def test_engine_children_import_neither_pandas_nor_h5py():
     code = ("import sys, collector.engines.ncnn_engine, collector.engines.mnn_engine, collector.engines.harness_cli;"
             "print([m for m in ('pandas', 'h5py', 'matplotlib') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_engine_probe_starts_no_process():
+    """A sweep probes each engine once; that probe must not run `vulkaninfo` (only a Vulkan run
+    needs the fp16 features it reads), so a cpu-only run starts no Vulkan instance at all."""
+    code = ("import sys\n"
+            "started = []\n"
+            "sys.addaudithook(lambda event, args: started.append(str(args[0])) if event == 'subprocess.Popen' else None)\n"
+            "from collector.engines import ncnn_engine\n"
+            "report = ncnn_engine.probe()\n"
+            "print(started, report['engines']['ncnn']['backends']['cpu']['ok'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[] True", out.stdout + out.stderr
 
 
 def test_fast_reader_matches_h5py_and_falls_back(tmp_path):

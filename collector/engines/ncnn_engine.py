@@ -56,11 +56,13 @@ def engine_version() -> str:
     return getattr(_ncnn(), "__version__", "unknown")
 
 
-def _gpu_info(ncnn) -> dict:
+def _gpu_info(ncnn, fp16_features: bool = True) -> dict:
+    """The Vulkan device; its fp16 features (a `vulkaninfo` process) only when asked: the probe of a
+    sweep does not need them, only a Vulkan run deciding its effective precision does."""
     if ncnn.get_gpu_count() == 0:
         return {"ok": False, "reason": NO_VULKAN}
     info = ncnn.get_gpu_info(ncnn.get_default_gpu_index())
-    return {"ok": True, "device": info.device_name(), **vulkan_fp16_features()}
+    return {"ok": True, "device": info.device_name(), **(vulkan_fp16_features() if fp16_features else {})}
 
 
 @functools.lru_cache(maxsize=1)
@@ -89,7 +91,7 @@ def probe() -> dict:
     backends = {
         "cpu": {"ok": True, "fp16": _cpu_has_fp16(ncnn), "bf16": True},
         "opencl": {"ok": False, "reason": "ncnn has no OpenCL backend"},
-        "vulkan": _gpu_info(ncnn),
+        "vulkan": _gpu_info(ncnn, fp16_features=False),
     }
     abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
     return {

@@ -32,7 +32,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from analyzer import resultcache  # noqa: E402
 from analyzer.dumpfile import DumpWriter  # noqa: E402
 from tests.bench.measure import MiB, alternate, child_env, python, run_child, verdict  # noqa: E402
 
@@ -95,13 +94,14 @@ def bench_case(name: str, rounds: int, folder: Path) -> dict:
     print(f"[{name}] dumps written in {time.perf_counter() - t0:.1f} s "
           f"({(ref.stat().st_size + run.stat().st_size) / MiB:.0f} MiB)", flush=True)
     env = child_env()
+    env["LAYERDIFF_CACHE_DIR"] = str(folder / "cache")  # the stored results (analyzer.resultcache) live here
     floor_script = folder / "floor.py"
     floor_script.write_text(FLOOR)
     counter = iter(range(10**6))
 
     def analyze(keep_cache: bool = False):
         if not keep_cache:  # every measured round analyzes from scratch (analyzer.resultcache)
-            shutil.rmtree(folder / resultcache.CACHE_DIR, ignore_errors=True)
+            shutil.rmtree(folder / "cache", ignore_errors=True)
         out = folder / f"report{next(counter)}"
         usage = run_child(python("-m", "analyzer.cli", str(ref), str(run), "-o", str(out)), env=env)
         shutil.rmtree(out, ignore_errors=True)
