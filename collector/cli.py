@@ -17,7 +17,7 @@ from collector.models import ENGINES, apply_shapes, input_shapes, parse_shapes, 
 from collector.isolate import failing_layers, isolate
 from collector.preprocess import parse_preprocess
 from collector.prepare import build_phone_harnesses, prepare_devices
-from collector.plan import SweepPlan, resolve_devices, split_list
+from collector.plan import SweepPlan, parse_configs, resolve_devices, split_list
 from collector.arm64 import prepare_runtime
 from collector.progress import SweepProgress, step_progress
 from collector.run import check_run_options
@@ -46,6 +46,15 @@ def _ctrl_c_is_one_line(command: Callable) -> Callable:
     return wrapper
 
 
+def _config_pairs(values: list[str] | None) -> list[str] | None:
+    """`--config` checked like --backend/--precision: a usage error (exit 2) names the bad pair."""
+    try:
+        parse_configs(split_list(values), BACKENDS, PRECISIONS)
+    except LayerdiffError as err:
+        raise typer.BadParameter(str(err).removeprefix("--config ")) from None
+    return values
+
+
 @app.callback(invoke_without_command=True)
 @_ctrl_c_is_one_line
 def collect(
@@ -58,6 +67,8 @@ def collect(
                                       callback=choices(BACKENDS, "backend")),
     precision: List[str] = typer.Option(None, "--precision", "-p", help="low, normal, high (comma list or repeated)",
                                         callback=choices(PRECISIONS, "precision")),
+    config: List[str] = typer.Option(None, "--config", help="backend/precision pairs to run instead of every --backend "
+                                     "× --precision, e.g. cpu/high,vulkan/low", callback=_config_pairs),
     input: List[str] = typer.Option(None, "--input", "-i", help=".npy, .npz, image, dir, glob, name=FILE or random[:SEED]; repeatable"),
     shape: List[str] = typer.Option(None, "--shape", help="NAME=1x3x640x640: an input's shape where the model declares none (repeatable)"),
     preprocess: Optional[str] = typer.Option(None, "--preprocess", help="image recipe: resize=224x224,crop=center,... or a .json/.toml file"),
@@ -77,12 +88,16 @@ def collect(
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
+    configs = parse_configs(split_list(config), BACKENDS, PRECISIONS)
+    if configs and (backend or precision):
+        raise typer.BadParameter("it names each run's backend and precision; drop --backend/--precision",
+                                 param_hint="--config")
     plan, input_errors = build_plan(
         devices=split_list(device) or ["local"], model=model, engine=engine, preprocess=preprocess,
         backends=split_list(backend) or ["cpu"], precisions=split_list(precision) or ["high"],
         inputs=input or [], shapes=shape or [], out=out, threads=threads, repeat=repeat, deadline=deadline, layers=layers,
         max_bytes=max_bytes, exclude=split_list(exclude), adb_servers=adb_server or [], keep=keep, force=force,
-        retry_failed=retry_failed,
+        retry_failed=retry_failed, configs=configs,
     )
     for error in input_errors:
         print(f"collect: {error}", file=sys.stderr)
@@ -105,7 +120,7 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
                inputs: list[str], out: Path, threads: int, repeat: int, deadline: float, layers: str | None,
                max_bytes: int | None, exclude: list[str], adb_servers: list[str], keep: bool, force: bool,
                retry_failed: bool = False, preprocess: str | None = None,
-               shapes: list[str] | None = None) -> tuple[SweepPlan, list[str]]:
+               shapes: list[str] | None = None, configs: list[tuple[str, str]] | None = None) -> tuple[SweepPlan, list[str]]:
     """Everything `collect` needs, checked before any device is touched; plus unusable-input lines."""
     check_run_options(threads, repeat, deadline, layers, max_bytes)
     if out.exists() and not out.is_dir():
@@ -116,10 +131,14 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
     if not input_sets:
         raise LayerdiffError(input_errors[0] if len(input_errors) == 1 else
                              f"none of the {len(input_errors)} inputs is usable; first: {input_errors[0]}")
+    if configs:
+        backends = list(dict.fromkeys(b for b, _ in configs))
+        precisions = list(dict.fromkeys(p for _, p in configs))
     return SweepPlan(
         devices=resolve_devices(devices, adb_servers, exclude), model=model_files, backends=backends,
         precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
         deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force, retry_failed=retry_failed,
+        configs=list(configs or []),
     ), input_errors
 
 

@@ -36,12 +36,12 @@ class SweepPlan(RunOptions):
     force: bool = False
     retry_failed: bool = False
     probe: bool = True
+    configs: list[tuple[str, str]] = field(default_factory=list)  # (backend, precision) pairs; empty: the cross product
 
     def specs(self) -> list[RunSpec]:
-        return [
-            RunSpec(self.model, backend, precision, inputs, **self.run_options())
-            for backend in self.backends for precision in self.precisions for inputs in self.inputs
-        ]
+        pairs = self.configs or [(backend, precision) for backend in self.backends for precision in self.precisions]
+        return [RunSpec(self.model, backend, precision, inputs, **self.run_options())
+                for backend, precision in pairs for inputs in self.inputs]
 
     def device_dir(self, device: Device) -> Path:
         """One device writes straight into the output directory; several get a folder each."""
@@ -63,6 +63,20 @@ class PlannedRun:
 def split_list(values: list[str] | None) -> list[str]:
     """`--backend cpu,vulkan --backend opencl` → ["cpu", "vulkan", "opencl"], order kept, no repeats."""
     return comma_items(values)
+
+
+def parse_configs(items: list[str], backends: tuple[str, ...], precisions: tuple[str, ...]) -> list[tuple[str, str]]:
+    """`cpu/high,vulkan/low` → [("cpu", "high"), ("vulkan", "low")]: exactly the runs a question needs
+    (vulkan/low against its cpu/high reference) instead of every backend × precision."""
+    pairs: list[tuple[str, str]] = []
+    for item in items:
+        backend, _, precision = item.partition("/")
+        if backend not in backends or precision not in precisions:
+            raise LayerdiffError(f"--config {item!r}: write BACKEND/PRECISION, e.g. cpu/high, with a backend of "
+                                 f"{', '.join(backends)} and a precision of {', '.join(precisions)}")
+        if (backend, precision) not in pairs:
+            pairs.append((backend, precision))
+    return pairs
 
 
 def resolve_devices(names: list[str], adb_servers: list[str] | None = None, exclude: list[str] | None = None) -> list[Device]:

@@ -34,6 +34,18 @@ def test_cross_product_writes_one_hdf5_per_run_and_an_index(tmp_path):
         np.testing.assert_array_equal(stored, np.load(SAMPLES / "inputs" / "convnet.npy"))
 
 
+def test_config_pairs_run_exactly_those_and_the_verdict_is_printed(tmp_path):
+    """`--config cpu/high,vulkan/low`: the two runs a "does vulkan/low compute like the CPU?" question
+    needs, not the four of the cross product; the sweep's report prints the verdict on stdout."""
+    out = tmp_path / "runs"
+    result = collect("--device", "local", "--model", MODELS / "convnet.param", "--config", "cpu/high,vulkan/low",
+                     "--input", SAMPLES / "inputs" / "convnet.npy", "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.glob("*.h5")) == ["ncnn_cpu_high_convnet.h5", "ncnn_vulkan_low_convnet.h5"]
+    assert "Reference: cpu/high" in result.stdout and "vulkan/low" in result.stdout
+    assert "First divergence in vulkan/low" in result.stdout and (out / "report" / "index.html").is_file()
+
+
 def test_random_input_takes_the_model_shape_and_is_reproducible(tmp_path):
     for sub in ("a", "b"):
         assert collect("--model", MODELS / "convnet.mnn", "--input", "random:7", "-o", tmp_path / sub).returncode == 0
@@ -97,6 +109,8 @@ USAGE_ERRORS = {  # args (OUT stands for the output dir), expected text
     "unknown backend": (["--backend", "cpu,gpu", "-o", "OUT"], "unknown backend 'gpu'"),
     "unknown precision": (["--precision", "fp8", "-o", "OUT"], "unknown precision 'fp8'"),
     "unknown engine": (["--engine", "tflite", "-o", "OUT"], "unknown engine 'tflite'"),
+    "bad config pair": (["--config", "cpu/high,vulkan", "-o", "OUT"], "'vulkan': write BACKEND/PRECISION"),
+    "config with backend": (["--config", "cpu/high", "--backend", "cpu", "-o", "OUT"], "drop --backend/--precision"),
     "isolate: bad choice": (["isolate", "-m", "m.param", "-b", "npu", "-p", "low", "--ref", "r.h5", "-o", "OUT"],
                             "unknown backend 'npu'"),
     "isolate: missing option": (["isolate", "-b", "cpu", "-p", "low", "-o", "OUT"], "Missing option"),

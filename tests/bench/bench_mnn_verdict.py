@@ -8,8 +8,9 @@ the measured process, so CPU time would not compare); the commands alternate (ba
 layerdiff, backendTest, ...) after one warm-up of each, so both see the same load, and every
 figure is the median over rounds; ratio = median of the per-round layerdiff / backendTest ratios.
 
-- layerdiff, one command: `collect --backend cpu,vulkan --precision high,low` (four runs and the
-  report, which prints its verdict table and findings before drawing the plots). Two times:
+- layerdiff, one command: `collect --config cpu/high,vulkan/low` (the two runs, then the report,
+  which prints its verdict table and findings before drawing the plots); also the cross product
+  `--backend cpu,vulkan --precision high,low` (four runs). Two times each:
   *verdict* = until the last line of that verdict is printed, *command* = until the process exits
   (report page and plots written). The device is an x86_64 adb stand-in (tests/standin) running
   the C++ MNN harness built against $MNN_ROOT on this host, so the phone path (push, run, pull,
@@ -71,23 +72,29 @@ def timed(cmd: list[str], env: dict, cwd: Path = REPO) -> Timing:
     return Timing(elapsed, last_line - start)
 
 
-def collect_argv(serial: str, out: Path, backends: str, precisions: str, *extra: str) -> list[str]:
+def collect_argv(serial: str, out: Path, *selection: str) -> list[str]:
     return [sys.executable, "-m", "collector.cli", "--device", serial, "--model", str(MODEL),
-            "--input", f"data={INPUT}", "--backend", backends, "--precision", precisions, "-o", str(out), *extra]
+            "--input", f"data={INPUT}", *selection, "-o", str(out)]
 
 
 def one_command(serial: str, out: Path, env: dict) -> Timing:
-    """The sweep that ends in its own report and verdict."""
+    """`--config cpu/high,vulkan/low`: the two runs the question needs, ending in the report and verdict."""
     shutil.rmtree(out, ignore_errors=True)
-    return timed(collect_argv(serial, out, "cpu,vulkan", "high,low"), env)
+    return timed(collect_argv(serial, out, "--config", "cpu/high,vulkan/low"), env)
+
+
+def cross_product(serial: str, out: Path, env: dict) -> Timing:
+    """`--backend cpu,vulkan --precision high,low`: four runs (cpu/low and vulkan/high too)."""
+    shutil.rmtree(out, ignore_errors=True)
+    return timed(collect_argv(serial, out, "--backend", "cpu,vulkan", "--precision", "high,low"), env)
 
 
 def three_commands(serial: str, out: Path, env: dict) -> Timing:
     """collect cpu/high, collect vulkan/low, analyze: verdict and end are the analyze's."""
     shutil.rmtree(out, ignore_errors=True)
     runs = out / "runs"
-    first = timed(collect_argv(serial, runs, "cpu", "high", "--no-report"), env).command
-    second = timed(collect_argv(serial, runs, "vulkan", "low", "--no-report"), env).command
+    first = timed(collect_argv(serial, runs, "--config", "cpu/high", "--no-report"), env).command
+    second = timed(collect_argv(serial, runs, "--config", "vulkan/low", "--no-report"), env).command
     analyze = timed([sys.executable, "-m", "analyzer.cli", "compare", str(runs), "-o", str(out / "report")], env)
     return Timing(first + second + analyze.command, first + second + analyze.verdict)
 
@@ -141,7 +148,7 @@ def main() -> None:
         raise SystemExit(f"no backendTest.out under {mnn_root}/bin (build MNN with -DMNN_BUILD_TOOLS=ON, "
                          "or pass --backend-test PATH)")
     binary = ensure_built(HarnessSpec("host", with_ncnn=False, mnn_root=str(mnn_root)))
-    sides = {"one command   ": one_command}
+    sides = {"one command   ": one_command, "cross product ": cross_product}
     if args.three_commands:
         sides["three commands"] = three_commands
     timings: dict[str, list[Timing]] = {name: [] for name in sides}
