@@ -20,7 +20,7 @@ import csv
 import json
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -161,8 +161,12 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
         confidence.update({i: c for i, (_j, c) in found.items()})
     matched = _matched_frame(base, other, pairs, confidence)
     used_other = {j for j, _ in pairs.values()}
-    only_base = _unmatched_frame(base, [i for i in range(len(base)) if i not in pairs])
-    only_other = _unmatched_frame(other, [j for j in range(len(other)) if j not in used_other])
+    by_structure = any(how == "structure" for _j, how in pairs.values())
+    rows = {i: j for i, (j, _how) in pairs.items()}
+    only_base = _unmatched_frame(base, [i for i in range(len(base)) if i not in pairs],
+                                 _Unmatched(base, other, rows, by_structure))
+    only_other = _unmatched_frame(other, [j for j in range(len(other)) if j not in used_other],
+                                  _Unmatched(other, base, {j: i for i, j in rows.items()}, by_structure))
     return PairAlignment(matched=matched, only_base=only_base, only_other=only_other)
 
 
@@ -221,13 +225,65 @@ def _matched_frame(base: pd.DataFrame, other: pd.DataFrame, pairs: dict[int, tup
     }, columns=MATCH_COLUMNS)
 
 
-def _unmatched_frame(layers: pd.DataFrame, index: list[int]) -> pd.DataFrame:
+def _unmatched_frame(layers: pd.DataFrame, index: list[int], why: "_Unmatched") -> pd.DataFrame:
     part = layers.iloc[index]
     return pd.DataFrame({
         "key": list(part["key"]), "op": list(part["op"]), "op_type": list(part["op_type"]),
         "order": [int(v) for v in part["order"]],
-        "why": [expected_extra_reason(str(op)) for op in part["op"]],
+        "why": [why.reason(i) for i in index],
     })
+
+
+@dataclass
+class _Unmatched:
+    """Why a layer of `layers` has no partner in `partner` (`rows`: this side's row -> partner row)."""
+
+    layers: pd.DataFrame
+    partner: pd.DataFrame
+    rows: dict[int, int]
+    by_structure: bool
+
+    def reason(self, row: int) -> str:
+        op, op_type = str(self.layers["op"].iloc[row]), str(self.layers["op_type"].iloc[row])
+        shape = _shape(self.layers["shape"].iloc[row])
+        if expected_extra_reason(op):
+            return expected_extra_reason(op)
+        if op_type.lower() in ("input", "data"):
+            return "model input: fed to the model, not computed by a layer (the other run has no layer for it)"
+        if not self.by_structure:
+            return "no layer of this name in the other run (after the built-in and --rename/--name-map rules)"
+        if not shape:
+            return "its shape is unknown, so structure cannot pair it"
+        if _squeezed(shape) not in self._partner_shapes:
+            return f"no layer of the other run has shape {list(shape)}"
+        return self._between(row, shape)
+
+    @cached_property
+    def _partner_shapes(self) -> set[tuple[int, ...]]:
+        return {_squeezed(_shape(cell)) for cell in self.partner["shape"]}
+
+    def _between(self, row: int, shape: tuple[int, ...]) -> str:
+        """Name the matched layers around it and what the other run has in between."""
+        before = max((r for r in self.rows if r < row), default=None)
+        after = min((r for r in self.rows if r > row), default=None)
+        low = self.rows[before] if before is not None else -1
+        high = self.rows[after] if after is not None else len(self.partner)
+        used = set(self.rows.values())
+        same = [r for r in range(min(low, high) + 1, max(low, high)) if r not in used
+                and _squeezed(_shape(self.partner["shape"].iloc[r])) == _squeezed(shape)]
+        keys = self.layers["key"]
+        span = (f"between the matched layers {keys.iloc[before]} and {keys.iloc[after]}" if before is not None
+                and after is not None else f"after the matched layer {keys.iloc[before]}" if before is not None
+                else f"before the matched layer {keys.iloc[after]}" if after is not None else "anywhere")
+        if not same:
+            return (f"the other run writes no tensor of shape {list(shape)} {span}: computed inside an op it "
+                    "fuses or folds there")
+        return (f"{len(same)} layer(s) of the other run with shape {list(shape)} {span}, none confirmed by "
+                "values or by the graph edges")
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 @lru_cache(maxsize=4096)

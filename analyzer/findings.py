@@ -17,6 +17,7 @@ from analyzer.finding import Finding, named
 from analyzer.graph import LayerGraph, build_graph
 from analyzer.sources import Run
 from analyzer.trends import error_curve, input_dependence
+from analyzer.unmatched import unmatched_outputs
 from analyzer.verdict import Thresholds, collapsed
 
 __all__ = ["Finding", "KIND_ORDER", "all_findings"]
@@ -42,7 +43,8 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds) -> list
         rows = comparison.pair_rows(index)
         graph = comparison.graphs[pair.base.label]
         if pair.kind == "reference":
-            found += unmatched_outputs(pair, comparison.alignments[index], graph)
+            found += unmatched_outputs(pair, comparison.alignments[index], graph,
+                                       comparison.graphs.get(pair.other.label))
             found += saturation(rows, pair.base)
             sources = failure_sources(rows, graph)
             found += sources
@@ -158,27 +160,6 @@ def saturation(rows: pd.DataFrame, base: Run) -> list[Finding]:
                     f"{len(hit) - 1} later layer(s) saturate too.",
                     numbers={"n_saturated": int(first["n_saturated"]), "reference_peak": ref_peak,
                              "layers_saturated": int(len(hit)), "position": int(first["position"])})]
-
-
-def unmatched_outputs(pair, alignment, graph: LayerGraph) -> list[Finding]:
-    """A model output of the reference that no layer of the run was paired with: never silently passed.
-
-    The run's verdict weighs its outputs; an output it cannot show (another shape, another tensor:
-    a conversion defect or a layer the engine never wrote) must be said, as a failure to check."""
-    outputs = set(graph.outputs()) if graph.has_edges else set()
-    left = alignment.only_base
-    missing = left[left["key"].isin(outputs)] if len(left) else left
-    consumed_ops = {str(k).rpartition(":")[0] for k, users in graph.consumers.items() if users}
-    out = []
-    for r in missing.itertuples():
-        side = str(r.op) in consumed_ops  # another output of the same op feeds the network: a state/side output
-        what = "Side output" if side else "Model output"
-        out.append(Finding("output_unmatched", pair.other.label, str(r.key), str(r.op_type),
-                           f"{what} {r.key} ({r.op_type}) of the reference {pair.base.label} has no counterpart "
-                           f"in {pair.other.label} (no layer of the same shape whose values or names match): it "
-                           "is not compared, so the run cannot be said to reproduce it.",
-                           severity="warn" if side else "fail", numbers={"reference": pair.base.label}))
-    return out
 
 
 def first_divergence(rows: pd.DataFrame) -> list[Finding]:

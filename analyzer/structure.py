@@ -13,64 +13,38 @@ are instead:
 2. *graph propagation* for the layers the monotone pass missed because engines order parallel
    branches differently: a leftover layer matches the one leftover candidate of the same shape
    whose nearest matched producers are the counterparts of its own.
-3. when the tensors can be read, *values settle ambiguity*: among the same-shape candidates between
-   a match's neighbours (a fused or decomposed op leaves a chain of same-shape tensors on one side:
-   Conv, BN, ReLU; Erf, Mul, Add for GELU), the one whose values agree wins. Values only choose
-   among structurally possible partners, so an inaccurate op still meets its structural partner and
-   fails there; a guess that no value confirms is dropped (listed unmatched) unless it is the only
-   same-shape candidate on both sides and its error is one of precision, not of a different tensor.
+3. *settling* each match among the same-shape candidates between its neighbours (a fused or
+   decomposed op leaves a chain of same-shape tensors on one side: Conv, BN, ReLU; Add, Clip, Mul,
+   Div for HardSwish): the one whose values agree wins when the tensors can be read, then the one
+   every graph edge agrees with (`analyzer.edges`), then op kind and arithmetic, then the later
+   tensor. Values only choose: a match every edge agrees with is kept whatever its values, so a
+   broken kernel (whose output and every tensor after it agree with nothing) still meets its
+   structural partner and fails there. A guess neither values nor edges confirm is dropped (listed
+   unmatched) unless it is the only same-shape candidate on both sides and its error is one of
+   precision, not of a different tensor.
 Every match carries a confidence in (0, 1]: shape agreement x op-type agreement, divided by the
 number of equally plausible candidates between the neighbouring matches; a value-confirmed match
-is not ambiguous.
+is not ambiguous; one only edges confirm counts 0.9 of that, shared among the candidates every
+edge agrees with.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from typing import Callable
 
+from analyzer.edges import EdgeCheck
+from analyzer.opkinds import arithmetic, op_class, type_agreement, weighted  # noqa: F401 (op_class, type_agreement: API)
 from analyzer.graph import build_graph
 
-# Op types (lower case, from ONNX, ncnn, MNN, pnnx and exporter names) -> one class per kind of op.
-_CLASS_WORDS: dict[str, tuple[str, ...]] = {
-    "conv": ("conv", "convolution", "convolutiondepthwise", "deconvolution", "deconvolutiondepthwise",
-             "convtranspose", "innerproduct", "gemm", "matmul", "linear", "fc", "conv2d", "depthwise_conv2d",
-             "convbn2d", "convrelu", "convdwrelu", "convdw", "fcrelu", "nn.conv2d", "nn.linear", "f.linear"),
-    "norm": ("batchnormalization", "batchnorm", "batch_norm", "bn", "scale", "layernorm", "layer_norm", "ln",
-             "instancenormalization", "instancenorm", "groupnorm", "layernormalization", "normalize"),
-    "act": ("relu", "relu6", "clip", "sigmoid", "hardsigmoid", "hard_sigmoid", "hswish", "hsigmoid",
-            "hardswish", "hard_swish", "swish", "silu", "gelu", "tanh", "leakyrelu", "prelu", "elu", "mish",
-            "selu", "softplus", "erf", "unaryop", "f.relu", "f.hardswish", "f.hardsigmoid", "f.gelu", "hs"),
-    "eltwise": ("add", "sub", "mul", "div", "pow", "sqrt", "binaryop", "eltwise", "expression", "pnnx.expression",
-                "elementwise_add", "elementwise_mul", "elementwise_div", "elementwise_sub", "tmp", "exp", "log",
-                "abs", "neg", "reciprocal", "max", "min", "where"),
-    "pool": ("pooling", "maxpool", "averagepool", "globalaveragepool", "globalmaxpool", "pool", "pool2d", "gap",
-             "adaptive_avg_pool2d", "f.adaptive_avg_pool2d", "reduction", "reducemean", "reducesum",
-             "reducemax", "reduce_mean", "mean"),
-    "layout": ("reshape", "flatten", "squeeze", "unsqueeze", "permute", "transpose", "raster", "expanddims",
-               "view", "shufflechannel", "tensor.view", "torch.permute", "torch.flatten", "transpose2"),
-    "concat": ("concat", "torch.cat", "cat"),
-    "slice": ("slice", "crop", "split", "gather", "torch.split", "chunk"),
-    "resize": ("resize", "interp", "upsample", "f.interpolate", "nearest_interp", "bilinear_interp"),
-    "softmax": ("softmax", "f.softmax", "logsoftmax"),
-    "attention": ("multiheadattention", "attention", "nn.multiheadattention"),
-    "copy": ("identity", "noop", "dropout"),
-}
-_CLASS_OF = {word: cls for cls, words in _CLASS_WORDS.items() for word in words}
-# Classes one converter's fused or decomposed op can stand for on the other side.
-_FUSABLE = {frozenset(p) for p in (("conv", "norm"), ("conv", "act"), ("conv", "eltwise"), ("norm", "eltwise"),
-                                   ("act", "eltwise"), ("norm", "act"), ("attention", "eltwise"),
-                                   ("attention", "conv"), ("attention", "layout"), ("layout", "slice"),
-                                   ("pool", "eltwise"), ("layout", "eltwise"), ("softmax", "eltwise"))}
 # Layers that only copy another layer's tensor: never matched by structure (they would steal matches).
 _COPIES = re.compile(r"^splitncnn_(input)?\d+$")
-_FUSED_ACT = re.compile(r"^(conv|convdw|deconv|deconvdw|fc|gemm|linear)(relu|relu6|sigmoid|swish|hswish|clip|"
-                        r"leakyrelu|prelu|elu|mish|gelu|tanh)_\d+$")
-_NAME_WORD = re.compile(r"([a-z][a-z0-9_]*?)(?:_output|_\d|[.@:]|$)")
 POSITION_WEIGHT = 0.005  # weak: constants (weights) in a golden shift positions; order is kept by the DP
 POSITION_SLACK = 0.05  # relative positions closer than this cost nothing: the later-tensor rule decides
 LATER_BIAS = 1e-2
@@ -83,36 +57,13 @@ VALUES_AGREE_FP32 = 0.02  # the same between two fp32 runs: an SE block's conv b
 KEEP_UNCONFIRMED = 0.75
 KEEP_UNCONFIRMED_ERROR = 0.1
 MAX_VALUE_CANDIDATES = 12
+# A match every graph edge agrees with is kept without value agreement (a truly wrong layer), at this
+# share of its shape x type quality, when that quality says the op types do not contradict each other.
+STRUCTURE_ONLY = 0.9
+MIN_CERTAIN_QUALITY = 0.7
+OTHER_OUTPUT = 0.6  # two outputs of multi-output ops with different indexes: possible, never certain
+OTHER_ARITHMETIC = 0.9  # both ops say which arithmetic they do, and it differs (Mul vs add_3)
 MAX_CELLS = 30_000_000  # n x m above this: too big to align by structure (the DP table is n x m)
-
-
-def op_class(op_type: str, op: str = "") -> str:
-    """The kind of op (`conv`, `act`, ...), from its type, else from the words of its name; '' if unknown.
-
-    A conv whose name says it carries a fused activation (pnnx's `convrelu_3`, `fcrelu_0`) writes the
-    activation's tensor, so it is an `act` for matching."""
-    if _FUSED_ACT.match(str(op).rsplit("/", 1)[-1].lower()):
-        return "act"
-    for text in (op_type, op.rsplit("/", 1)[-1]):
-        text = str(text or "").strip().lower()
-        if not text:
-            continue
-        if text in _CLASS_OF:
-            return _CLASS_OF[text]
-        match = _NAME_WORD.match(text)
-        if match and match.group(1) in _CLASS_OF:
-            return _CLASS_OF[match.group(1)]
-    return ""
-
-
-def type_agreement(a: str, b: str) -> float:
-    """1 same class or a conv and the norm converters fold into it, 0.6 one unknown, 0.5 one op fused
-    into or decomposed as the other, 0.2 otherwise."""
-    if a and a == b or {a, b} == {"conv", "norm"}:
-        return 1.0
-    if not a or not b or "copy" in (a, b):
-        return 0.6
-    return 0.5 if frozenset((a, b)) in _FUSABLE else 0.2
 
 
 def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -127,7 +78,12 @@ def _features(layers: pd.DataFrame, index: list[int]) -> pd.DataFrame:
         "shape": shapes,
         "squeezed": [squeezed(s) for s in shapes],
         "cls": [op_class(t, o) for t, o in zip(part["op_type"], part["op"])],
+        # what the tensor's own name says it is (Paddle names a decomposed HardSwish's Div `hardswish_3.tmp_0`)
+        "name_cls": [op_class("", o) for o in part["op"]],
+        "arithmetic": [arithmetic(t, o) for t, o in zip(part["op_type"], part["op"])],
         "position": np.linspace(0.0, 1.0, len(index)) if len(index) > 1 else np.zeros(len(index)),
+        # the output index of a multi-output op (an LSTM's Y, Y_h, Y_c), -1 for single-output ops
+        "output": np.where(part["op"].duplicated(keep=False), part["output_index"].astype(int), -1),
     })
 
 
@@ -146,12 +102,19 @@ def _score_matrix(fa: pd.DataFrame, fb: pd.DataFrame) -> tuple[np.ndarray, np.nd
     exact_ids: dict[tuple, int] = {}
     ea = np.array([exact_ids.setdefault(s, len(exact_ids)) for s in fa["shape"]])
     eb = np.array([exact_ids.setdefault(s, len(exact_ids)) for s in fb["shape"]])
-    classes = sorted(set(fa["cls"]) | set(fb["cls"]))
+    classes = sorted(set(fa["cls"]) | set(fb["cls"]) | set(fa["name_cls"]) | set(fb["name_cls"]))
     agreement = np.array([[type_agreement(x, y) for y in classes] for x in classes])
-    ca = np.array([classes.index(c) for c in fa["cls"]], dtype=int)
-    cb = np.array([classes.index(c) for c in fb["cls"]], dtype=int)
+    index = {c: k for k, c in enumerate(classes)}
+    ca, cb = (np.array([index[c] for c in f["cls"]], dtype=int) for f in (fa, fb))
+    na, nb = (np.array([index[c or t] for c, t in zip(f["name_cls"], f["cls"])], dtype=int) for f in (fa, fb))
+    agreement = np.maximum.reduce([agreement[x][:, y] for x in (ca, na) for y in (cb, nb)])
     shape_q = np.where(ea[:, None] == eb[None, :], 1.0, 0.9)
-    quality = shape_q * (0.5 + 0.5 * agreement[ca][:, cb])
+    quality = shape_q * (0.5 + 0.5 * agreement)
+    words = {w: k for k, w in enumerate(sorted(set(fa["arithmetic"]) | set(fb["arithmetic"])))}
+    wa, wb = (np.array([words[w] if w else -1 for w in f["arithmetic"]]) for f in (fa, fb))
+    quality[(wa[:, None] >= 0) & (wb[None, :] >= 0) & (wa[:, None] != wb[None, :])] *= OTHER_ARITHMETIC
+    oa, ob = fa["output"].to_numpy(), fb["output"].to_numpy()
+    quality[(oa[:, None] >= 0) & (ob[None, :] >= 0) & (oa[:, None] != ob[None, :])] *= OTHER_OUTPUT
     quality[sa[:, None] != sb[None, :]] = 0.0
     quality[[len(s) == 0 for s in fa["shape"]], :] = 0.0  # a layer without a known shape matches nothing
     position = np.abs(fa["position"].to_numpy()[:, None] - fb["position"].to_numpy()[None, :])
@@ -211,9 +174,10 @@ def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[
     score, quality = _score_matrix(fa, fb)
     pairs = _monotone_alignment(score)
     confidences = _confidences(pairs, quality)
-    if error is not None:
-        local_error = lambda i, j: error(base_left[i], other_left[j])  # noqa: E731
-        pairs, confidences = _refine_by_values(pairs, confidences, quality, local_error, agree, keep)
+    edges = EdgeCheck.of(base, other, base_left, other_left, weighted)
+    local_error = None if error is None else (lambda i, j: error(base_left[i], other_left[j]))  # noqa: E731
+    pairs, confidences = _settle(pairs, confidences, quality, local_error, edges, agree, keep)
+    if local_error is not None:
         pairs, confidences = _fill_gaps_by_values(pairs, confidences, quality, local_error, agree)
     pairs, confidences = _match_final_outputs(pairs, confidences, quality)
     result = {base_left[i]: (other_left[j], conf) for (i, j), conf in zip(pairs, confidences)}
@@ -221,35 +185,89 @@ def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[
     return result
 
 
-def _refine_by_values(pairs: list[tuple[int, int]], confidences: list[float], quality: np.ndarray,
-                      error: Callable[[int, int], float], agree: float = VALUES_AGREE,
-                      keep: float = KEEP_UNCONFIRMED_ERROR) -> tuple[list[tuple[int, int]], list[float]]:
-    """Per match, the same-shape candidate between its neighbours (on either side) whose values agree."""
+def _settle(pairs: list[tuple[int, int]], confidences: list[float], quality: np.ndarray,
+            error: Callable[[int, int], float] | None, edges: EdgeCheck | None, agree: float = VALUES_AGREE,
+            keep: float = KEEP_UNCONFIRMED_ERROR) -> tuple[list[tuple[int, int]], list[float]]:
+    """Per match, the best same-shape candidate between its neighbours (on either side), then whether to keep it.
+
+    Candidates rank by values agreeing, then by how many graph edges agree (`analyzer.edges`), then
+    the later tensor. A candidate whose edges all agree is kept whatever its values: a broken
+    kernel must meet its partner and fail there. One with no value agreement and no edge
+    certainty is dropped (listed unmatched) unless the old single-candidate rule keeps it."""
+    current, current_conf = list(pairs), list(confidences)
+    for final in (False, True):  # the first pass only re-chooses, so the second judges with settled neighbours
+        kept: list[tuple[int, int]] = []
+        kept_conf: list[float] = []
+        for k, ((i, j), conf) in enumerate(zip(current, current_conf)):
+            judged = _judge_options(k, kept, current, quality, error, edges, agree)
+            if not judged:
+                continue
+            best = max(judged, key=lambda p: judged[p].rank)
+            verdict = judged[best]
+            if verdict.agrees:
+                chosen, chosen_conf = best, float(quality[best])
+            elif verdict.certain:
+                rivals = sum(1 for v in judged.values() if v.certain)
+                chosen, chosen_conf = best, STRUCTURE_ONLY * float(quality[best]) / rivals
+            elif not final or error is None:
+                chosen, chosen_conf = best, conf
+            elif conf >= KEEP_UNCONFIRMED and list(judged) == [(i, j)] and verdict.error <= keep:
+                chosen, chosen_conf = (i, j), conf
+            else:
+                continue
+            kept.append(chosen)
+            kept_conf.append(chosen_conf)
+        current, current_conf = kept, kept_conf
+    return current, current_conf
+
+
+@dataclass
+class _Verdict:
+    """How one candidate pair fares: its values' rel L2, whether they agree, its edges' agreement."""
+
+    error: float
+    agrees: bool
+    edges_agreeing: int
+    edges_checked: int
+    quality: float
+    later: int
+
+    @property
+    def certain(self) -> bool:
+        return self.edges_checked > 0 and self.edges_agreeing == self.edges_checked
+
+    @property
+    def rank(self) -> tuple:
+        share = self.edges_agreeing / self.edges_checked if self.edges_checked else 0.0
+        if self.agrees:  # the closest values, then the later tensor (a model output copied by an Identity)
+            return True, share, -self.error, 0.0, self.later
+        return False, share, 0.0, self.quality, self.later
+
+
+def _judge_options(k: int, kept: list[tuple[int, int]], current: list[tuple[int, int]], quality: np.ndarray,
+                   error: Callable[[int, int], float] | None, edges: EdgeCheck | None,
+                   agree: float) -> dict[tuple[int, int], _Verdict]:
+    """The candidates for match k (between the last kept match and the next current one), judged."""
     n, m = quality.shape
-    used_a: set[int] = set()
-    used_b: set[int] = set()
-    kept: list[tuple[int, int]] = []
-    kept_conf: list[float] = []
-    for k, ((i, j), conf) in enumerate(zip(pairs, confidences)):
-        low_a, low_b = (pairs[k - 1][0] + 1, pairs[k - 1][1] + 1) if k else (0, 0)
-        high_a, high_b = pairs[k + 1] if k + 1 < len(pairs) else (n, m)
-        options = [(i, c) for c in range(low_b, high_b) if quality[i, c] > 0 and c not in used_b]
-        options += [(c, j) for c in range(low_a, high_a) if c != i and quality[c, j] > 0 and c not in used_a]
-        options = sorted(options, key=lambda p: abs(p[0] - i) + abs(p[1] - j))[:MAX_VALUE_CANDIDATES]
-        errors = {p: error(*p) for p in options}
-        best = min(errors, key=lambda p: (errors[p], -p[0] - p[1]), default=None)
-        if best is not None and errors[best] <= agree:
-            chosen, chosen_conf = best, float(quality[best])
-        elif (conf >= KEEP_UNCONFIRMED and options == [(i, j)] and errors[(i, j)] <= keep
-              and i not in used_a and j not in used_b):
-            chosen, chosen_conf = (i, j), conf
-        else:
-            continue
-        kept.append(chosen)
-        kept_conf.append(chosen_conf)
-        used_a.add(chosen[0])
-        used_b.add(chosen[1])
-    return kept, kept_conf
+    i, j = current[k]
+    low_a, low_b = (kept[-1][0] + 1, kept[-1][1] + 1) if kept else (0, 0)
+    high_a, high_b = current[k + 1] if k + 1 < len(current) else (n, m)
+    used_a, used_b = {p[0] for p in kept}, {p[1] for p in kept}
+    options = [(i, c) for c in range(low_b, high_b) if quality[i, c] > 0 and c not in used_b]
+    options += [(c, j) for c in range(low_a, high_a)
+                if c != i and quality[c, j] > 0 and c not in used_a]
+    if (i, j) not in options and i not in used_a and j not in used_b and quality[i, j] > 0:
+        options.append((i, j))
+    options = sorted(options, key=lambda p: abs(p[0] - i) + abs(p[1] - j))[:MAX_VALUE_CANDIDATES]
+    mapping = dict(kept + current[k + 1:])
+    out = {}
+    for p in options:
+        err = error(*p) if error is not None else math.inf
+        agreeing, checked = edges.consistency(p, mapping) if edges is not None else (0, 0)
+        if quality[p] < MIN_CERTAIN_QUALITY:
+            agreeing = 0  # the op types contradict each other: edges alone cannot carry it
+        out[p] = _Verdict(err, err <= agree, agreeing, checked, round(float(quality[p]), 6), p[0] + p[1])
+    return out
 
 
 def _match_final_outputs(pairs: list[tuple[int, int]], confidences: list[float],

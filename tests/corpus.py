@@ -162,3 +162,33 @@ def vad_scalar_inputs() -> dict[str, np.ndarray]:
 
 
 INPUT_MAKERS = {f.__name__: f for f in (det_inputs, cls_inputs, rec_inputs, vad_inputs, vad_scalar_inputs)}
+
+
+# ncnn layers that store no weights in the .bin (the ones pnnx writes before the convs we corrupt)
+_NO_WEIGHTS = {"Input", "BinaryOp", "UnaryOp", "HardSwish", "HardSigmoid", "ReLU", "Sigmoid", "Swish", "Pooling",
+               "Split", "Reshape", "Permute", "Crop", "Concat", "Interp", "Padding", "ExpandDims", "Softmax"}
+
+
+def break_ncnn_layer(param: Path, layer: str, out: Path) -> Path:
+    """A copy of an fp32 ncnn model whose `layer` (a Convolution) has its weights negated: one really
+    wrong op, everything before it intact. Returns the copy's .param."""
+    offset = 0
+    for line in param.read_text().splitlines()[2:]:
+        kind, name, n_in, n_out, *rest = line.split()
+        values = dict(f.split("=", 1) for f in rest[int(n_in) + int(n_out):])
+        if kind in _NO_WEIGHTS:
+            continue
+        if kind not in ("Convolution", "ConvolutionDepthWise"):
+            raise ValueError(f"{param.name}: cannot skip the weights of {kind} {name}")
+        size, channels, bias = int(values["6"]), int(values["0"]), values.get("5", "0") == "1"
+        if name == layer:
+            data = bytearray(param.with_suffix(".bin").read_bytes())
+            assert data[offset:offset + 4] == bytes(4), f"{name}: weights are not stored as raw fp32"
+            weights = np.frombuffer(bytes(data[offset + 4:offset + 4 + 4 * size]), np.float32)
+            data[offset + 4:offset + 4 + 4 * size] = (-weights).tobytes()
+            out.mkdir(parents=True, exist_ok=True)
+            (out / param.name).write_text(param.read_text())
+            (out / param.with_suffix(".bin").name).write_bytes(bytes(data))
+            return out / param.name
+        offset += 4 + 4 * size + (4 * channels if bias else 0)  # a flag word, the weights, then the bias
+    raise ValueError(f"{param.name}: no layer {layer}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pandas as pd
 import pytest
 
 from analyzer.cli import main
@@ -124,17 +125,33 @@ def test_missing_reference_and_too_few_dumps(tmp_path, dumps, capsys):
 
 
 def test_zero_common_layers(tmp_path, dumps, capsys):
-    other = [(f"other_{op}", t, [f"other_{i}" for i in ins], s) for op, t, ins, s in LAYERS]
-    ref = reference_arrays()
-    rng = np.random.default_rng(7)  # other names and other values: neither names nor structure + values match
-    alien = write_dump(tmp_path / "alien.h5", {f"other_{k}": rng.random(v.shape).astype(v.dtype) * 5 - 2
-                                               for k, v in ref.items()}, layers=other,
-                       backend="opencl", precision="low")
+    """Another model: other names, other shapes, other values: neither names nor structure match."""
+    other = [(f"other_{op}", t, [f"other_{i}" for i in ins], (1, 5) + tuple(d + 1 for d in s[2:]))
+             for op, t, ins, s in LAYERS]
+    rng = np.random.default_rng(7)
+    alien = write_dump(tmp_path / "alien.h5", {op: rng.random(s).astype(np.float32) * 5 - 2 for op, _t, _i, s in other},
+                       layers=other, backend="opencl", precision="low")
     code, out, err = run_cli(capsys, dumps[0], dumps[1], alien, "-o", tmp_path / "rep")
     assert code == 2 and "no layer in common" in one_line(err) and "alien.h5" in err
     assert (tmp_path / "rep" / "index.html").exists()
     summary = (tmp_path / "rep" / "runs.csv").read_text()
     assert "not compared" in summary
+
+
+def test_renamed_run_with_wrong_values_is_matched_by_structure_and_fails(tmp_path, dumps, capsys):
+    """The same graph under other names (a converter's renames) computing garbage: structure alone
+    pairs every layer, and the run fails there instead of silently sharing no layer."""
+    other = [(f"other_{op}", t, [f"other_{i}" for i in ins], s) for op, t, ins, s in LAYERS]
+    rng = np.random.default_rng(7)
+    renamed = write_dump(tmp_path / "renamed.h5", {f"other_{k}": rng.random(v.shape).astype(v.dtype) * 5 - 2
+                                                   for k, v in reference_arrays().items()}, layers=other)
+    code, out, err = run_cli(capsys, dumps[0], renamed, "-o", tmp_path / "rep")
+    assert "no layer in common" not in err
+    table = pd.read_csv(tmp_path / "rep" / "summary.csv")
+    rows = table[table["run_key"].astype(str).str.startswith("other_")]
+    assert len(rows) == len(LAYERS) and set(rows["match"]) == {"structure"}
+    assert (rows["key"].str.replace("other_", "") == rows["run_key"].str.replace("other_", "")).all()
+    assert "fail" in set(rows["status"])
 
 
 def test_huge_declared_shape_is_refused_per_layer(tmp_path, dumps, capsys):

@@ -14,7 +14,7 @@ from collector.devices import LocalDevice
 from collector.inputs import InputSet, resolve_inputs
 from collector.models import apply_shapes, input_shapes, parse_shapes, resolve_model
 from collector.run import RunSpec, collect_run
-from tests.corpus import MODELS, SCALAR_MODEL, convert_corpus
+from tests.corpus import MODELS, SCALAR_MODEL, break_ncnn_layer, convert_corpus
 
 ENGINES = ("onnxruntime", "mnn", "ncnn")
 
@@ -171,6 +171,70 @@ def test_pnnx_conversion_defect_is_reported(corpus_run):
     """pnnx's vad_lstm is wrong after the LSTM (tests/corpus.py): its output must not pass silently."""
     findings = _findings(corpus_run, "vad_lstm", "ncnn")
     assert any(f.severity == "fail" for f in findings), [f.sentence for f in findings]
+    # and it says the truth: both agree up to the ReLU after the LSTM, then pnnx's model computes a
+    # [1, 128] output where the golden has one probability
+    unmatched = next(f for f in findings if f.kind == "output_unmatched" and f.layer == "speech_probs:0")
+    assert unmatched.severity == "fail"
+    assert unmatched.numbers["last_matched"] == ["/Relu_4_output_0:0"], unmatched.sentence
+    assert unmatched.numbers["run_outputs"] == ["reshape_16:0"], unmatched.sentence
+    assert "[1, 128]" in unmatched.sentence and "different tensor" in unmatched.sentence
+
+
+@pytest.mark.parametrize("stem", [m.stem for m in MODELS])
+def test_structure_matches_the_layers_with_a_counterpart_and_no_other(corpus_run, stem):
+    """pnnx renamed every layer: structure (with values choosing among candidates) matches >= 90% of
+    the ncnn layers whose tensor exists in the golden, and every match it keeps holds the same values
+    (a correct fp32 run: a structural match whose values differ would be a false match)."""
+    from analyzer.align import NameRules, align_layers
+
+    with DumpFile(corpus_run(stem, "onnxruntime")) as golden, DumpFile(corpus_run(stem, "ncnn")) as ncnn:
+        a = [golden.tensor(o).astype(np.float64).ravel() for o in golden.layers["order"]]
+        b = [ncnn.tensor(o).astype(np.float64).ravel() for o in ncnn.layers["order"]]
+        result = align_layers(golden.layers, ncnn.layers, NameRules(), lambda i, j: _rel_l2(a[i], b[j]), fp32=True)
+        rows_a = {int(o): i for i, o in enumerate(golden.layers["order"])}
+        rows_b = {int(o): j for j, o in enumerate(ncnn.layers["order"])}
+        pairs = [(rows_a[x], rows_b[y]) for x, y in zip(result.matched["base_order"], result.matched["other_order"])]
+        kinds = list(ncnn.layers["op_type"])
+    why = list(result.only_base["why"]) + list(result.only_other["why"])
+    assert all(why), "an unmatched layer does not say why"
+    false = [(i, j, _rel_l2(a[i], b[j])) for i, j in pairs if not _rel_l2(a[i], b[j]) <= 0.02]
+    assert not false, false
+    with_counterpart = {j for j, t in enumerate(b) if kinds[j] not in ("Input", "Split")
+                        and any(_rel_l2(s, t) < 0.02 for s in a)}
+    hit = {j for _i, j in pairs} & with_counterpart
+    assert len(hit) >= 0.9 * len(with_counterpart), (stem, len(hit), len(with_counterpart))
+
+
+def _rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    if a.size != b.size or not a.size:
+        return float("inf")
+    norm = float(np.linalg.norm(a))
+    return float(np.linalg.norm(a - b)) / norm if norm else float("inf")
+
+
+def test_truly_wrong_layer_is_the_failure_source(corpus, corpus_run, tmp_path):
+    """One conv of pnnx's ocr_rec has its weights negated (a broken kernel): its values agree with
+    no golden tensor, yet structure still pairs it with the golden's conv, which is the failure
+    source, while everything feeding it passes. It must not vanish into the unmatched list."""
+    from analyzer.analysis import analyze_paths
+
+    broken = break_ncnn_layer(corpus["ocr_rec"].ncnn, "conv_53", tmp_path / "model")
+    sets, errors = resolve_inputs([str(corpus["ocr_rec"].ncnn_inputs)], input_shapes(resolve_model(broken)))
+    assert not errors
+    outcome = collect_run(LocalDevice(), RunSpec(resolve_model(broken), "cpu", "high", sets[0]), tmp_path / "runs")
+    assert outcome.status == "done", outcome.message
+    golden = corpus_run("ocr_rec", "onnxruntime")
+    analysis = analyze_paths([golden, outcome.paths[0]], ref=golden)
+    try:
+        sources = [f for f in analysis.findings if f.kind == "failure_source"]
+        first = next(f for f in analysis.findings if f.kind == "first_divergence")
+        table = analysis.comparison.table.set_index("key")
+        assert sources and sources[0].severity == "fail", [f.sentence for f in analysis.findings]
+        assert table.loc[sources[0].layer, "run_key"] == "conv_53:0", sources[0].sentence
+        assert first.layer == sources[0].layer and first.severity == "fail"
+        assert sources[0].op_type == "Conv"
+    finally:
+        analysis.close()
 
 
 def _findings(corpus_run, stem: str, engine: str) -> list:
