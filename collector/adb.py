@@ -27,6 +27,7 @@ from collector.devices import DeviceError, DeviceInfo, ExecResult, HarnessInvoca
 
 ROOT = "/data/local/tmp/layerdiff"
 PID_MARK = "@@ld-pid "
+GLES_MARK = "@@ld-gles"
 TIMEOUT_EXIT = 124
 SPACE_MARGIN = 1 << 20  # never fill the phone to the last byte
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -72,6 +73,7 @@ class AdbDevice:
         self._sha_cache: dict[tuple[str, int, int], str] = {}
         self._present: set[tuple[str, str]] = set()  # (device path, sha256) checked or pushed by this object
         self.pushed: list[str] = []  # device paths pushed by this object (staging skips are absent)
+        self._fresh_free: tuple[str, int] | None = None  # (new run dir, its free bytes), read once
 
     # -- errors ---------------------------------------------------------------------------------------
     def _lost(self, doing: str, err: BaseException | None = None) -> DeviceError:
@@ -97,27 +99,29 @@ class AdbDevice:
             raise self._lost("opening a file transfer", err) from None
 
     # -- facts ----------------------------------------------------------------------------------------
-    def properties(self) -> dict[str, str]:
-        """All of `getprop` in one round trip."""
-        _code, out, _err = self.shell("getprop", "reading properties")
+    def properties(self) -> tuple[dict[str, str], str]:
+        """All of `getprop`, and SurfaceFlinger's `GLES:` line (the GPU), in one round trip."""
+        command = f"getprop; echo {GLES_MARK}; dumpsys SurfaceFlinger 2>/dev/null | grep -m1 '^GLES:'"
+        _code, out, _err = self.shell(command, "reading properties")
+        listing, _mark, gles = out.partition(GLES_MARK)
         props = {}
-        for line in out.splitlines():
+        for line in listing.splitlines():
             m = re.match(r"^\[(.*?)\]: \[(.*)\]$", line.strip())
             if m:
                 props[m.group(1)] = m.group(2)
-        return props
+        return props, gles.strip()
 
-    def gpu_name(self, props: dict[str, str]) -> str:
+    @staticmethod
+    def gpu_name(props: dict[str, str], gles: str) -> str:
         """The GLES renderer SurfaceFlinger reports, else the vendor's EGL/Vulkan driver names."""
-        code, out, _err = self.shell("dumpsys SurfaceFlinger 2>/dev/null | grep -m1 '^GLES:'", "reading the GPU")
-        if code == 0 and out.strip().startswith("GLES:"):
-            return out.strip()[len("GLES:"):].strip()
+        if gles.startswith("GLES:"):
+            return gles[len("GLES:"):].strip()
         names = [props.get(k, "") for k in ("ro.hardware.egl", "ro.hardware.vulkan")]
         return " / ".join(n for n in names if n)
 
     def info(self) -> DeviceInfo:
         if self._info is None:
-            p = self.properties()
+            p, gles = self.properties()
             abis = [a for a in p.get("ro.product.cpu.abilist", "").split(",") if a]
             self._info = DeviceInfo(
                 serial=self.serial, kind="adb", model=p.get("ro.product.model", ""),
@@ -126,7 +130,7 @@ class AdbDevice:
                 board=p.get("ro.board.platform") or p.get("ro.product.board", ""),
                 abi=p.get("ro.product.cpu.abi") or (abis[0] if abis else ""), abis=abis,
                 android_release=p.get("ro.build.version.release", ""), sdk=p.get("ro.build.version.sdk", ""),
-                gpu=self.gpu_name(p),
+                gpu=self.gpu_name(p, gles),
                 extra={"adb_server": f"{self.client.host}:{self.client.port}",
                        "soc_manufacturer": p.get("ro.soc.manufacturer", ""),
                        "fingerprint": p.get("ro.build.fingerprint", ""), "hardware": p.get("ro.hardware", "")},
@@ -134,6 +138,9 @@ class AdbDevice:
         return self._info
 
     def free_bytes(self, remote_dir: str) -> int:
+        fresh, self._fresh_free = self._fresh_free, None
+        if fresh is not None and fresh[0] == remote_dir:
+            return fresh[1]
         q = shlex.quote(remote_dir)
         code, out, err = self.shell(f"mkdir -p {q} && df -k {q}", f"checking free space in {remote_dir}")
         try:
@@ -220,9 +227,14 @@ class AdbDevice:
     def new_run_dir(self, tag: str) -> str:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in tag)[:60]
         path = f"{self.root}/runs/{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-        code, _out, err = self.shell(f"mkdir -p {shlex.quote(path)}", f"creating {path}")
+        q = shlex.quote(path)
+        code, out, err = self.shell(f"mkdir -p {q} && {{ df -k {q} || true; }}", f"creating {path}")
         if code != 0:
             raise DeviceError(f"{self.serial}: cannot create {path}: {err.strip()}")
+        try:  # the run's free-space check comes next: answered from this round trip
+            self._fresh_free = (path, _parse_df_available(out))
+        except ValueError:
+            self._fresh_free = None
         return path
 
     def remove(self, remote_path: str) -> None:
