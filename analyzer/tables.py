@@ -44,6 +44,8 @@ def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding]
         if index is None:
             if id(run) not in ref_ids:
                 row["role"] = "repeat" if any(p.other is run for p in plan.pairs) else "not compared"
+            if row["role"] == "not compared":  # said with the input key the pairing used
+                row["verdict"], row["verdict_reason"] = "not compared", plan.uncompared.get(run.label, "")
             rows.append(row)
             continue
         row.update(_pair_summary(comparison, index, thresholds))
@@ -73,7 +75,7 @@ def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | N
     measured = rows[status.isin(["pass", "warn", "fail"])]
     outputs = measured[measured["is_output"]]
     worst_row = measured.loc[measured["rel_l2"].idxmax()] if measured["rel_l2"].notna().any() else None
-    verdict, why = run_verdict(status, outputs, thresholds) if len(measured) else ("not compared", "")
+    verdict, why = run_verdict(status, outputs, thresholds) if len(measured) else ("not compared", _unmeasured(rows, pair))
     return {
         "reference": pair.base.label,
         "verdict": verdict, "verdict_reason": why,
@@ -89,6 +91,15 @@ def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | N
         "top1": float(outputs["top1"].min()) if len(outputs) else math.nan,
         "top5": float(outputs["top5"].min()) if len(outputs) else math.nan,
     }
+
+
+def _unmeasured(rows: pd.DataFrame, pair) -> str:
+    """Why a paired run has no measured layer: nothing matched, or every match was unmeasurable."""
+    if rows.empty:
+        return (f"no layer in common with {pair.base.label}: names differ and no layer matched by structure "
+                "(another model? try --name-map or --rename)")
+    counts = rows["status"].value_counts()
+    return f"{len(rows)} layer(s) matched, none measurable (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
 
 
 def layer_view(table: pd.DataFrame) -> list[str]:

@@ -134,8 +134,9 @@ def test_zero_common_layers(tmp_path, dumps, capsys):
     code, out, err = run_cli(capsys, dumps[0], dumps[1], alien, "-o", tmp_path / "rep")
     assert code == 2 and "no layer in common" in one_line(err) and "alien.h5" in err
     assert (tmp_path / "rep" / "index.html").exists()
-    summary = (tmp_path / "rep" / "runs.csv").read_text()
-    assert "not compared" in summary
+    runs = pd.read_csv(tmp_path / "rep" / "runs.csv").set_index("file")
+    assert runs.loc["alien.h5", "verdict"] == "not compared"
+    assert "no layer in common" in runs.loc["alien.h5", "verdict_reason"]
 
 
 def test_renamed_run_with_wrong_values_is_matched_by_structure_and_fails(tmp_path, dumps, capsys):

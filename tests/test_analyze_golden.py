@@ -62,6 +62,8 @@ def test_several_inputs_need_ref_input_and_say_why_with_the_pairing_key(tmp_path
 
     code = main([str(tmp_path / "runs"), "--ref", str(golden), "--ref-input", "bbbbbbbb", "-o", str(tmp_path / "rep2")])
     assert code == 2 and (tmp_path / "rep2" / "index.html").exists()
+    runs = (tmp_path / "rep2" / "runs.csv").read_text()  # the report says why too, with the pairing key
+    assert "not compared" in runs and "cat (sha256 aaaaaaaaaaaa)" in runs
     capsys.readouterr()
     code = main([str(tmp_path / "runs"), "--ref", str(golden), "--ref-input", "cow", "-o", str(tmp_path / "rep3")])
     err = capsys.readouterr().err
