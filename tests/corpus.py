@@ -132,6 +132,12 @@ def _nchw(image: np.ndarray, mean, std) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
+def det_page(size: int, lines: int) -> np.ndarray:
+    """A size x size page of `lines` lines of text, normalized as PP-OCR's detector expects (NCHW)."""
+    page = np.concatenate([text_image(size // lines, size, f"layerdiff line {i}") for i in range(lines)])
+    return _nchw(page, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
 def det_inputs() -> dict[str, np.ndarray]:
     image = text_image(64, 128, "layer 42")
     return {"x": _nchw(image, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}

@@ -14,7 +14,8 @@ from collector.devices import LocalDevice
 from collector.inputs import InputSet, resolve_inputs
 from collector.models import apply_shapes, input_shapes, parse_shapes, resolve_model
 from collector.run import RunSpec, collect_run
-from tests.corpus import MODELS, SCALAR_MODEL, break_ncnn_layer, convert_corpus
+from analyzer.verdict import STATUS_ORDER
+from tests.corpus import MODELS, SCALAR_MODEL, break_ncnn_layer, convert_corpus, det_page
 
 ENGINES = ("onnxruntime", "mnn", "ncnn")
 
@@ -165,6 +166,35 @@ def test_correct_fp32_run_against_the_golden_has_no_fail(corpus_run, engine, ste
     (ncnn's layers, renamed by pnnx, are paired by the analyzer's alignment by structure)."""
     fails = [f"{f.kind} {f.layer}: {f.sentence}" for f in _findings(corpus_run, stem, engine) if f.severity == "fail"]
     assert not fails, fails
+
+
+def test_reduced_precision_detector_is_judged_by_its_output(corpus, tmp_path):
+    """Issue 15 point 8, on a 256x256 page of text: fp16 Vulkan (lavapipe) flushes background
+    probabilities to zero and moves a few mask pixels: the run warns, no layer or output fails. bf16
+    on the CPU moves many more: judged at least as severely, never better than the fp16 run."""
+    from analyzer.analysis import analyze_paths
+
+    converted = corpus["ocr_det"]
+    page = det_page(256, lines=4)
+    device, runs = LocalDevice(), {}
+    for key, model_file, name, backend, precision in (("golden", converted.onnx, "x", "cpu", "high"),
+                                                       ("fp16", converted.ncnn, "in0", "vulkan", "low"),
+                                                       ("bf16", converted.ncnn, "in0", "cpu", "low")):
+        spec = RunSpec(resolve_model(model_file), backend, precision, InputSet("page", {name: page}, "test"))
+        outcome = collect_run(device, spec, tmp_path / key)
+        assert outcome.status == "done", outcome.message
+        runs[key] = outcome.paths[0]
+    analysis = analyze_paths(list(runs.values()), ref=runs["golden"])
+    try:
+        rows = {row["run"].split()[1]: row for row in analysis.summary.to_dict("records") if row["role"] == "compared"}
+        fails = [f.sentence for f in analysis.findings if f.severity == "fail" and "vulkan/low" in f.run]
+    finally:
+        analysis.close()
+    fp16, bf16 = rows["vulkan/low"], rows["cpu/low"]
+    assert fp16["verdict"] == "warn" and not fails, (fp16["verdict_reason"], fails)
+    assert fp16["output_beyond_tolerance"] <= 0.01
+    assert STATUS_ORDER[bf16["verdict"]] >= STATUS_ORDER[fp16["verdict"]]
+    assert bf16["output_rel_l2"] > fp16["output_rel_l2"]
 
 
 def test_pnnx_conversion_defect_is_reported(corpus_run):

@@ -131,7 +131,7 @@ def ocr_det_model(folder: Path, engine: str, size: int) -> tuple[Path, Path]:
     onnx_path.write_bytes(wheel_file(det).read_bytes())
     page = np.concatenate([text_image(size // 8, size, f"layerdiff line {i}") for i in range(8)])
     x = _nchw(page, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    inputs = folder / "det_in.npz"
+    inputs = folder / f"det_in_{engine}.npz"
     np.savez(inputs, **{"in0" if engine == "ncnn" else "x": x})
     if engine == "ncnn":
         return convert_with_pnnx(onnx_path, f"[1,3,{size},{size}]f32", folder), inputs

@@ -1,9 +1,13 @@
 // ncnn engine: every blob extracted in layer order, so each layer's output is dumped as ncnn
 // computed it on the chosen backend and precision.
 //
-// Why extract blob by blob with light mode off: ncnn keeps every intermediate blob then, and
-// each extract() runs only the layers not run yet, so a layer's time is the time of its
-// extract. Type 0 makes ncnn unpack elempack and convert fp16/bf16 storage to fp32 for us.
+// Blobs are extracted in layer order, so each extract() runs only the layers not run yet and a
+// layer's time is the time of its extract. Type 0 makes ncnn unpack elempack and convert fp16/bf16
+// storage to fp32 for us. Memory: light mode is on, so ncnn frees a blob once its consumer ran
+// (each blob is written out and released before that), and the device holds the live blobs, not
+// the whole dump. On Vulkan, light mode frees only the GPU copy: the host copy extract() downloads
+// would stay in the extractor to its end, so once written it is replaced by an empty Mat (the
+// consumer reads the GPU copy, or downloads it again if it runs on the CPU).
 #include <cstring>
 #include <string>
 #include <vector>
@@ -140,7 +144,7 @@ public:
             throw HarnessError(kExitBackend, "ncnn has no OpenCL backend: use --backend cpu or vulkan");
         }
         ncnn::Option& opt = net_.opt;
-        opt.lightmode = false;
+        opt.lightmode = true;
         opt.num_threads = config.threads;
         apply_precision(opt, config.precision, vulkan_);
         if (vulkan_) start_vulkan();
@@ -164,7 +168,6 @@ public:
 
     double run(const std::vector<NpyArray>& inputs, DumpWriter& out) override {
         ncnn::Extractor ex = net_.create_extractor();
-        ex.set_light_mode(false);
         feed_inputs(ex, inputs);
         double started = monotonic_ms();
         const std::vector<ncnn::Layer*>& layers = net_.layers();
@@ -295,10 +298,13 @@ private:
         info.memory = vulkan_ && layer.support_vulkan && layer.type != "Input" ? "device" : "host";
         info.time_ms = elapsed;
         size_t plane_bytes = size_t(m.w) * m.h * m.d * sizeof(float);
-        if (!out.begin(info, plane_bytes * m.c)) return;
-        // Channels are cstep apart (padded for alignment): copy each plane, not the whole buffer.
-        for (int q = 0; q < m.c; ++q) out.append(m.channel(q).data, plane_bytes);
-        out.end();
+        if (out.begin(info, plane_bytes * m.c)) {
+            // Channels are cstep apart (padded for alignment): copy each plane, not the whole buffer.
+            for (int q = 0; q < m.c; ++q) out.append(m.channel(q).data, plane_bytes);
+            out.end();
+        }
+        m.release();
+        if (info.memory == "device") ex.input(blob_index, ncnn::Mat());  // drop the downloaded host copy
     }
 
     ncnn::Net net_;
