@@ -10,8 +10,9 @@ Method (see tests/bench/measure.py):
   start-up, alignment, metrics, findings, tables, plots, HTML and results.json.
 - floor: a child Python that imports numpy and h5py and reads each layer of both dumps once,
   computing max |run - ref| and the relative L2 error: the least any comparison tool must do.
-- The analyzer's stored results (analyzer.resultcache) are deleted before every measured run, so
-  each round is a full analysis; one extra run at the end shows the cost of analyzing the same runs
+- The analyzer's stored results (analyzer.resultcache) go to a cache folder of the temporary
+  directory (LAYERDIFF_CACHE_DIR) that is deleted before every measured run, so each round is a full
+  analysis; one extra run at the end shows the cost of analyzing the same runs
   again (a sweep's own report followed by `analyze`).
 - Both are timed by CPU time (user + sys, from getrusage(RUSAGE_CHILDREN)) and peak RSS (the
   child's ru_maxrss from wait4), alternately after one warm-up each; the ratio printed is the

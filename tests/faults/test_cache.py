@@ -66,7 +66,8 @@ def test_analyze_cache_reports_and_cleans(xdg, tmp_path):
     assert cli("analyze", "compare", str(tmp_path / "a.npz"), str(_npz(tmp_path / "b.npz", 2)), "-o",
                str(tmp_path / "rep"), env=env).returncode == 0
     count, size = convcache.usage()
-    assert count >= 2 and size > 2 * (1 << 18)  # the two conversions (and what else analyze caches there)
+    assert count >= 3 and size > 2 * (1 << 18)  # the two conversions and the stored measurement
+    assert len(list(xdg.glob("results-*.json"))) == 1  # analyzer.resultcache: one cache, one place
     info = cli("analyze", "cache", env=env)
     assert info.returncode == 0 and f"{xdg}: {count} entries" in info.stdout, info.stdout + info.stderr
     cleaned = cli("analyze", "cache", "clean", env=env)
