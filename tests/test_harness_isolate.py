@@ -87,3 +87,14 @@ def test_inject_dump_from_the_python_writer_is_read(harness, reference, tmp_path
     assert run.returncode == 0, run.stderr
     (tensor, array), = list(run.dump().iter_arrays())
     assert tensor.name == "head/conv" and np.allclose(array, ref["head/conv"], rtol=1e-5, atol=1e-5)
+
+
+def test_replace_is_refused_by_the_ncnn_engine(harness, reference, tmp_path):
+    """The what-if `--inject DIR --replace KEY` is MNN's; ncnn keeps a layer at high precision with
+    its feature mask instead, so the ncnn engine refuses it in one line, exit 2, and writes nothing."""
+    args = ["--engine", "ncnn", "--model", str(MODELS / "overflow.param"), "--model", str(MODELS / "overflow.bin"),
+            "--input", f"data={MODELS.parent / 'inputs' / 'overflow.npy'}", "--backend", "cpu", "--precision", "high",
+            "--inject", str(reference.out), "--replace", "block2/amplify:0"]
+    run = run_harness(harness, args, tmp_path / "what-if")
+    assert run.returncode == 2 and "--replace is not supported by this engine" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and not (tmp_path / "what-if").exists()

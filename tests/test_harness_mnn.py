@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from analyzer.dumpfile import DumpFile
-from analyzer.rawdump import read_raw_dump
+from analyzer.rawdump import RawDumpWriter, read_raw_dump
 from collector.harness import HarnessSpec, build_command, ensure_built
 from collector.isolate import target_inputs, write_inject_dump
 from tests.test_harness_support import INPUTS, MODELS, REPO, arrays_by_key, check_well_formed, max_scaled_diff, run_harness
@@ -62,8 +62,9 @@ def mnn_args(stem: str, backend: str, precision: str) -> list[str]:
             "--backend", backend, "--precision", precision]
 
 
-def pymnn_dump(stem: str, backend: str, precision: str, out):
-    cmd = [sys.executable, "-m", "collector.engines.mnn_engine", *mnn_args(stem, backend, precision), "--out", str(out)]
+def pymnn_dump(stem: str, backend: str, precision: str, out, *extra: str):
+    cmd = [sys.executable, "-m", "collector.engines.mnn_engine", *mnn_args(stem, backend, precision), *extra,
+           "--out", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr
     return read_raw_dump(out)
@@ -177,6 +178,33 @@ def test_abort_after_leaves_partial_dump(harness, tmp_path):
     assert run.returncode == -signal.SIGABRT
     dump = read_raw_dump(tmp_path / "d")
     assert dump.footer is None and len(dump.tensors) == 3
+
+
+REPLACED = "block3/clip"
+
+
+def test_replace_overwrites_an_output_as_the_host_engine_does(harness, tmp_path):
+    """--inject DIR --replace KEY (the what-if of `collect fix` on MNN): the op's output becomes the
+    injected tensor right after it runs, every later op computes from it, exactly as on pymnn."""
+    plain = arrays_by_key(pymnn_dump("convnet", "cpu", "high", tmp_path / "plain"))
+    value = np.full_like(plain[f"{REPLACED}:0"], 0.5, dtype=np.float32)  # a value the op never computes
+    writer = RawDumpWriter(tmp_path / "inject", {"engine": "mnn", "harness": "test"})
+    writer.add(op=REPLACED, op_type="ReLU6", array=value, name=REPLACED)
+    writer.close(infer_ms=0.0)
+    what_if = ["--inject", str(tmp_path / "inject"), "--replace", f"{REPLACED}:0"]
+    run = run_harness(harness, [*mnn_args("convnet", "cpu", "high"), *what_if], tmp_path / "cxx")
+    assert run.returncode == 0, run.stderr
+    ours = check_well_formed(run)
+    assert ours.header["mode"] == "replace" and ours.header["replaced"] == [f"{REPLACED}:0"]
+    arrays = arrays_by_key(ours)
+    np.testing.assert_array_equal(arrays[f"{REPLACED}:0"], value)
+    assert not np.allclose(arrays["prob:0"], plain["prob:0"], atol=1e-4)  # the outputs follow the replaced value
+    reference = arrays_by_key(pymnn_dump("convnet", "cpu", "high", tmp_path / "py", *what_if))
+    assert arrays.keys() == reference.keys() and max_scaled_diff(arrays, reference) <= 1e-4
+    for key, says in [("nosuch:0", "the inject dump has no tensor nosuch"), (f"{REPLACED}:1", f"no tensor {REPLACED}:1")]:
+        bad = run_harness(harness, [*mnn_args("convnet", "cpu", "high"), "--inject", str(tmp_path / "inject"),
+                                    "--replace", key], tmp_path / f"bad{len(key)}")
+        assert bad.returncode == 2 and says in bad.stderr.strip().splitlines()[-1], bad.stderr
 
 
 # ---------------------------------------------------------------- op isolation (--inject/--target)

@@ -48,6 +48,13 @@ public:
         (void)targets; (void)source; (void)out;
         throw HarnessError(kExitBadArgs, "--inject is not supported by this engine in the C++ harness yet");
     }
+    // What-if (--inject DIR --replace KEY): the next run() overwrites each KEY output, right after
+    // its op ran, with `source`'s tensor of that name, so every later op computes from it.
+    virtual void replace_outputs(const std::vector<std::string>& keys, const InjectSource& source) {
+        (void)keys; (void)source;
+        throw HarnessError(kExitBadArgs, "--replace is not supported by this engine (ncnn keeps a layer at high "
+                                         "precision with its feature mask instead)");
+    }
 };
 
 // Splits a tensor key `<op>:<output index>` at its last colon (op names may contain colons);

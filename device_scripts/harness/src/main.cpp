@@ -89,7 +89,9 @@ std::string header_json(const Options& o, const EngineFacts& facts, const std::s
         .add("started", iso_utc_now())
         .add_raw("options", facts.options_json);
     if (o.repeat > 1) header.add("repeat", repeat_index);
-    if (!o.inject_dir.empty()) {  // an isolation run: each target op ran alone on reference inputs
+    if (!o.replace.empty()) {  // a what-if run: the whole model, these outputs overwritten
+        header.add("mode", "replace").add("replaced", o.replace).add("inject", base_name(o.inject_dir));
+    } else if (!o.inject_dir.empty()) {  // an isolation run: each target op ran alone on reference inputs
         header.add("mode", "isolate").add("targets", o.targets).add("inject", base_name(o.inject_dir));
     }
     return header.str();
@@ -125,7 +127,7 @@ int run(const Options& o) {
     config.backend = o.backend;
     config.precision = o.precision;
     config.threads = o.threads;
-    config.isolate = !o.inject_dir.empty();
+    config.isolate = !o.inject_dir.empty() && o.replace.empty();
     engine->open(config);
     EngineFacts facts = engine->facts();
 
@@ -133,10 +135,11 @@ int run(const Options& o) {
     if (!o.inject_dir.empty()) inject.reset(new InjectSource(o.inject_dir));
     for (int r = 0; r < o.repeat; ++r) {
         std::string dir = o.repeat > 1 ? join_path(o.out, "r" + std::to_string(r)) : o.out;
-        int ops = inject ? static_cast<int>(o.targets.size()) : engine->op_count();
+        int ops = config.isolate ? static_cast<int>(o.targets.size()) : engine->op_count();
+        if (!o.replace.empty()) engine->replace_outputs(o.replace, *inject);  // before the dump: bad keys leave none
         DumpWriter writer(dir, limits_from(o), ops);
         writer.write_header(header_json(o, facts, models_json, inputs, r));
-        double infer_ms = inject ? engine->isolate(o.targets, *inject, writer) : engine->run(inputs, writer);
+        double infer_ms = config.isolate ? engine->isolate(o.targets, *inject, writer) : engine->run(inputs, writer);
         writer.write_footer(infer_ms);
     }
     return kExitOk;

@@ -103,6 +103,7 @@ public:
                 for (size_t i = 0; i < tensors.size(); ++i) {
                     if (tensors[i]->elementSize() <= 0) continue;  // empty outputs get no key, as on the host
                     std::pair<std::string, std::string> key = keys.key(info->name(), i);
+                    overwrite_if_replaced(tensors[i], key.first, static_cast<int>(i), key.second);
                     producer[tensors[i]] = key.second;
                     known.insert(key.second);
                     if (out.wants(key.first)) {
@@ -121,9 +122,27 @@ public:
         double infer_ms = monotonic_ms() - started;
         if (!failure.empty()) throw HarnessError(failure_code_, failure);
         if (code != MNN::NO_ERROR) throw HarnessError(kExitRun, "MNN run failed with error code " + std::to_string(code));
+        if (!replace_.empty()) {
+            throw HarnessError(kExitBadArgs, "--replace " + replace_.begin()->first.first + ":" +
+                                                 std::to_string(replace_.begin()->first.second) +
+                                                 ": no op of the model wrote that output");
+        }
         dump_model_outputs(keys, producer, out);
         ops_seen_ = ops;
         return infer_ms;
+    }
+
+    void replace_outputs(const std::vector<std::string>& keys, const InjectSource& source) override {
+        replace_.clear();
+        replace_source_ = &source;
+        for (const std::string& key : keys) {
+            std::string op;
+            int index = 0;
+            split_tensor_key(key, &op, &index);
+            std::string name = index == 0 ? op : op + ":" + std::to_string(index);  // the dump's name for it
+            if (!source.has(name)) throw HarnessError(kExitBadArgs, "--replace " + key + ": the inject dump has no tensor " + name);
+            replace_[{op, index}] = name;
+        }
     }
 
     double isolate(const std::vector<std::string>& targets, const InjectSource& source, DumpWriter& out) override {
@@ -173,6 +192,23 @@ private:
         }
     }
 
+    // --replace: writes the reference value into an op's output inside the after-callback, so the
+    // ops after it read it (each key once: a repeated name's `#k` copies keep what MNN computed).
+    void overwrite_if_replaced(MNN::Tensor* t, const std::string& op, int index, const std::string& name) {
+        auto found = replace_.find({op, index});
+        if (found == replace_.end()) return;
+        std::vector<float> values = replace_source_->read(found->second);
+        MNN::Tensor host(t, MNN::Tensor::CAFFE);
+        if (host.getType() != halide_type_of<float>() || static_cast<size_t>(host.elementSize()) != values.size()) {
+            throw HarnessError(kExitBadArgs, "--replace " + name + ": the injected tensor has " + std::to_string(values.size()) +
+                                                 " float values, the op writes " + std::to_string(host.elementSize()) +
+                                                 (host.getType() == halide_type_of<float>() ? " float values" : " non-float values"));
+        }
+        std::memcpy(host.host<float>(), values.data(), values.size() * sizeof(float));
+        t->copyFromHostTensor(&host);
+        replace_.erase(found);
+    }
+
     // The model's outputs under their own names, when no model op was keyed by them: MNN often
     // writes an output through a runtime raster (a layout conversion), which alignment sets aside
     // as engine-made. Read after the run, they are the values the model returns; the producer is
@@ -217,6 +253,8 @@ private:
     EngineFacts facts_;
     MnnGraphEdges edges_;  // empty without Express: edges from addresses alone
     MnnOps ops_;           // the tensors each model op writes: the dump's keys
+    std::map<std::pair<std::string, int>, std::string> replace_;  // (dump op, output index) -> inject tensor name
+    const InjectSource* replace_source_ = nullptr;
     int ops_seen_ = 0;
     ExitCode failure_code_ = kExitRun;
 #if LAYERDIFF_MNN_EXPRESS

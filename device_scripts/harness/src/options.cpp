@@ -32,6 +32,7 @@ const char* usage_text() {
            "                         --out DIR [--threads N] [--layers REGEX] [--max-bytes N]\n"
            "                         [--repeat N] [--abort-after K]\n"
            "                         [--inject DIR --target KEY [--target KEY ...]]\n"
+           "                         [--inject DIR --replace KEY [--replace KEY ...]]\n"
            "       layerdiff-harness --version\n"
            "       layerdiff-harness --probe\n";
 }
@@ -62,6 +63,7 @@ Options parse_options(int argc, char** argv) {
         else if (flag == "--abort-after") o.abort_after = parse_int(flag, value, 1);
         else if (flag == "--inject") o.inject_dir = value;
         else if (flag == "--target") o.targets.push_back(value);
+        else if (flag == "--replace") o.replace.push_back(value);
         else bad("unknown option " + flag);
     }
     return o;
@@ -76,7 +78,8 @@ void validate_options(const Options& o) {
         bad(o.engine == "ncnn" ? "ncnn needs --model FILE.param --model FILE.bin"
                                : "mnn needs exactly one --model FILE.mnn");
     }
-    if (o.inputs.empty() && o.inject_dir.empty()) bad("at least one --input NAME=FILE.npy is required");
+    bool isolating = !o.inject_dir.empty() && o.replace.empty();
+    if (o.inputs.empty() && !isolating) bad("at least one --input NAME=FILE.npy is required");
     for (const auto& input : o.inputs) {
         if (!file_readable(input.second)) bad("cannot read input file " + input.second + " for " + input.first);
     }
@@ -89,7 +92,10 @@ void validate_options(const Options& o) {
             bad("--layers '" + o.layers + "' is not a valid regular expression");
         }
     }
-    if (!o.inject_dir.empty() && o.targets.empty()) bad("--inject needs at least one --target KEY");
+    if (!o.replace.empty() && (o.inject_dir.empty() || !o.targets.empty())) {
+        bad("--replace KEY needs --inject DIR (the tensors) and no --target");
+    }
+    if (isolating && o.targets.empty()) bad("--inject needs at least one --target KEY");
     if (o.inject_dir.empty() && !o.targets.empty()) bad("--target needs --inject DIR");
 }
 

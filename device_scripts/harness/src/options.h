@@ -26,6 +26,7 @@ struct Options {
     int64_t abort_after = -1;
     std::string inject_dir;
     std::vector<std::string> targets;
+    std::vector<std::string> replace;  // with --inject: a whole run, these outputs overwritten (what-if)
 };
 
 // Throws HarnessError(kExitBadArgs) naming the offending argument.
