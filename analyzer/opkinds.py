@@ -33,6 +33,7 @@ _CLASS_WORDS: dict[str, tuple[str, ...]] = {
     "attention": ("multiheadattention", "attention", "nn.multiheadattention"),
     "copy": ("identity", "noop", "dropout"),
 }
+_RECURRENT = {"lstm", "gru", "rnn"}  # weighted too: one op here, several convs once an engine decomposes it
 _ARITHMETIC = {"add", "sub", "mul", "div", "pow", "sqrt", "exp", "log", "abs", "neg", "max", "min", "reciprocal"}
 _CLASS_OF = {word: cls for cls, words in _CLASS_WORDS.items() for word in words}
 # Classes one converter's fused or decomposed op can stand for on the other side.
@@ -48,8 +49,10 @@ _NAME_WORD = re.compile(r"([a-z][a-z0-9_]*?)(?:_output|_\d|[.@:]|$)")
 def weighted(op_type: str, op: str = "") -> bool:
     """Whether the layer applies learned weights (a conv, fc or matmul): such an op never vanishes in a
     conversion, it is only fused with the ops around it."""
-    name = str(op).rsplit("/", 1)[-1].lower()
-    return _CLASS_OF.get(str(op_type or "").lower()) == "conv" or bool(_WEIGHTED_NAME.match(name))
+    if str(op_type or "").strip():  # the type says it (Paddle names a conv's bias Add `conv2d_7.tmp_1`)
+        kind = str(op_type).strip().lower()
+        return _CLASS_OF.get(kind) == "conv" or kind in _RECURRENT
+    return bool(_WEIGHTED_NAME.match(str(op).rsplit("/", 1)[-1].lower()))
 
 
 def op_class(op_type: str, op: str = "") -> str:

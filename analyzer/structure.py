@@ -45,6 +45,9 @@ from analyzer.graph import build_graph
 
 # Layers that only copy another layer's tensor: never matched by structure (they would steal matches).
 _COPIES = re.compile(r"^splitncnn_(input)?\d+$")
+# MNN's runtime layout copies: paired only when values confirm them (quality capped under the certain level)
+_RELAYOUT = re.compile(r"_raster_\d+$")
+RELAYOUT_QUALITY = 0.69
 POSITION_WEIGHT = 0.005  # weak: constants (weights) in a golden shift positions; order is kept by the DP
 POSITION_SLACK = 0.05  # relative positions closer than this cost nothing: the later-tensor rule decides
 LATER_BIAS = 1e-2
@@ -62,7 +65,7 @@ MAX_VALUE_CANDIDATES = 12
 STRUCTURE_ONLY = 0.9
 MIN_CERTAIN_QUALITY = 0.7
 OTHER_OUTPUT = 0.6  # two outputs of multi-output ops with different indexes: possible, never certain
-OTHER_ARITHMETIC = 0.9  # both ops say which arithmetic they do, and it differs (Mul vs add_3)
+OTHER_ARITHMETIC = 0.6  # both ops say which arithmetic they do, and it differs (Mul vs add_3): never certain
 MAX_CELLS = 30_000_000  # n x m above this: too big to align by structure (the DP table is n x m)
 
 
@@ -83,8 +86,18 @@ def _features(layers: pd.DataFrame, index: list[int]) -> pd.DataFrame:
         "arithmetic": [arithmetic(t, o) for t, o in zip(part["op_type"], part["op"])],
         "position": np.linspace(0.0, 1.0, len(index)) if len(index) > 1 else np.zeros(len(index)),
         # the output index of a multi-output op (an LSTM's Y, Y_h, Y_c), -1 for single-output ops
+        # computed from nothing (a constant, or an input layer): never the partner of a computed layer
+        "relayout": [bool(_RELAYOUT.search(str(o))) for o in part["op"]],
+        "source": [_no_inputs(cell) for cell in part["inputs"]] if "inputs" in part else [False] * len(index),
         "output": np.where(part["op"].duplicated(keep=False), part["output_index"].astype(int), -1),
     })
+
+
+def _no_inputs(cell) -> bool:
+    try:
+        return json.loads(cell) == [] if cell else True
+    except (json.JSONDecodeError, TypeError):
+        return False
 
 
 def _parse_shape(cell) -> tuple[int, ...]:
@@ -113,6 +126,11 @@ def _score_matrix(fa: pd.DataFrame, fb: pd.DataFrame) -> tuple[np.ndarray, np.nd
     words = {w: k for k, w in enumerate(sorted(set(fa["arithmetic"]) | set(fb["arithmetic"])))}
     wa, wb = (np.array([words[w] if w else -1 for w in f["arithmetic"]]) for f in (fa, fb))
     quality[(wa[:, None] >= 0) & (wb[None, :] >= 0) & (wa[:, None] != wb[None, :])] *= OTHER_ARITHMETIC
+    relayout = fa["relayout"].to_numpy(bool)[:, None] | fb["relayout"].to_numpy(bool)[None, :]
+    quality[relayout] = np.minimum(quality[relayout], RELAYOUT_QUALITY)
+    src_a, src_b = fa["source"].to_numpy(bool), fb["source"].to_numpy(bool)
+    if src_a.sum() < len(src_a) and src_b.sum() < len(src_b):  # both dumps store edges
+        quality[src_a[:, None] != src_b[None, :]] = 0.0
     oa, ob = fa["output"].to_numpy(), fb["output"].to_numpy()
     quality[(oa[:, None] >= 0) & (ob[None, :] >= 0) & (oa[:, None] != ob[None, :])] *= OTHER_OUTPUT
     quality[sa[:, None] != sb[None, :]] = 0.0
@@ -166,8 +184,8 @@ def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[
     is kept that values do not confirm."""
     agree = VALUES_AGREE_FP32 if fp32 else VALUES_AGREE
     keep = VALUES_AGREE_FP32 if fp32 else KEEP_UNCONFIRMED_ERROR
-    base_left = [i for i in base_left if not _COPIES.match(str(base["op"].iloc[i]))]
-    other_left = [j for j in other_left if not _COPIES.match(str(other["op"].iloc[j]))]
+    base_left = [i for i in base_left if not _COPIES.search(str(base["op"].iloc[i]))]
+    other_left = [j for j in other_left if not _COPIES.search(str(other["op"].iloc[j]))]
     if not base_left or not other_left or len(base_left) * len(other_left) > MAX_CELLS:
         return {}
     fa, fb = _features(base, base_left), _features(other, other_left)
@@ -264,10 +282,25 @@ def _judge_options(k: int, kept: list[tuple[int, int]], current: list[tuple[int,
     for p in options:
         err = error(*p) if error is not None else math.inf
         agreeing, checked = edges.consistency(p, mapping) if edges is not None else (0, 0)
-        if quality[p] < MIN_CERTAIN_QUALITY:
-            agreeing = 0  # the op types contradict each other: edges alone cannot carry it
+        if quality[p] < MIN_CERTAIN_QUALITY or (err > agree and _twin_elsewhere(p, quality, error, agree,
+                                                                                (low_a, high_a), (low_b, high_b))):
+            agreeing = 0  # types contradict each other, or values name another partner: edges cannot carry it
         out[p] = _Verdict(err, err <= agree, agreeing, checked, round(float(quality[p]), 6), p[0] + p[1])
     return out
+
+
+def _twin_elsewhere(pair: tuple[int, int], quality: np.ndarray, error: Callable[[int, int], float] | None,
+                    agree: float, span_a: tuple[int, int], span_b: tuple[int, int]) -> bool:
+    """Whether either tensor of `pair` has the values of another same-shape tensor around it (its
+    neighbouring matches included): then values, not a broken op, say where it belongs (a Conv
+    without its bias beside the Add that applies it; an fc with its bias and the Reshape after it)."""
+    if error is None:
+        return False
+    i, j = pair
+    rows_a = [a for a in range(max(span_a[0] - 1, 0), min(span_a[1] + 1, quality.shape[0])) if a != i]
+    rows_b = [b for b in range(max(span_b[0] - 1, 0), min(span_b[1] + 1, quality.shape[1])) if b != j]
+    return (any(quality[a, j] > 0 and error(a, j) <= agree for a in rows_a[:MAX_VALUE_CANDIDATES])
+            or any(quality[i, b] > 0 and error(i, b) <= agree for b in rows_b[:MAX_VALUE_CANDIDATES]))
 
 
 def _match_final_outputs(pairs: list[tuple[int, int]], confidences: list[float],
