@@ -65,37 +65,14 @@ class EdgeCheck:
 def feeders(graph: LayerGraph, key: str, known: set[str], weighted: set[str]) -> tuple[set[str], int]:
     """Nearest producers of `key` in `known`, and how many weighted ops (`key` and the layers walked
     through on the way) compute it from them: a conv cannot vanish between two matched layers."""
-    found: set[str] = set()
-    seen: set[str] = set()
-    stack = list(graph.producers.get(key, []))
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        if current in known:
-            found.add(current)
-        else:
-            stack.extend(graph.producers.get(current, []))
-    return found, len((seen - found) & weighted) + (key in weighted)
+    found, through = graph.nearest(key, known)
+    return found, len(through & weighted) + (key in weighted)
 
 
 def _weighted_keys(layers: pd.DataFrame, is_weighted: Callable[[str, str], bool]) -> set[str]:
     return {str(k) for k, t, o in zip(layers["key"], layers["op_type"], layers["op"]) if is_weighted(str(t), str(o))}
 
 
-def downstream(graph: LayerGraph, key: str, known: set[str]) -> list[str]:
+def downstream(graph: LayerGraph, key: str, known: set[str]) -> set[str]:
     """Nearest consumers of `key` that are in `known`, walking through layers that are not."""
-    found: list[str] = []
-    seen: set[str] = set()
-    stack = list(graph.consumers.get(key, []))
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        if current in known:
-            found.append(current)
-        else:
-            stack.extend(graph.consumers.get(current, []))
-    return found
+    return graph.nearest(key, known, up=False)[0]

@@ -38,19 +38,25 @@ class LayerGraph:
         Layers a run could not be compared on (an op only one backend has, a layer whose shape did
         not match) must not cut the graph: their own producers stand in for them.
         """
-        found: list[str] = []
+        return sorted(self.nearest(key, known)[0], key=self.position)
+
+    def nearest(self, key: str, known: set[str], up: bool = True) -> tuple[set[str], set[str]]:
+        """The nearest layers in `known` up (producers) or down (consumers) from `key`, walking
+        through the layers that are not, and those walked-through layers themselves."""
+        edges = self.producers if up else self.consumers
+        found: set[str] = set()
         seen: set[str] = set()
-        stack = list(self.producers.get(key, []))
+        stack = list(edges.get(key, []))
         while stack:
             current = stack.pop()
             if current in seen:
                 continue
             seen.add(current)
             if current in known:
-                found.append(current)
+                found.add(current)
             else:
-                stack.extend(self.producers.get(current, []))
-        return sorted(set(found), key=self.position)
+                stack.extend(edges.get(current, []))
+        return found, seen - found
 
     def position(self, key: str) -> int:
         """Execution index of a key (-1 when the dump does not have it)."""

@@ -71,28 +71,12 @@ def _where_they_part(pair, graph: LayerGraph, other_graph: LayerGraph | None, ke
 
 def _between(graph: LayerGraph, feeders: list[str], known: set[str], key: str) -> list[str]:
     """Reference layers from just after `feeders` to `key`, in execution order."""
-    reach: set[str] = set()
-    stack = [key]
-    while stack:
-        current = stack.pop()
-        if current in reach or current in known:
-            continue
-        reach.add(current)
-        stack.extend(graph.producers.get(current, []))
-    return sorted(reach, key=graph.position)
+    return sorted(graph.nearest(key, known)[1] | {key}, key=graph.position)
 
 
 def _unmatched_after(graph: LayerGraph, start: str, matched: set[str]) -> list[str]:
     """The run's unmatched layers reachable from `start` without crossing a matched one."""
-    seen: list[str] = []
-    stack = list(graph.consumers.get(start, []))
-    while stack:
-        current = stack.pop()
-        if current in seen or current in matched:
-            continue
-        seen.append(current)
-        stack.extend(graph.consumers.get(current, []))
-    return sorted(seen, key=graph.position)
+    return sorted(graph.nearest(start, matched, up=False)[1], key=graph.position)
 
 
 def _chain(keys: list[str], layers: pd.DataFrame, shapes: dict[str, list[int]]) -> str:
