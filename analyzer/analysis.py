@@ -76,6 +76,7 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
     attach_isolated(comparison.table, isolation)
     findings = merge_findings(all_findings(comparison, sources.runs, thresholds), isolation.findings)
     summary = run_summary(comparison, sources.runs, findings, thresholds)
+    comparison.graphs.clear()  # they served the findings; the report does not need them (Comparison.graph rebuilds)
     problems = sources.problems + comparison.problems + isolation.problems
     problems += [f"{label}: not compared: {why}" for label, why in plan.uncompared.items()]
     return Analysis(sources, comparison, findings, summary, thresholds, problems, isolation)

@@ -37,6 +37,14 @@ class Comparison:
     graphs: dict[str, LayerGraph] = field(default_factory=dict)  # run label -> its graph
     problems: list[str] = field(default_factory=list)
 
+    def graph(self, run: Run) -> LayerGraph:
+        """The run's layer graph, rebuilt if it was released (an analysis drops them once its findings
+        are made: two graphs were ~40 MB at 50,000 layers, kept through the whole report)."""
+        graph = self.graphs.get(run.label)
+        if graph is None:
+            graph = self.graphs[run.label] = build_graph(run.layers)
+        return graph
+
     def pair_rows(self, pair_index: int) -> pd.DataFrame:
         return self.table[self.table["pair"] == pair_index]
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from analyzer.compare import Comparison
 from analyzer.finding import Finding, named
-from analyzer.graph import LayerGraph, build_graph
+from analyzer.graph import LayerGraph
 from analyzer.sources import Run
 from analyzer.trends import error_curve, input_dependence
 from analyzer.unmatched import unmatched_outputs
@@ -36,15 +36,13 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds) -> list
     reference_of = {p.other.label: p.base for p in comparison.plan.pairs if p.kind == "reference"}
     for run in runs:
         found += run_state_findings(run)
-        found += nonfinite_origins(run, comparison.graphs.get(run.label) or build_graph(run.layers),
-                                   reference_of.get(run.label))
+        found += nonfinite_origins(run, comparison.graph(run), reference_of.get(run.label))
     zero_starts: dict[str, Finding] = {}
     for index, pair in enumerate(comparison.plan.pairs):
         rows = comparison.pair_rows(index)
-        graph = comparison.graphs[pair.base.label]
+        graph = comparison.graph(pair.base)
         if pair.kind == "reference":
-            found += unmatched_outputs(pair, comparison.alignments[index], graph,
-                                       comparison.graphs.get(pair.other.label))
+            found += unmatched_outputs(pair, comparison.alignments[index], graph, comparison.graph(pair.other))
             found += saturation(rows, pair.base)
             sources = failure_sources(rows, graph)
             found += sources

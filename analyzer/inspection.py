@@ -73,7 +73,7 @@ def _print_layer(row: pd.Series, layers: pd.DataFrame, as_json: bool) -> None:
     graph = build_graph(layers)
     key = str(row["key"])
     summary = {**{c: _py(row[c]) for c in layers.columns},
-               "fed_by": graph.producers.get(key, []), "feeds": graph.consumers.get(key, []),
+               "fed_by": list(graph.producers.get(key, ())), "feeds": list(graph.consumers.get(key, ())),
                "zero_share": _share(row["n_zero"], row["numel"]),
                "fp16_underflow_share": _share(row["n_fp16_underflow"], row["numel"])}
     if as_json:

@@ -13,10 +13,13 @@ import importlib.util
 import math
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterator
 
+import numpy as np
+import orjson
 import pandas as pd
 
-from analyzer.results import LazyRecords, dumps
+from analyzer.results import LazyRecords, dump_chunks
 
 TABLE_ID = "layer-table"
 CHART_ID = "error-chart"
@@ -25,28 +28,31 @@ WEBGL_POINTS = 5000  # above this many points the chart draws with WebGL (Scatte
 PALETTE = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037", "#ad1457"]
 
 
-def layer_table_html(rows: pd.DataFrame, columns: list[str]) -> str:
-    """Every layer row in one DataTable: global search, sort by any column, panes for run/op type/status.
+def layer_table_parts(rows: pd.DataFrame, columns: list[str]) -> Iterator[str]:
+    """Every layer row in one DataTable (global search, sort by any column, panes for run/op type/status),
+    as HTML in pieces: the rows' JSON a few thousand rows at a time, never whole in memory.
 
     The rows go in as one JSON island of arrays (orjson, column-wise cleaning: itables' own DataFrame
     formatter costs seconds at 10,000 rows); DataTables and its extensions come from the bundle that
     the installed itables ships (itables/html/dt_bundle.js, found without importing itables),
     inlined base64 and imported as a module by web/layer_table.js."""
-    bundle = _itables_dir() / "html" / "dt_bundle.js"
-    data = dumps({"columns": columns, "rows": LazyRecords(rows, columns, as_lists=True)}).replace("</", "<\\/")
-    return (f"<style>{_asset(bundle.with_suffix('.css'))}</style>"
-            f"<table id='{TABLE_ID}' class='display compact nowrap' style='width:100%'></table>"
-            f"<script type='application/json' id='layer-data'>{data}</script>"
-            f"<script type='text/plain' id='dt-bundle'>{_base64(bundle)}</script>"
-            f"<script>{_asset(Path(__file__).with_name('web') / 'layer_table.js')}</script>")
+    bundle = _package_dir("itables") / "html" / "dt_bundle.js"
+    yield (f"<style>{_asset(bundle.with_suffix('.css'))}</style>"
+           f"<table id='{TABLE_ID}' class='display compact nowrap' style='width:100%'></table>"
+           "<script type='application/json' id='layer-data'>")
+    # chunks end between rows, so no "</" is split across two of them
+    for chunk in dump_chunks({"columns": columns, "rows": LazyRecords(rows, columns, as_lists=True)}):
+        yield chunk.decode("utf-8").replace("</", "<\\/")
+    yield (f"</script><script type='text/plain' id='dt-bundle'>{_base64(bundle)}</script>"
+           f"<script>{_asset(Path(__file__).with_name('web') / 'layer_table.js')}</script>")
 
 
-def _itables_dir() -> Path:
-    """The installed itables package's folder, located without importing it (its import pulls in
-    its DataFrame formatters, which the page does not use)."""
-    spec = importlib.util.find_spec("itables")
+def _package_dir(name: str) -> Path:
+    """An installed package's folder, located without importing it (the page needs only the browser
+    code its wheel ships; importing itables or plotly cost ~0.1-0.2 s CPU and ~20 MB each)."""
+    spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("itables is not installed (pip install itables)")
+        raise ModuleNotFoundError(f"{name} is not installed (pip install {name})")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -60,15 +66,14 @@ def _base64(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode("ascii")
 
 
-def error_chart_html(measured: pd.DataFrame, metric: str = "rel_l2") -> str:
+def error_chart_parts(measured: pd.DataFrame, metric: str = "rel_l2") -> Iterator[str]:
     """Error over depth, one series per run, log y; drag to zoom, double-click to reset, hover names the layer.
 
     x is the layer's execution order among measured layers; a non-finite error is drawn at 10x the
     largest finite one so it stands out instead of vanishing."""
-    import plotly.io
-
     if measured.empty:
-        return f"<div id='{CHART_ID}'><p>No measured layer to chart.</p></div>"
+        yield f"<div id='{CHART_ID}'><p>No measured layer to chart.</p></div>"
+        return
     keys = list(measured.groupby("key")["position"].min().sort_values().index)
     x_of = pd.Series(range(len(keys)), index=keys, dtype="int64")
     values = pd.to_numeric(measured[metric], errors="coerce")
@@ -76,10 +81,11 @@ def error_chart_html(measured: pd.DataFrame, metric: str = "rel_l2") -> str:
     top = float(finite.max()) * 10 if len(finite) else 1.0
     kind = "scattergl" if len(measured) > WEBGL_POINTS else "scatter"
     traces = []
-    for k, (run, part) in enumerate(measured.assign(_y=values).groupby("run", sort=False)):
+    for k, (run, part) in enumerate(measured[["run", "key"]].assign(_y=values).groupby("run", sort=False)):
         part = part.assign(_x=x_of.reindex(part["key"]).to_numpy()).sort_values("_x")
-        ys = [top if not math.isfinite(v) else max(v, FLOOR) for v in part["_y"].tolist()]
-        traces.append({"type": kind, "mode": "lines", "name": run, "x": part["_x"].tolist(), "y": ys,
+        y = part["_y"].to_numpy(dtype=np.float64)
+        ys = np.where(np.isfinite(y), np.maximum(y, FLOOR), top)  # numpy arrays: orjson writes them directly
+        traces.append({"type": kind, "mode": "lines", "name": run, "x": part["_x"].to_numpy(dtype=np.int64), "y": ys,
                        "text": part["key"].tolist(), "line": {"width": 1.2, "color": PALETTE[k % len(PALETTE)]},
                        "hovertemplate": f"%{{text}}<br>{metric} %{{y:.4g}}"})
     layout = {"title": {"text": f"{metric} by layer (drag to zoom, double-click to reset)"}, "height": 380,
@@ -88,7 +94,16 @@ def error_chart_html(measured: pd.DataFrame, metric: str = "rel_l2") -> str:
               "yaxis": {"title": {"text": f"{metric} vs reference (log)"}, "type": "log", "dtick": 1,
                         "exponentformat": "e"},
               "showlegend": len(traces) > 1}
-    chart = plotly.io.to_html({"data": traces, "layout": layout}, include_plotlyjs=True, full_html=False,
-                              div_id=CHART_ID, validate=False, config={"displaylogo": False, "responsive": True})
-    return chart
+    data = orjson.dumps(traces, option=orjson.OPT_SERIALIZE_NUMPY).decode("utf-8").replace("</", "<\\/")
+    layout_json = orjson.dumps(layout).decode("utf-8").replace("</", "<\\/")
+    config = orjson.dumps({"displaylogo": False, "responsive": True}).decode("utf-8")
+    yield _plotly_js()  # a piece of its own: 4.6 MB, written before the chart is built
+    yield (f"<div style='height:{layout['height']}px; width:100%;'>"
+            f'<div id="{CHART_ID}" class="plotly-graph-div" style="height:100%; width:100%;"></div>'
+            f'<script>Plotly.newPlot("{CHART_ID}", {data}, {layout_json}, {config});</script></div>')
 
+
+def _plotly_js() -> str:
+    """plotly.js from the installed plotly package (not imported), inlined once before the chart."""
+    bundle = _package_dir("plotly") / "package_data" / "plotly.min.js"
+    return f"<script>window.PlotlyConfig = {{MathJaxConfig: 'local'}};</script><script>{bundle.read_text(encoding='utf-8')}</script>"

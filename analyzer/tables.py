@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import html
 import math
+from typing import Iterator
 
 import pandas as pd
 
 from analyzer.compare import Comparison
 from analyzer.findings import Finding
-from analyzer.outdir import atomic_write_text
+from analyzer.outdir import atomic_write_chunks, atomic_write_text
 from analyzer.sources import Run
 from analyzer.verdict import Thresholds, run_verdict
 
@@ -22,6 +23,7 @@ SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "ver
                    "first_divergence", "first_divergence_op", "first_fail", "first_fail_op", "worst_layer",
                    "worst_rel_l2", "output_beyond_tolerance", "output_rel_l2",
                    "output_sqnr_db", "top1", "top5", "backend_actual", "precision_effective", "complete", "file"]
+CHUNK_ROWS = 2000  # rows formatted at a time when writing big tables
 LAYER_VIEW = ["run", "position", "key", "op_type", "status", "rel_l2", "sqnr_db", "cosine", "max_abs", "mean_abs",
               "median_abs", "p99_abs", "max_rel", "mean_rel", "pass_fraction", "n_nonfinite_mismatch",
               "zero_collapse", "n_saturated", "growth", "top1", "top5", "shape", "run_shape", "reasons"]
@@ -181,13 +183,28 @@ def format_number(value) -> str:
 
 def to_markdown(frame: pd.DataFrame) -> str:
     """A GitHub-flavoured Markdown table; pipes in cells are escaped."""
+    return "".join(markdown_chunks(frame))
+
+
+def markdown_chunks(frame: pd.DataFrame, rows: int = CHUNK_ROWS) -> Iterator[str]:
+    """`to_markdown` in pieces of `rows` rows: a 50,000-layer table formatted whole was ~50 MB of strings."""
     if frame.empty:
-        return "_(none)_\n"
-    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    cells = [_formatted_column(frame[c], markdown=True) for c in frame.columns]
-    body = ["| " + " | ".join(row) + " |" for row in zip(*cells)]
-    return "\n".join([header, rule, *body]) + "\n"
+        yield "_(none)_\n"
+        return
+    yield "| " + " | ".join(str(c) for c in frame.columns) + " |\n"
+    yield "|" + "|".join("---" for _ in frame.columns) + "|\n"
+    for start in range(0, len(frame), rows):
+        part = frame.iloc[start:start + rows]
+        cells = [_formatted_column(part[c], markdown=True) for c in part.columns]
+        yield "".join("| " + " | ".join(row) + " |\n" for row in zip(*cells))
+
+
+def csv_chunks(frame: pd.DataFrame, rows: int = CHUNK_ROWS) -> Iterator[bytes]:
+    """`frame.to_csv(index=False)` in pieces of `rows` rows (the same text, never whole in memory)."""
+    if len(frame) == 0:
+        yield frame.to_csv(index=False).encode("utf-8")
+    for start in range(0, len(frame), rows):
+        yield frame.iloc[start:start + rows].to_csv(index=False, header=start == 0).encode("utf-8")
 
 
 def _formatted_column(series: pd.Series, markdown: bool = False) -> list[str]:
@@ -217,17 +234,21 @@ def to_html(frame: pd.DataFrame, css_class: str = "data") -> str:
 
 def write_tables(out_dir, summary: pd.DataFrame, comparison: Comparison, findings: list[Finding]) -> None:
     """summary.csv (every layer x run, all metrics) and summary.md (summary, findings, layers)."""
-    atomic_write_text(out_dir / "summary.csv", comparison.table.to_csv(index=False))
+    atomic_write_chunks(out_dir / "summary.csv", csv_chunks(comparison.table))
     atomic_write_text(out_dir / "runs.csv", summary.to_csv(index=False))
-    parts = ["# layerdiff report\n", f"Reference: **{comparison.plan.reference.label}** "
-             f"({comparison.plan.reason})\n", "## Runs\n",
-             to_markdown(summary[["run", "role", "verdict", "n_fail", "n_warn", "first_divergence",
-                                  "first_divergence_op", "output_rel_l2", "top1", "top5"]]),
-             "\n## Findings\n", *(f"- {f.sentence}\n" for f in findings)]
+    atomic_write_chunks(out_dir / "summary.md", (part.encode("utf-8") for part in _markdown_parts(summary, comparison, findings)))
+
+
+def _markdown_parts(summary: pd.DataFrame, comparison: Comparison, findings: list[Finding]) -> Iterator[str]:
+    yield from ["# layerdiff report\n", f"Reference: **{comparison.plan.reference.label}** "
+                f"({comparison.plan.reason})\n", "## Runs\n",
+                to_markdown(summary[["run", "role", "verdict", "n_fail", "n_warn", "first_divergence",
+                                     "first_divergence_op", "output_rel_l2", "top1", "top5"]]),
+                "\n## Findings\n", *(f"- {f.sentence}\n" for f in findings)]
     isolated = isolation_table(comparison)
     if len(isolated):
-        parts += ["\n## Isolation (cumulative vs isolated: the layer fed the reference's own inputs)\n",
-                  to_markdown(isolated)]
+        yield from ["\n## Isolation (cumulative vs isolated: the layer fed the reference's own inputs)\n",
+                    to_markdown(isolated)]
     rows = reference_rows(comparison)
-    parts += ["\n## Layers\n", to_markdown(rows[layer_view(rows)])]
-    atomic_write_text(out_dir / "summary.md", "".join(parts))
+    yield "\n## Layers\n"
+    yield from markdown_chunks(rows[layer_view(rows)])
