@@ -1,8 +1,9 @@
 """The user's layerdiff cache: foreign dumps converted (and zips extracted) once, and measured
 comparisons stored (`analyzer.resultcache`), reused by later analyses.
 
-It lives in the user's own cache directory ($XDG_CACHE_HOME, else ~/.cache, then layerdiff/conversions;
-$LAYERDIFF_CACHE_DIR overrides), never in a shared temp directory where another user could plant
+It lives under layerdiff's one cache root (`user_cache_root`: $LAYERDIFF_CACHE, else
+$XDG_CACHE_HOME/layerdiff, else ~/.cache/layerdiff; the harness builds and the arm64 runtime live
+there too), in conversions/ ($LAYERDIFF_CACHE_DIR overrides that folder alone), never in a shared temp directory where another user could plant
 files: it is created 0700 and refused when someone else owns it or others may write to it. It is
 bounded: after each addition the least recently used entries go until it fits the limit
 ($LAYERDIFF_CACHE_MAX_BYTES, default 4 GiB). `analyze cache` reports its size, `analyze cache clean`
@@ -27,11 +28,19 @@ def max_bytes() -> int:
     return env_bytes("LAYERDIFF_CACHE_MAX_BYTES", DEFAULT_MAX_BYTES)
 
 
+def user_cache_root() -> Path:
+    """Root of every layerdiff cache (harness builds, arm64 runtime, conversions, stored results):
+    one place to find, size and delete, following the XDG convention unless $LAYERDIFF_CACHE says."""
+    override = os.environ.get("LAYERDIFF_CACHE")
+    if override:
+        return Path(override)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerdiff"
+
+
 def cache_dir(create: bool = True) -> Path:
     """The user's conversion cache, created private and checked to be theirs alone."""
     override = os.environ.get("LAYERDIFF_CACHE_DIR")
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    path = Path(override) if override else base / "layerdiff" / "conversions"
+    path = Path(override) if override else user_cache_root() / "conversions"
     if create:
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)

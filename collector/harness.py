@@ -6,7 +6,8 @@ and CI step; a change to any of those gives a new key, never a stale binary. ncn
 cached separately (keyed by its version and build options) so editing the harness sources does
 not rebuild ncnn. Concurrent callers serialise on a file lock so only one of them builds.
 
-Cache layout (root: $LAYERDIFF_CACHE, default ~/.cache/layerdiff):
+Cache layout (root: analyzer.convcache.user_cache_root(), i.e. $LAYERDIFF_CACHE, else
+$XDG_CACHE_HOME/layerdiff, else ~/.cache/layerdiff):
     harness/src/ncnn-<version>/            the ncnn sdist from PyPI, unpacked
     harness/ncnn-<target>-<key>/           ncnn installed for one target and option set
     harness/<target>-<key>/layerdiff-harness
@@ -30,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
+from analyzer.convcache import user_cache_root
 from analyzer.errors import LayerdiffError
 from collector import children
 from collector.buildprogress import BuildReporter, BuildWatcher, default_reporter, estimate_minutes
@@ -66,9 +68,8 @@ class HarnessSpec:
 
 
 def cache_root() -> Path:
-    """Root of layerdiff's caches; $LAYERDIFF_CACHE overrides ~/.cache/layerdiff."""
-    override = os.environ.get("LAYERDIFF_CACHE")
-    return Path(override) if override else Path.home() / ".cache" / "layerdiff"
+    """Root of layerdiff's caches, shared with the analyzer's conversion and results cache."""
+    return user_cache_root()
 
 
 def host_abi() -> str:

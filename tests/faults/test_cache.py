@@ -19,6 +19,7 @@ from tests.faults.support import assert_one_line_error, cli
 @pytest.fixture
 def xdg(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("LAYERDIFF_CACHE_DIR", raising=False)
+    monkeypatch.delenv("LAYERDIFF_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     return tmp_path / "xdg" / "layerdiff" / "conversions"
 
@@ -34,6 +35,13 @@ def test_cache_is_private_and_in_the_users_cache_dir(xdg, tmp_path):
     assert stat.S_IMODE(xdg.stat().st_mode) == 0o700
     again = import_any(tmp_path / "r.npz")
     assert again == converted  # converted once, reused
+
+
+def test_one_cache_root_for_harness_builds_and_conversions(xdg, monkeypatch, tmp_path):
+    from collector.harness import cache_root
+    assert cache_root() == xdg.parent  # harness builds and arm64 runtime beside conversions/
+    monkeypatch.setenv("LAYERDIFF_CACHE", str(tmp_path / "elsewhere"))
+    assert cache_root() == tmp_path / "elsewhere" and convcache.cache_dir(create=False) == tmp_path / "elsewhere" / "conversions"
 
 
 def test_cache_opened_by_others_is_closed_and_foreign_owner_refused(xdg, tmp_path):
