@@ -17,6 +17,9 @@ Why it is built this way:
 Relative difference follows Polygraphy: |run - ref| / |ref|, with a zero |ref| replaced by
 2.2e-16 (computed in float32 for float32 tensors: ratios beyond 3.4e38 read inf). allclose also follows Polygraphy: an element fails when
 |diff| > atol AND rel > rtol.
+`beyond_scale` is the share of elements off by more than atol + rtol x max|ref| (the tensor's own
+scale): what a run's verdict weighs at a model output, where a change small against the whole
+output (an fp16 rounding of a 0.05 probability) decides nothing, whatever the value's own size.
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ class _Sums:
         self.max_abs = self.max_rel = 0.0
         self.sum_abs = self.sum_rel = 0.0
         self.n_fail = 0
+        self.n_beyond_scale = 0  # |diff| > atol + rtol * max|ref| (or non-finite on one side only)
         self.n_finite_pairs = 0
         self.n_mismatch = 0  # non-finite on one side only (or different non-finite values)
         self.zero_collapsed = 0
@@ -84,6 +88,7 @@ class PairKernel:
             run_saturated=bool(run_stats.get("n_fp16_saturated", 1)),
             norms_per_chunk=not (clean and _has_moments(ref_stats) and _has_moments(run_stats)),
             floor=NEGLIGIBLE * _rms(x, ref_stats),
+            scale_limit=self.tol.atol + self.tol.rtol * _absmax(x, ref_stats),
         )
         same_dtype = x.dtype == work and y.dtype == work
         with np.errstate(all="ignore"):  # inf/huge ratios are results here, not accidents
@@ -149,6 +154,8 @@ class PairKernel:
             over_abs = np.greater(ad, self.tol.atol, out=self._flags[0][:n])
             over_rel = np.greater(rel, self.tol.rtol, out=self._flags[1][:n])
             s.n_fail += int(np.count_nonzero(np.logical_and(over_abs, over_rel, out=over_abs)))
+        if chunk_max > opt.scale_limit:
+            s.n_beyond_scale += int(np.count_nonzero(np.greater(ad, opt.scale_limit, out=self._flags[0][:n])))
         s.n_finite_pairs += n
         if opt.run_has_zero:  # a collapse counts reference values that matter (above the floor) gone to 0
             ref_significant = np.greater(np.abs(x), opt.floor, out=self._flags[1][:n])
@@ -174,6 +181,7 @@ class PairKernel:
             ad[mismatch] = np.inf
             s.n_mismatch += n_mismatch
             s.n_fail += n_mismatch
+            s.n_beyond_scale += n_mismatch
         return ad
 
 
@@ -186,6 +194,7 @@ class _ChunkOptions:
     run_saturated: bool
     norms_per_chunk: bool  # False: |ref|^2 and |run|^2 come from the /layers mean and std
     floor: float = 0.0  # NEGLIGIBLE x the reference's RMS: below it a value is noise against its tensor
+    scale_limit: float = math.inf  # atol + rtol x max|ref|: beyond it an element changed against its tensor
 
 
 def _rms(x: np.ndarray, stats: dict) -> float:
@@ -196,6 +205,15 @@ def _rms(x: np.ndarray, stats: dict) -> float:
         finite = x[np.isfinite(x)].astype(np.float64)
         value = math.sqrt(float(np.dot(finite, finite)) / finite.size) if finite.size else 0.0
     return value if math.isfinite(value) else 0.0
+
+
+def _absmax(x: np.ndarray, stats: dict) -> float:
+    """Largest finite |value| of the reference: from the stored min/max, else one pass."""
+    lo, hi = stats.get("min"), stats.get("max")
+    if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi):
+        return max(abs(float(lo)), abs(float(hi)))
+    finite = x[np.isfinite(x)]
+    return float(np.abs(finite).max()) if finite.size else 0.0
 
 
 def _has_moments(stats: dict) -> bool:
@@ -257,6 +275,7 @@ def _finish(s: _Sums, n: int) -> dict:
         "sqnr_db": -math.inf if s.n_mismatch else _sqnr(s.aa, s.dd),
         "pass_fraction": 1.0 - s.n_fail / n if n else 1.0,
         "n_fail": s.n_fail,
+        "beyond_scale": s.n_beyond_scale / n if n else 0.0,
         "n_nonfinite_mismatch": s.n_mismatch,
         **{f"n_{k}": v for k, v in s.counts.items()},
         "n_zero_collapsed": s.zero_collapsed,

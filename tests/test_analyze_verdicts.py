@@ -21,7 +21,7 @@ def test_internal_divergence_that_does_not_reach_the_outputs_is_a_warning(tmp_pa
     try:
         (row,) = _summary(analysis).values()
         assert row["n_fail"] >= 1 and row["verdict"] == "warn"
-        assert "beyond tolerance" in row["verdict_reason"] and row["output_beyond_tolerance"] == 0.0
+        assert "changed beyond" in row["verdict_reason"] and row["output_beyond_tolerance"] == 0.0
         assert row["first_divergence"] == "pool:0" and row["first_fail"] == "pool:0"
     finally:
         analysis.close()

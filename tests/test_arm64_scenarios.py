@@ -71,8 +71,8 @@ def warp_sweep(tmp_path_factory):
     return work, x
 
 
-def _analyze(runs: Path, report: Path) -> dict:
-    done = _cli("analyzer.cli", str(runs), "-o", str(report), "--json")
+def _analyze(runs: Path, report: Path, *options: str) -> dict:
+    done = _cli("analyzer.cli", str(runs), "-o", str(report), "--json", *options)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -82,13 +82,17 @@ def _findings(doc: dict, kind: str) -> list[dict]:
 
 
 def test_seed_002_gridsample_is_the_failure_source_on_mnn_arm64_low(warp_sweep):
+    """MNN's Arm82 GridSample at low lands in one of two results from one process to the next, with
+    the same model, input and options (measured: rel L2 0.56 or 0.093 against its own fp32, every
+    other layer bit for bit the same), so the failure threshold sits below both: 0.05, still 50x
+    the fp16 error of the Conv that feeds it."""
     work, x = warp_sweep
-    doc = _analyze(work / "runs" / "arm64", work / "report-a76")
+    doc = _analyze(work / "runs" / "arm64", work / "report-a76", "--fail-rel-l2", "0.05")
     sources = _findings(doc, "failure_source")
     assert len(sources) == 1, (doc["reference"], [(f["kind"], f["run"], f["layer"]) for f in doc["findings"]])
     source = sources[0]
     assert source["layer"] == "warp:0" and source["op_type"] == "GridSample"
-    assert source["numbers"]["rel_l2"] > 0.2 and source["numbers"]["worst_input_rel_l2"] < 0.01  # its inputs pass
+    assert source["numbers"]["rel_l2"] > 0.05 and source["numbers"]["worst_input_rel_l2"] < 0.01  # its inputs pass
     with DumpFile(work / "runs" / "arm64" / "mnn_cpu_low_x.h5") as low:
         assert low.attrs["precision_effective"] == "fp16"
     # high fixes it: MNN's fp32 GridSample on the same core agrees with ONNX's own reference evaluator
