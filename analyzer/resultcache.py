@@ -9,13 +9,15 @@ user's private XDG cache directory, bounded least-recently-used first, shown and
 
 The key covers everything the measurement depends on: each dump's path, size, modification time
 and inode (a rewritten dump gets a new key), the pairing, the name rules, the thresholds and the
-tool version. Entries are plain JSON (never pickle: a cache must not be able to run code), written
+analyzer's own code (a hash of its sources, so a changed metric or alignment is never answered from
+an entry measured by older code, even in a development install where the version stays the same). Entries are plain JSON (never pickle: a cache must not be able to run code), written
 one column at a time (a 50,000-layer table is never a second time in memory as Python lists), and
 any entry that does not load is ignored and recomputed. A cache that cannot be used (read-only,
 owned by someone else) is never an error: the analysis just is not stored.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -26,7 +28,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from analyzer import __version__, convcache
+from analyzer import convcache
 from analyzer.align import NameRules, PairAlignment
 from analyzer.compare import Comparison
 from analyzer.errors import LayerdiffError
@@ -48,12 +50,22 @@ def cache_key(plan: Plan, rules: NameRules, thresholds: Thresholds) -> str:
         st = run.path.stat()
         files.append([str(run.path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, run.label])
     identity = {
-        "version": __version__, "files": sorted(files),
+        "code": code_fingerprint(), "files": sorted(files),
         "pairs": [[str(p.base.path.resolve()), str(p.other.path.resolve()), p.kind] for p in plan.pairs],
         "rules": [sorted(rules.name_map.items()), [[r.pattern, s] for r, s in rules.regex], rules.builtin],
         "thresholds": thresholds.as_dict(),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A hash of every analyzer source file: what produced a stored measurement (~1 ms)."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for source in sorted(package.rglob("*.py")):
+        digest.update(source.relative_to(package).as_posix().encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def entry_path(key: str) -> Path | None:

@@ -16,7 +16,7 @@ from analyzer.compare import Comparison
 from analyzer.findings import Finding
 from analyzer.outdir import atomic_write_chunks, atomic_write_text
 from analyzer.sources import Run
-from analyzer.verdict import Thresholds, output_beyond, run_verdict
+from analyzer.verdict import Thresholds, dense_output_beyond, run_verdict
 
 SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "verdict", "verdict_reason",
                    "layers_compared", "n_pass", "n_warn", "n_fail", "n_other", "only_in_reference", "only_in_run",
@@ -81,7 +81,7 @@ def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | N
     return {
         "reference": pair.base.label,
         "verdict": verdict, "verdict_reason": why,
-        "output_beyond_tolerance": float(output_beyond(outputs).max()) if len(outputs) else math.nan,
+        "output_beyond_tolerance": dense_output_beyond(outputs),
         "layers_compared": int(len(rows)), "n_pass": int((status == "pass").sum()),
         "n_warn": int((status == "warn").sum()), "n_fail": int((status == "fail").sum()),
         "n_other": int((~status.isin(["pass", "warn", "fail"])).sum()),

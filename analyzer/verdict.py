@@ -89,14 +89,26 @@ def classify(row: dict, t: Thresholds) -> tuple[str, str]:
 # a 0.05 probability moved by 1e-3 as changed, so the verdict of one model flipped with input size.
 
 
-def output_beyond(outputs):
+def output_beyond(outputs: pd.DataFrame) -> pd.Series:
     """Share of each output's elements changed against its scale (allclose share for older results)."""
     if "beyond_scale" in outputs and outputs["beyond_scale"].notna().all():
         return outputs["beyond_scale"].astype(float)
     return 1.0 - outputs["pass_fraction"].astype(float)
 
 
-def run_verdict(layer_statuses, outputs, t: Thresholds | None = None) -> tuple[str, str]:
+def score_vectors(outputs: pd.DataFrame) -> pd.Series:
+    """Which outputs are score vectors: their decision is the top-1 class, not every probability."""
+    return outputs["top1"].astype(float).notna()
+
+
+def dense_output_beyond(outputs: pd.DataFrame) -> float:
+    """The worst share changed beyond tolerance among the dense outputs (masks, feature maps), the
+    figure the verdict weighs and runs.csv reports; NaN when the run has no dense output."""
+    dense = outputs[~score_vectors(outputs)]
+    return float(output_beyond(dense).max()) if len(dense) else math.nan
+
+
+def run_verdict(layer_statuses, outputs: pd.DataFrame | None, t: Thresholds | None = None) -> tuple[str, str]:
     """The verdict of one run from its layers' statuses and its measured output rows, with the reason.
 
     `outputs` has columns status, pass_fraction (beyond_scale), top1, n_nonfinite_mismatch. Without a
@@ -114,9 +126,9 @@ def run_verdict(layer_statuses, outputs, t: Thresholds | None = None) -> tuple[s
         return layers_worst, "no model output compared: the worst layer decides"
     allowed = 1.0 - t.min_pass_fraction
     top1 = outputs["top1"].astype(float)
-    scores = top1.notna()  # score vectors: their decision is the top-1 class, not every probability
-    dense = outputs[~scores]
-    beyond = float(output_beyond(dense).max()) if len(dense) else 0.0
+    scores = score_vectors(outputs)
+    beyond = dense_output_beyond(outputs)
+    beyond = 0.0 if math.isnan(beyond) else beyond
     if (outputs["n_nonfinite_mismatch"].fillna(0) > 0).any():
         return "fail", "NaN/Inf reach a model output"
     if beyond > allowed:
@@ -133,6 +145,8 @@ def run_verdict(layer_statuses, outputs, t: Thresholds | None = None) -> tuple[s
     if layers_worst in ("warn", "fail"):
         counts = {s: statuses.count(s) for s in ("fail", "warn") if statuses.count(s)}
         said = ", ".join(f"{n} layer(s) {s}" for s, n in counts.items())
+        if scores.all():
+            return "warn", f"{said}, but no top-1 decision changes"
         return "warn", (f"{said}, but only {beyond:.3%} of the outputs' elements changed beyond atol + rtol x their largest value "
                         f"(<= {allowed:.0%}) and no top-1 decision changes")
     return "pass", ""

@@ -2,10 +2,12 @@
 first divergence has one definition, and explanations fit the precisions involved."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from analyzer.analysis import analyze_paths
-from tests.analyze_dumps import perturbed, reference_arrays, write_dump
+from tests.analyze_dumps import LAYERS, perturbed, reference_arrays, write_dump
 
 
 def _summary(analysis):
@@ -21,7 +23,8 @@ def test_internal_divergence_that_does_not_reach_the_outputs_is_a_warning(tmp_pa
     try:
         (row,) = _summary(analysis).values()
         assert row["n_fail"] >= 1 and row["verdict"] == "warn"
-        assert "changed beyond" in row["verdict_reason"] and row["output_beyond_tolerance"] == 0.0
+        assert "no top-1 decision changes" in row["verdict_reason"]
+        assert math.isnan(row["output_beyond_tolerance"])  # the only output is a score vector: judged by top-1
         assert row["first_divergence"] == "pool:0" and row["first_fail"] == "pool:0"
     finally:
         analysis.close()
@@ -40,6 +43,23 @@ def test_outputs_beyond_tolerance_or_a_changed_decision_fail_the_run(tmp_path):
     try:
         (row,) = _summary(analysis).values()
         assert row["verdict"] == "fail" and ("top-1" in row["verdict_reason"] or "beyond" in row["verdict_reason"])
+    finally:
+        analysis.close()
+
+
+def test_a_dense_output_is_judged_by_the_share_runs_csv_reports(tmp_path):
+    layers = [LAYERS[0], ("mask", "Sigmoid", ["conv1"], (1, 1, 8, 9))]  # one channel: a mask, not class scores
+    ref = {"conv1": reference_arrays()["conv1"],
+           "mask": np.random.default_rng(3).uniform(0.0, 1.0, (1, 1, 8, 9)).astype(np.float32)}
+    write_dump(tmp_path / "ref.h5", ref, layers=layers)
+    run = {k: v.copy() for k, v in ref.items()}
+    run["mask"].reshape(-1)[0] += np.float32(0.5)  # 1 of 72 values changed: 1.39% > 1%
+    write_dump(tmp_path / "vk.h5", run, layers=layers, backend="vulkan", precision="low")
+    analysis = analyze_paths([tmp_path])
+    try:
+        (row,) = _summary(analysis).values()
+        assert row["verdict"] == "fail" and "1.39% of an output's elements" in row["verdict_reason"]
+        assert abs(row["output_beyond_tolerance"] - 1 / 72) < 1e-9
     finally:
         analysis.close()
 

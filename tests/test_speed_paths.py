@@ -76,6 +76,26 @@ def test_changed_dump_or_options_are_measured_again(runs, cache):
     assert len(_entries(cache)) == 2
 
 
+def test_changed_analyzer_code_is_measured_again(tmp_path):
+    """A stored measurement is keyed by the analyzer's sources, not only its version number: a
+    development install that changes a metric must not be answered from an older entry."""
+    import shutil
+    from pathlib import Path
+
+    copy = tmp_path / "code"
+    shutil.copytree(Path(resultcache.__file__).parent, copy / "analyzer", ignore=shutil.ignore_patterns("__pycache__"))
+    probe = [sys.executable, "-c", "from analyzer.resultcache import code_fingerprint; print(code_fingerprint())"]
+
+    def fingerprint() -> str:
+        return subprocess.run(probe, cwd=copy, capture_output=True, text=True, check=True).stdout.strip()
+
+    before = fingerprint()
+    assert before == fingerprint()
+    with open(copy / "analyzer" / "metrics.py", "a") as source:
+        source.write("\n# a changed metric\n")
+    assert fingerprint() != before
+
+
 def test_damaged_cache_entries_are_ignored(runs, cache):
     analyze_paths([runs]).close()
     for entry in _entries(cache):
