@@ -82,10 +82,12 @@ def _findings(doc: dict, kind: str) -> list[dict]:
 
 
 def test_seed_002_gridsample_is_the_failure_source_on_mnn_arm64_low(warp_sweep):
-    """MNN's Arm82 GridSample at low lands in one of two results from one process to the next, with
-    the same model, input and options (measured: rel L2 0.56 or 0.093 against its own fp32, every
-    other layer bit for bit the same), so the failure threshold sits below both: 0.05, still 50x
-    the fp16 error of the Conv that feeds it."""
+    """MNN 3.6.1's Arm82 GridSample at low lands in one of two results from one process to the next,
+    with the same model, input and options: rel L2 0.093 (fp16 sample coordinates) or 0.56 (the same
+    with align_corners read as 1: its fp16 coordinate function takes an extra argument before
+    alignCorners but is called through a 7-argument pointer, so the flag is a stale register; see
+    samples/README.md, seed 002). Every other layer is bit for bit the same, so the failure
+    threshold sits below both: 0.05, still 50x the fp16 error of the Conv that feeds it."""
     work, x = warp_sweep
     doc = _analyze(work / "runs" / "arm64", work / "report-a76", "--fail-rel-l2", "0.05")
     sources = _findings(doc, "failure_source")
