@@ -24,6 +24,7 @@ output (an fp16 rounding of a 0.05 probability) decides nothing, whatever the va
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -202,8 +203,11 @@ def _rms(x: np.ndarray, stats: dict) -> float:
     if _has_moments(stats):
         value = math.sqrt(stats["std"] ** 2 + stats["mean"] ** 2)
     else:
-        finite = x[np.isfinite(x)].astype(np.float64)
-        value = math.sqrt(float(np.dot(finite, finite)) / finite.size) if finite.size else 0.0
+        squares, count = 0.0, 0
+        for chunk in _finite_chunks(x):
+            chunk = chunk.astype(np.float64)
+            squares, count = squares + float(np.dot(chunk, chunk)), count + chunk.size
+        value = math.sqrt(squares / count) if count else 0.0
     return value if math.isfinite(value) else 0.0
 
 
@@ -212,8 +216,14 @@ def _absmax(x: np.ndarray, stats: dict) -> float:
     lo, hi = stats.get("min"), stats.get("max")
     if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi):
         return max(abs(float(lo)), abs(float(hi)))
-    finite = x[np.isfinite(x)]
-    return float(np.abs(finite).max()) if finite.size else 0.0
+    return max((float(np.abs(chunk).max()) for chunk in _finite_chunks(x) if chunk.size), default=0.0)
+
+
+def _finite_chunks(x: np.ndarray) -> Iterator[np.ndarray]:
+    """The finite values of `x`, a chunk at a time: a pass over a 256 MB layer must not copy it whole."""
+    for start in range(0, x.size, CHUNK):
+        chunk = x[start:start + CHUNK]
+        yield chunk if np.isfinite(chunk).all() else chunk[np.isfinite(chunk)]
 
 
 def _has_moments(stats: dict) -> bool:

@@ -27,6 +27,8 @@ LABEL_FIELDS = ("device", "engine", "setting", "input_label", "repeat")
 # Precomputed /layers counts the metrics use to skip work (no NaN -> no finiteness tests, ...).
 # mean/std give |x|^2 = n (std^2 + mean^2) without a pass over the tensor.
 STATS_FIELDS = ("n_nan", "n_posinf", "n_neginf", "n_zero", "n_fp16_saturated", "mean", "std")
+# min/max let the metrics take a layer's scale from the file instead of a pass over the tensor.
+OPTIONAL_STATS_FIELDS = ("min", "max")
 
 
 class LayerStats(Mapping):
@@ -37,6 +39,7 @@ class LayerStats(Mapping):
 
     def __init__(self, frame: pd.DataFrame) -> None:
         self._columns = {f: frame[f].to_numpy() for f in STATS_FIELDS}
+        self._columns.update({f: frame[f].to_numpy() for f in OPTIONAL_STATS_FIELDS if f in frame})
         orders = frame["order"].to_numpy(dtype=np.int64)
         self._rows = np.argsort(orders, kind="stable")
         self._orders = orders[self._rows]
