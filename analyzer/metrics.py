@@ -159,7 +159,9 @@ class PairKernel:
             s.n_beyond_scale += int(np.count_nonzero(np.greater(ad, opt.scale_limit, out=self._flags[0][:n])))
         s.n_finite_pairs += n
         if opt.run_has_zero:  # a collapse counts reference values that matter (above the floor) gone to 0
-            ref_significant = np.greater(np.abs(x), opt.floor, out=self._flags[1][:n])
+            # with a floor, den = max(|x|, floor) is above the floor exactly where |x| is: no new |x| pass
+            magnitude = den if opt.floor > 0 else np.abs(x, out=scratch[2][:n])  # rel (scratch[2]) is done
+            ref_significant = np.greater(magnitude, opt.floor, out=self._flags[1][:n])
             s.ref_significant += int(np.count_nonzero(ref_significant))
             run_zero = np.equal(y, 0, out=self._flags[0][:n])
             s.zero_collapsed += int(np.count_nonzero(np.logical_and(run_zero, ref_significant, out=run_zero)))
