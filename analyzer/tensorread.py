@@ -1,8 +1,10 @@
-"""Reading tensors fast from an HDF5 dump: a reusable buffer, one `pread` per contiguous tensor,
-sampled blocks of big layers, and a small HDF5 metadata cache (see `analyzer.dumpfile.DumpFile`)."""
+"""Reading tensors fast from an HDF5 dump: a reusable buffer, one `pread` per contiguous tensor
+(a read-only memory map for big ones), sampled blocks of big layers, and a small HDF5 metadata
+cache (see `analyzer.dumpfile.DumpFile`)."""
 from __future__ import annotations
 
 import math
+import mmap
 import os
 from typing import Any
 
@@ -10,6 +12,10 @@ import h5py
 import numpy as np
 
 from analyzer.limits import MAX_TENSOR_BYTES
+
+# From this size a contiguous tensor is mapped instead of copied: copying 256 MB from the page cache
+# into a buffer took as long as all the metrics of the layer, and a first read faulted the buffer in.
+MAP_MIN_BYTES = 16 << 20
 
 
 class TensorBuffer:
@@ -80,6 +86,8 @@ class FastReader:
             if (offset is None or nbytes == 0 or nbytes > MAX_TENSOR_BYTES or dsid.get_storage_size() != nbytes
                     or not dsid.get_type().equal(type_id)):
                 return None
+            if nbytes >= MAP_MIN_BYTES:
+                return self._map(offset, nbytes, dtype, shape)
             out = buffer.view(shape, dtype)
             return out if self._pread(out, offset) else None
         except (KeyError, OSError, RuntimeError, ValueError, TypeError):
@@ -97,9 +105,27 @@ class FastReader:
                 return None
         return out.reshape(-1)
 
-    def _pread(self, out: np.ndarray, offset: int) -> bool:
+    def _map(self, offset: int, nbytes: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray | None:
+        """A read-only view of the tensor's bytes in the page cache, unmapped when the view is freed.
+
+        Only bytes the file really holds are mapped (a short file takes the checked path, as a short
+        read would). Dumps are written under a temporary name and renamed when complete, so a dump
+        being analyzed is not being written; a file cut short by someone else while mapped would
+        stop the process (SIGBUS) where a read would have failed."""
+        fd = self._open()
+        if os.fstat(fd).st_size < offset + nbytes:
+            return None
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(fd, nbytes + offset - base, offset=base, access=mmap.ACCESS_READ)
+        return np.frombuffer(mapped, dtype=dtype, count=math.prod(shape), offset=offset - base).reshape(shape)
+
+    def _open(self) -> int:
         if self._fd is None:
             self._fd = os.open(self._filename, os.O_RDONLY)
+        return self._fd
+
+    def _pread(self, out: np.ndarray, offset: int) -> bool:
+        self._open()
         view = memoryview(out.reshape(-1).view(np.uint8))
         done = 0
         while done < len(view):

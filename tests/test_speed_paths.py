@@ -161,3 +161,25 @@ def test_fast_reader_matches_h5py_and_falls_back(tmp_path):
             got = dump.tensor(i, buffer)
             np.testing.assert_array_equal(got.reshape(-1), np.asarray(a).reshape(-1))
             assert got.dtype == np.asarray(a).dtype
+
+
+def test_big_tensors_are_mapped_read_only_and_measure_the_same(runs, cache, monkeypatch):
+    from analyzer import tensorread
+
+    copied = analyze_paths([runs])
+    expected = _results(copied)
+    copied.close()
+    monkeypatch.setattr(tensorread, "MAP_MIN_BYTES", 1)  # every contiguous tensor of the sample is "big"
+    with DumpFile(runs / "vk.h5") as dump:
+        orders = [int(o) for o in dump.layers["order"]]
+        mapped = [dump.tensor(o, TensorBuffer()) for o in orders]
+        assert mapped and not any(t.flags.writeable for t in mapped)  # a view of the file, never written
+        for order, tensor in zip(orders, mapped):
+            np.testing.assert_array_equal(tensor, dump.tensor(order))
+    for entry in _entries(cache):
+        entry.unlink()  # measured again, this time through the maps
+    again = analyze_paths([runs])
+    try:
+        assert _results(again) == expected
+    finally:
+        again.close()
