@@ -47,7 +47,7 @@ class DumpFile:
         small_metadata_cache(self._file)
         self._layers: "pd.DataFrame | None" = None
         self._fast = FastReader(self._file)
-        self._declared: dict[int, tuple[str, str]] | None = None
+        self._declared: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __enter__(self) -> "DumpFile":
         return self
@@ -131,18 +131,25 @@ class DumpFile:
             raise DumpFormatError(f"{self.path}: tensor {order} is unreadable ({_short(err)})") from None
 
     def _table_shape(self, order: int) -> tuple[tuple[int, ...], str] | None:
-        """(shape, dtype) the /layers table declares for `order`, or None when it does not parse."""
+        """(shape, dtype) the /layers table declares for `order`, or None when it does not parse.
+
+        Looked up in arrays (sorted orders, and the table's own shape/dtype cells): a dict of
+        tuples per layer held 7 MB at 50,000 layers, a twentieth of the whole analysis's heap."""
         if self._declared is None:
             layers = self.layers
-            self._declared = dict(zip((int(o) for o in layers["order"]), zip(layers["shape"], layers["dtype"])))
-        entry = self._declared.get(order)
-        if entry is None:
+            orders = layers["order"].to_numpy(dtype=np.int64)
+            rows = np.argsort(orders, kind="stable")
+            self._declared = (orders[rows], rows, layers["shape"].to_numpy(), layers["dtype"].to_numpy())
+        sorted_orders, rows, shapes, dtypes = self._declared
+        at = int(np.searchsorted(sorted_orders, order))
+        if at >= sorted_orders.size or sorted_orders[at] != order:
             return None
+        row = int(rows[at])
         try:
-            shape = tuple(int(d) for d in json.loads(entry[0]))
+            shape = tuple(int(d) for d in json.loads(shapes[row]))
         except (ValueError, TypeError):
             return None
-        return shape, entry[1]
+        return shape, dtypes[row]
 
     def sample(self, order: int, count: int) -> np.ndarray:
         """About `count` elements of a tensor's flat view at evenly spread positions, as float64.

@@ -74,6 +74,7 @@ def error_chart_parts(measured: pd.DataFrame, metric: str = "rel_l2") -> Iterato
     if measured.empty:
         yield f"<div id='{CHART_ID}'><p>No measured layer to chart.</p></div>"
         return
+    yield from _plotly_js()  # 4.6 MB written (and freed) before the chart's data is built
     keys = list(measured.groupby("key")["position"].min().sort_values().index)
     x_of = pd.Series(range(len(keys)), index=keys, dtype="int64")
     values = pd.to_numeric(measured[metric], errors="coerce")
@@ -94,16 +95,25 @@ def error_chart_parts(measured: pd.DataFrame, metric: str = "rel_l2") -> Iterato
               "yaxis": {"title": {"text": f"{metric} vs reference (log)"}, "type": "log", "dtick": 1,
                         "exponentformat": "e"},
               "showlegend": len(traces) > 1}
-    data = orjson.dumps(traces, option=orjson.OPT_SERIALIZE_NUMPY).decode("utf-8").replace("</", "<\\/")
-    layout_json = orjson.dumps(layout).decode("utf-8").replace("</", "<\\/")
     config = orjson.dumps({"displaylogo": False, "responsive": True}).decode("utf-8")
-    yield _plotly_js()  # a piece of its own: 4.6 MB, written before the chart is built
     yield (f"<div style='height:{layout['height']}px; width:100%;'>"
-            f'<div id="{CHART_ID}" class="plotly-graph-div" style="height:100%; width:100%;"></div>'
-            f'<script>Plotly.newPlot("{CHART_ID}", {data}, {layout_json}, {config});</script></div>')
+           f'<div id="{CHART_ID}" class="plotly-graph-div" style="height:100%; width:100%;"></div>'
+           f'<script>Plotly.newPlot("{CHART_ID}", ')
+    yield _script_json(traces)  # the points, their own piece: no further copy of tens of MB at 50,000 layers
+    yield f", {_script_json(layout)}, {config});</script></div>"
 
 
-def _plotly_js() -> str:
+def _script_json(value) -> str:
+    """JSON safe inside <script> (no `</`); copied by the replace only when it is needed."""
+    text = orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode("utf-8")
+    return text.replace("</", "<\\/") if "</" in text else text
+
+
+def _plotly_js() -> Iterator[str]:
     """plotly.js from the installed plotly package (not imported), inlined once before the chart."""
     bundle = _package_dir("plotly") / "package_data" / "plotly.min.js"
-    return f"<script>window.PlotlyConfig = {{MathJaxConfig: 'local'}};</script><script>{bundle.read_text(encoding='utf-8')}</script>"
+    yield "<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script><script>"
+    with bundle.open(encoding="utf-8") as js:  # in 1 MB pieces: the page is written as it is read
+        while piece := js.read(1 << 20):
+            yield piece
+    yield "</script>"
