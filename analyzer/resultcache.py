@@ -11,12 +11,15 @@ The key covers everything the measurement depends on: each dump's path, size, mo
 and inode (a rewritten dump gets a new key), the pairing, the name rules, the thresholds and the
 analyzer's own code (a hash of its sources, so a changed metric or alignment is never answered from
 an entry measured by older code, even in a development install where the version stays the same). Entries are plain JSON (never pickle: a cache must not be able to run code), written
-one column at a time (a 50,000-layer table is never a second time in memory as Python lists), and
+one column at a time (a 50,000-layer table is never a second time in memory as Python lists);
+numeric columns are the base64 of their bytes (as JSON numbers they loaded as a Python float per
+cell: 56 MB at 50,000 layers, over the memory bound of a whole analysis), and
 any entry that does not load is ignored and recomputed. A cache that cannot be used (read-only,
 owned by someone else) is never an error: the analysis just is not stored.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
@@ -38,8 +41,9 @@ from analyzer.reference import Plan
 from analyzer.verdict import Thresholds
 
 PREFIX = "results-"
-FORMAT = 2  # 1: a JSON file per folder of dumps (.layerdiff-cache/); 2: entries of the user's cache
+FORMAT = 3  # 1: a JSON file per folder of dumps (.layerdiff-cache/); 2: entries of the user's cache; 3: numeric columns as bytes
 TUPLE_COLUMNS = ("base_shape", "other_shape")
+NUMERIC_KINDS = "iubf"
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -93,7 +97,7 @@ def load(plan: Plan, key: str) -> Comparison | None:
         convcache.touch(path)  # recently used entries survive the trimming
         return Comparison(plan=plan, table=table, alignments=alignments, graphs=graphs,
                           problems=[str(p) for p in doc["problems"]])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
 
 
@@ -142,12 +146,11 @@ def _columns(frame: pd.DataFrame) -> Iterator[bytes]:
 def _column(series: pd.Series) -> tuple[bytes, bool]:
     """A column as a JSON list, and whether it needed the non-finite encoding."""
     values = series.to_numpy()
-    if values.dtype.kind in "iub":
-        return orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY), False
-    if values.dtype.kind == "f":
-        values = values.astype(np.float64, copy=False)
-        if bool(np.isfinite(values).all()):
-            return orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY), False
+    if values.dtype.kind in NUMERIC_KINDS:  # NaN and infinities included: bytes, not JSON numbers
+        return orjson.dumps(_packed(values)), False
+    if len(values) and all(type(v) is str for v in values):  # each distinct text once, the rows as codes
+        codes, texts = pd.factorize(values)
+        return orjson.dumps({"strings": texts.tolist(), "codes": _packed(codes.astype(np.int32))}), False
     cells = [_plain(v) for v in values.tolist()]
     return orjson.dumps(cells), any(isinstance(v, dict) for v in cells)
 
@@ -166,9 +169,38 @@ def _plain(value: Any) -> Any:
 
 def _frame(doc: dict) -> pd.DataFrame:
     data = doc["data"]
+    for column, cells in data.items():
+        if isinstance(cells, dict) and "strings" in cells:
+            data[column] = _texts(cells)
+        elif isinstance(cells, dict):
+            data[column] = _unpacked(cells)
     for column in doc["special"]:
         data[column] = [NON_FINITE[v["f"]] if isinstance(v, dict) else v for v in data[column]]
     for column in TUPLE_COLUMNS:
         if column in data:
             data[column] = [tuple(v) if isinstance(v, list) else v for v in data[column]]
     return pd.DataFrame(data, columns=doc["columns"])
+
+
+def _packed(values: np.ndarray) -> dict:
+    values = np.ascontiguousarray(values)
+    return {"dtype": values.dtype.str, "base64": base64.b64encode(values.tobytes()).decode("ascii")}
+
+
+def _texts(cells: dict) -> np.ndarray:
+    """A text column from its distinct texts and row codes: equal cells share one str (a str per
+    cell was most of a stored 50,000-layer entry's memory)."""
+    texts = np.empty(len(cells["strings"]), dtype=object)
+    texts[:] = [str(t) for t in cells["strings"]]
+    codes = _unpacked(cells["codes"])
+    if codes.dtype.kind not in "iu" or (codes.size and (int(codes.min()) < 0 or int(codes.max()) >= texts.size)):
+        raise ValueError("stored text codes out of range")
+    return texts[codes]
+
+
+def _unpacked(packed: dict) -> np.ndarray:
+    """A numeric column from its stored bytes; any other type is refused (the entry is then ignored)."""
+    dtype = np.dtype(packed["dtype"])
+    if dtype.kind not in NUMERIC_KINDS:
+        raise ValueError(f"stored column of type {dtype} is not numeric")
+    return np.frombuffer(base64.b64decode(packed["base64"], validate=True), dtype=dtype).copy()  # writable, like a measured column

@@ -108,11 +108,31 @@ def test_damaged_cache_entries_are_ignored(runs, cache):
         again.close()
 
 
+@pytest.mark.parametrize("column", [
+    {"dtype": "|O", "base64": ""},  # an object column read from bytes would be pointers
+    {"strings": ["a"], "codes": {"dtype": "<i4", "base64": "BQAAAA=="}},  # code 5 of 1 text
+    {"strings": ["a"], "codes": {"dtype": "<i4", "base64": "/////w=="}},  # code -1 would wrap around
+    {"dtype": "<f8", "base64": "not base64!"},
+])
+def test_stored_columns_that_do_not_decode_are_measured_again(runs, cache, column):
+    analyze_paths([runs]).close()
+    (entry,) = _entries(cache)
+    doc = orjson.loads(entry.read_bytes())
+    doc["table"]["data"]["rel_l2"] = column
+    entry.write_bytes(orjson.dumps(doc))
+    again = analyze_paths([runs])
+    try:
+        assert again.comparison.table["rel_l2"].dtype == np.float64 and len(again.comparison.table) > 0
+    finally:
+        again.close()
+
+
 def test_stored_table_keeps_non_finite_values_strings_and_shapes():
     frame = pd.DataFrame({"key": ["nan", "inf", "x"], "rel_l2": [np.nan, np.inf, 0.5], "max_abs": [1.0, 2.0, 3.0],
                           "n": np.array([1, 2, 3]), "ok": [True, False, True], "note": ["a", None, "b"],
                           "base_shape": [(1, 2), (3,), ()], "mixed": [-np.inf, "inf", 1]})
     stored = orjson.loads(b"".join(resultcache._columns(frame)))
+    assert stored["data"]["key"]["strings"] == ["nan", "inf", "x"] and "base64" in stored["data"]["rel_l2"]
     back = resultcache._frame(stored)
     assert back["key"].tolist() == ["nan", "inf", "x"]  # strings that spell non-finite numbers stay strings
     assert np.isnan(back["rel_l2"][0]) and back["rel_l2"][1] == np.inf and back["rel_l2"].dtype == np.float64
