@@ -17,6 +17,7 @@ from analyzer.dumpfile import DumpFile
 from analyzer.cli_options import comma_items
 from analyzer.errors import LayerdiffError
 from collector.devices import Device, DeviceError, LocalDevice
+from collector.engines.harness_cli import HARNESS_VERSION
 from collector.index import IndexRow, read_index
 from collector.inputs import InputSet
 from collector.models import ModelFiles
@@ -190,11 +191,20 @@ def plan_runs(plan: SweepPlan, previous: dict[tuple, IndexRow] | None = None) ->
 def _capabilities(plan: SweepPlan, device: Device) -> tuple[dict[str, dict] | None, str, str]:
     if not plan.probe:
         return None, "", ""
+    if _host_cpu_only(plan, device):
+        return {"cpu": {"ok": True}}, HARNESS_VERSION, ""
     try:
         backends, version = probe_backends(device, plan.model.engine)
     except LayerdiffError as err:
         return None, "", str(err)
     return backends, version, ""
+
+
+def _host_cpu_only(plan: SweepPlan, device: Device) -> bool:
+    """This machine's own engines (PyPI wheels) always have their CPU backend: a probe process cost
+    a third of a one-run `collect`'s CPU and could tell a cpu-only plan nothing else it uses."""
+    backends = {backend for backend, _ in plan.configs} if plan.configs else set(plan.backends)
+    return type(device) is LocalDevice and backends == {"cpu"}
 
 
 def _decide(run: PlannedRun, plan: SweepPlan, before: IndexRow | None, backends: dict | None, skip_all: str) -> None:

@@ -29,6 +29,7 @@ from collector.engines.mnn_session import (
 )
 from collector.models import mnn_dtype
 from collector.engines.harness_cli import (
+    HARNESS_VERSION,
     EXIT_ARGS,
     EXIT_RUN,
     DumpSink,
@@ -54,7 +55,7 @@ def probe() -> dict:
     for name in ("opencl", "vulkan"):
         backends[name] = {"ok": False, "reason": "the MNN wheel from PyPI has no GPU backends (MNN falls back to CPU)"}
     abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
-    return {"harness": "layerdiff-local-mnn", "version": "0.1.0", "abi": abi,
+    return {"harness": "layerdiff-local-mnn", "version": HARNESS_VERSION, "abi": abi,
             "engines": {"mnn": {"version": engine_version(), "backends": backends}}}
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from collector.engines.harness_cli import (
+    HARNESS_VERSION,
     EXIT_ARGS,
     EXIT_BACKEND,
     EXIT_MODEL,
@@ -96,7 +97,7 @@ def probe() -> dict:
     abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
     return {
         "harness": "layerdiff-local-ncnn",
-        "version": "0.1.0",
+        "version": HARNESS_VERSION,
         "abi": abi,
         "engines": {"ncnn": {"version": engine_version(), "backends": backends}},
     }

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collector.engines.harness_cli import (
+    HARNESS_VERSION,
     EXIT_ARGS,
     EXIT_BACKEND,
     EXIT_MODEL,
@@ -66,7 +67,7 @@ def probe() -> dict:
     reason = "the onnxruntime engine runs on the CPU only"
     backends = {"cpu": {"ok": True}, "opencl": {"ok": False, "reason": reason}, "vulkan": {"ok": False, "reason": reason}}
     abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
-    return {"harness": "layerdiff-local-onnxruntime", "version": "0.1.0", "abi": abi,
+    return {"harness": "layerdiff-local-onnxruntime", "version": HARNESS_VERSION, "abi": abi,
             "engines": {"onnxruntime": {"version": engine_version(), "backends": backends}}}
 
 
