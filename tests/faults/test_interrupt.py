@@ -97,9 +97,11 @@ def test_conversion_stops_between_tensors_and_leaves_nothing(tmp_path):
 def test_ctrl_c_during_a_local_sweep(tmp_path, delay):
     """Engine runs, HDF5 writes and index updates of a local sweep, interrupted at different moments."""
     out = tmp_path / "out"
-    # 3 x 3 x 3 runs: long enough on an idle machine that even the 4 s interrupt lands mid-sweep
-    args = ["--model", str(MODELS / "sizenet_large.mnn"), "-p", "low,normal,high", "-i", "random:1", "-i", "random:2",
-            "-i", "random:3", "--repeat", "3", "--no-report", "-o", str(out)]
+    # 3 precisions x 12 inputs, 3 repeats each: ~9 s on the idle 2-core machine, so even the 4 s
+    # interrupt lands mid-sweep (3 inputs took 2.8 s once cpu-only local plans stopped probing)
+    inputs = [arg for k in range(1, 13) for arg in ("-i", f"random:{k}")]
+    args = ["--model", str(MODELS / "sizenet_large.mnn"), "-p", "low,normal,high", *inputs, "--repeat", "3",
+            "--no-report", "-o", str(out)]
     proc = _start(args)
     _wait_for(lambda: any(r["status"] == "running" for r in _rows(out)) or proc.poll() is not None, 120, "a running row")
     time.sleep(delay)
