@@ -130,9 +130,11 @@ def _document(comparison: Comparison, key: str) -> Iterator[bytes]:
 
 
 def _columns(frame: pd.DataFrame) -> Iterator[bytes]:
-    """{"columns": [...], "data": {column: [values]}, "special": [...]}, one column serialized at a
-    time; "special" names the columns holding NaN or infinities, written as {"f": "nan"|"inf"|"-inf"}
-    (JSON has no such numbers; a dict is never a table cell, so no string can be mistaken for one)."""
+    """{"columns": [...], "data": {column: cells}, "special": [...]}, one column serialized at a
+    time. cells is {"dtype", "base64"} for a numeric column (NaN and infinities kept as bytes),
+    {"strings", "codes"} for a column of texts, else a JSON list; "special" names the list columns
+    holding NaN or infinities, written as {"f": "nan"|"inf"|"-inf"} (JSON has no such numbers; a
+    dict is never a table cell, so no string can be mistaken for one)."""
     yield orjson.dumps({"columns": [str(c) for c in frame.columns]})[:-1] + b',"data":{'
     special = []
     for i, column in enumerate(frame.columns):
@@ -144,7 +146,7 @@ def _columns(frame: pd.DataFrame) -> Iterator[bytes]:
 
 
 def _column(series: pd.Series) -> tuple[bytes, bool]:
-    """A column as a JSON list, and whether it needed the non-finite encoding."""
+    """A column's cells as JSON (see `_columns`), and whether it needed the non-finite encoding."""
     values = series.to_numpy()
     if values.dtype.kind in NUMERIC_KINDS:  # NaN and infinities included: bytes, not JSON numbers
         return orjson.dumps(_packed(values)), False
