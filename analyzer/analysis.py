@@ -13,16 +13,16 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
-from analyzer import resultcache
-from analyzer.align import NameRules
-from analyzer.compare import Comparison, compare_all
-from analyzer.errors import LayerdiffError
-from analyzer.findings import KIND_ORDER, Finding, all_findings
-from analyzer.isolation import Isolation, analyze_isolated, attach_isolated
-from analyzer.reference import plan_comparisons
-from analyzer.sources import Run, SourceSet, open_runs
-from analyzer.tables import run_summary
-from analyzer.verdict import Thresholds
+from layerdiff.analyzer.measure import resultcache
+from layerdiff.analyzer.align.byname import NameRules
+from layerdiff.analyzer.measure.compare import Comparison, compare_all
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.findings.divergence import KIND_ORDER, Finding, all_findings
+from layerdiff.analyzer.measure.isolation import Isolation, analyze_isolated, attach_isolated
+from layerdiff.analyzer.runs.reference import plan_comparisons
+from layerdiff.analyzer.runs.sources import Run, SourceSet, open_runs
+from layerdiff.analyzer.report.tables import run_summary
+from layerdiff.analyzer.findings.verdict import Thresholds
 
 
 @dataclass
@@ -54,8 +54,8 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
 
     `ref` may be any dump, also one not under `paths` (a golden `.npz`, Polygraphy JSON, directory):
     it is opened with the rest. `ref_input` names the input a reference without input hash was
-    made from (see `analyzer.reference.plan_comparisons`). `set_attrs` attaches provenance to
-    foreign inputs (see `analyzer.sources.open_runs`)."""
+    made from (see `layerdiff.analyzer.runs.reference.plan_comparisons`). `set_attrs` attaches provenance to
+    foreign inputs (see `layerdiff.analyzer.runs.sources.open_runs`)."""
     rules = rules or NameRules()
     thresholds = thresholds or Thresholds()
     paths = list(paths)
@@ -85,7 +85,7 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
 def _measured(plan, rules: NameRules, thresholds: Thresholds,
               progress: Callable[[int, int], None] | None) -> Comparison:
     """compare_all, or its stored result when these very dumps were measured with these options
-    (a sweep's own report, then `analyze` of the same runs: measured once, see analyzer.resultcache)."""
+    (a sweep's own report, then `analyze` of the same runs: measured once, see layerdiff.analyzer.measure.resultcache)."""
     key = resultcache.cache_key(plan, rules, thresholds)
     comparison = resultcache.load(plan, key)
     if comparison is None:

@@ -10,19 +10,19 @@ from typing import Callable, List, Optional
 import typer
 from rich.console import Console
 
-from analyzer.cli_options import choices
-from analyzer.errors import Interrupted, LayerdiffError, os_error_line
-from collector.inputs import resolve_inputs
-from collector.models import ENGINES, apply_shapes, input_shapes, parse_shapes, resolve_model
-from collector.isolate import failing_layers, isolate
-from collector.preprocess import parse_preprocess
-from collector.prepare import build_phone_harnesses, prepare_devices
-from collector.plan import SweepPlan, parse_configs, resolve_devices, split_list
-from collector.arm64 import prepare_runtime
-from collector.progress import SweepProgress, step_progress
-from collector.run import check_run_options
-from collector.samples import default_model
-from collector.sweep import run_sweep
+from layerdiff.clioptions import choices
+from layerdiff.errors import Interrupted, LayerdiffError, os_error_line
+from layerdiff.collector.inputs.inputset import resolve_inputs
+from layerdiff.collector.inputs.modelfiles import ENGINES, apply_shapes, input_shapes, parse_shapes, resolve_model
+from layerdiff.collector.run.isolate import failing_layers, isolate
+from layerdiff.collector.inputs.preprocess import parse_preprocess
+from layerdiff.collector.harness.prepare import build_phone_harnesses, prepare_devices
+from layerdiff.collector.sweep.plan import SweepPlan, parse_configs, resolve_devices, split_list
+from layerdiff.collector.transport.arm64 import prepare_runtime
+from layerdiff.collector.sweep.progress import SweepProgress, step_progress
+from layerdiff.collector.run.pipeline import check_run_options
+from layerdiff.collector.inputs.bundled import default_model
+from layerdiff.collector.sweep.execute import run_sweep
 
 BACKENDS = ("cpu", "opencl", "vulkan")
 PRECISIONS = ("low", "normal", "high")
@@ -145,8 +145,8 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
 def _sweep_report(out_dir: Path, **options) -> None:
     """The matrix report of everything in OUTDIR, its verdict printed before the plots are drawn;
     a report that cannot be made never fails the sweep."""
-    from analyzer.cli import print_summary
-    from analyzer.report import report_paths
+    from layerdiff.analyzer.cli.app import print_summary
+    from layerdiff.analyzer.report.page import report_paths
 
     try:
         report_paths([out_dir], out_dir / "report", on_analyzed=print_summary, **options).close()
@@ -163,8 +163,8 @@ def devices_command(
     probe: bool = typer.Option(True, "--probe/--no-probe", help="ask a built harness which backends work"),
 ) -> None:
     """This machine (`local`, `arm64`) and every device the adb server(s) know, with what it can run."""
-    from collector.adbinfo import devices_json, devices_table, list_adb_devices, machine_reports
-    from collector.devices import DeviceError
+    from layerdiff.collector.transport.adbinfo import devices_json, devices_table, list_adb_devices, machine_reports
+    from layerdiff.collector.transport.devices import DeviceError
 
     reports = machine_reports(probe=probe)
     try:
@@ -243,8 +243,8 @@ def fix_command(
     deadline: float = typer.Option(900.0, "--deadline"),
 ) -> None:
     """Find the fewest layers to keep at high precision; write the patched ncnn model (MNN: a what-if)."""
-    from collector.fix import fix
-    from collector.fixjson import fix_document, summary_lines, write_fix_json
+    from layerdiff.collector.fix.search import fix
+    from layerdiff.collector.fix.fixjson import fix_document, summary_lines, write_fix_json
 
     if out.exists() and not out.is_dir():
         raise LayerdiffError(f"output {out} is a file; pass a directory to -o")

@@ -45,4 +45,4 @@ if [[ "${1:-}" == "--test" ]]; then
 fi
 echo "setup_host: layerdiff installed ($(command -v collect))" >&2
 # The `arm64` device's runtime, into the cache once (private apt state + pip --target; nothing system-wide).
-echo "setup_host: arm64 runtime at $(python3 -m collector.arm64runtime)" >&2
+echo "setup_host: arm64 runtime at $(python3 -m layerdiff.collector.transport.arm64runtime)" >&2

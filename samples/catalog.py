@@ -13,10 +13,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from samples import models, scenarios
-from samples.forward import forward
-from samples.ncnn_emit import stored_weights
-from samples.netdef import Network
+from layerdiff.samples import models, scenarios
+from layerdiff.samples.forward import forward
+from layerdiff.samples.ncnn_emit import stored_weights
+from layerdiff.samples.netdef import Network
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Pure-numpy forward pass of a `samples.netdef.Network`: the independent reference.
+"""Pure-numpy forward pass of a `layerdiff.samples.netdef.Network`: the independent reference.
 
 Why numpy and float64: the engines under test are what we are checking, so the reference must not
 share code with them. Every layer is computed in float64 from float64 inputs and handed back as
@@ -11,7 +11,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from samples.netdef import Layer, Network
+from layerdiff.samples.netdef import Layer, Network
 
 
 def forward(net: Network, data: np.ndarray | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,6 +1,6 @@
 """Regenerate every sample model and input: `python samples/generate.py [--out DIR] [--only STEM ...]`.
 
-Writes, for each model stem in `samples.catalog.CATALOG`:
+Writes, for each model stem in `layerdiff.samples.catalog.CATALOG`:
     DIR/models/<stem>.param, <stem>.bin   ncnn (weights stored fp32, or fp16 where the catalog says)
     DIR/models/<stem>.onnx                 ONNX opset 14, node names = layer names, fp32 weights
     DIR/models/<stem>.mnn                  converted by MNN's converter from the .onnx (`--fp16` likewise)
@@ -21,10 +21,10 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import numpy as np  # noqa: E402
 
-from samples import images  # noqa: E402
-from samples.catalog import CATALOG, input_filename, sample_input  # noqa: E402
-from samples.ncnn_emit import write_ncnn  # noqa: E402
-from samples.onnx_emit import ConversionError, convert_many, write_onnx  # noqa: E402
+from layerdiff.samples import images# noqa: E402
+from layerdiff.samples.catalog import CATALOG, input_filename, sample_input  # noqa: E402
+from layerdiff.samples.ncnn_emit import write_ncnn  # noqa: E402
+from layerdiff.samples.onnx_emit import ConversionError, convert_many, write_onnx  # noqa: E402
 
 SAMPLES_DIR = Path(__file__).resolve().parent
 

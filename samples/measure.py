@@ -19,8 +19,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import numpy as np  # noqa: E402
 
-from samples.catalog import CATALOG, reference, sample_input  # noqa: E402
-from samples.runners import compare, run_mnn, run_ncnn  # noqa: E402
+from layerdiff.samples.catalog import CATALOG, reference, sample_input  # noqa: E402
+from layerdiff.samples.runners import compare, run_mnn, run_ncnn  # noqa: E402
 
 MODEL_DIR = Path(__file__).resolve().parent / "models"
 FP16_MAX = 65504.0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from samples.netdef import NetBuilder, Network
+from layerdiff.samples.netdef import NetBuilder, Network
 
 INPUT_SHAPE = (1, 3, 32, 32)
 

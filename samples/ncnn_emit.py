@@ -21,7 +21,7 @@ import struct
 from pathlib import Path
 import numpy as np
 
-from samples.netdef import Layer, Network, validate
+from layerdiff.samples.netdef import Layer, Network, validate
 
 MAGIC = 7767517
 TAG_FP32 = 0x00000000

@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from samples.netdef import Layer, Network, validate
+from layerdiff.samples.netdef import Layer, Network, validate
 
 OPSET = 14  # HardSwish needs 14
 GRID_SAMPLE_OPSET = 16  # GridSample exists from 16; only networks using it get it (others keep their bytes)

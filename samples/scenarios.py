@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from samples.netdef import NetBuilder, Network
+from layerdiff.samples.netdef import NetBuilder, Network
 
 SMALL = (1, 3, 32, 32)
 

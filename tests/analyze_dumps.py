@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analyzer.dumpfile import DumpWriter
+from layerdiff.analyzer.formats.dumpfile import DumpWriter
 
 # (op, op_type, input tensor names, shape); the tensor name of each op is the op name itself.
 LAYERS = [

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collector.devices import LocalDevice
-from collector.inputs import InputSet
-from collector.models import resolve_model
-from collector.run import RunSpec, collect_run
+from layerdiff.collector.transport.devices import LocalDevice
+from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.inputs.modelfiles import resolve_model
+from layerdiff.collector.run.pipeline import RunSpec, collect_run
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from samples.onnx_emit import convert_many
+from layerdiff.samples.onnx_emit import convert_many
 
 
 @dataclass(frozen=True)

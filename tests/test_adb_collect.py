@@ -7,16 +7,16 @@ import h5py
 import numpy as np
 import pytest
 
-from collector.adb import AdbDevice
-from collector.inputs import InputSet
-from collector.models import resolve_model
-from collector.run import RunSpec, collect_run
+from layerdiff.collector.transport.adb import AdbDevice
+from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.inputs.modelfiles import resolve_model
+from layerdiff.collector.run.pipeline import RunSpec, collect_run
 from tests.conftest import MODELS
 
 
 @pytest.fixture
 def fake_harness_for_x86_64(fake_harness, monkeypatch):
-    """collector.harness honours LAYERDIFF_HARNESS_<ABI>: the stand-in gets our fake harness."""
+    """layerdiff.collector.harness.build honours LAYERDIFF_HARNESS_<ABI>: the stand-in gets our fake harness."""
     monkeypatch.setenv("LAYERDIFF_HARNESS_X86_64", str(fake_harness))
     return fake_harness
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.rawdump import read_raw_dump
-from collector.adb import AdbDevice, harness_command
-from collector.devices import DeviceError
+from layerdiff.analyzer.formats.rawdump import read_raw_dump
+from layerdiff.collector.transport.adb import AdbDevice, harness_command
+from layerdiff.collector.transport.devices import DeviceError
 
 
 def test_info_reads_properties(standins):

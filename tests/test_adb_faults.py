@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from collector.adb import AdbDevice
-from collector.adbproto import SyncFailed, SyncSession
-from collector.adbserver import connect_server
-from collector.devices import DeviceError
+from layerdiff.collector.transport.adb import AdbDevice
+from layerdiff.collector.transport.adbproto import SyncFailed, SyncSession
+from layerdiff.collector.transport.adbserver import connect_server
+from layerdiff.collector.transport.devices import DeviceError
 from tests.standin.launcher import free_port
 
 

@@ -5,8 +5,8 @@ import json
 
 from rich.console import Console
 
-from collector.adb import adb_devices
-from collector.adbinfo import devices_json, devices_table, list_adb_devices
+from layerdiff.collector.transport.adb import adb_devices
+from layerdiff.collector.transport.adbinfo import devices_json, devices_table, list_adb_devices
 
 
 def test_listing_shows_states_facts_and_gpu_libraries(adb_server, standins, fake_harness, monkeypatch):

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.align import NameRules, align_layers
-from analyzer.compare import value_error
-from analyzer.dumpfile import DumpFile
-from analyzer.importers import import_any
-from analyzer.structure import op_class, type_agreement
+from layerdiff.analyzer.align.byname import NameRules, align_layers
+from layerdiff.analyzer.measure.compare import value_error
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.analyzer.importers import import_any
+from layerdiff.analyzer.align.structure import op_class, type_agreement
 from tests.corpus import pnnx_binary
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "models"
@@ -61,7 +61,7 @@ def pnnx_case(tmp_path_factory):
                   param.read_text(), flags=re.M)
     param.write_text(text)
     input_name = re.search(r"^Input\s+(\S+)", text, flags=re.M).group(1)
-    subprocess.run([sys.executable, "-m", "collector.cli", "--device", "local", "--model", str(param),
+    subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", "local", "--model", str(param),
                     "--backend", "cpu", "--precision", "high", "--input", f"{input_name}={work / 'x.npy'}",
                     "-o", str(work / "runs"), "--no-report"], check=True, capture_output=True, timeout=600)
     return import_any(work / "golden.npz"), next((work / "runs").glob("*.h5"))

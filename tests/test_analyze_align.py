@@ -7,12 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.align import NameRules, align_layers, load_name_map, parse_rename, shape_status
-from analyzer.analysis import analyze_paths
-from analyzer.dumpfile import DumpFile, DumpWriter
-from analyzer.errors import LayerdiffError
-from analyzer.reference import plan_comparisons
-from analyzer.sources import open_runs
+from layerdiff.analyzer.align.byname import NameRules, align_layers, load_name_map, parse_rename, shape_status
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.analyzer.formats.dumpfile import DumpFile, DumpWriter
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.runs.reference import plan_comparisons
+from layerdiff.analyzer.runs.sources import open_runs
 from tests.analyze_dumps import LAYERS, perturbed, reference_arrays, write_dump
 
 

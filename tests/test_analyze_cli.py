@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.cli import main
+from layerdiff.analyzer.cli.app import main
 from tests.analyze_dumps import DOWNSTREAM, LAYERS, perturbed, reference_arrays, write_dump
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def run_cli(capsys, *args):
 def test_subprocess_end_to_end_writes_every_report_file(tmp_path, dumps):
     report = tmp_path / "report"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "analyzer.cli", str(dumps[0].parent), "-o", str(report)],
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(dumps[0].parent), "-o", str(report)],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "block/conv 2:0" in proc.stdout and "Failure source" in proc.stdout
@@ -198,7 +198,7 @@ def test_foreign_dumps_in_a_directory_get_per_input_provenance_with_set(tmp_path
 ])
 def test_usage_errors_follow_the_click_convention(tmp_path, args, expected):
     """Exit 2 with "Usage: ... Error: ..." and never a traceback, for the default command and sub-commands."""
-    proc = subprocess.run([sys.executable, "-m", "analyzer.cli", *args], capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", *args], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "Error:" in proc.stderr and expected in proc.stderr, proc.stderr

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.analysis import analyze_paths
-from analyzer.dumpfile import DumpFile
-from analyzer.importers import import_any
-from analyzer.importers.optypes import op_type_from_name
-from analyzer.metrics import PairKernel, Tolerances
-from analyzer.verdict import Thresholds, classify
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.analyzer.importers import import_any
+from layerdiff.analyzer.importers.optypes import op_type_from_name
+from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
+from layerdiff.analyzer.findings.verdict import Thresholds, classify
 from tests.analyze_dumps import LAYERS, perturbed, reference_arrays, write_dump
 
 

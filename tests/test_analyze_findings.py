@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.analysis import analyze_paths
+from layerdiff.analyzer.analysis import analyze_paths
 from tests.analyze_dumps import DOWNSTREAM, perturbed, reference_arrays, write_dump
 
 FP16_LIKE = 1e-4  # relative noise of a healthy low-precision run: every layer passes

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.analysis import analyze_paths
-from analyzer.cli import main
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.analyzer.cli.app import main
 from tests.analyze_dumps import perturbed, reference_arrays, write_dump
 
 

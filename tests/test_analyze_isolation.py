@@ -13,17 +13,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.analysis import analyze_paths
-from analyzer.cli import main
-from analyzer.errors import LayerdiffError
-from analyzer.outdir import prepare_out_dir
-from analyzer.plots import error_by_layer
-from analyzer.rawdump import sha256_file
-from analyzer.report import write_report
-from analyzer.tables import isolation_table
-from collector.devices import LocalDevice
-from collector.isolate import isolate
-from collector.models import resolve_model
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.analyzer.cli.app import main
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.report.outdir import prepare_out_dir
+from layerdiff.analyzer.report.plots import error_by_layer
+from layerdiff.analyzer.formats.rawdump import sha256_file
+from layerdiff.analyzer.report.page import write_report
+from layerdiff.analyzer.report.tables import isolation_table
+from layerdiff.collector.transport.devices import LocalDevice
+from layerdiff.collector.run.isolate import isolate
+from layerdiff.collector.inputs.modelfiles import resolve_model
 from tests.analyze_dumps import DOWNSTREAM, perturbed, reference_arrays, write_dump
 from tests.conftest import MODELS
 

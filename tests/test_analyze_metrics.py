@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from analyzer import metrics
-from analyzer.metrics import PairKernel, Tolerances, topk_agreement
-from analyzer.tensorstats import tensor_stats
+from layerdiff.analyzer.measure import metrics
+from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances, topk_agreement
+from layerdiff.analyzer.formats.tensorstats import tensor_stats
 
 EPS = 2.220446049250313e-16
 
@@ -176,8 +176,8 @@ def test_scale_without_stored_stats_is_read_chunk_by_chunk_and_exact():
 
 def test_layer_stats_carry_the_stored_min_and_max(tmp_path):
     """The scale of every compared layer comes from /layers (one 256 MB layer's extra pass cost 0.3 s)."""
-    from analyzer.sources import LayerStats
-    from analyzer.dumpfile import DumpFile
+    from layerdiff.analyzer.runs.sources import LayerStats
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
     from tests.analyze_dumps import reference_arrays, write_dump
 
     ref = reference_arrays()

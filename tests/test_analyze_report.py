@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.analysis import analyze_paths
-from analyzer.outdir import prepare_out_dir
-from analyzer.report import write_report
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.analyzer.report.outdir import prepare_out_dir
+from layerdiff.analyzer.report.page import write_report
 from tests.analyze_dumps import DOWNSTREAM, perturbed, reference_arrays, write_dump
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

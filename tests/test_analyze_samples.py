@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.analysis import analyze_paths
-from analyzer.cli import main
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.analyzer.cli.app import main
 
 SAMPLE_DUMPS = Path(__file__).resolve().parent.parent / "samples" / "dumps"
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from analyzer.analysis import analyze_paths
+from layerdiff.analyzer.analysis import analyze_paths
 from tests.analyze_dumps import LAYERS, perturbed, reference_arrays, write_dump
 
 
@@ -97,7 +97,7 @@ def test_zeros_between_two_fp32_runs_are_not_called_fp16_underflow(tmp_path):
 
 
 def test_an_all_zero_reference_met_within_atol_is_no_failure():
-    from analyzer.verdict import Thresholds, classify
+    from layerdiff.analyzer.findings.verdict import Thresholds, classify
 
     row = {"rel_l2": float("inf"), "max_abs": 5.6e-9, "n_nonfinite_mismatch": 0, "pass_fraction": 1.0}
     assert classify(row, Thresholds())[0] == "pass"

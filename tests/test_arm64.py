@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from collector.arm64 import Arm64Device
-from collector.inputs import InputSet
-from collector.models import resolve_model
-from collector.plan import resolve_devices
-from collector.run import RunSpec, collect_run
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.collector.transport.arm64 import Arm64Device
+from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.inputs.modelfiles import resolve_model
+from layerdiff.collector.sweep.plan import resolve_devices
+from layerdiff.collector.run.pipeline import RunSpec, collect_run
 from tests.conftest import MODELS, sample_input
 
-COLLECT = [sys.executable, "-m", "collector.cli"]
+COLLECT = [sys.executable, "-m", "layerdiff.collector.cli"]
 
 
 @pytest.fixture(scope="session")

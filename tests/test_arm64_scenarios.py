@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from analyzer.dumpfile import DumpFile
+from layerdiff.analyzer.formats.dumpfile import DumpFile
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
@@ -64,7 +64,7 @@ def warp_sweep(tmp_path_factory):
                    capture_output=True, check=True, timeout=300)
     x = np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32)
     np.save(work / "x.npy", x)
-    done = _cli("collector.cli", "--device", "arm64,arm64:cortex-a53", "--model", str(work / "warp.mnn"),
+    done = _cli("layerdiff.collector.cli", "--device", "arm64,arm64:cortex-a53", "--model", str(work / "warp.mnn"),
                 "--input", str(work / "x.npy"), "--backend", "cpu", "--precision", "high,low", "-o", str(work / "runs"),
                 "--no-report")
     assert done.returncode == 0, done.stderr
@@ -72,7 +72,7 @@ def warp_sweep(tmp_path_factory):
 
 
 def _analyze(runs: Path, report: Path, *options: str) -> dict:
-    done = _cli("analyzer.cli", str(runs), "-o", str(report), "--json", *options)
+    done = _cli("layerdiff.analyzer.cli.app", str(runs), "-o", str(report), "--json", *options)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -115,7 +115,7 @@ def test_seed_002_on_a_little_core_low_precision_is_fp32_and_nothing_fails(warp_
 
 def test_seed_003_dark_input_collapses_to_zeros_on_mnn_arm64_low_only(tmp_path):
     inputs = [f"--input={SAMPLES / 'inputs' / name}" for name in ("underflow.npy", "underflow_dark.npy")]
-    done = _cli("collector.cli", "--device", "arm64", "--model", str(SAMPLES / "models" / "underflow.mnn"), *inputs,
+    done = _cli("layerdiff.collector.cli", "--device", "arm64", "--model", str(SAMPLES / "models" / "underflow.mnn"), *inputs,
                 "--backend", "cpu", "--precision", "high,low", "-o", str(tmp_path / "runs"), "--no-report")
     assert done.returncode == 0, done.stderr
     doc = _analyze(tmp_path / "runs", tmp_path / "report")
@@ -126,7 +126,7 @@ def test_seed_003_dark_input_collapses_to_zeros_on_mnn_arm64_low_only(tmp_path):
 
 
 def test_seed_004_overflow_gives_inf_at_the_amplifying_conv_on_mnn_arm64_low(tmp_path):
-    done = _cli("collector.cli", "--device", "arm64", "--model", str(SAMPLES / "models" / "overflow.mnn"),
+    done = _cli("layerdiff.collector.cli", "--device", "arm64", "--model", str(SAMPLES / "models" / "overflow.mnn"),
                 "--input", str(SAMPLES / "inputs" / "overflow.npy"), "--backend", "cpu", "--precision", "high,low",
                 "-o", str(tmp_path / "runs"), "--no-report")
     assert done.returncode == 0, done.stderr

@@ -8,10 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
+from layerdiff.analyzer.formats.dumpfile import DumpFile
 from tests.conftest import MODELS, SAMPLES
 
-COLLECT = [sys.executable, "-m", "collector.cli"]
+COLLECT = [sys.executable, "-m", "layerdiff.collector.cli"]
 
 
 def collect(*args, env=None, cwd=None) -> subprocess.CompletedProcess:

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from analyzer.errors import LayerdiffError
-from collector.devices import LocalDevice
-from collector.inputs import InputSet, resolve_inputs
-from collector.models import apply_shapes, input_shapes, parse_shapes, resolve_model
-from collector.run import RunSpec, collect_run
-from analyzer.verdict import STATUS_ORDER
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import LayerdiffError
+from layerdiff.collector.transport.devices import LocalDevice
+from layerdiff.collector.inputs.inputset import InputSet, resolve_inputs
+from layerdiff.collector.inputs.modelfiles import apply_shapes, input_shapes, parse_shapes, resolve_model
+from layerdiff.collector.run.pipeline import RunSpec, collect_run
+from layerdiff.analyzer.findings.verdict import STATUS_ORDER
 from tests.corpus import MODELS, SCALAR_MODEL, break_ncnn_layer, convert_corpus, det_page
 
 ENGINES = ("onnxruntime", "mnn", "ncnn")
@@ -172,7 +172,7 @@ def test_reduced_precision_detector_is_judged_by_its_output(corpus, tmp_path):
     """Issue 15 point 8, on a 256x256 page of text: fp16 Vulkan (lavapipe) flushes background
     probabilities to zero and moves a few mask pixels: the run warns, no layer or output fails. bf16
     on the CPU moves many more: judged at least as severely, never better than the fp16 run."""
-    from analyzer.analysis import analyze_paths
+    from layerdiff.analyzer.analysis import analyze_paths
 
     converted = corpus["ocr_det"]
     page = det_page(256, lines=4)
@@ -215,7 +215,7 @@ def test_structure_matches_the_layers_with_a_counterpart_and_no_other(corpus_run
     """pnnx renamed every layer: structure (with values choosing among candidates) matches >= 90% of
     the ncnn layers whose tensor exists in the golden, and every match it keeps holds the same values
     (a correct fp32 run: a structural match whose values differ would be a false match)."""
-    from analyzer.align import NameRules, align_layers
+    from layerdiff.analyzer.align.byname import NameRules, align_layers
 
     with DumpFile(corpus_run(stem, "onnxruntime")) as golden, DumpFile(corpus_run(stem, "ncnn")) as ncnn:
         a = [golden.tensor(o).astype(np.float64).ravel() for o in golden.layers["order"]]
@@ -246,7 +246,7 @@ def test_truly_wrong_layer_is_the_failure_source(corpus, corpus_run, tmp_path):
     """One conv of pnnx's ocr_rec has its weights negated (a broken kernel): its values agree with
     no golden tensor, yet structure still pairs it with the golden's conv, which is the failure
     source, while everything feeding it passes. It must not vanish into the unmatched list."""
-    from analyzer.analysis import analyze_paths
+    from layerdiff.analyzer.analysis import analyze_paths
 
     broken = break_ncnn_layer(corpus["ocr_rec"].ncnn, "conv_53", tmp_path / "model")
     sets, errors = resolve_inputs([str(corpus["ocr_rec"].ncnn_inputs)], input_shapes(resolve_model(broken)))
@@ -268,7 +268,7 @@ def test_truly_wrong_layer_is_the_failure_source(corpus, corpus_run, tmp_path):
 
 
 def _findings(corpus_run, stem: str, engine: str) -> list:
-    from analyzer.analysis import analyze_paths
+    from layerdiff.analyzer.analysis import analyze_paths
 
     golden = corpus_run(stem, "onnxruntime")
     analysis = analyze_paths([golden, corpus_run(stem, engine)], ref=golden)
@@ -285,7 +285,7 @@ def test_collect_command_makes_the_golden_and_takes_shape(corpus, tmp_path):
     import sys
 
     def collect(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "collector.cli", "--device", "local", *args, "-o", str(tmp_path)],
+        return subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", "local", *args, "-o", str(tmp_path)],
                               capture_output=True, text=True, timeout=600)
 
     golden = collect("--model", str(corpus["ocr_cls"].onnx), "--input", str(corpus["ocr_cls"].inputs))

@@ -6,15 +6,15 @@ import json
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from analyzer.errors import LayerdiffError
-from collector.devices import LocalDevice
-from collector.engines.ncnn_options import HIGH_PRECISION_MASK, Feature
-from collector.fixtrial import TrialRunner
-from collector.inputs import InputSet
-from collector.models import resolve_model
-from collector.ncnn_patch import layer_names, patched_param_text
-from samples.catalog import reference
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import LayerdiffError
+from layerdiff.collector.transport.devices import LocalDevice
+from layerdiff.collector.engines.ncnn.options import HIGH_PRECISION_MASK, Feature
+from layerdiff.collector.fix.trial import TrialRunner
+from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.inputs.modelfiles import resolve_model
+from layerdiff.collector.fix.ncnn_patch import layer_names, patched_param_text
+from layerdiff.samples.catalog import reference
 from tests.conftest import MODELS, SAMPLES, sample_input
 from tests.test_collect_cli import collect
 

@@ -8,14 +8,14 @@ import numpy as np
 
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from collector.adb import AdbDevice
-from collector.fix import fix
-from collector.fixjson import fix_document
-from collector.inputs import InputSet
-from collector.models import resolve_model
-from collector.ncnn_patch import layer_names
-from samples.catalog import reference
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.collector.transport.adb import AdbDevice
+from layerdiff.collector.fix.search import fix
+from layerdiff.collector.fix.fixjson import fix_document
+from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.inputs.modelfiles import resolve_model
+from layerdiff.collector.fix.ncnn_patch import layer_names
+from layerdiff.samples.catalog import reference
 from tests.conftest import MODELS, sample_input
 
 pytestmark = pytest.mark.skipif(not (shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-g++")),

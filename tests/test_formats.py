@@ -7,10 +7,10 @@ import h5py
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile, DumpWriter, partial_path
-from analyzer.errors import DumpFormatError
-from analyzer.rawdump import MANIFEST, TENSORS, RawDumpWriter, convert_raw_dump, read_raw_dump
-from analyzer.tensorstats import tensor_stats
+from layerdiff.analyzer.formats.dumpfile import DumpFile, DumpWriter, partial_path
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.formats.rawdump import MANIFEST, TENSORS, RawDumpWriter, convert_raw_dump, read_raw_dump
+from layerdiff.analyzer.formats.tensorstats import tensor_stats
 
 AWKWARD_NAMES = ["block1/conv", "model:0/relu:1", "layer with spaces", "ünïcode/π"]
 

@@ -22,8 +22,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analyzer.errors import LayerdiffError
-from analyzer.importers import import_any
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.importers import import_any
 
 PEAK_LIMIT = 64 << 20
 # CI runs a fixed, fast set; LAYERDIFF_FUZZ_EXAMPLES=2000 runs a deeper random search by hand.

@@ -14,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from analyzer.rawdump import convert_raw_dump, read_raw_dump
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.analyzer.formats.rawdump import convert_raw_dump, read_raw_dump
 from tests.test_harness_support import (
     INPUTS,
     MODELS,
@@ -41,7 +41,7 @@ def harness() -> list[str]:
 
 def pip_ncnn_dump(stem: str, backend: str, precision: str, out):
     """The same run through the pip ncnn engine of the `local` device (the reference)."""
-    cmd = [sys.executable, "-m", "collector.engines.ncnn_engine", *model_args(stem),
+    cmd = [sys.executable, "-m", "layerdiff.collector.engines.ncnn.engine", *model_args(stem),
            "--backend", backend, "--precision", precision, "--out", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr

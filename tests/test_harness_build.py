@@ -1,4 +1,4 @@
-"""collector.harness: choosing, caching and building harness binaries.
+"""layerdiff.collector.harness.build: choosing, caching and building harness binaries.
 
 The concurrency test builds a real harness (about half a minute) against the ncnn already in the
 cache; everything else is pure bookkeeping and runs in milliseconds.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from collector import harness
-from collector.harness import HarnessError, HarnessSpec
+from layerdiff.collector.harness import build as harness
+from layerdiff.collector.harness.build import HarnessError, HarnessSpec
 from tests.test_harness_support import HOST_SPEC, REPO, host_harness
 
 
@@ -61,7 +61,7 @@ def test_prebuilt_override(monkeypatch, tmp_path):
 
 BUILD_ONE = """
 import sys
-from collector.harness import HarnessSpec, ensure_built
+from layerdiff.collector.harness.build import HarnessSpec, ensure_built
 path = ensure_built(HarnessSpec("host", vulkan=True, test_build=True))
 print(path, path.stat().st_ino)
 """

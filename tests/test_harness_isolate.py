@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.rawdump import RawDumpWriter
+from layerdiff.analyzer.formats.rawdump import RawDumpWriter
 
 from tests.test_harness_support import dump_model, host_harness, run_harness, MODELS
 
@@ -76,7 +76,7 @@ def test_missing_reference_tensor_is_named(harness, tmp_path):
 
 
 def test_inject_dump_from_the_python_writer_is_read(harness, reference, tmp_path):
-    """The collector stages inject dumps with analyzer.rawdump.RawDumpWriter; its JSON (NaN
+    """The collector stages inject dumps with layerdiff.analyzer.formats.rawdump.RawDumpWriter; its JSON (NaN
     included, as Python writes it) must parse in the C++ harness."""
     ref = {t.name: arr for t, arr in reference.dump().iter_arrays()}
     writer = RawDumpWriter(tmp_path / "inject", {"engine": "ncnn", "harness": "layerdiff-inject",

@@ -8,7 +8,7 @@ Whether OpenCL and Vulkan are usable depends on the machine (a GPU-type OpenCL d
 device such as lavapipe): each GPU test asks the harness's `--probe` and checks the run against
 it, a real GPU run when the probe says ok, the recorded CPU fallback when it does not.
 Op isolation (`--inject`) is checked against a pymnn reference HDF5, staged the way
-`collect isolate` stages it (collector.isolate).
+`collect isolate` stages it (layerdiff.collector.run.isolate).
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from analyzer.rawdump import RawDumpWriter, read_raw_dump
-from collector.harness import HarnessSpec, build_command, ensure_built
-from collector.isolate import target_inputs, write_inject_dump
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.analyzer.formats.rawdump import RawDumpWriter, read_raw_dump
+from layerdiff.collector.harness.build import HarnessSpec, build_command, ensure_built
+from layerdiff.collector.run.isolate import target_inputs, write_inject_dump
 from tests.test_harness_support import INPUTS, MODELS, REPO, arrays_by_key, check_well_formed, max_scaled_diff, run_harness
 
 MNN_ROOT = os.environ.get("MNN_ROOT", "")
@@ -63,7 +63,7 @@ def mnn_args(stem: str, backend: str, precision: str) -> list[str]:
 
 
 def pymnn_dump(stem: str, backend: str, precision: str, out, *extra: str):
-    cmd = [sys.executable, "-m", "collector.engines.mnn_engine", *mnn_args(stem, backend, precision), *extra,
+    cmd = [sys.executable, "-m", "layerdiff.collector.engines.mnn.engine", *mnn_args(stem, backend, precision), *extra,
            "--out", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -1,6 +1,6 @@
 """Helpers shared by the C++ harness tests: build (cached), run, and read raw dumps.
 
-Builds go through collector.harness, so a test session (and every later one) builds each variant
+Builds go through layerdiff.collector.harness.build, so a test session (and every later one) builds each variant
 once; the first cold build of ncnn takes a few minutes, later sessions reuse the cache.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from analyzer.rawdump import RawDump, read_raw_dump
-from collector.harness import HarnessSpec, ensure_built
+from layerdiff.analyzer.formats.rawdump import RawDump, read_raw_dump
+from layerdiff.collector.harness.build import HarnessSpec, ensure_built
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "samples" / "models"

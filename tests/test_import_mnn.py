@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from analyzer.errors import DumpFormatError
-from analyzer.importers import detect_format, import_any, import_one
-from analyzer.naming import canonical_from_key, canonical_key, is_helper, split_mnn_file_name
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.importers import detect_format, import_any, import_one
+from layerdiff.analyzer.align.naming import canonical_from_key, canonical_key, is_helper, split_mnn_file_name
 
 
 def mnn_text(array: np.ndarray) -> str:
@@ -158,7 +158,7 @@ def test_renamed_dump_folders_are_recognised_by_content(tmp_path, layout):
     import os
     import shutil
 
-    from analyzer.sources import open_runs
+    from layerdiff.analyzer.runs.sources import open_runs
 
     tensors = sample_tensors()
     work = write_mnn_dump(tmp_path / "MNNV2Basic.out", tensors)

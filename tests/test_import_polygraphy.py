@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from analyzer.errors import DumpFormatError
-from analyzer.importers import detect_format, import_any, import_one
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.importers import detect_format, import_any, import_one
 
 
 def npy_b64(array: np.ndarray) -> str:

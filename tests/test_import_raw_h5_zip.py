@@ -13,9 +13,9 @@ import h5py
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from analyzer.errors import DumpFormatError
-from analyzer.importers import detect_format, import_any, import_many
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.importers import detect_format, import_any, import_many
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,7 +123,7 @@ def test_zip_of_a_dump_and_zip_path_escapes(tmp_path):
 
 
 def test_zip_bomb_stops_at_the_extract_limit(tmp_path, monkeypatch):
-    from analyzer.importers import archive
+    from layerdiff.analyzer.importers import archive
 
     with zipfile.ZipFile(tmp_path / "bomb.zip", "w", compression=zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("run/a.npy", b"\0" * (8 << 20))
@@ -152,8 +152,8 @@ _CHILD = textwrap.dedent("""
     import resource, sys
     resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
     from pathlib import Path
-    from analyzer.errors import LayerdiffError
-    from analyzer.importers import import_any
+    from layerdiff.errors import LayerdiffError
+    from layerdiff.analyzer.importers import import_any
     try:
         import_any(Path(sys.argv[1]), None, Path(sys.argv[2]))
     except LayerdiffError as err:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from analyzer.dumpfile import DumpFile
-from analyzer.errors import LayerdiffError
-from collector.inputs import resolve_inputs
-from collector.preprocess import load_image, parse_preprocess
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import LayerdiffError
+from layerdiff.collector.inputs.inputset import resolve_inputs
+from layerdiff.collector.inputs.preprocess import load_image, parse_preprocess
 from tests.conftest import MODELS
 
 SHAPES = {"data": (1, 3, 32, 32)}
@@ -81,7 +81,7 @@ def test_collect_over_a_folder_runs_the_good_images_and_names_the_bad_one(tmp_pa
         _image(tmp_path / f"photo{i}.png", seed=i)
     (tmp_path / "corrupt.png").write_bytes(b"\x89PNG broken")
     out = tmp_path / "runs"
-    result = subprocess.run([sys.executable, "-m", "collector.cli", "--model", str(MODELS / "convnet.param"),
+    result = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--model", str(MODELS / "convnet.param"),
                              "--input", str(tmp_path), "--preprocess", "resize=32x32,mean=0.5,std=0.25", "-o", str(out)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
@@ -97,15 +97,15 @@ def test_collect_over_a_folder_runs_the_good_images_and_names_the_bad_one(tmp_pa
 def test_sample_photos_reproduce_seed_003_only_the_dark_ones_collapse(tmp_path):
     """Generated photos on the underflow model: the night shots collapse to zeros on vulkan/low (fp16
     underflow), the daylight ones do not; the analyzer names them and where the zeros start."""
-    from samples.images import IMAGES_DIR, RECIPE
+    from layerdiff.samples.images import IMAGES_DIR, RECIPE
 
     out = tmp_path / "runs"
-    collect = subprocess.run([sys.executable, "-m", "collector.cli", "--model", str(MODELS / "underflow.param"),
+    collect = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--model", str(MODELS / "underflow.param"),
                               "--input", str(IMAGES_DIR), "--preprocess", RECIPE, "--backend", "cpu,vulkan",
                               "--precision", "high,low", "--no-report", "-o", str(out)],
                              capture_output=True, text=True, timeout=600)
     assert collect.returncode == 0, collect.stderr
-    analyzed = subprocess.run([sys.executable, "-m", "analyzer.cli", str(out), "-o", str(tmp_path / "report"), "--json"],
+    analyzed = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(out), "-o", str(tmp_path / "report"), "--json"],
                               capture_output=True, text=True, timeout=600)
     doc = json.loads(analyzed.stdout)
     [dependence] = [f for f in doc["findings"] if f["kind"] == "input_dependence" and f["run"] == "vulkan/low"]
@@ -140,7 +140,7 @@ def test_a_chw_npy_feeds_an_nchw_ncnn_model_and_the_run_records_the_fed_shape(tm
     chw = np.random.default_rng(1).random((3, 32, 32), dtype=np.float32)
     np.save(tmp_path / "chw.npy", chw)
     out = tmp_path / "runs"
-    result = subprocess.run([sys.executable, "-m", "collector.cli", "--model", str(MODELS / "convnet.param"),
+    result = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--model", str(MODELS / "convnet.param"),
                              "--input", str(tmp_path / "chw.npy"), "-o", str(out)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -152,7 +152,7 @@ def test_a_chw_npy_feeds_an_nchw_ncnn_model_and_the_run_records_the_fed_shape(tm
 
 def test_dynamic_batch_and_spatial_dims_take_the_arrays_sizes():
     """An ONNX input declared [-1, 3, -1, -1] (dynamic batch, H, W) takes a [1, 3, 96, 160] array as it is."""
-    from collector.inputs import fit_shape
+    from layerdiff.collector.inputs.inputset import fit_shape
 
     assert fit_shape((1, 3, 96, 160), (-1, 3, -1, -1)) == (1, 3, 96, 160)
     assert fit_shape((3, 96, 160), (1, 3, -1, -1)) == (1, 3, 96, 160)  # leading 1s still fitted

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.harness import HarnessSpec, cache_root, ensure_built, ncnn_key, NCNN_VERSION
+from layerdiff.collector.harness.build import HarnessSpec, cache_root, ensure_built, ncnn_key, NCNN_VERSION
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -106,7 +106,7 @@ print(json.dumps(result))
     proc = _run([venv / "bin" / "python", "-c", script], cwd=elsewhere)
     assert proc.returncode == 0, proc.stderr
     modules = json.loads(proc.stdout)
-    assert "collector.cli" in modules and "analyzer.cli" in modules and "collector.engines.ncnn_engine" in modules
+    assert "layerdiff.collector.cli" in modules and "layerdiff.analyzer.cli.app" in modules and "layerdiff.collector.engines.ncnn.engine" in modules
     missing = {name: dep for name, dep in modules.items() if dep}
     tool_modules = {n: d for n, d in missing.items() if n.split(".")[0] in ("collector", "analyzer")}
     assert tool_modules == {}, f"the tool imports undeclared packages: {tool_modules}"
@@ -117,13 +117,13 @@ print(json.dumps(result))
 def _command_paths(venv: Path, cwd: Path) -> list[list[str]]:
     script = r"""
 import json, typer.main
-import collector.cli, analyzer.cli
+import layerdiff.collector.cli, layerdiff.analyzer.cli.app
 def walk(cmd, path):
     yield path
     for name, sub in sorted(getattr(cmd, "commands", {}).items()):
         yield from walk(sub, path + [name])
-paths = list(walk(typer.main.get_command(collector.cli.app), ["collect"]))
-paths += list(walk(typer.main.get_command(analyzer.cli.app), ["analyze"]))
+paths = list(walk(typer.main.get_command(layerdiff.collector.cli.app), ["collect"]))
+paths += list(walk(typer.main.get_command(layerdiff.analyzer.cli.app.app), ["analyze"]))
 print(json.dumps(paths))
 """
     proc = _run([venv / "bin" / "python", "-c", script], cwd=cwd)

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from analyzer.errors import LayerdiffError
-from collector.devices import LocalDevice
-from collector.isolate import isolate
-from collector.models import resolve_model
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import LayerdiffError
+from layerdiff.collector.transport.devices import LocalDevice
+from layerdiff.collector.run.isolate import isolate
+from layerdiff.collector.inputs.modelfiles import resolve_model
 from tests.conftest import MODELS
 
 
@@ -64,9 +64,9 @@ def test_failing_from_a_report_isolates_what_the_analyzer_flagged(local_runs, tm
     ref = local_runs("overflow.param", "cpu", "high")
     low = local_runs("overflow.param", "vulkan", "low")
     report = tmp_path / "report"
-    subprocess.run([sys.executable, "-m", "analyzer.cli", str(ref), str(low), "-o", str(report)],
+    subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(ref), str(low), "-o", str(report)],
                    capture_output=True, text=True, timeout=300, check=True)
-    result = subprocess.run([sys.executable, "-m", "collector.cli", "isolate", "--model", str(MODELS / "overflow.param"),
+    result = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "isolate", "--model", str(MODELS / "overflow.param"),
                              "--backend", "vulkan", "--precision", "low", "--ref", str(ref),
                              "--failing-from", str(report), "-o", str(tmp_path / "iso")],
                             capture_output=True, text=True, timeout=300)

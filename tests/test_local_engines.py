@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from samples.forward import forward
-from samples.catalog import MODELS
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.samples.forward import forward
+from layerdiff.samples.catalog import MODELS
 from tests.conftest import sample_input
 
 HIGH_PRECISION_CASES = [("convnet.param", "cpu"), ("convnet.param", "vulkan"), ("convnet.mnn", "cpu")]

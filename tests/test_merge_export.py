@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from analyzer.cli import main
-from analyzer.dumpfile import DumpFile, DumpWriter
-from analyzer.errors import LayerdiffError
-from analyzer.export import export_model_explorer, export_polygraphy, layer_metric
-from analyzer.importers import import_any
-from analyzer.merge import merge
+from layerdiff.analyzer.cli.app import main
+from layerdiff.analyzer.formats.dumpfile import DumpFile, DumpWriter
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.report.export import export_model_explorer, export_polygraphy, layer_metric
+from layerdiff.analyzer.importers import import_any
+from layerdiff.analyzer.runs.merge import merge
 
 REF = {"/conv/Conv_output_0": np.array([1.0, 2.0, 3.0, 4.0], np.float32), "/tk/TopK_output_1": np.array([1.0, 0.0], np.float32)}
 

@@ -1,4 +1,4 @@
-"""The two readers of MNN op/tensor names (collector/engines/mnn_model.py for the `local` device,
+"""The two readers of MNN op/tensor names (collector/engines/mnn/model.py for the `local` device,
 device_scripts/harness/src/mnn_model.cpp for phones) read the same MNN.fbs field slots and key
 ops by the same rule. CI has no MNN C++ build, so the C++ engine's keys are compared with the
 Python engine's in tests/test_harness_mnn.py only where MNN_ROOT is set; this cheap check keeps
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 
-from collector.engines import mnn_model
-from collector.engines.mnn_model import MnnOps, read_mnn_ops
+from layerdiff.collector.engines.mnn import model as mnn_model
+from layerdiff.collector.engines.mnn.model import MnnOps, read_mnn_ops
 from tests.test_harness_support import MODELS, REPO
 
 CPP = REPO / "device_scripts" / "harness" / "src" / "mnn_model.cpp"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzer.dumpfile import DumpFile, DumpWriter
-from analyzer.plots import MAX_POINTS, error_by_layer_figure, heatmap_figure, value_range_figure, worst_per_bucket
+from layerdiff.analyzer.formats.dumpfile import DumpFile, DumpWriter
+from layerdiff.analyzer.report.plots import MAX_POINTS, error_by_layer_figure, heatmap_figure, value_range_figure, worst_per_bucket
 
 
 def test_worst_per_bucket_keeps_every_spike_and_bounds_points():

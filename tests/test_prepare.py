@@ -6,7 +6,7 @@ import sys
 
 
 def _prepare(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "collector.cli", "prepare", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "prepare", *map(str, args)], capture_output=True,
                           text=True, timeout=300, env=env)
 
 

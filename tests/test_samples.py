@@ -20,15 +20,15 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `samples` is a directory of the repository, not an installed package
     sys.path.insert(0, str(REPO))
 
-from samples import generate as gen  # noqa: E402
-from samples.catalog import CATALOG, MODELS, input_filename, reference, sample_input  # noqa: E402
-from samples.forward import forward  # noqa: E402
-from samples.onnx_emit import ConversionError, convert_onnx_to_mnn  # noqa: E402
-from samples.ncnn_emit import TAG_FP16, TAG_FP32, float32_to_float16_ncnn, param_text, weight_bytes  # noqa: E402
-from samples.ncnn_emit import write_ncnn  # noqa: E402
-from samples.netdef import KINDS, Layer, NetBuilder, Network, validate  # noqa: E402
-from samples.onnx_emit import write_onnx  # noqa: E402
-from samples.runners import compare, run_mnn, run_ncnn  # noqa: E402
+from layerdiff.samples import generate as gen# noqa: E402
+from layerdiff.samples.catalog import CATALOG, MODELS, input_filename, reference, sample_input  # noqa: E402
+from layerdiff.samples.forward import forward  # noqa: E402
+from layerdiff.samples.onnx_emit import ConversionError, convert_onnx_to_mnn  # noqa: E402
+from layerdiff.samples.ncnn_emit import TAG_FP16, TAG_FP32, float32_to_float16_ncnn, param_text, weight_bytes  # noqa: E402
+from layerdiff.samples.ncnn_emit import write_ncnn  # noqa: E402
+from layerdiff.samples.netdef import KINDS, Layer, NetBuilder, Network, validate  # noqa: E402
+from layerdiff.samples.onnx_emit import write_onnx  # noqa: E402
+from layerdiff.samples.runners import compare, run_mnn, run_ncnn  # noqa: E402
 
 FP16_MAX = 65504.0
 HIGH_TOLERANCE = 1e-4  # max |engine - reference| / max |reference|, per layer, at precision high

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.analysis import analyze_paths
-from collector.devices import LocalDevice
-from collector.inputs import resolve_inputs
-from collector.models import input_shapes, resolve_model
-from collector.run import RunSpec, collect_run
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.collector.transport.devices import LocalDevice
+from layerdiff.collector.inputs.inputset import resolve_inputs
+from layerdiff.collector.inputs.modelfiles import input_shapes, resolve_model
+from layerdiff.collector.run.pipeline import RunSpec, collect_run
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "samples" / "models"
@@ -30,7 +30,7 @@ REFERENCE_AND_GPU_LOW = [("cpu", "high"), ("vulkan", "low")]
 
 
 def collect_api(out: Path, stem: str, configs: list[tuple[str, str]], inputs: list[str]) -> Path:
-    """Collect `stem` on the local device for each (backend, precision) x input, through collector.run."""
+    """Collect `stem` on the local device for each (backend, precision) x input, through layerdiff.collector.run.pipeline."""
     files = resolve_model(MODELS / f"{stem}.param")
     sets, errors = resolve_inputs([str(INPUTS / name) for name in inputs], input_shapes(files))
     assert not errors, errors
@@ -49,7 +49,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def analyze_json(report: Path, *inputs: Path, ref: Path | None = None) -> dict:
     """`analyze INPUTS -o REPORT [--ref REF] --json`, as a user runs it; every input must be usable."""
     extra = ["--ref", str(ref)] if ref else []
-    done = run_cli("analyzer.cli", *map(str, inputs), "-o", str(report), *extra, "--json")
+    done = run_cli("layerdiff.analyzer.cli.app", *map(str, inputs), "-o", str(report), *extra, "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -200,7 +200,7 @@ def test_4_inputs_that_collapse_where_the_zeros_start_and_the_underflow_risk(und
 @pytest.fixture(scope="module")
 def sizenet_large_report(tmp_path_factory):
     runs = tmp_path_factory.mktemp("sizenet_large")
-    done = run_cli("collector.cli", "--device", "local", "--model", "samples/models/sizenet_large.param",
+    done = run_cli("layerdiff.collector.cli", "--device", "local", "--model", "samples/models/sizenet_large.param",
                    "--backend", "cpu,vulkan", "--precision", "high,low", "--input", "samples/inputs/sizenet_large.npy",
                    "-o", str(runs), "--no-report")
     assert done.returncode == 0, done.stderr

@@ -12,16 +12,16 @@ import orjson
 import pandas as pd
 import pytest
 
-import analyzer.analysis as analysis_module
-from analyzer import resultcache
-from analyzer.analysis import analyze_paths
-from analyzer.dumpfile import DumpFile, DumpWriter, TensorBuffer
+import layerdiff.analyzer.analysis as analysis_module
+from layerdiff.analyzer.measure import resultcache
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.analyzer.formats.dumpfile import DumpFile, DumpWriter, TensorBuffer
 from tests.analyze_dumps import perturbed, reference_arrays, write_dump
 
 
 @pytest.fixture()
 def cache(tmp_path, monkeypatch):
-    """The user's layerdiff cache (analyzer.convcache), here a private folder of this test."""
+    """The user's layerdiff cache (layerdiff.analyzer.importers.convcache), here a private folder of this test."""
     monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path / "cache"
 
@@ -84,7 +84,7 @@ def test_changed_analyzer_code_is_measured_again(tmp_path):
 
     copy = tmp_path / "code"
     shutil.copytree(Path(resultcache.__file__).parent, copy / "analyzer", ignore=shutil.ignore_patterns("__pycache__"))
-    probe = [sys.executable, "-c", "from analyzer.resultcache import code_fingerprint; print(code_fingerprint())"]
+    probe = [sys.executable, "-c", "from layerdiff.analyzer.measure.resultcache import code_fingerprint; print(code_fingerprint())"]
 
     def fingerprint() -> str:
         return subprocess.run(probe, cwd=copy, capture_output=True, text=True, check=True).stdout.strip()
@@ -142,7 +142,7 @@ def test_stored_table_keeps_non_finite_values_strings_and_shapes():
 
 
 def test_engine_children_import_neither_pandas_nor_h5py():
-    code = ("import sys, collector.engines.ncnn_engine, collector.engines.mnn_engine, collector.engines.harness_cli;"
+    code = ("import sys, layerdiff.collector.engines.ncnn.engine, layerdiff.collector.engines.mnn.engine, layerdiff.collector.engines.harness_cli;"
             "print([m for m in ('pandas', 'h5py', 'matplotlib') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -154,7 +154,7 @@ def test_engine_probe_starts_no_process():
     code = ("import sys\n"
             "started = []\n"
             "sys.addaudithook(lambda event, args: started.append(str(args[0])) if event == 'subprocess.Popen' else None)\n"
-            "from collector.engines import ncnn_engine\n"
+            "from layerdiff.collector.engines import ncnn_engine\n"
             "report = ncnn_engine.probe()\n"
             "print(started, report['engines']['ncnn']['backends']['cpu']['ok'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -184,7 +184,7 @@ def test_fast_reader_matches_h5py_and_falls_back(tmp_path):
 
 
 def test_big_tensors_are_mapped_read_only_and_measure_the_same(runs, cache, monkeypatch):
-    from analyzer import tensorread
+    from layerdiff.analyzer.formats import tensorread
 
     copied = analyze_paths([runs])
     expected = _results(copied)

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from analyzer.dumpfile import DumpFile
+from layerdiff.analyzer.formats.dumpfile import DumpFile
 from tests.conftest import MODELS
 
-COLLECT = [sys.executable, "-m", "collector.cli"]
+COLLECT = [sys.executable, "-m", "layerdiff.collector.cli"]
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from analyzer import convcache
-from analyzer.errors import DumpFormatError, LayerdiffError
-from analyzer.importers import archive, hdf5dump, mnn_text, npyfiles, polygraphy_json, rawdir
-from analyzer.importers.common import ForeignDump, parse_set_options, write_dump
+from layerdiff.analyzer.importers import convcache
+from layerdiff.errors import DumpFormatError, LayerdiffError
+from layerdiff.analyzer.importers import archive, hdf5dump, mnn_text, npyfiles, polygraphy_json, rawdir
+from layerdiff.analyzer.importers.common import ForeignDump, parse_set_options, write_dump
 
 __all__ = ["ImportResult", "detect_format", "find_dumps", "import_any", "import_many", "import_one", "import_many_results",
            "parse_set_options", "SUPPORTED_FORMATS"]

@@ -12,8 +12,8 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from analyzer.errors import DumpFormatError
-from analyzer.limits import MAX_EXTRACT_BYTES
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.formats.limits import MAX_EXTRACT_BYTES
 
 MAX_MEMBERS = 200_000
 _BLOCK = 1 << 20

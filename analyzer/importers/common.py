@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from analyzer.dumpfile import ROOT_DEFAULTS, DumpWriter
-from analyzer.errors import DumpFormatError, LayerdiffError
-from analyzer.importers.optypes import op_type_from_name, op_types_from_onnx
-from analyzer.limits import MAX_TENSOR_BYTES, check_tensor_bytes, env_bytes
+from layerdiff.analyzer.formats.dumpfile import ROOT_DEFAULTS, DumpWriter
+from layerdiff.errors import DumpFormatError, LayerdiffError
+from layerdiff.analyzer.importers.optypes import op_type_from_name, op_types_from_onnx
+from layerdiff.analyzer.formats.limits import MAX_TENSOR_BYTES, check_tensor_bytes, env_bytes
 
 MAX_TEXT_BYTES = env_bytes("LAYERDIFF_MAX_TEXT_BYTES", 4 * MAX_TENSOR_BYTES)
 MAX_LAYERS = 1_000_000

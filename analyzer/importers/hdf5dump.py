@@ -12,11 +12,11 @@ from typing import Any
 import h5py
 import numpy as np
 
-from analyzer.dumpfile import DumpFile
-from analyzer.errors import DumpFormatError
-from analyzer.h5guard import check_whole_file
-from analyzer.limits import check_tensor_bytes, human_bytes
-from analyzer.importers.common import ForeignDump, Layer
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.formats.h5guard import check_whole_file
+from layerdiff.analyzer.formats.limits import check_tensor_bytes, human_bytes
+from layerdiff.analyzer.importers.common import ForeignDump, Layer
 
 H5_FORMAT = "layerdiff-h5"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analyzer.naming import mnn_file_stem
+from layerdiff.analyzer.align.naming import mnn_file_stem
 
 FORWARD_TYPES = {0: "cpu", 1: "metal", 2: "cuda", 3: "opencl", 4: "auto", 6: "opengl", 7: "vulkan"}
 PRECISIONS = {0: "normal", 1: "high", 2: "low", 3: "low_bf16"}

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from analyzer.errors import DumpFormatError
-from analyzer.importers.common import MAX_TEXT_BYTES, ForeignDump, Layer, apply_order, read_order_file
-from analyzer.importers.mnn_log import MnnLog, logged_shape, parse_mnn_log
-from analyzer.naming import split_mnn_file_name
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.importers.common import MAX_TEXT_BYTES, ForeignDump, Layer, apply_order, read_order_file
+from layerdiff.analyzer.importers.mnn_log import MnnLog, logged_shape, parse_mnn_log
+from layerdiff.analyzer.align.naming import split_mnn_file_name
 
 MNN_FORMAT = "mnn-text"
 ORDER_FILES = (".order", "order.txt")

@@ -3,7 +3,7 @@
 Layer name = file / array name (`.npy` stripped). Order: an explicit `order_file`, else a sidecar
 list beside the data (`order.txt` or `.order` in the directory; `<stem>.order.txt` beside an npz),
 else file order (natural name order for a directory, archive order for an npz). An ONNX tensor
-name becomes the op name with output index 0; `analyzer.naming` aligns it with MNN.
+name becomes the op name with output index 0; `layerdiff.analyzer.align.naming` aligns it with MNN.
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from analyzer.errors import DumpFormatError
-from analyzer.importers.common import ForeignDump, Layer, apply_order, natural_key, read_order_file
-from analyzer.importers.npyformat import read_npy
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.importers.common import ForeignDump, Layer, apply_order, natural_key, read_order_file
+from layerdiff.analyzer.importers.npyformat import read_npy
 
 NPY_FORMAT = "npy-dir"
 NPZ_FORMAT = "npz"

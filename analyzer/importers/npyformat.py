@@ -14,8 +14,8 @@ from typing import BinaryIO
 import numpy as np
 from numpy.lib import format as npformat
 
-from analyzer.errors import DumpFormatError
-from analyzer.importers.common import check_declared_size, checked_array
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.importers.common import check_declared_size, checked_array
 
 MAX_HEADER = 10_000
 

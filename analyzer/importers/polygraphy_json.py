@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.errors import DumpFormatError
-from analyzer.importers.common import ForeignDump, Layer
-from analyzer.importers.npyformat import read_npy, read_npy_bytes
-from analyzer.limits import MAX_JSON_BYTES
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.importers.common import ForeignDump, Layer
+from layerdiff.analyzer.importers.npyformat import read_npy, read_npy_bytes
+from layerdiff.analyzer.formats.limits import MAX_JSON_BYTES
 
 POLYGRAPHY_FORMAT = "polygraphy-json"
 TYPE_MARKER = "polygraphy_class"

@@ -1,6 +1,6 @@
 """Our own raw dump directory (manifest.jsonl + tensors.bin), e.g. fetched by hand with `adb pull`.
 
-Parsing and conversion are analyzer.rawdump's; this adds what an untrusted copy needs first: a
+Parsing and conversion are layerdiff.analyzer.formats.rawdump's; this adds what an untrusted copy needs first: a
 bound on the manifest's size, a header whose fields have the types the converter expects, the
 collector's `stderr.txt` / `exit_status` files when they came along, and one-line errors for
 JSON nested too deeply to parse.
@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from analyzer.errors import DumpFormatError
-from analyzer.rawdump import MANIFEST, convert_raw_dump, read_raw_dump
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, read_raw_dump
 
 RAW_FORMAT = "layerdiff-raw"
 MAX_MANIFEST_BYTES = 512 << 20

@@ -19,9 +19,9 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     engine.name: engine
     for engine in (
-        Engine("mnn", (".mnn",), "collector.engines.mnn_engine", on_phones=True),
-        Engine("ncnn", (".param", ".bin"), "collector.engines.ncnn_engine", on_phones=True),
-        Engine("onnxruntime", (".onnx",), "collector.engines.ort_engine", on_phones=False),
+        Engine("mnn", (".mnn",), "layerdiff.collector.engines.mnn.engine", on_phones=True),
+        Engine("ncnn", (".param", ".bin"), "layerdiff.collector.engines.ncnn.engine", on_phones=True),
+        Engine("onnxruntime", (".onnx",), "layerdiff.collector.engines.ort.engine", on_phones=False),
     )
 }
 PHONE_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.on_phones)

@@ -18,7 +18,7 @@ from typing import Callable, NoReturn
 
 import numpy as np
 
-from analyzer.rawdump import RawDumpWriter, sha256_file
+from layerdiff.analyzer.formats.rawdump import RawDumpWriter, sha256_file
 
 HARNESS_VERSION = "0.1.0"
 EXIT_OK, EXIT_ARGS, EXIT_MODEL, EXIT_BACKEND, EXIT_RUN, EXIT_WRITE = 0, 2, 3, 4, 5, 6
@@ -247,8 +247,8 @@ def now_ms() -> float:
 
 def load_inject(path: Path) -> dict[str, np.ndarray]:
     """The reference tensors an isolation run feeds, by tensor name (a raw dump directory)."""
-    from analyzer.errors import LayerdiffError
-    from analyzer.rawdump import read_raw_dump
+    from layerdiff.errors import LayerdiffError
+    from layerdiff.analyzer.formats.rawdump import read_raw_dump
 
     try:
         dump = read_raw_dump(path)

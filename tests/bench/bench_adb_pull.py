@@ -49,7 +49,7 @@ def main() -> None:
     standin = StandIn.create(work / "phone").start()
     try:
         server.connect(standin.serial)
-        from collector.adb import AdbDevice
+        from layerdiff.collector.transport.adb import AdbDevice
 
         size = _write_dump(standin, args.mb)
         device = AdbDevice(standin.serial)

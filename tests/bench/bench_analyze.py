@@ -6,11 +6,11 @@ Method (see tests/bench/measure.py):
 - Two synthetic dumps (a cpu/high reference and a vulkan/low run = reference + 1e-3 noise; odd
   layers ReLU-like with half zeros) are written with the project's own `DumpWriter` into a
   temporary directory, removed at the end.
-- command: `python -m analyzer.cli ref.h5 run.h5 -o REPORT` in a child process, the whole command:
+- command: `python -m layerdiff.analyzer.cli.app ref.h5 run.h5 -o REPORT` in a child process, the whole command:
   start-up, alignment, metrics, findings, tables, plots, HTML and results.json.
 - floor: a child Python that imports numpy and h5py and reads each layer of both dumps once,
   computing max |run - ref| and the relative L2 error: the least any comparison tool must do.
-- The analyzer's stored results (analyzer.resultcache) go to a cache folder of the temporary
+- The analyzer's stored results (layerdiff.analyzer.measure.resultcache) go to a cache folder of the temporary
   directory (LAYERDIFF_CACHE_DIR) that is deleted before every measured run, so each round is a full
   analysis; one extra run at the end shows the cost of analyzing the same runs
   again (a sweep's own report followed by `analyze`), and its peak RSS against the same bound.
@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from analyzer.dumpfile import DumpWriter  # noqa: E402
+from layerdiff.analyzer.formats.dumpfile import DumpWriter  # noqa: E402
 from tests.bench.measure import MiB, alternate, child_env, python, run_child, verdict  # noqa: E402
 
 # name -> (layers, float32 elements per layer, CPU ratio target or None for "must run")
@@ -95,16 +95,16 @@ def bench_case(name: str, rounds: int, folder: Path) -> dict:
     print(f"[{name}] dumps written in {time.perf_counter() - t0:.1f} s "
           f"({(ref.stat().st_size + run.stat().st_size) / MiB:.0f} MiB)", flush=True)
     env = child_env()
-    env["LAYERDIFF_CACHE_DIR"] = str(folder / "cache")  # the stored results (analyzer.resultcache) live here
+    env["LAYERDIFF_CACHE_DIR"] = str(folder / "cache")  # the stored results (layerdiff.analyzer.measure.resultcache) live here
     floor_script = folder / "floor.py"
     floor_script.write_text(FLOOR)
     counter = iter(range(10**6))
 
     def analyze(keep_cache: bool = False):
-        if not keep_cache:  # every measured round analyzes from scratch (analyzer.resultcache)
+        if not keep_cache:  # every measured round analyzes from scratch (layerdiff.analyzer.measure.resultcache)
             shutil.rmtree(folder / "cache", ignore_errors=True)
         out = folder / f"report{next(counter)}"
-        usage = run_child(python("-m", "analyzer.cli", str(ref), str(run), "-o", str(out)), env=env)
+        usage = run_child(python("-m", "layerdiff.analyzer.cli.app", str(ref), str(run), "-o", str(out)), env=env)
         shutil.rmtree(out, ignore_errors=True)
         return usage
 

@@ -20,12 +20,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from analyzer.dumpfile import DumpFile  # noqa: E402
-from collector.arm64 import Arm64Device  # noqa: E402
-from collector.devices import LocalDevice  # noqa: E402
-from collector.inputs import InputSet  # noqa: E402
-from collector.models import resolve_model  # noqa: E402
-from collector.run import RunSpec, collect_run  # noqa: E402
+from layerdiff.analyzer.formats.dumpfile import DumpFile  # noqa: E402
+from layerdiff.collector.transport.arm64 import Arm64Device  # noqa: E402
+from layerdiff.collector.transport.devices import LocalDevice  # noqa: E402
+from layerdiff.collector.inputs.inputset import InputSet  # noqa: E402
+from layerdiff.collector.inputs.modelfiles import resolve_model  # noqa: E402
+from layerdiff.collector.run.pipeline import RunSpec, collect_run  # noqa: E402
 from tests.conftest import MODELS, sample_input  # noqa: E402
 
 

@@ -54,7 +54,7 @@ np.savez(out, **saved)
 
 
 def largest_layer_bytes(out_dir: Path) -> int:
-    from analyzer.dumpfile import DumpFile
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
 
     dump = next(out_dir.rglob("*.h5"))
     with DumpFile(dump) as f:
@@ -76,7 +76,7 @@ def main() -> None:
 
         def collect():
             out = folder / f"runs{next(counter)}"
-            usage = run_child(python("-m", "collector.cli", "--device", "local", "--backend", "cpu", "--precision",
+            usage = run_child(python("-m", "layerdiff.collector.cli", "--device", "local", "--backend", "cpu", "--precision",
                                      "high", "--model", str(MODEL), "-o", str(out),
                                      *(["--no-report"] if args.no_report else [])), env=env)
             if "out" in last:

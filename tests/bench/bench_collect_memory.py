@@ -10,7 +10,7 @@ rendered page of text (pnnx for ncnn, MNN's converter for MNN, the ONNX itself f
 640 this is the issue's case (a 563 MB ncnn dump). `--engine mnn` converts the conv model's ONNX twin
 first; `--engine onnxruntime` runs it.
 
-The model is collected with `python -m collector.cli`, and the resident memory of the whole process
+The model is collected with `python -m layerdiff.collector.cli`, and the resident memory of the whole process
 tree (collect, the host engine it starts) is sampled every 20 ms from /proc. Printed: dump size,
 largest layer, the peak of the tree, the peak of the largest single process (getrusage), the ratio
 of the tree's peak to the goal, and the engine's own floor: the peak of one plain inference with the
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from analyzer.dumpfile import DumpFile  # noqa: E402
+from layerdiff.analyzer.formats.dumpfile import DumpFile  # noqa: E402
 from tests.bench.bench_harness_dump import write_model  # noqa: E402
 
 MB = 1 << 20
@@ -113,7 +113,7 @@ def conv_model(folder: Path, engine: str, size: int, layers: int) -> tuple[Path,
         return param, inputs
     model = onnx_twin(param, size, layers)
     if engine == "mnn":
-        from samples.onnx_emit import convert_onnx_to_mnn
+        from layerdiff.samples.onnx_emit import convert_onnx_to_mnn
 
         convert_onnx_to_mnn(model, folder / "bench.mnn")
         model = folder / "bench.mnn"
@@ -136,7 +136,7 @@ def ocr_det_model(folder: Path, engine: str, size: int) -> tuple[Path, Path]:
     if engine == "ncnn":
         return convert_with_pnnx(onnx_path, f"[1,3,{size},{size}]f32", folder), inputs
     if engine == "mnn":
-        from samples.onnx_emit import convert_onnx_to_mnn
+        from layerdiff.samples.onnx_emit import convert_onnx_to_mnn
 
         convert_onnx_to_mnn(onnx_path, folder / "det.mnn")
         return folder / "det.mnn", inputs
@@ -145,7 +145,7 @@ def ocr_det_model(folder: Path, engine: str, size: int) -> tuple[Path, Path]:
 
 def engine_floor(engine: str, model: Path, inputs: Path, backend: str, precision: str) -> int:
     """Peak RSS of one plain inference in the engine's own process (no dump), in bytes."""
-    from collector.devices import HOST_ENGINE_ENV
+    from layerdiff.collector.transport.devices import HOST_ENGINE_ENV
 
     script = Path(__file__).with_name("engine_floor.py")
     proc = subprocess.run([sys.executable, str(script), engine, str(model), str(inputs), backend, precision],
@@ -172,7 +172,7 @@ def main() -> None:
             model, inputs = conv_model(folder, args.engine, args.size, args.layers)
         else:
             model, inputs = ocr_det_model(folder, args.engine, args.size)
-        argv = [sys.executable, "-m", "collector.cli", "--device", "local", "--model", str(model), "--input", str(inputs),
+        argv = [sys.executable, "-m", "layerdiff.collector.cli", "--device", "local", "--model", str(model), "--input", str(inputs),
                 "--backend", args.backend, "--precision", args.precision, "--out", str(folder / "runs"), "--no-report"]
         tree, largest_process, seconds = collect_peak(argv)
         h5 = next((folder / "runs").glob("*.h5"))

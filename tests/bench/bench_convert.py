@@ -26,7 +26,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from analyzer.rawdump import RawDumpWriter  # noqa: E402
+from layerdiff.analyzer.formats.rawdump import RawDumpWriter  # noqa: E402
 
 
 def make_dump(path: Path, total_mb: int) -> int:
@@ -51,7 +51,7 @@ def make_dump(path: Path, total_mb: int) -> int:
 CHILD_CONVERT = """
 import resource, sys, time, os
 sys.path.insert(0, {repo!r})
-from analyzer.rawdump import convert_raw_dump
+from layerdiff.analyzer.formats.rawdump import convert_raw_dump
 start = time.perf_counter()
 out = convert_raw_dump({raw!r}, {out!r})
 if {fsync}:
@@ -73,7 +73,7 @@ print(time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_m
 CHILD_BASELINE = """
 import resource, sys
 sys.path.insert(0, {repo!r})
-import analyzer.rawdump, h5py, numpy
+import layerdiff.analyzer.formats.rawdump, h5py, numpy
 print(0.0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 

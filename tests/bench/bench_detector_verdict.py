@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from analyzer.analysis import analyze_paths  # noqa: E402
-from analyzer.dumpfile import DumpFile  # noqa: E402
+from layerdiff.analyzer.analysis import analyze_paths  # noqa: E402
+from layerdiff.analyzer.formats.dumpfile import DumpFile  # noqa: E402
 from tests.bench.bench_collect_memory import ocr_det_model  # noqa: E402
 
 MASK_THRESHOLD = 0.3
@@ -34,7 +34,7 @@ RUNS = (("onnxruntime", "cpu", "high"), ("ncnn", "cpu", "high"), ("ncnn", "vulka
 
 def collect(model: Path, inputs: Path, backend: str, precision: str, out: Path) -> Path:
     """One `collect` run on the local device; returns its HDF5."""
-    argv = [sys.executable, "-m", "collector.cli", "--device", "local", "--model", str(model), "--input", str(inputs),
+    argv = [sys.executable, "-m", "layerdiff.collector.cli", "--device", "local", "--model", str(model), "--input", str(inputs),
             "--backend", backend, "--precision", precision, "--out", str(out), "--no-report"]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:

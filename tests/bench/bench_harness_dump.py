@@ -8,7 +8,7 @@ The model is generated here (ncnn .param/.bin written with numpy: 3x3 convolutio
 `size` x `size` with 32 channels), big enough that tensors, not process start-up, dominate.
 "Without dump" runs the same binary with a layer filter matching nothing: all layers still run.
 Times are the footers' `infer_ms` (model run plus dump writing), median over `repeat` runs.
-Builds the host harness through collector.harness (cached) on first use.
+Builds the host harness through layerdiff.collector.harness.build (cached) on first use.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from analyzer.rawdump import read_raw_dump  # noqa: E402
-from collector.harness import HarnessSpec, ensure_built  # noqa: E402
+from layerdiff.analyzer.formats.rawdump import read_raw_dump  # noqa: E402
+from layerdiff.collector.harness.build import HarnessSpec, ensure_built  # noqa: E402
 
 CHANNELS = 32
 

@@ -21,12 +21,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from analyzer.dumpfile import DumpFile  # noqa: E402
-from collector.devices import LocalDevice  # noqa: E402
-from collector.inputs import random_inputs, InputSet  # noqa: E402
-from collector.isolate import isolate  # noqa: E402
-from collector.models import input_shapes, resolve_model  # noqa: E402
-from collector.run import RunSpec, collect_run  # noqa: E402
+from layerdiff.analyzer.formats.dumpfile import DumpFile  # noqa: E402
+from layerdiff.collector.transport.devices import LocalDevice  # noqa: E402
+from layerdiff.collector.inputs.inputset import random_inputs, InputSet  # noqa: E402
+from layerdiff.collector.run.isolate import isolate  # noqa: E402
+from layerdiff.collector.inputs.modelfiles import input_shapes, resolve_model  # noqa: E402
+from layerdiff.collector.run.pipeline import RunSpec, collect_run  # noqa: E402
 
 
 def main() -> None:

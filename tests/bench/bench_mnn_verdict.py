@@ -44,7 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from collector.harness import HarnessSpec, ensure_built  # noqa: E402
+from layerdiff.collector.harness.build import HarnessSpec, ensure_built  # noqa: E402
 from tests.standin.launcher import AdbServer, StandIn  # noqa: E402
 
 MODEL = REPO / "samples" / "models" / "convnet.mnn"
@@ -73,7 +73,7 @@ def timed(cmd: list[str], env: dict, cwd: Path = REPO) -> Timing:
 
 
 def collect_argv(serial: str, out: Path, *selection: str) -> list[str]:
-    return [sys.executable, "-m", "collector.cli", "--device", serial, "--model", str(MODEL),
+    return [sys.executable, "-m", "layerdiff.collector.cli", "--device", serial, "--model", str(MODEL),
             "--input", f"data={INPUT}", *selection, "-o", str(out)]
 
 
@@ -95,7 +95,7 @@ def three_commands(serial: str, out: Path, env: dict) -> Timing:
     runs = out / "runs"
     first = timed(collect_argv(serial, runs, "--config", "cpu/high", "--no-report"), env).command
     second = timed(collect_argv(serial, runs, "--config", "vulkan/low", "--no-report"), env).command
-    analyze = timed([sys.executable, "-m", "analyzer.cli", "compare", str(runs), "-o", str(out / "report")], env)
+    analyze = timed([sys.executable, "-m", "layerdiff.analyzer.cli.app", "compare", str(runs), "-o", str(out / "report")], env)
     return Timing(first + second + analyze.command, first + second + analyze.verdict)
 
 

@@ -24,7 +24,7 @@ from tests.standin.launcher import AdbServer, StandIn  # noqa: E402
 
 
 def sweep(devices: str, out: Path, env: dict) -> float:
-    args = [sys.executable, "-m", "collector.cli", "--device", devices, "--model",
+    args = [sys.executable, "-m", "layerdiff.collector.cli", "--device", devices, "--model",
             str(REPO / "samples" / "models" / "convnet.param"), "--backend", "cpu", "--precision", "high,normal,low",
             "--input", "random:1", "--input", "random:2", "-o", str(out)]
     start = time.perf_counter()

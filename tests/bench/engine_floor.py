@@ -6,7 +6,7 @@ Loads the model with the host engine's own loader and options (collector/engines
 inputs, computes only the model's outputs, and prints the process's peak RSS (VmHWM) in bytes. This
 is the floor no dumping can go under: the interpreter, the engine library, its weights and its
 working memory (e.g. ncnn's Vulkan buffers on lavapipe). Run by the benchmark with the same
-environment as the `local` device's engines (collector.devices.HOST_ENGINE_ENV).
+environment as the `local` device's engines (layerdiff.collector.transport.devices.HOST_ENGINE_ENV).
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from collector.engines.harness_cli import HarnessArgs  # noqa: E402
+from layerdiff.collector.engines.harness_cli import HarnessArgs  # noqa: E402
 
 
 def plain_ncnn(args: HarnessArgs, inputs: dict[str, np.ndarray]) -> None:
-    from collector.engines import ncnn_engine
+    from layerdiff.collector.engines.ncnn import engine as ncnn_engine
 
     ncnn = ncnn_engine._ncnn()
     net, _ = ncnn_engine.load_net(args, ncnn)
@@ -32,14 +32,14 @@ def plain_ncnn(args: HarnessArgs, inputs: dict[str, np.ndarray]) -> None:
 
 
 def plain_onnxruntime(args: HarnessArgs, inputs: dict[str, np.ndarray]) -> None:
-    from collector.engines import ort_engine
+    from layerdiff.collector.engines.ort import engine as ort_engine
 
     session = ort_engine.create_session(args.models[0].read_bytes(), args)
     session.run(None, ort_engine.feeds_for(session, inputs))
 
 
 def plain_mnn(args: HarnessArgs, inputs: dict[str, np.ndarray]) -> None:
-    from collector.engines import mnn_engine
+    from layerdiff.collector.engines.mnn import engine as mnn_engine
 
     MNN = mnn_engine.mnn_module()
     interpreter, session = mnn_engine.create_session(MNN, args)

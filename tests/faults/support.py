@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from analyzer.dumpfile import DumpWriter
+from layerdiff.analyzer.formats.dumpfile import DumpWriter
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 def cli(tool: str, *args: str, env: dict | None = None, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`collect`/`analyze` from this checkout as a user would run it."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1", **(env or {})}
-    module = {"collect": "collector.cli", "analyze": "analyzer.cli"}[tool]
+    module = {"collect": "layerdiff.collector.cli", "analyze": "layerdiff.analyzer.cli.app"}[tool]
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                            env=full_env, timeout=timeout, cwd=cwd)
 

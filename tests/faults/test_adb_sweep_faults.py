@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from collector.adb import AdbDevice
-from collector.index import read_index
-from collector.inputs import InputSet
-from collector.models import resolve_model
-from collector.plan import SweepPlan
-from collector.sweep import run_sweep
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.collector.transport.adb import AdbDevice
+from layerdiff.collector.sweep.index import read_index
+from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.inputs.modelfiles import resolve_model
+from layerdiff.collector.sweep.plan import SweepPlan
+from layerdiff.collector.sweep.execute import run_sweep
 from tests.conftest import MODELS
 
 RUNS = 4

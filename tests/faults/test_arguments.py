@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from analyzer.errors import LayerdiffError
-from collector.run import RunOptions
+from layerdiff.errors import LayerdiffError
+from layerdiff.collector.run.pipeline import RunOptions
 from tests.faults.support import REPO, assert_one_line_error, cli
 
 MODEL = REPO / "samples" / "models" / "convnet.mnn"

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from analyzer.dumpfile import DumpFile
-from analyzer.errors import DumpFormatError, LayerdiffError
-from analyzer.metrics import PairKernel, Tolerances
-from analyzer.tensorstats import tensor_stats
-from collector.preprocess import image_pixel_limit, load_image, parse_preprocess
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import DumpFormatError, LayerdiffError
+from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
+from layerdiff.analyzer.formats.tensorstats import tensor_stats
+from layerdiff.collector.inputs.preprocess import image_pixel_limit, load_image, parse_preprocess
 from tests.faults.support import REPO, assert_one_line_error, cli, write_dump
 
 MODELS = REPO / "samples" / "models"
@@ -59,12 +59,12 @@ def test_npz_inflating_under_limit_costs_one_copy(tmp_path):
     """A 256 MiB tensor from a <1 MB npz: peak RSS stays near one copy of it (was 2.2x)."""
     npz = _deflated_npz(tmp_path / "big.npz", 256 << 20)
     rss, proc = _peak_rss_mib(f"""
-        from analyzer.importers.npyfiles import read_npz
+        from layerdiff.analyzer.importers.npyfiles import read_npz
         layer = read_npz(__import__('pathlib').Path({str(npz)!r})).layers[0]
         assert layer.load().nbytes == 256 << 20
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    baseline, _ = _peak_rss_mib("import analyzer.importers.npyfiles")
+    baseline, _ = _peak_rss_mib("import layerdiff.analyzer.importers.npyfiles")
     print(f"figure: 256 MiB tensor from a {npz.stat().st_size / 2**10:.0f} KiB npz at {rss - baseline:.0f} MiB over baseline")
     assert rss - baseline < 256 * 1.3, (rss, baseline)  # figure: RSS over baseline ≤ 1.3x the tensor
 
@@ -77,7 +77,7 @@ def test_json_over_limit_refused(tmp_path):
 
 
 def test_default_limits_follow_this_machines_ram():
-    from analyzer import limits
+    from layerdiff.analyzer.formats import limits
 
     assert limits.MAX_TENSOR_BYTES == int(limits.total_ram() * 0.25) or "LAYERDIFF_MAX_TENSOR_BYTES" in __import__("os").environ
     assert limits.MAX_JSON_BYTES <= limits.MAX_TENSOR_BYTES
@@ -157,8 +157,8 @@ def test_decompression_bomb_png_is_one_line_and_bounded(tmp_path):
     Image.new("1", (40000, 40000)).save(bomb)
     rss, proc = _peak_rss_mib(f"""
         from pathlib import Path
-        from collector.preprocess import load_image, default_for, image_pixel_limit
-        from analyzer.errors import LayerdiffError
+        from layerdiff.collector.inputs.preprocess import load_image, default_for, image_pixel_limit
+        from layerdiff.errors import LayerdiffError
         try:
             load_image(Path({str(bomb)!r}), default_for((1, 3, 32, 32)), image_pixel_limit((1, 3, 32, 32)))
         except LayerdiffError as err:
@@ -212,11 +212,11 @@ def test_polygraphy_json_peak_memory_is_bounded(tmp_path):
     size_mib = doc.stat().st_size / 2**20
     rss, proc = _peak_rss_mib(f"""
         from pathlib import Path
-        from analyzer.importers import import_any
+        from layerdiff.analyzer.importers import import_any
         import_any(Path({str(doc)!r}), None, Path({str(tmp_path / 'o.h5')!r}))
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    baseline, _ = _peak_rss_mib("import analyzer.importers")
+    baseline, _ = _peak_rss_mib("import layerdiff.analyzer.importers")
     print(f"figure: {size_mib:.0f} MiB Polygraphy JSON imported at {rss - baseline:.0f} MiB over baseline "
           f"({(rss - baseline) / size_mib:.1f}x the file)")
     assert rss - baseline < 5 * size_mib

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer import convcache
-from analyzer.errors import LayerdiffError
-from analyzer.importers import import_any
+from layerdiff.analyzer.importers import convcache
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.importers import import_any
 from tests.faults.support import assert_one_line_error, cli
 
 
@@ -38,7 +38,7 @@ def test_cache_is_private_and_in_the_users_cache_dir(xdg, tmp_path):
 
 
 def test_one_cache_root_for_harness_builds_and_conversions(xdg, monkeypatch, tmp_path):
-    from collector.harness import cache_root
+    from layerdiff.collector.harness.build import cache_root
     assert cache_root() == xdg.parent  # harness builds and arm64 runtime beside conversions/
     monkeypatch.setenv("LAYERDIFF_CACHE", str(tmp_path / "elsewhere"))
     assert cache_root() == tmp_path / "elsewhere" and convcache.cache_dir(create=False) == tmp_path / "elsewhere" / "conversions"
@@ -75,7 +75,7 @@ def test_analyze_cache_reports_and_cleans(xdg, tmp_path):
                str(tmp_path / "rep"), env=env).returncode == 0
     count, size = convcache.usage()
     assert count >= 3 and size > 2 * (1 << 18)  # the two conversions and the stored measurement
-    assert len(list(xdg.glob("results-*.json"))) == 1  # analyzer.resultcache: one cache, one place
+    assert len(list(xdg.glob("results-*.json"))) == 1  # layerdiff.analyzer.measure.resultcache: one cache, one place
     info = cli("analyze", "cache", env=env)
     assert info.returncode == 0 and f"{xdg}: {count} entries" in info.stdout, info.stdout + info.stderr
     cleaned = cli("analyze", "cache", "clean", env=env)

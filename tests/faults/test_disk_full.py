@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collector.index import INDEX_NAME
+from layerdiff.collector.sweep.index import INDEX_NAME
 from tests.faults.support import REPO, assert_one_line_error, cli, write_dump
 
 MODEL = REPO / "samples" / "models" / "sizenet_large.mnn"

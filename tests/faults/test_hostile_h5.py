@@ -9,10 +9,10 @@ import h5py
 import numpy as np
 import pytest
 
-from analyzer.dumpfile import DumpFile
-from analyzer.errors import DumpFormatError
-from analyzer.importers.hdf5dump import validate_h5
-from collector.isolate import target_inputs, write_inject_dump
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.importers.hdf5dump import validate_h5
+from layerdiff.collector.run.isolate import target_inputs, write_inject_dump
 from tests.faults.support import assert_one_line_error, cli, write_dump
 
 ARRAYS = [np.arange(1000, dtype=np.float32), np.ones(1000, np.float32)]

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.errors import Interrupted
-from analyzer.rawdump import convert_raw_dump
-from collector.index import INDEX_NAME
+from layerdiff.errors import Interrupted
+from layerdiff.analyzer.formats.rawdump import convert_raw_dump
+from layerdiff.collector.sweep.index import INDEX_NAME
 from tests.faults.support import REPO
 from tests.test_import_raw_h5_zip import write_raw
 
@@ -24,7 +24,7 @@ EXIT_LIMIT_S = 30.0  # what the issue asks; the figures measured are printed and
 
 
 def _start(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "collector.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "layerdiff.collector.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1", **(env or {})})
 
 
@@ -117,7 +117,7 @@ def test_ctrl_c_during_a_local_sweep(tmp_path, delay):
     assert rows and all(r["status"] in ("done", "interrupted", "planned") for r in rows), rows
     done_before = {f: (out / f).stat().st_ino for r in rows if r["status"] == "done" for f in r["files"].split(";") if f}
     assert all((out / f).is_file() for f in done_before)
-    resumed = subprocess.run([sys.executable, "-m", "collector.cli", *args], capture_output=True, text=True,
+    resumed = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", *args], capture_output=True, text=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert all(r["status"] == "done" for r in _rows(out))
@@ -126,7 +126,7 @@ def test_ctrl_c_during_a_local_sweep(tmp_path, delay):
 
 def test_ctrl_c_during_the_first_harness_build_kills_the_build(tmp_path, standin):
     """A fresh harness build (cmake → ninja → compilers) in progress: all of it ends with collect."""
-    from collector import harness
+    from layerdiff.collector.harness import build as harness
 
     shared = harness.cache_root() / "harness" / "src"
     if not (shared / f"ncnn-{harness.NCNN_VERSION}").is_dir():

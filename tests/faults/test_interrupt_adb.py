@@ -13,11 +13,11 @@ import time
 import numpy as np
 import pytest
 
-from collector.adb import AdbDevice
-from collector.inputs import InputSet
-from collector.models import resolve_model
-from collector.plan import SweepPlan
-from collector.sweep import run_sweep
+from layerdiff.collector.transport.adb import AdbDevice
+from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.inputs.modelfiles import resolve_model
+from layerdiff.collector.sweep.plan import SweepPlan
+from layerdiff.collector.sweep.execute import run_sweep
 from tests.conftest import MODELS
 
 

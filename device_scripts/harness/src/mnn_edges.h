@@ -1,5 +1,5 @@
 // Graph edges for the MNN engine, mirroring the pymnn engine of the `local` device
-// (collector/engines/mnn_engine.py: graph_edges, op_inputs, _graph_tensor, _resolve, _dumped_name).
+// (collector/engines/mnn/engine.py: graph_edges, op_inputs, _graph_tensor, _resolve, _dumped_name).
 //
 // Why: edges recorded from buffer addresses see what really ran (including MNN's runtime-only
 // Raster ops), but mislead where MNN computed in place, reused memory or fed a tensor it never

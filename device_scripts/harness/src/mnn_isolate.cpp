@@ -1,5 +1,5 @@
 // MNN op isolation through the Express API, mirroring the pymnn engine of the `local` device
-// (collector/engines/mnn_engine.py: isolate, graph_tensor, injected_value).
+// (collector/engines/mnn/engine.py: isolate, graph_tensor, injected_value).
 //
 // Why Express and not a Session with Path::Mode::Tensor: Module::load(inputs, outputs) cuts the
 // graph between named graph tensors and takes any tensor as an input, which is exactly "this op,

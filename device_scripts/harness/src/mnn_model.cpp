@@ -13,7 +13,7 @@ namespace ld {
 namespace {
 
 // Field slots in MNN.fbs (table Net / table Op), in declaration order; a union takes two slots.
-// The same numbers as collector/engines/mnn_model.py.
+// The same numbers as collector/engines/mnn/model.py.
 constexpr int kNetOplists = 3, kNetOutputName = 4, kNetTensorName = 7;
 constexpr int kOpName = 3, kOpOutputIndexes = 4;
 

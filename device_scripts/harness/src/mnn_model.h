@@ -1,5 +1,5 @@
 // What a `.mnn` file says about its ops: each op's name, the tensors it writes, and the model's
-// outputs. The C++ twin of collector/engines/mnn_model.py: both engines key an op's outputs by
+// outputs. The C++ twin of collector/engines/mnn/model.py: both engines key an op's outputs by
 // the tensor the op writes (HARNESS_CLI.md, "Tensor keys and edges"), so a Conv+BN+ReLU that
 // MNN's converter fused into op `conv2d_450.tmp_0` is dumped as the `batch_norm_67.tmp_2` it
 // writes, the name an ONNX golden has.

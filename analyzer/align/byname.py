@@ -1,0 +1,303 @@
+"""Matching the layers of two runs by name, so every later step compares like with like.
+
+Runs of one model on different engines or backends do not list the same layers: MNN adds
+`<op>_raster_<k>` ops on some backends, ncnn inserts `splitncnn_<k>` copies, converters rename
+(`<name>__matmul_converted`). Alignment therefore never fails: it matches what it can and lists the
+rest. Matching goes, in order, through
+1. the user's explicit name map (`--name-map`, old -> new) and regex rules (`--rename`), applied to
+   both runs before anything else, because the user knows best;
+2. exact keys `<op>:<output_index>` (multi-output ops keep their index);
+3. built-in normalization rules, only for layers still unmatched and only where the normalized key
+   is unique on both sides, so a rule can never steal a layer that already matched exactly;
+4. when names matched less than half of the smaller run (pnnx renames everything), the graph
+   structure of the leftovers (`layerdiff.analyzer.align.structure`: shapes, op types, order, edges).
+Every match has a confidence: 1 for names, lower for structure (see `layerdiff.analyzer.align.structure`).
+Shapes are checked per matched layer; size-1 dimensions are squeezed when that makes them agree.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.align.naming import canonical_from_key
+from layerdiff.analyzer.align.structure import match_by_structure
+
+# (pattern, replacement, why): applied to op names of still-unmatched layers (step 3 above).
+BUILTIN_RULES: list[tuple[str, str, str]] = [
+    (r"__matmul_converted$", "", "MNN's converter rewrites MatMul as a convolution named <name>__matmul_converted"),
+    (r"_splitncnn_\d+$", "", "ncnn's Split copies are named <blob>_splitncnn_<k>"),
+    (r"^/+", "", "ONNX exporters prefix node names with '/', some converters drop it"),
+]
+# Unmatched layers that are expected, with the reason shown next to them in the report.
+EXPECTED_EXTRAS: list[tuple[str, str]] = [
+    (r"_raster_\d+$", "MNN inserts raster (layout) ops that differ between backends"),
+    (r"^splitncnn_(input)?\d+$", "ncnn Split layer (copies of one blob)"),
+]
+
+
+@dataclass
+class NameRules:
+    """The user's renames (name map + regex rules) and whether the built-in rules are used."""
+
+    name_map: dict[str, str] = field(default_factory=dict)
+    regex: list[tuple[re.Pattern, str]] = field(default_factory=list)
+    builtin: bool = True
+
+    def canonical_key(self, op: str, output_index: int) -> str:
+        """Key after the user's rules; a map entry may name a whole key (`op:1`) or just the op."""
+        key = f"{op}:{output_index}"
+        if key in self.name_map:
+            return self.name_map[key]
+        op = self.name_map.get(op, op)
+        for pattern, repl in self.regex:
+            op = pattern.sub(repl, op)
+        return f"{op}:{output_index}"
+
+
+def builtin_normal(key: str) -> str:
+    """Key with the built-in normalization applied to its op part (output index kept)."""
+    op, _, index = key.rpartition(":")
+    for pattern, repl, _why in BUILTIN_RULES:
+        op = re.sub(pattern, repl, op)
+    return f"{op}:{index}"
+
+
+def expected_extra_reason(op: str) -> str:
+    """Why an unmatched op is normal, or '' when it is not a known engine-inserted op."""
+    for pattern, why in EXPECTED_EXTRAS:
+        if re.search(pattern, op):
+            return why
+    return ""
+
+
+def parse_rename(spec: str) -> tuple[re.Pattern, str]:
+    """`REGEX=REPL` from the command line, e.g. `--rename '^model/=` strips a prefix."""
+    pattern, sep, repl = spec.partition("=")
+    if not sep or not pattern:
+        raise LayerdiffError(f"--rename {spec!r}: expected REGEX=REPLACEMENT, e.g. '^net/='")
+    try:
+        return re.compile(pattern), repl
+    except re.error as err:
+        raise LayerdiffError(f"--rename {spec!r}: bad regular expression ({err})") from None
+
+
+def load_name_map(path: Path | str) -> dict[str, str]:
+    """Read an old -> new map from JSON (object or list of pairs) or CSV (two columns, header optional)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise LayerdiffError(f"{path}: cannot read the name map ({err.strerror})") from None
+    if path.suffix.lower() == ".json" or text.lstrip().startswith(("{", "[")):
+        return _map_from_json(path, text)
+    return _map_from_csv(path, text)
+
+
+def _map_from_json(path: Path, text: str) -> dict[str, str]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise LayerdiffError(f"{path}: name map is not valid JSON (line {err.lineno}: {err.msg})") from None
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    if isinstance(value, list) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+        return {str(a): str(b) for a, b in value}
+    raise LayerdiffError(f"{path}: name map must be a JSON object {{old: new}} or a list of [old, new] pairs")
+
+
+def _map_from_csv(path: Path, text: str) -> dict[str, str]:
+    rows = [r for r in csv.reader(text.splitlines()) if r and not r[0].startswith("#")]
+    if rows and [c.strip().lower() for c in rows[0][:2]] in (["old", "new"], ["from", "to"]):
+        rows = rows[1:]
+    bad = [i + 1 for i, r in enumerate(rows) if len(r) != 2]
+    if bad:
+        raise LayerdiffError(f"{path}: name map CSV row {bad[0]} does not have exactly two columns old,new")
+    return {r[0]: r[1] for r in rows}
+
+
+@dataclass
+class PairAlignment:
+    """How the layers of `other` line up with those of `base` (the reference)."""
+
+    matched: pd.DataFrame  # one row per matched layer, in the base's execution order
+    only_base: pd.DataFrame  # base layers with no partner: key, op, op_type, why
+    only_other: pd.DataFrame
+
+
+MATCH_COLUMNS = ["key", "other_key", "base_order", "other_order", "op", "op_type", "other_op_type",
+                 "base_shape", "other_shape", "shape_status", "match", "confidence"]
+# Names matched below this share of the smaller run: the runs were renamed, match by structure too.
+STRUCTURE_BELOW = 0.5
+
+
+def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
+                 error: Callable[[int, int], float] | None = None, fp32: bool = False) -> PairAlignment:
+    """Match two `/layers` tables; never raises on odd names, duplicates or disjoint sets.
+
+    `error(base row, other row)` (rel L2 of the two tensors) lets structural matching settle
+    ambiguous candidates by value, closely when both runs are `fp32` (see `layerdiff.analyzer.align.structure`)."""
+    base_keys = _canonical_keys(base, rules)
+    other_keys = _canonical_keys(other, rules)
+    how = "renamed" if (rules.name_map or rules.regex) else "exact"
+    pairs = _match_exact(base_keys, other_keys, how)
+    if rules.builtin:
+        pairs.update(_match_builtin(base_keys, other_keys, pairs, builtin_normal))
+        pairs.update(_match_builtin(base_keys, other_keys, pairs, canonical_from_key))
+    confidence = {i: 1.0 for i in pairs}
+    if rules.builtin and len(pairs) < STRUCTURE_BELOW * min(len(base), len(other)):
+        used = {j for j, _ in pairs.values()}
+        found = match_by_structure(base, other, [i for i in range(len(base)) if i not in pairs],
+                                   [j for j in range(len(other)) if j not in used], error, fp32)
+        pairs.update({i: (j, "structure") for i, (j, _c) in found.items()})
+        confidence.update({i: c for i, (_j, c) in found.items()})
+    matched = _matched_frame(base, other, pairs, confidence)
+    used_other = {j for j, _ in pairs.values()}
+    by_structure = any(how == "structure" for _j, how in pairs.values())
+    rows = {i: j for i, (j, _how) in pairs.items()}
+    only_base = _unmatched_frame(base, [i for i in range(len(base)) if i not in pairs],
+                                 _Unmatched(base, other, rows, by_structure))
+    only_other = _unmatched_frame(other, [j for j in range(len(other)) if j not in used_other],
+                                  _Unmatched(other, base, {j: i for i, j in rows.items()}, by_structure))
+    return PairAlignment(matched=matched, only_base=only_base, only_other=only_other)
+
+
+def _canonical_keys(layers: pd.DataFrame, rules: NameRules) -> list[str]:
+    """Keys after user rules; a rename that makes two layers collide keeps the raw key for the later one."""
+    keys: list[str] = []
+    seen: set[str] = set()
+    for op, index, raw in zip(layers["op"], layers["output_index"], layers["key"]):
+        key = rules.canonical_key(str(op), int(index))
+        if key in seen:
+            key = str(raw)
+        seen.add(key)
+        keys.append(key)
+    return keys
+
+
+def _match_exact(base_keys: list[str], other_keys: list[str], how: str) -> dict[int, tuple[int, str]]:
+    where = {}
+    for j, key in enumerate(other_keys):
+        where.setdefault(key, j)
+    return {i: (where[k], how) for i, k in enumerate(base_keys) if k in where}
+
+
+def _match_builtin(base_keys: list[str], other_keys: list[str], done: dict[int, tuple[int, str]],
+                   normal: Callable[[str], str]) -> dict[int, tuple[int, str]]:
+    """Match leftovers whose normalized keys agree (unique matches only, so a rule never guesses)."""
+    used = {j for j, _ in done.values()}
+    left_base = _unique_by(normal, [(i, k) for i, k in enumerate(base_keys) if i not in done])
+    left_other = _unique_by(normal, [(j, k) for j, k in enumerate(other_keys) if j not in used])
+    return {i: (left_other[n], "builtin-rule") for n, i in left_base.items() if n in left_other}
+
+
+def _unique_by(normal, indexed: list[tuple[int, str]]) -> dict[str, int]:
+    groups: dict[str, list[int]] = {}
+    for i, key in indexed:
+        groups.setdefault(normal(key), []).append(i)
+    return {n: idx[0] for n, idx in groups.items() if len(idx) == 1}
+
+
+def _matched_frame(base: pd.DataFrame, other: pd.DataFrame, pairs: dict[int, tuple[int, str]],
+                   confidence: dict[int, float]) -> pd.DataFrame:
+    """One row per matched pair, built column-wise (row access through pandas cost ~1 ms a layer)."""
+    base_rows = sorted(pairs)
+    other_rows = [pairs[i][0] for i in base_rows]
+    b = {c: base[c].to_numpy()[base_rows] for c in ("key", "order", "op", "op_type", "shape")}
+    o = {c: other[c].to_numpy()[other_rows] for c in ("key", "order", "op_type", "shape")}
+    base_shapes = [_shape(cell) for cell in b["shape"]]
+    other_shapes = [_shape(cell) for cell in o["shape"]]
+    return pd.DataFrame({
+        "key": b["key"], "other_key": o["key"], "base_order": b["order"].astype(np.int64),
+        "other_order": o["order"].astype(np.int64), "op": b["op"], "op_type": b["op_type"],
+        "other_op_type": o["op_type"], "base_shape": base_shapes, "other_shape": other_shapes,
+        "shape_status": [shape_status(x, y) for x, y in zip(base_shapes, other_shapes)],
+        "match": [pairs[i][1] for i in base_rows],
+        "confidence": [round(confidence.get(i, 1.0), 3) for i in base_rows],
+    }, columns=MATCH_COLUMNS)
+
+
+def _unmatched_frame(layers: pd.DataFrame, index: list[int], why: "_Unmatched") -> pd.DataFrame:
+    part = layers.iloc[index]
+    return pd.DataFrame({
+        "key": list(part["key"]), "op": list(part["op"]), "op_type": list(part["op_type"]),
+        "order": [int(v) for v in part["order"]],
+        "why": [why.reason(i) for i in index],
+    })
+
+
+@dataclass
+class _Unmatched:
+    """Why a layer of `layers` has no partner in `partner` (`rows`: this side's row -> partner row)."""
+
+    layers: pd.DataFrame
+    partner: pd.DataFrame
+    rows: dict[int, int]
+    by_structure: bool
+
+    def reason(self, row: int) -> str:
+        op, op_type = str(self.layers["op"].iloc[row]), str(self.layers["op_type"].iloc[row])
+        shape = _shape(self.layers["shape"].iloc[row])
+        if expected_extra_reason(op):
+            return expected_extra_reason(op)
+        if op_type.lower() in ("input", "data"):
+            return "model input: fed to the model, not computed by a layer (the other run has no layer for it)"
+        if not self.by_structure:
+            return "no layer of this name in the other run (after the built-in and --rename/--name-map rules)"
+        if not shape:
+            return "its shape is unknown, so structure cannot pair it"
+        if _squeezed(shape) not in self._partner_shapes:
+            return f"no layer of the other run has shape {list(shape)}"
+        return self._between(row, shape)
+
+    @cached_property
+    def _partner_shapes(self) -> set[tuple[int, ...]]:
+        return {_squeezed(_shape(cell)) for cell in self.partner["shape"]}
+
+    def _between(self, row: int, shape: tuple[int, ...]) -> str:
+        """Name the matched layers around it and what the other run has in between."""
+        before = max((r for r in self.rows if r < row), default=None)
+        after = min((r for r in self.rows if r > row), default=None)
+        low = self.rows[before] if before is not None else -1
+        high = self.rows[after] if after is not None else len(self.partner)
+        used = set(self.rows.values())
+        same = [r for r in range(min(low, high) + 1, max(low, high)) if r not in used
+                and _squeezed(_shape(self.partner["shape"].iloc[r])) == _squeezed(shape)]
+        keys = self.layers["key"]
+        span = (f"between the matched layers {keys.iloc[before]} and {keys.iloc[after]}" if before is not None
+                and after is not None else f"after the matched layer {keys.iloc[before]}" if before is not None
+                else f"before the matched layer {keys.iloc[after]}" if after is not None else "anywhere")
+        if not same:
+            return (f"the other run writes no tensor of shape {list(shape)} {span}: computed inside an op it "
+                    "fuses or folds there")
+        return (f"{len(same)} layer(s) of the other run with shape {list(shape)} {span}, none confirmed by "
+                "values or by the graph edges")
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+@lru_cache(maxsize=4096)
+def _shape(cell: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in json.loads(cell))
+    except (json.JSONDecodeError, TypeError, ValueError):
+        return ()
+
+
+def shape_status(a: tuple[int, ...], b: tuple[int, ...]) -> str:
+    """`same`, `squeezed` (equal once size-1 dims are dropped) or `mismatch`."""
+    if a == b:
+        return "same"
+    if tuple(d for d in a if d != 1) == tuple(d for d in b if d != 1):
+        return "squeezed"
+    return "mismatch"

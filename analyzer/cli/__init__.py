@@ -1,0 +1,1 @@
+"""The `analyze` command line: the main app (app.py) and the commands it gathers (offline, cache)."""

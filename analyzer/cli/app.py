@@ -1,0 +1,174 @@
+"""`analyze`: compare dumps into a report (`analyze FILES_OR_DIRS... -o REPORT`) or inspect one dump.
+
+The main job needs no sub-command word, as the README promises: `analyze runs/ -o report/`. A
+command group with a default command does that while keeping real sub-commands (`analyze inspect`,
+and the ones other modules contribute through `COMMAND_PROVIDERS`). Every user-fixable problem ends as
+one line on stderr and a non-zero exit code, never a traceback:
+  0  report written, every input usable;
+  1  nothing could be analyzed (bad arguments, fewer than two usable dumps, ...);
+  2  report written, but some inputs or layers could not be used (each listed on stderr).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from typer.core import TyperGroup
+
+from layerdiff.errors import LayerdiffError, os_error_line
+from layerdiff.analyzer.report.tables import format_number
+
+DEFAULT_COMMAND = "compare"
+# Modules that contribute sub-commands: "module:function", each function called with `app` to add
+# its commands (e.g. "layerdiff.analyzer.cli.offline:register" adds import / merge / export). The lead wires them.
+COMMAND_PROVIDERS: list[str] = ["layerdiff.analyzer.cli.offline:register", "layerdiff.analyzer.cli.cache:register"]
+MAX_CONSOLE_FINDINGS = 25
+
+
+class DefaultCommandGroup(TyperGroup):
+    """A group that runs `compare` when the first argument is not a sub-command name."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = [DEFAULT_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(cls=DefaultCommandGroup, add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_enable=False, rich_markup_mode=None,
+                  help="Compare layerdiff dumps layer by layer (analyze FILES_OR_DIRS... -o REPORTDIR), "
+                       "or inspect one dump.")
+
+
+@app.command(DEFAULT_COMMAND)
+def compare_command(
+    inputs: List[Path] = typer.Argument(..., metavar="FILES_OR_DIRS", help="HDF5 dumps, directories of them, or other formats to import"),
+    out: Path = typer.Option(..., "-o", "--out", help="report directory (created)"),
+    ref: Optional[Path] = typer.Option(None, "--ref", help="reference dump or golden in any format, e.g. an ONNX Runtime .npz "
+                                       "(default: cpu + high, else the first); need not be among the inputs"),
+    ref_input: Optional[str] = typer.Option(None, "--ref-input", help="input label (or sha256 prefix) the --ref golden "
+                                            "was made from, when it records no input hash"),
+    json_out: bool = typer.Option(False, "--json", help="print the results as JSON on stdout (schema: REPORT_SCHEMA.md)"),
+    atol: float = typer.Option(1e-3, "--atol", help="allclose: element fails when |diff| > atol and rel > rtol"),
+    rtol: float = typer.Option(1e-2, "--rtol", help="allclose relative tolerance (|diff| / |ref|)"),
+    warn_rel_l2: float = typer.Option(1e-2, "--warn-rel-l2", help="layer warns above this relative L2 error"),
+    fail_rel_l2: float = typer.Option(1e-1, "--fail-rel-l2", help="layer fails above this relative L2 error"),
+    min_pass_fraction: float = typer.Option(0.99, "--min-pass-fraction", help="layer warns below this allclose pass share"),
+    name_map: Optional[Path] = typer.Option(None, "--name-map", help="CSV or JSON file mapping old -> new layer names"),
+    rename: List[str] = typer.Option([], "--rename", help="REGEX=REPL applied to layer names of every run (repeatable)"),
+    no_builtin_rules: bool = typer.Option(False, "--no-builtin-rules", help="do not apply built-in MNN/ncnn name rules"),
+    force: bool = typer.Option(False, "--force", help="write into a non-empty directory that is not a report"),
+    set_: List[str] = typer.Option([], "--set", help="[INPUT:]key=value provenance for foreign dumps (e.g. run.npz:backend_requested=opencl)"),
+) -> None:
+    """Align the runs by layer, measure every layer against the reference, write the report."""
+    from layerdiff.analyzer.align.byname import NameRules, load_name_map, parse_rename
+    from layerdiff.analyzer.report.page import console_json, report_paths
+    from layerdiff.analyzer.findings.verdict import Thresholds
+
+    rules = NameRules(name_map=load_name_map(name_map) if name_map else {},
+                      regex=[parse_rename(r) for r in rename], builtin=not no_builtin_rules)
+    thresholds = Thresholds(atol=atol, rtol=rtol, warn_rel_l2=warn_rel_l2, fail_rel_l2=fail_rel_l2,
+                            min_pass_fraction=min_pass_fraction)
+    analysis = report_paths(inputs, out, force=force, ref=ref, rules=rules, thresholds=thresholds,
+                            set_attrs=per_input_attrs(set_), ref_input=ref_input)
+    try:
+        if json_out:
+            print(console_json(analysis))
+        else:
+            print_summary(analysis, out / "index.html")
+    finally:
+        analysis.close()
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    for problem in analysis.problems:
+        err.print(f"analyze: {problem}", markup=False)
+    if analysis.problems:
+        raise typer.Exit(2)
+
+
+def per_input_attrs(items: list[str]) -> dict[str, dict]:
+    """`--set run.npz:backend_requested=opencl --set precision_requested=low` → {input or "": attrs}."""
+    from layerdiff.analyzer.importers.common import parse_set_options
+
+    grouped: dict[str, list[str]] = {}
+    for item in items:
+        key, _, _value = item.partition("=")
+        target, sep, _name = key.rpartition(":")
+        grouped.setdefault(target if sep else "", []).append(item[len(target) + 1:] if sep else item)
+    return {target: parse_set_options(values) for target, values in grouped.items()}
+
+
+def print_summary(analysis, page: Path | None = None) -> None:
+    """The console view: one row per compared run, then the findings as sentences (and the report
+    page, when it is written; a finished sweep prints this too)."""
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=True, width=160)
+    plan = analysis.comparison.plan
+    console.print(f"Reference: [bold]{plan.reference.label}[/] ({plan.reason})", markup=True)
+    table = Table(show_lines=False)
+    for column in ("run", "verdict", "fail", "warn", "first divergence", "op", "output rel L2", "top-1"):
+        table.add_column(column)
+    colours = {"pass": "green", "warn": "yellow", "fail": "red"}
+    for row in analysis.summary.to_dict("records"):
+        if row["role"] != "compared":
+            continue
+        verdict = str(row["verdict"])
+        table.add_row(str(row["run"]), f"[{colours.get(verdict, 'white')}]{verdict}[/]", format_number(row["n_fail"]),
+                      format_number(row["n_warn"]), str(row["first_divergence"]), str(row["first_divergence_op"]),
+                      format_number(row["output_rel_l2"]), format_number(row["top1"]))
+    console.print(table)
+    for finding in analysis.findings[:MAX_CONSOLE_FINDINGS]:
+        console.print(f"- {finding.sentence}", markup=False)
+    if len(analysis.findings) > MAX_CONSOLE_FINDINGS:
+        console.print(f"... and {len(analysis.findings) - MAX_CONSOLE_FINDINGS} more findings in the report", markup=False)
+    if page is not None:
+        console.print(f"Report: {page}", markup=False)
+
+
+@app.command("inspect")
+def inspect_command(
+    file: Path = typer.Argument(..., metavar="FILE", help="one HDF5 dump"),
+    layer: Optional[str] = typer.Option(None, "--layer", help="summarize one layer (key, op name or tensor name)"),
+    json_out: bool = typer.Option(False, "--json", help="print as JSON"),
+) -> None:
+    """Provenance and per-layer statistics from the dump's precomputed table, without reading tensors."""
+    from layerdiff.analyzer.runs.inspection import inspect_dump
+
+    inspect_dump(file, layer=layer, as_json=json_out)
+
+
+def _register_extra_commands() -> None:
+    for target in COMMAND_PROVIDERS:
+        module, _, function = target.partition(":")
+        getattr(importlib.import_module(module), function)(app)
+
+
+_register_extra_commands()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point.
+
+    Usage mistakes are typer's (standalone mode: "Usage: ... Error: ...", exit 2); a LayerdiffError
+    becomes one line on stderr and its exit code; an OS error (unwritable report, ...) names its path.
+    """
+    try:
+        app(args=argv, prog_name="analyze", standalone_mode=True)
+    except LayerdiffError as err:
+        print(f"analyze: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except OSError as err:
+        print(f"analyze: error: {os_error_line(err)}", file=sys.stderr)
+        return 1
+    except SystemExit as exit_:
+        return int(exit_.code or 0) if not isinstance(exit_.code, str) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""`analyze import`, `analyze merge`, `analyze export`: the offline commands for dumps from elsewhere.
+
+The analyzer's main CLI calls `register(app)` to add them; each command prints a problem the user
+can fix as one line on stderr and exits non-zero, never a traceback.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from layerdiff.clioptions import choices
+
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.report.export import KEY_BY, METRICS, export_model_explorer, export_polygraphy
+from layerdiff.analyzer.importers import import_one, parse_set_options
+from layerdiff.analyzer.runs.merge import merge
+
+EXPORT_FORMATS = ("model-explorer", "polygraphy")
+
+
+def import_command(
+    src: Path = typer.Argument(..., help="Dump to import: raw dump dir, .h5, MNN output dir, Polygraphy .json, .npz, .npy dir, or a .zip of one"),
+    output: Path = typer.Option(..., "-o", "--output", help="HDF5 file to write"),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="key=value attribute the format lacks (repeatable), e.g. backend_requested=opencl"),
+    fmt: Optional[str] = typer.Option(None, "--format", help="Skip detection and read as this format"),
+    order_file: Optional[Path] = typer.Option(None, "--order-file", help="Layer order: one name per line"),
+    shapes_file: Optional[Path] = typer.Option(None, "--shapes-file", help="MNN: saved console log or shapes.json giving tensor shapes"),
+    runner: Optional[str] = typer.Option(None, "--runner", help="Polygraphy: runner name (or part of it) or index"),
+    iteration: int = typer.Option(0, "--iteration", help="Polygraphy: iteration index"),
+    include_inputs: bool = typer.Option(False, "--include-inputs", help="MNN: also import the Input_<op>_<i> dumps"),
+) -> None:
+    """Convert a foreign dump to a layerdiff HDF5, attaching provenance with --set."""
+    options = {"format": fmt, "order_file": order_file, "shapes_file": shapes_file, "runner": runner,
+               "iteration": iteration, "include_inputs": include_inputs}
+    result = import_one(src, parse_set_options(set_), output, **{k: v for k, v in options.items() if v is not None})
+    for problem in result.problems:
+        typer.echo(f"warning: {problem}", err=True)
+    typer.echo(f"{src} ({result.format}) -> {result.path}")
+
+
+def merge_command(
+    paths: List[Path] = typer.Argument(..., help="Runs to gather (HDF5 or any importable dump, directories, zips)"),
+    output: Path = typer.Option(..., "-o", "--output", help="Directory to gather the runs in (index.csv is written there)"),
+    allow_model_mismatch: bool = typer.Option(False, "--allow-model-mismatch", help="Gather runs of different models anyway"),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="key=value attribute applied to imported foreign dumps"),
+) -> None:
+    """Gather runs from several people into one directory with an index of device, backend, precision, input, model."""
+    result = merge(paths, output, allow_model_mismatch=allow_model_mismatch, attrs=parse_set_options(set_))
+    for line in result.errors:
+        typer.echo(f"warning: {line}", err=True)
+    typer.echo(f"{len(result.added)} run(s) added, {len(result.skipped_duplicates)} duplicate(s) skipped; index: {result.index}")
+
+
+def export_command(
+    run: Path = typer.Argument(..., help="The run (HDF5 dump) to export"),
+    output: Path = typer.Option(..., "-o", "--output", help="JSON file to write"),
+    to: str = typer.Option("model-explorer", "--to", help=f"Target: {', '.join(EXPORT_FORMATS)}",
+                          callback=choices(EXPORT_FORMATS, "export target")),
+    reference: Optional[Path] = typer.Option(None, "--reference", help="Model Explorer: the reference run"),
+    metric: str = typer.Option("rel_l2", "--metric", help=f"Model Explorer: per-layer metric ({', '.join(METRICS)})",
+                              callback=choices(METRICS, "metric")),
+    key_by: str = typer.Option("reference", "--key-by", help=f"Model Explorer node keys ({', '.join(KEY_BY)})",
+                              callback=choices(KEY_BY, "key")),
+    runner_name: Optional[str] = typer.Option(None, "--runner-name", help="Polygraphy: runner name to record"),
+) -> None:
+    """Export a run for Google Model Explorer (per-layer error vs a reference) or Polygraphy."""
+    if to == "model-explorer":
+        if reference is None:
+            raise LayerdiffError("--to model-explorer needs --reference REF.h5 (the run to measure against)")
+        path = export_model_explorer(run, reference, output, metric=metric, key_by=key_by)
+    elif to == "polygraphy":
+        path = export_polygraphy(run, output, runner_name=runner_name)
+    else:
+        raise LayerdiffError(f"--to {to}: choose from {', '.join(EXPORT_FORMATS)}")
+    typer.echo(f"wrote {path}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `import`, `merge` and `export` subcommands to the analyzer's Typer app.
+
+    A LayerdiffError raised by these commands becomes one line in `layerdiff.analyzer.cli.app.main`, like every
+    other command's.
+    """
+    app.command("import")(import_command)
+    app.command("merge")(merge_command)
+    app.command("export")(export_command)

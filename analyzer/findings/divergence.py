@@ -1,0 +1,387 @@
+"""Findings: the few sentences that say where a run goes wrong and why.
+
+Each finding answers one question a user asks (coremltools' habit: one function per question) and
+is a plain sentence naming the layer, its op type, the run and the numbers, plus the same facts as
+fields for `--json`. The graph edges stored in the dumps separate the op that broke from the ones
+that inherited its error; the precomputed `/layers` stats answer NaN/Inf origins and fp16 range
+risks without reading a tensor.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.findings.finding import Finding, named
+from layerdiff.analyzer.align.graph import LayerGraph
+from layerdiff.analyzer.runs.sources import Run
+from layerdiff.analyzer.findings.trends import error_curve, input_dependence
+from layerdiff.analyzer.findings.unmatched import unmatched_outputs
+from layerdiff.analyzer.findings.verdict import Thresholds, collapsed
+
+__all__ = ["Finding", "KIND_ORDER", "all_findings"]
+
+MAX_PER_KIND = 3
+COPY_OPS = {"Split"}  # engine-inserted copies (ncnn): sentences name the layer they copy instead
+FP16_MAX = 65504.0
+KIND_ORDER = ["incomplete_run", "backend_fallback", "output_unmatched", "nan_origin", "inf_origin", "saturation", "failure_source",
+              "first_divergence", "isolation", "zero_collapse_origin", "error_growth", "nondeterminism", "input_dependence",
+              "fp16_risk", "error_curve"]
+
+
+def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds) -> list[Finding]:
+    """Every finding over every run and pair, most important kinds first."""
+    found: list[Finding] = []
+    reference_of = {p.other.label: p.base for p in comparison.plan.pairs if p.kind == "reference"}
+    for run in runs:
+        found += run_state_findings(run)
+        found += nonfinite_origins(run, comparison.graph(run), reference_of.get(run.label))
+    zero_starts: dict[str, Finding] = {}
+    for index, pair in enumerate(comparison.plan.pairs):
+        rows = comparison.pair_rows(index)
+        graph = comparison.graph(pair.base)
+        if pair.kind == "reference":
+            found += unmatched_outputs(pair, comparison.alignments[index], graph, comparison.graph(pair.other))
+            found += saturation(rows, pair.base)
+            sources = failure_sources(rows, graph)
+            found += sources
+            found += first_divergence(rows)
+            zeros = zero_collapse_origin(rows, graph, t, pair.base, pair.other)
+            zero_starts.update((f.run, f) for f in zeros)
+            found += zeros
+            found += error_growth(rows, {f.layer for f in sources}, t)
+            found += error_curve(rows)
+        found += nondeterminism(pair, rows)
+    found += input_dependence(comparison, t, zero_starts)
+    for base in {id(r): r for r in comparison.plan.references.values()}.values():
+        found += fp16_risk(base, t)
+    return sorted(found, key=lambda f: KIND_ORDER.index(f.kind) if f.kind in KIND_ORDER else 99)
+
+
+def run_state_findings(run: Run) -> list[Finding]:
+    """A run cut short, or one that silently ran on another backend, makes its numbers mean something else."""
+    out = []
+    if not run.dump.complete:
+        layers = run.layers
+        computed = layers[~layers["op_type"].astype(str).str.lower().isin(("input", "data"))]
+        last = computed.iloc[-1] if len(computed) else None
+        if last is None:
+            where = ("no layer was computed (nothing beyond the inputs was dumped), so the run failed before "
+                     "its first layer: loading the model, setting up the backend or feeding the input; the "
+                     "device log in the file's provenance says which")
+        else:
+            where = (f"the last layer dumped is {last['key']} ({last['op_type']}), so the harness died in or right "
+                     "after that layer")
+        out.append(Finding("incomplete_run", run.label, "" if last is None else str(last["key"]),
+                           "" if last is None else str(last["op_type"]),
+                           f"Run {run.label} is incomplete (harness exit status {run.attrs.get('exit_status')}): {where}.",
+                           numbers={"exit_status": run.attrs.get("exit_status"), "layers_dumped": len(layers)}))
+    requested, actual = str(run.attrs.get("backend_requested") or ""), str(run.attrs.get("backend_actual") or "")
+    if requested and actual and requested != actual:
+        out.append(Finding("backend_fallback", run.label, "", "",
+                           f"Run {run.label} asked for backend {requested} but really ran on {actual}: "
+                           f"its numbers are {actual} numbers.", severity="warn",
+                           numbers={"backend_requested": requested, "backend_actual": actual}))
+    return out
+
+
+def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None) -> list[Finding]:
+    """First layer with NaN (and with Inf) whose own inputs have none: where the NaN was born.
+
+    The sentence adds what explains it: an Inf origin whose reference values pass 65504 is fp16
+    overflow; a NaN origin fed by an Inf is the Inf's heir (inf - inf, 0 x inf), not a new fault.
+    """
+    layers = run.layers
+    nan = dict(zip(layers["key"], layers["n_nan"]))
+    inf = dict(zip(layers["key"], layers[["n_posinf", "n_neginf"]].sum(axis=1)))
+    out = []
+    for kind, counts, what in (("nan_origin", nan, "NaN"), ("inf_origin", inf, "Inf")):
+        for key in graph.order:
+            producers = graph.producers.get(key, [])
+            if not counts.get(key, 0) or any(counts.get(p, 0) for p in producers):
+                continue
+            row = layers[layers["key"] == key].iloc[0]
+            numbers = {"count": int(counts[key]), "numel": int(row["numel"]), "position": graph.position(key)}
+            fed = (f"its inputs ({', '.join(producers[:3])}) have no {what}" if producers
+                   else "it is fed by the model input")
+            why = _nonfinite_cause(kind, key, producers, inf, base, numbers)
+            out.append(Finding(kind, run.label, key, str(row["op_type"]),
+                               f"{what} origin in {run.label}: layer {key} ({row['op_type']}) is the first with "
+                               f"{what} ({counts[key]} of {int(row['numel'])} values) while {fed}{why}.",
+                               numbers=numbers))
+            break
+    return out
+
+
+def _nonfinite_cause(kind: str, key: str, producers: list[str], inf: dict, base: Run | None, numbers: dict) -> str:
+    """The clause explaining a NaN/Inf origin from its inputs' Inf or the reference's values (fills `numbers`)."""
+    if kind == "nan_origin":
+        carriers = [p for p in producers if inf.get(p, 0)]
+        if not carriers:
+            return ""
+        numbers["inf_inputs"] = carriers
+        return (f"; {carriers[0]} feeds it {int(inf[carriers[0]])} Inf, and inf - inf or 0 x inf is NaN, so the "
+                "NaN is inherited from that Inf")
+    peak = _reference_peak(base, key)
+    if peak is None:
+        return ""
+    numbers["reference_peak"] = peak
+    if peak > FP16_MAX:
+        return f"; the reference reaches {peak:.4g} there, above fp16's largest value 65504: fp16 overflow"
+    return f"; the reference peaks at {peak:.4g} there (fp16 holds up to 65504), so an intermediate sum overflowed"
+
+
+def _reference_peak(base: Run | None, key: str) -> float | None:
+    """Largest |value| of a layer in a reference run, from its precomputed stats (None if unknown)."""
+    if base is None:
+        return None
+    hit = base.layers[base.layers["key"] == key]
+    if hit.empty:
+        return None
+    peak = max(abs(float(hit.iloc[0]["min"])), abs(float(hit.iloc[0]["max"])))
+    return peak if math.isfinite(peak) else None
+
+
+def saturation(rows: pd.DataFrame, base: Run) -> list[Finding]:
+    """Values clamped to exactly +-65504 where the reference is larger: fp16 saturation, not overflow."""
+    hit = rows[rows["n_saturated"].fillna(0) > 0]
+    if hit.empty:
+        return []
+    first = hit.iloc[0]
+    ref = base.layers.set_index("key").loc[first["key"]]
+    ref_peak = max(abs(float(ref["min"])), abs(float(ref["max"])))
+    return [Finding("saturation", first["run"], first["key"], first["op_type"],
+                    f"fp16 saturation in {first['run']}: layer {first['key']} ({first['op_type']}) has "
+                    f"{int(first['n_saturated'])} values pinned at exactly +-65504 where the reference reaches "
+                    f"{ref_peak:.4g}; the backend clamps instead of overflowing to inf, so no NaN marks it and "
+                    f"{len(hit) - 1} later layer(s) saturate too.",
+                    numbers={"n_saturated": int(first["n_saturated"]), "reference_peak": ref_peak,
+                             "layers_saturated": int(len(hit)), "position": int(first["position"])})]
+
+
+def first_divergence(rows: pd.DataFrame) -> list[Finding]:
+    """The first layer in execution order that diverges (warns or fails), with the first failing one
+    named separately: one definition for every run, so "first divergence" means the same everywhere."""
+    ordered = rows.sort_values("position")
+    diverging = ordered[ordered["status"].isin(["warn", "fail"])]
+    if diverging.empty:
+        return []
+    r = diverging.iloc[0]
+    numbers = _metric_numbers(r)
+    failing = ordered[ordered["status"] == "fail"]
+    if failing.empty:
+        then = " No layer fails."
+    elif failing.iloc[0]["key"] == r["key"]:
+        then = " It is also the first layer that fails."
+        numbers.update(first_fail=str(r["key"]), first_fail_op=str(r["op_type"]))
+    else:
+        f = failing.iloc[0]
+        numbers.update(first_fail=str(f["key"]), first_fail_op=str(f["op_type"]), first_fail_position=int(f["position"]))
+        then = (f" The first layer that fails is {f['key']} ({f['op_type']}), #{int(f['position']) + 1}, "
+                f"rel L2 {f['rel_l2']:.3g} ({f['reasons']}).")
+    status = str(r["status"])
+    return [Finding("first_divergence", r["run"], r["key"], r["op_type"],
+                    f"First divergence in {r['run']}: layer {r['key']} ({r['op_type']}), #{int(r['position']) + 1} "
+                    f"in execution order, {status}s with rel L2 {r['rel_l2']:.3g}, max abs {r['max_abs']:.3g}, "
+                    f"SQNR {r['sqnr_db']:.1f} dB ({r['reasons']}).{then}", severity=status, numbers=numbers)]
+
+
+def failure_sources(rows: pd.DataFrame, graph: LayerGraph) -> list[Finding]:
+    """Failing layers whose every feeding layer does not fail: the ops that broke, not the heirs."""
+    if not graph.has_edges:
+        return []
+    status = dict(zip(rows["key"], rows["status"]))
+    rel = dict(zip(rows["key"], rows["rel_l2"]))
+    failing = list(rows.sort_values("position").loc[rows["status"] == "fail", "key"])
+    op_type = dict(zip(rows["key"], rows["op_type"]))
+    out = []
+    for r in rows.sort_values("position").itertuples():
+        if r.status != "fail":
+            continue
+        feeders = graph.upstream(r.key, set(status))
+        if any(status[f] == "fail" for f in feeders):
+            continue
+        worst_in = max((rel[f] for f in feeders), default=0.0)
+        inputs = named(_through_copies(graph, feeders, op_type, set(status)))
+        fed = (f"every layer feeding it passes or only warns ({inputs}; worst input rel L2 {worst_in:.3g})"
+               if feeders else "it reads only the model input")
+        others = [k for k in failing if k != r.key]
+        heirs = [k for k in others if k in _downstream(graph, r.key)]
+        out.append(Finding("failure_source", r.run, r.key, r.op_type,
+                           f"Failure source in {r.run}: layer {r.key} ({r.op_type}) fails ({r.reasons}) while {fed}; "
+                           f"this op breaks at this setting. {_heirs_clause(others, heirs)}",
+                           numbers={"rel_l2": r.rel_l2, "worst_input_rel_l2": worst_in, "inputs": feeders,
+                                    "position": int(r.position), "failing_layers": len(failing),
+                                    "downstream_failing": heirs}))
+        if len(out) >= MAX_PER_KIND:
+            break
+    return out
+
+
+def _heirs_clause(others: list[str], heirs: list[str]) -> str:
+    """Which other failing layers lie downstream of a failure source (they inherit its error)."""
+    if not others:
+        return "No other layer fails."
+    if len(heirs) == len(others):
+        return f"The {len(others)} other failing layer(s) ({named(others)}) are all downstream of it."
+    return (f"{len(heirs)} of the {len(others)} other failing layer(s) are downstream of it; "
+            f"the rest ({named([k for k in others if k not in heirs])}) are not.")
+
+
+def _through_copies(graph: LayerGraph, keys: list[str], op_type: dict[str, str], known: set[str]) -> list[str]:
+    """Name the model's layers, not the engine's copies: a Split (ncnn) stands for the layer it copies."""
+    named: list[str] = []
+    for key in keys:
+        real = graph.upstream(key, known) if op_type.get(key) in COPY_OPS else []
+        named += [k for k in (real or [key]) if k not in named]
+    return named
+
+
+def _downstream(graph: LayerGraph, key: str) -> set[str]:
+    """Every layer reachable from `key` along the graph's edges."""
+    seen: set[str] = set()
+    stack = list(graph.consumers.get(key, []))
+    while stack:
+        current = stack.pop()
+        if current not in seen:
+            seen.add(current)
+            stack.extend(graph.consumers.get(current, []))
+    return seen
+
+
+def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, base: Run | None = None,
+                         other: Run | None = None) -> list[Finding]:
+    """First layer where a share of the reference's non-zeros became 0 while its inputs kept theirs.
+
+    The reference's own values at that layer say whether fp16 underflow explains it (most of them
+    below fp16's smallest normal 6.1e-5), and the output's share of zeros says how far it spread.
+    """
+    collapse = {k: collapsed(share, n, t.warn_zero_collapse)
+                for k, share, n in zip(rows["key"], rows["zero_collapse"].fillna(0.0), rows["n_zero_collapsed"].fillna(0))}
+    nonfinite = dict(zip(rows["key"], rows["n_nonfinite_mismatch"].fillna(0)))
+    status = dict(zip(rows["key"], rows["status"]))
+    for r in rows.sort_values("position").itertuples():
+        if not collapse[r.key]:
+            continue
+        feeders = graph.upstream(r.key, set(collapse))
+        if any(collapse[f] or nonfinite[f] for f in feeders):
+            continue  # inherited: zeros (or NaN/Inf) were already coming in
+        numbers = {"zero_collapse": r.zero_collapse, "n_zero_collapsed": int(r.n_zero_collapsed),
+                   "position": int(r.position)}
+        if any(status[f] == "fail" for f in feeders):
+            cause = "its inputs already fail, so the zeros may come from the error upstream"
+        else:
+            cause = _underflow_cause(base, r.key, t, numbers, other)
+        return [Finding("zero_collapse_origin", r.run, r.key, r.op_type,
+                        f"Zero collapse starts in {r.run} at layer {r.key} ({r.op_type}): {r.zero_collapse:.1%} of the "
+                        f"reference's non-zero values became 0 ({int(r.n_zero_collapsed)} values) while its inputs "
+                        f"kept theirs; {cause}.{_collapse_spread(rows, r.key, numbers)}",
+                        severity="fail" if r.status == "fail" else "warn", numbers=numbers)]
+    return []
+
+
+def _underflow_cause(base: Run | None, key: str, t: Thresholds, numbers: dict, other: Run | None = None) -> str:
+    """Whether the reference's values at `key` sit in fp16's underflow range (fills `numbers`).
+
+    Only said when one of the two runs computes in fp16: between fp32 (or bf16, whose range is
+    fp32's) runs a flush to zero is not fp16 underflow, whatever the values."""
+    precisions = [str(r.attrs.get("precision_effective") or "") for r in (base, other) if r is not None]
+    known = [p for p in precisions if p]
+    if known and len(known) == len(precisions) and not any("16" in p and "bf16" not in p for p in known):
+        numbers["precisions"] = known
+        return (f"both runs compute in {' and '.join(sorted(set(known)))}, so it is not fp16 underflow: this op's own "
+                "arithmetic (or a pairing of two different tensors) zeroes them")
+    hit = base.layers[base.layers["key"] == key] if base is not None else pd.DataFrame()
+    if hit.empty:
+        return "typical of fp16 underflow (|x| < 6.1e-5 flushes to 0)"
+    ref = hit.iloc[0]
+    share = float(ref["n_fp16_underflow"]) / max(int(ref["numel"]), 1)
+    peak = max(abs(float(ref["min"])), abs(float(ref["max"])))
+    numbers.update(reference_underflow_share=share, reference_peak=peak)
+    if share > t.underflow_risk_share:
+        return (f"in the reference {share:.1%} of this layer's values lie between 0 and 6.1e-5 (largest |x| "
+                f"{peak:.3g}), where fp16 keeps only a few bits (subnormals) down to 6e-8 and 0 below: fp16 underflow")
+    return (f"the reference's values here are not in fp16's underflow range ({share:.1%} below 6.1e-5, largest "
+            f"|x| {peak:.3g}), so this op's own arithmetic zeroes them")
+
+
+def _collapse_spread(rows: pd.DataFrame, origin: str, numbers: dict) -> str:
+    """How far the zeros reach: the worst layer and the model output (fills `numbers`)."""
+    share = rows["zero_collapse"].fillna(0.0)
+    worst = rows.loc[share.idxmax()]
+    outputs = rows[rows["is_output"].astype(bool)]
+    out = outputs.loc[outputs["zero_collapse"].fillna(0.0).idxmax()] if len(outputs) else None
+    parts = []
+    if worst["key"] != origin and worst["zero_collapse"] > numbers["zero_collapse"]:
+        parts.append(f"it grows to {worst['zero_collapse']:.1%} at {worst['key']}")
+    if out is not None:
+        numbers["output_zero_collapse"] = float(out["zero_collapse"])
+        if out["key"] != origin:
+            parts.append(f"the model output {out['key']} has {out['zero_collapse']:.1%} of its non-zero values at 0")
+    if not parts:
+        return ""
+    text = "; ".join(parts)
+    return " " + text[0].upper() + text[1:] + "."
+
+
+def error_growth(rows: pd.DataFrame, sources: set[str], t: Thresholds) -> list[Finding]:
+    """The layer that multiplies the error it receives the most, other than a failure source already named."""
+    candidates = rows[(rows["rel_l2"] > t.warn_rel_l2) & (rows["growth"] >= t.growth_factor)
+                      & ~rows["key"].isin(sources)]
+    if candidates.empty:
+        return []
+    r = candidates.loc[candidates["growth"].idxmax()]
+    worst_in = r["rel_l2"] / r["growth"]
+    return [Finding("error_growth", r["run"], r["key"], r["op_type"],
+                    f"Error growth in {r['run']}: layer {r['key']} ({r['op_type']}) amplifies the error {r['growth']:.0f}x, "
+                    f"from rel L2 {worst_in:.3g} at its inputs to {r['rel_l2']:.3g} at its output.", severity="warn",
+                    numbers={"factor": float(r["growth"]), "input_rel_l2": float(worst_in), "rel_l2": float(r["rel_l2"]),
+                             "position": int(r["position"])})]
+
+
+def nondeterminism(pair, rows: pd.DataFrame) -> list[Finding]:
+    """Runs of the same configuration on the same input that differ: the backend is not deterministic."""
+    if pair.base.config != pair.other.config or pair.base.input_key != pair.other.input_key or rows.empty:
+        return []
+    differing = rows[rows["max_abs"].fillna(0) > 0].sort_values("position")
+    if differing.empty:
+        return []
+    r = differing.iloc[0]
+    return [Finding("nondeterminism", pair.other.label, r["key"], r["op_type"],
+                    f"Nondeterminism: {pair.other.label} and {pair.base.label} ran the same configuration on the same input "
+                    f"but differ at {len(differing)} of {len(rows)} layers, first at {r['key']} ({r['op_type']}) by max abs "
+                    f"{r['max_abs']:.3g}.", severity="warn",
+                    numbers={"layers_differing": int(len(differing)), "layers_compared": int(len(rows)),
+                             "max_abs": float(r["max_abs"]), "other": pair.base.label})]
+
+
+def fp16_risk(base: Run, t: Thresholds) -> list[Finding]:
+    """Layers of a reference whose own values cannot be held in fp16: risk known before any phone runs."""
+    layers = base.layers
+    out = []
+    over = layers[layers["n_fp16_overflow"] > 0]
+    if len(over):
+        r = over.iloc[0]
+        peak = max(abs(float(r["min"])), abs(float(r["max"])))
+        out.append(Finding("fp16_risk", base.label, str(r["key"]), str(r["op_type"]),
+                           f"fp16 overflow risk in reference {base.label}: layer {r['key']} ({r['op_type']}) reaches {peak:.4g} "
+                           f"(> 65504) in {int(r['n_fp16_overflow'])} values; {len(over)} layer(s) exceed fp16's range.",
+                           severity="warn", numbers={"peak": peak, "n_overflow": int(r["n_fp16_overflow"]),
+                                                      "layers": [str(k) for k in over["key"]][:50]}))
+    share = layers["n_fp16_underflow"] / layers["numel"].clip(lower=1)
+    under = layers[share > t.underflow_risk_share]
+    if len(under):
+        r = under.iloc[0]
+        out.append(Finding("fp16_risk", base.label, str(r["key"]), str(r["op_type"]),
+                           f"fp16 underflow risk in reference {base.label}: layer {r['key']} ({r['op_type']}) has "
+                           f"{share[r.name]:.1%} of its values between 0 and 6.1e-5, which fp16 flushes toward 0; "
+                           f"{len(under)} layer(s) are above {t.underflow_risk_share:.0%}.",
+                           severity="warn", numbers={"share": float(share[r.name]),
+                                                     "layers": [str(k) for k in under["key"]][:50]}))
+    return out
+
+
+def _metric_numbers(r) -> dict:
+    keys = ("position", "rel_l2", "max_abs", "mean_abs", "sqnr_db", "cosine", "pass_fraction", "n_nonfinite_mismatch")
+    return {k: (int(r[k]) if k in ("position", "n_nonfinite_mismatch") else float(r[k])) for k in keys}

@@ -1,0 +1,153 @@
+"""Findings about how the error develops rather than where it breaks: over depth, and over inputs.
+
+Drift from low-precision arithmetic or fp16 weight storage has no culprit layer, so the question
+is the shape of the curve (where it starts, how much it grows, what reaches the output). A fault
+that only some inputs trigger (fp16 underflow on dark images) is a question across runs: which
+inputs fail on a configuration, where, and which of them collapse to zeros.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+
+from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.findings.finding import MAX_NAMED, Finding
+from layerdiff.analyzer.findings.verdict import Thresholds
+
+VERB = {"pass": "passes", "warn": "warns", "fail": "fails"}
+
+
+def error_curve(rows: pd.DataFrame) -> list[Finding]:
+    """How the error develops over depth, for a run with any warning: start, peak, thirds, output.
+
+    Low-precision drift has no culprit layer; what a user needs is the curve in numbers: where the
+    error starts, how much it grows, whether it keeps growing (median by thirds of the network),
+    and what is left of it at the output (rel L2, top-1 / top-5 agreement).
+    """
+    if not rows["status"].isin(["warn", "fail"]).any():
+        return []
+    ordered = rows.sort_values("position")
+    rel = ordered["rel_l2"].astype(float)
+    measured = ordered[np.isfinite(rel) & (rel > 0)]
+    if measured.empty:
+        return []
+    first = measured.iloc[0]
+    peak = measured.loc[measured["rel_l2"].astype(float).idxmax()]
+    growth = float(peak["rel_l2"]) / float(first["rel_l2"])
+    thirds = _thirds_median(measured["rel_l2"].astype(float))
+    numbers = {"first_layer": first["key"], "first_rel_l2": float(first["rel_l2"]), "peak_layer": peak["key"],
+               "peak_rel_l2": float(peak["rel_l2"]), "growth": growth, "thirds_median_rel_l2": thirds,
+               "layers": int(len(ordered))}
+    grows = (f" grows {growth:.{1 if growth < 100 else 0}f}x to {peak['rel_l2']:.2g} at {_at(peak)}"
+             if peak["key"] != first["key"] else " is the largest anywhere")
+    text = (f"Error over depth in {first['run']}: rel L2 {first['rel_l2']:.2g} at {_at(first)}{grows} "
+            f"(median by thirds of the network: {' -> '.join(f'{v:.2g}' for v in thirds)})")
+    broken = ordered[ordered["n_nonfinite_mismatch"].fillna(0) > 0]  # not unreadable / mismatched layers
+    if len(broken):
+        numbers["nonfinite_layers"] = int(len(broken))
+        text += f"; {len(broken)} layer(s) carry NaN/Inf from {broken.iloc[0]['key']} on"
+    return [Finding("error_curve", first["run"], peak["key"], peak["op_type"],
+                    text + _output_clause(ordered, numbers) + ".", severity="info", numbers=numbers)]
+
+
+def _thirds_median(values: pd.Series) -> list[float]:
+    """Median of the first, middle and last third: a steady rise says every layer adds to the error."""
+    n = len(values)
+    bounds = ((0, n // 3), (n // 3, 2 * n // 3), (2 * n // 3, n))
+    return [float(values.iloc[a:b].median()) for a, b in bounds if b > a]
+
+
+def _at(r) -> str:
+    return f"{r['key']} ({r['op_type']}, #{int(r['position']) + 1})"
+
+
+def _output_clause(ordered: pd.DataFrame, numbers: dict) -> str:
+    """'; at the output prob:0: rel L2 .., top-1 agreement .., top-5 ..' (fills `numbers`)."""
+    outputs = ordered[ordered["is_output"].astype(bool)]
+    if outputs.empty:
+        return ""
+    out = outputs.iloc[-1]
+    numbers.update(output_layer=out["key"], output_rel_l2=float(out["rel_l2"]))
+    text = f"; at the output {out['key']}: rel L2 {out['rel_l2']:.2g}"
+    for name in ("top1", "top5"):
+        value = float(out[name])
+        if math.isfinite(value):
+            numbers[name] = value
+            text += f", {name[:3]}-{name[3:]} agreement {value:.0%}"
+    return text
+
+
+def input_dependence(comparison: Comparison, t: Thresholds, zero_starts: dict[str, Finding]) -> list[Finding]:
+    """Per configuration run on several inputs: which inputs fail, where, and which collapse to zeros."""
+    groups: dict[tuple, list[dict]] = {}
+    for index, pair in enumerate(comparison.plan.pairs):
+        if pair.kind == "reference":
+            outcome = _input_outcome(pair, comparison.pair_rows(index), t, zero_starts.get(pair.other.label))
+            groups.setdefault(pair.other.config, []).append(outcome)
+    labels = _config_labels(groups)
+    out = []
+    for config, members in groups.items():
+        if len({m["input"] for m in members}) < 2 or len({m["verdict"] for m in members}) < 2:
+            continue
+        failing = [m for m in members if m["verdict"] == "fail"] or [m for m in members if m["verdict"] == "warn"]
+        where, count = Counter(m["first"] for m in failing).most_common(1)[0]
+        rest = [m for m in members if m not in failing]
+        rest_text = _rest_clause(rest)
+        collapsed = [m["input"] for m in members if m["collapsed"]]
+        out.append(Finding("input_dependence", labels[config], where, "",
+                           f"Input dependence on {labels[config]}: {len(failing)} of {len(members)} inputs "
+                           f"{failing[0]['verdict']}: " + "; ".join(m["text"] for m in failing[:8])
+                           + ("; ..." if len(failing) > 8 else "") + rest_text + ".",
+                           severity=failing[0]["verdict"],
+                           numbers={"inputs": len(members), "failing_inputs": [m["input"] for m in failing],
+                                    "collapsed_inputs": collapsed, "inputs_at_layer": count,
+                                    "first_divergence_by_input": {m["input"]: m["first"] for m in members},
+                                    "zero_start_by_input": {m["input"]: m["zero_start"] for m in members
+                                                            if m["zero_start"]}}))
+    return out
+
+
+def _rest_clause(rest: list[dict]) -> str:
+    """'; dog passes, owl warns', or '; of the other 17 inputs 16 pass and 1 warns' when there are many."""
+    if not rest:
+        return ""
+    if len(rest) <= MAX_NAMED:
+        return "; " + ", ".join(f"{m['input']} {VERB[m['verdict']]}" for m in rest)
+    counts = Counter(m["verdict"] for m in rest)
+    return f"; of the other {len(rest)} inputs " + " and ".join(
+        f"{n} {VERB[v] if n == 1 else v}" for v, n in sorted(counts.items()))
+
+
+def _input_outcome(pair, rows: pd.DataFrame, t: Thresholds, zero_start: Finding | None) -> dict:
+    """One input's fate on one configuration: verdict, first divergence, zeros at the output, in words."""
+    ordered = rows.sort_values("position")
+    verdict = "fail" if (ordered["status"] == "fail").any() else ("warn" if (ordered["status"] == "warn").any() else "pass")
+    bad = ordered[ordered["status"] == verdict] if verdict != "pass" else ordered.iloc[:0]
+    first = str(bad.iloc[0]["key"]) if len(bad) else ""
+    outputs = ordered[ordered["is_output"].astype(bool)]
+    out_collapse = float(outputs["zero_collapse"].fillna(0.0).max()) if len(outputs) else 0.0
+    label = str(pair.other.attrs.get("input_label") or pair.other.input_key[:12])
+    collapsed = out_collapse > t.fail_zero_collapse
+    if collapsed:
+        text = (f"{label} collapses to zero (output {outputs.iloc[-1]['key']}: {out_collapse:.0%} of the reference's "
+                f"non-zero values are 0)")
+    else:
+        out_rel = float(outputs.iloc[-1]["rel_l2"]) if len(outputs) else math.nan
+        text = f"{label} first {VERB[verdict]} at {first} (output rel L2 {out_rel:.3g})"
+    zero_layer = zero_start.layer if zero_start is not None else ""
+    if zero_layer:
+        text += f", zeros start at {zero_layer}"
+    return {"input": label, "verdict": verdict, "first": first, "collapsed": collapsed, "zero_start": zero_layer,
+            "text": text, "run": pair.other}
+
+
+def _config_labels(groups: dict[tuple, list[dict]]) -> dict[tuple, str]:
+    """'vulkan/low' when every configuration shares device and engine, else the full configuration label."""
+    runs = {config: members[0]["run"] for config, members in groups.items()}
+    short = {config: f"{run.backend}/{run.precision}" for config, run in runs.items()}
+    if len(set(short.values())) == len(short):
+        return short
+    return {config: run.config_label for config, run in runs.items()}

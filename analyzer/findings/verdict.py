@@ -1,0 +1,165 @@
+"""pass / warn / fail per layer, from thresholds whose defaults are written down here and in the docs.
+
+The defaults are chosen for what mobile low-precision arithmetic really does: fp16 keeps a layer's
+relative L2 error near 1e-3, bf16 near 1e-2, so fp16 passes, bf16 drift warns, and anything at
+10% or more of the signal (SQNR below 20 dB), any new NaN/Inf, or most of a tensor's values gone to
+zero fails. Every number can be changed on the command line.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+from layerdiff.analyzer.measure.metrics import Tolerances
+
+STATUS_ORDER = {"pass": 0, "warn": 1, "fail": 2}
+# A zero collapse needs this many values that mattered gone to 0: one zero in a 2-value tensor is 50%.
+MIN_ZERO_COLLAPSED = 8
+
+
+def collapsed(share: float, count, limit: float) -> bool:
+    """A meaningful zero collapse: over `limit` of the significant values, and at least MIN_ZERO_COLLAPSED of them."""
+    try:
+        return share > limit and int(count) >= MIN_ZERO_COLLAPSED
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass
+class Thresholds:
+    """Every threshold a layer's status depends on (CLI: --atol --rtol --warn-rel-l2 ...)."""
+
+    atol: float = 1e-3  # allclose: an element fails when |diff| > atol ...
+    rtol: float = 1e-2  # ... and |diff| / |ref| > rtol (Polygraphy semantics)
+    warn_rel_l2: float = 1e-2  # relative L2 error above this warns (SQNR below 40 dB)
+    fail_rel_l2: float = 1e-1  # ... above this fails (SQNR below 20 dB)
+    min_pass_fraction: float = 0.99  # fewer allclose-passing elements than this warns
+    warn_zero_collapse: float = 0.05  # share of the reference's non-zeros that became 0: warn
+    fail_zero_collapse: float = 0.5  # ... fail
+    underflow_risk_share: float = 0.1  # fp16 risk: share of values in (0, 6.1e-5)
+    growth_factor: float = 10.0  # error growth finding: output error / worst input error
+
+    @property
+    def tolerances(self) -> Tolerances:
+        return Tolerances(atol=self.atol, rtol=self.rtol)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def classify(row: dict, t: Thresholds) -> tuple[str, str]:
+    """Status of one compared layer and the reasons, in words, most severe first."""
+    fails, warns = [], []
+    if row.get("n_nonfinite_mismatch", 0):
+        fails.append(f"{row['n_nonfinite_mismatch']} NaN/Inf not in the reference")
+    rel_l2 = row.get("rel_l2", 0.0)
+    if fails:
+        pass  # rel L2 is infinite because of the NaN/Inf: already said
+    elif rel_l2 == math.inf and row.get("max_abs", math.inf) <= t.atol:
+        pass  # an all-zero reference: no relative error exists, and the run stays within atol of it
+    elif _over(rel_l2, t.fail_rel_l2):
+        fails.append(f"rel L2 {rel_l2:.3g} > {t.fail_rel_l2:g}")
+    elif _over(rel_l2, t.warn_rel_l2):
+        warns.append(f"rel L2 {rel_l2:.3g} > {t.warn_rel_l2:g}")
+    collapse, count = row.get("zero_collapse", 0.0), row.get("n_zero_collapsed", 0)
+    if collapsed(collapse, count, t.fail_zero_collapse):
+        fails.append(f"{collapse:.0%} of non-zeros became 0")
+    elif collapsed(collapse, count, t.warn_zero_collapse):
+        warns.append(f"{collapse:.0%} of non-zeros became 0")
+    if row.get("n_saturated", 0):
+        warns.append(f"{row['n_saturated']} values pinned at +-65504")
+    if row.get("pass_fraction", 1.0) < t.min_pass_fraction:
+        warns.append(f"allclose pass {row['pass_fraction']:.2%} < {t.min_pass_fraction:.0%}")
+    lost = row.get("n_nan_lost", 0) + row.get("n_posinf_lost", 0) + row.get("n_neginf_lost", 0)
+    if lost:
+        warns.append(f"{lost} reference NaN/Inf not reproduced")
+    if fails:
+        return "fail", "; ".join(fails + warns)
+    if warns:
+        return "warn", "; ".join(warns)
+    return "pass", ""
+
+
+# A run's verdict weighs what reaches the model's outputs (issue: 17 of 18,988 mask pixels changed
+# by an fp16 flush is not "this op breaks"): the share of output elements changed against the
+# output's own scale (|diff| > atol + rtol x max|ref|; bounded by --min-pass-fraction like the
+# per-layer allclose share), and top-1 agreement of score vectors. Per-element allclose would judge
+# a 0.05 probability moved by 1e-3 as changed, so the verdict of one model flipped with input size.
+
+
+def output_beyond(outputs: pd.DataFrame) -> pd.Series:
+    """Share of each output's elements changed against its scale (allclose share for older results)."""
+    if "beyond_scale" in outputs and outputs["beyond_scale"].notna().all():
+        return outputs["beyond_scale"].astype(float)
+    return 1.0 - outputs["pass_fraction"].astype(float)
+
+
+def score_vectors(outputs: pd.DataFrame) -> pd.Series:
+    """Which outputs are score vectors: their decision is the top-1 class, not every probability."""
+    return outputs["top1"].astype(float).notna()
+
+
+def dense_output_beyond(outputs: pd.DataFrame) -> float:
+    """The worst share changed beyond tolerance among the dense outputs (masks, feature maps), the
+    figure the verdict weighs and runs.csv reports; NaN when the run has no dense output."""
+    dense = outputs[~score_vectors(outputs)]
+    return float(output_beyond(dense).max()) if len(dense) else math.nan
+
+
+def run_verdict(layer_statuses, outputs: pd.DataFrame | None, t: Thresholds | None = None) -> tuple[str, str]:
+    """The verdict of one run from its layers' statuses and its measured output rows, with the reason.
+
+    `outputs` has columns status, pass_fraction (beyond_scale), top1, n_nonfinite_mismatch. Without a
+    compared output the worst layer decides (nothing better is known). With outputs: fail when an
+    output gets new NaN/Inf, more than 1 - min_pass_fraction of its elements changed against its
+    scale (`output_beyond`), or a changed top-1
+    decision or scores off by more than fail_rel_l2 (score vectors, where top-1 is measured, are
+    not judged by every score's allclose); warn when layers or outputs diverge but the outputs stay
+    within that; else pass.
+    """
+    t = t or Thresholds()
+    statuses = list(layer_statuses)
+    layers_worst = worst(statuses)
+    if outputs is None or len(outputs) == 0:
+        return layers_worst, "no model output compared: the worst layer decides"
+    allowed = 1.0 - t.min_pass_fraction
+    top1 = outputs["top1"].astype(float)
+    scores = score_vectors(outputs)
+    beyond = dense_output_beyond(outputs)
+    beyond = 0.0 if math.isnan(beyond) else beyond
+    if (outputs["n_nonfinite_mismatch"].fillna(0) > 0).any():
+        return "fail", "NaN/Inf reach a model output"
+    if beyond > allowed:
+        return "fail", (f"{beyond:.2%} of an output's elements changed by more than {t.atol:g} + {t.rtol:g} x "
+                        f"its largest value (> {allowed:.0%})")
+    if bool((top1 < 1.0).any()):
+        return "fail", f"top-1 agreement {float(top1.min()):.0%}: the output's decision changes"
+    score_rel = outputs.loc[scores, "rel_l2"].astype(float) if "rel_l2" in outputs else pd.Series(dtype=float)
+    if len(score_rel) and float(score_rel.max()) > t.fail_rel_l2:
+        return "fail", (f"the output scores are off by rel L2 {float(score_rel.max()):.3g} (> {t.fail_rel_l2:g}), "
+                        "though every top-1 decision is the same")
+    if scores.any() and bool((outputs.loc[scores, "status"] != "pass").any()):
+        return "warn", "the output scores move beyond tolerance, but every top-1 decision is the same"
+    if layers_worst in ("warn", "fail"):
+        counts = {s: statuses.count(s) for s in ("fail", "warn") if statuses.count(s)}
+        said = ", ".join(f"{n} layer(s) {s}" for s, n in counts.items())
+        if scores.all():
+            return "warn", f"{said}, but no top-1 decision changes"
+        return "warn", (f"{said}, but only {beyond:.3%} of the outputs' elements changed beyond atol + rtol x their largest value "
+                        f"(<= {allowed:.0%}) and no top-1 decision changes")
+    return "pass", ""
+
+
+def _over(value: float, limit: float) -> bool:
+    return value > limit or (isinstance(value, float) and math.isnan(value))
+
+
+def worst(statuses) -> str:
+    """The most severe of several statuses ('pass' for none)."""
+    best = "pass"
+    for status in statuses:
+        if STATUS_ORDER.get(status, -1) > STATUS_ORDER[best]:
+            best = status
+    return best

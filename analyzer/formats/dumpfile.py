@@ -1,0 +1,300 @@
+"""The HDF5 dump: the one contract between the collector and the analyzer (analyzer/FORMATS.md §2).
+
+Everything that writes or reads a `.h5` dump goes through `DumpWriter` / `DumpFile`, so the format
+has one definition: the layout in `layerdiff.analyzer.formats.dumpformat`, writing in `layerdiff.analyzer.formats.dumpwriter`, fast
+tensor reads in `layerdiff.analyzer.formats.tensorread`, and here `DumpFile`, the checked reader. Callers import all of
+them from this module.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+import h5py
+import numpy as np
+
+from layerdiff.analyzer.formats.dumpformat import (FORMAT_NAME, FORMAT_VERSION, LAYER_COLUMNS, ROOT_DEFAULTS,  # noqa: F401 (re-exported)
+                                 STRING_COLUMNS, partial_path, tensor_key)
+from layerdiff.analyzer.formats.dumpwriter import DumpWriter  # noqa: F401  (re-exported)
+from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.formats.h5guard import local_dataset, local_group
+from layerdiff.analyzer.formats.limits import check_tensor_bytes, checked_numel, human_bytes
+from layerdiff.analyzer.formats.tensorread import (FastReader, TensorBuffer, blocks_by_chunks,  # noqa: F401 (re-exported)
+                                 implausibly_sparse, small_metadata_cache)
+from layerdiff.analyzer.formats.timestamps import utc_now  # noqa: F401  (re-exported: callers import it from here)
+
+if TYPE_CHECKING:  # pandas costs ~0.5 s to import: engine children write dumps without it
+    import pandas as pd
+
+
+class DumpFile:
+    """Read access to one HDF5 dump; opening reads only attributes, tensors load on demand."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        try:
+            self._file = h5py.File(self.path, "r")
+        except FileNotFoundError:
+            raise DumpFormatError(f"{self.path}: no such file") from None
+        except OSError as err:
+            raise DumpFormatError(f"{self.path}: not a readable HDF5 file ({_short(err)})") from None
+        try:
+            self._check_format()
+        except Exception:
+            self._file.close()
+            raise
+        small_metadata_cache(self._file)
+        self._layers: "pd.DataFrame | None" = None
+        self._fast = FastReader(self._file)
+        self._declared: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def __enter__(self) -> "DumpFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._fast.close()
+        self._file.close()
+
+    def _check_format(self) -> None:
+        attrs = self._file.attrs
+        fmt = _as_str(attrs.get("layerdiff_format", ""))
+        if fmt != FORMAT_NAME:
+            raise DumpFormatError(f"{self.path}: not a layerdiff dump (no layerdiff_format='dump' attribute)")
+        raw_version = attrs.get("format_version", 0)
+        try:
+            version = int(raw_version)
+        except (TypeError, ValueError):
+            raise DumpFormatError(f"{self.path}: format_version {raw_version!r} is not an integer") from None
+        if version > FORMAT_VERSION:
+            raise DumpFormatError(
+                f"{self.path}: dump format version {version} is newer than this layerdiff reads "
+                f"({FORMAT_VERSION}); upgrade layerdiff"
+            )
+        layers = local_dataset(self._file, "layers", self.path, "/layers")
+        self._tensors = local_group(self._file, "tensors", self.path, "/tensors")
+        if layers is None or self._tensors is None:
+            raise DumpFormatError(f"{self.path}: dump lacks its /layers table or /tensors group (file truncated?)")
+        self._bounded(layers, "/layers")
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """Root attributes as plain Python values, with defaults for ones an older writer omitted."""
+        out = dict(ROOT_DEFAULTS)
+        for key, value in self._file.attrs.items():
+            out[key] = _plain(value)
+        return out
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        raw = _as_str(self._file.attrs.get("provenance", "{}"))
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            raise DumpFormatError(f"{self.path}: provenance attribute is not valid JSON") from None
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.attrs.get("complete", True))
+
+    @property
+    def layers(self) -> "pd.DataFrame":
+        """The per-tensor table (one row per tensor, execution order), strings decoded."""
+        if self._layers is None:
+            self._layers = _read_layers(self._file["layers"], self.path)
+            for order, shape in zip(self._layers["order"], self._layers["shape"]):
+                _check_shape_cell(shape, f"{self.path}: /layers row {order}")
+        return self._layers
+
+    def tensor(self, order: int, buffer: "TensorBuffer | None" = None) -> np.ndarray:
+        """One tensor by execution order, refusing sizes no real layer has before allocating.
+
+        With a `buffer`, the tensor is read into memory the buffer reuses across calls (the view
+        returned is valid until the buffer's next read): streaming a dump then costs no page faults.
+        """
+        if buffer is not None:
+            fast = self._fast.read(int(order), self._table_shape(int(order)), buffer)
+            if fast is not None:
+                return fast
+        ds = self._dataset(order)
+        try:
+            if buffer is not None and ds.size > 0 and ds.chunks is None and ds.compression is None:
+                out = buffer.view(ds.shape, ds.dtype)
+                ds.read_direct(out)
+                return out
+            return ds[()]
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
+            raise DumpFormatError(f"{self.path}: tensor {order} is unreadable ({_short(err)})") from None
+
+    def _table_shape(self, order: int) -> tuple[tuple[int, ...], str] | None:
+        """(shape, dtype) the /layers table declares for `order`, or None when it does not parse.
+
+        Looked up in arrays (sorted orders, and the table's own shape/dtype cells): a dict of
+        tuples per layer held 7 MB at 50,000 layers, a twentieth of the whole analysis's heap."""
+        if self._declared is None:
+            layers = self.layers
+            orders = layers["order"].to_numpy(dtype=np.int64)
+            rows = np.argsort(orders, kind="stable")
+            self._declared = (orders[rows], rows, layers["shape"].to_numpy(), layers["dtype"].to_numpy())
+        sorted_orders, rows, shapes, dtypes = self._declared
+        at = int(np.searchsorted(sorted_orders, order))
+        if at >= sorted_orders.size or sorted_orders[at] != order:
+            return None
+        row = int(rows[at])
+        try:
+            shape = tuple(int(d) for d in json.loads(shapes[row]))
+        except (ValueError, TypeError):
+            return None
+        return shape, dtypes[row]
+
+    def sample(self, order: int, count: int) -> np.ndarray:
+        """About `count` elements of a tensor's flat view at evenly spread positions, as float64.
+
+        Plots need a few thousand points of a layer; materialising a 64M-element layer as float64 to
+        pick them would cost seconds and several times the layer in memory. Contiguous datasets are
+        read in a few hundred short blocks at fixed, evenly spaced flat offsets (the same offsets for
+        any two tensors of the same size, so a reference and a run stay paired element by element);
+        other layouts are read one chunk at a time.
+        """
+        ds = self._dataset(order)
+        n = int(ds.size)
+        if n <= count:
+            return np.asarray(ds[()], dtype=np.float64).reshape(-1)
+        blocks = min(count, 256)
+        per_block = max(1, count // blocks)
+        starts = np.linspace(0, n - per_block, blocks).astype(np.int64)
+        try:
+            picked = self._fast.blocks(ds, starts, per_block)
+            if picked is None:
+                picked = blocks_by_chunks(ds, starts, per_block)
+        except (OSError, RuntimeError, ValueError, TypeError) as err:
+            raise DumpFormatError(f"{self.path}: tensor {order} is unreadable ({_short(err)})") from None
+        return picked.astype(np.float64)
+
+    def _dataset(self, order: int) -> h5py.Dataset:
+        name = str(int(order))
+        where = f"/tensors/{name}"
+        if self._tensors.get(name, getlink=True) is None:
+            raise DumpFormatError(f"{self.path}: tensor {order} is listed but missing from /tensors")
+        ds = local_dataset(self._tensors, name, self.path, where)
+        if ds is None or ds.dtype.kind not in "fiub":
+            raise DumpFormatError(f"{self.path}: tensor {order} is not a numeric dataset")
+        return self._bounded(ds, f"{where} (layer {_as_str(ds.attrs.get('key', name))})")
+
+    def _bounded(self, ds: h5py.Dataset, where: str) -> h5py.Dataset:
+        """`ds`, once its declared size is known to fit the limit and the bytes the file stores."""
+        nbytes = check_tensor_bytes(ds.shape, ds.dtype.itemsize, f"{self.path}: {where} {tuple(ds.shape)}")
+        if implausibly_sparse(ds, nbytes):
+            raise DumpFormatError(
+                f"{self.path}: {where} declares {human_bytes(nbytes)} but stores only "
+                f"{human_bytes(ds.id.get_storage_size())} (truncated or crafted file)"
+            )
+        return ds
+
+    def tensor_by_key(self, key: str) -> np.ndarray:
+        rows = self.layers.index[self.layers["key"] == key]
+        if len(rows) == 0:
+            raise DumpFormatError(f"{self.path}: no layer {key!r}")
+        return self.tensor(int(self.layers.loc[rows[0], "order"]))
+
+    def inputs(self) -> Iterator[tuple[str, np.ndarray]]:
+        """The model inputs the run was fed (checked like tensors: local, numeric, bounded)."""
+        group = local_group(self._file, "inputs", self.path, "/inputs")
+        if group is None:
+            return
+        for name in sorted(group, key=_input_order):
+            where = f"/inputs/{name}"
+            ds = local_dataset(group, name, self.path, where)
+            if ds is None or ds.dtype.kind not in "fiub":
+                raise DumpFormatError(f"{self.path}: {where} is not a numeric dataset")
+            self._bounded(ds, where)
+            try:
+                yield _as_str(ds.attrs.get("name", name)), ds[()]
+            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
+                raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
+
+    def stderr(self) -> str:
+        group = local_group(self._file, "log", self.path, "/log")
+        ds = None if group is None else local_dataset(group, "stderr", self.path, "/log/stderr")
+        if ds is None:
+            return ""
+        if ds.shape != () or ds.dtype.kind not in "OSU" or ds.id.get_storage_size() > MAX_LOG_BYTES:
+            raise DumpFormatError(f"{self.path}: /log/stderr is not a text of at most {human_bytes(MAX_LOG_BYTES)}")
+        try:
+            return _as_str(ds[()])
+        except (OSError, RuntimeError, ValueError, TypeError) as err:
+            raise DumpFormatError(f"{self.path}: /log/stderr is unreadable ({_short(err)})") from None
+
+
+MAX_LOG_BYTES = 64 << 20
+
+
+def _input_order(name: str) -> tuple[int, str]:
+    return (int(name), "") if name.isdigit() else (1 << 62, name)
+
+
+def _check_shape_cell(cell: str, where: str) -> None:
+    try:
+        shape = json.loads(cell)
+    except ValueError:
+        raise DumpFormatError(f"{where}: shape {cell[:40]!r} is not a JSON list") from None
+    if not isinstance(shape, list):
+        raise DumpFormatError(f"{where}: shape {cell[:40]!r} is not a JSON list")
+    checked_numel(shape, where)
+
+
+def _read_layers(ds: h5py.Dataset, path: Path) -> "pd.DataFrame":
+    import pandas as pd
+
+    try:
+        table = ds[()]
+    except (OSError, RuntimeError, KeyError, ValueError) as err:
+        raise DumpFormatError(f"{path}: /layers table is unreadable ({_short(err)})") from None
+    names = table.dtype.names or ()
+    missing = [c for c, _ in LAYER_COLUMNS if c not in names]
+    if missing:
+        raise DumpFormatError(f"{path}: /layers table lacks columns {', '.join(missing)}")
+    frame = pd.DataFrame({c: table[c] for c, _ in LAYER_COLUMNS})
+    for column in STRING_COLUMNS:
+        frame[column] = _decoded(frame[column])
+    return frame
+
+
+def _decoded(cells: Any) -> list[str]:
+    """A string column's cells as str, equal cells sharing one object: op types, dtypes, layouts and
+    shapes repeat across layers, and a str per cell was ~40 MB at 50,000 layers."""
+    seen: dict[Any, str] = {}
+    out = []
+    for cell in cells:
+        if not isinstance(cell, (bytes, str)):
+            out.append(_as_str(cell))
+            continue
+        text = seen.get(cell)
+        if text is None:
+            text = seen[cell] = _as_str(cell)
+        out.append(text)
+    return out
+
+
+def _as_str(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.ndarray) and value.shape == ():
+        return _as_str(value.item())
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _short(err: BaseException) -> str:
+    return str(err).splitlines()[0][:160] if str(err) else type(err).__name__

@@ -1,0 +1,96 @@
+"""Size limits for data from elsewhere, checked before anything is allocated.
+
+A file can declare (or decompress to) far more than it holds. Every reader asks these limits first,
+so one crafted dump cannot take the machine's memory: the default per-layer limit is a share of this
+machine's RAM (25%), and each limit can be raised or lowered with an environment variable.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Iterable
+
+import numpy as np
+
+from layerdiff.errors import DumpFormatError, LayerdiffError
+
+RAM_SHARE = 0.25
+
+
+def total_ram() -> int:
+    """Physical memory of this machine in bytes (8 GiB when the OS will not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def env_bytes(name: str, default: int) -> int:
+    """A byte limit from the environment (plain integer, or with a K/M/G/T suffix), else `default`."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return parse_bytes(raw)
+    except ValueError:
+        raise LayerdiffError(f"{name}={raw!r}: expected a byte count such as 2G, 512M or 1048576") from None
+
+
+def parse_bytes(text: str) -> int:
+    """'2G' -> 2147483648; refuses negative, non-finite and unparsable values."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    body = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = body[-1:] if body[-1:] in units and body[-1:] else ""
+    number = float(body[: len(body) - len(unit)])
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(text)
+    return int(number * units[unit])
+
+
+def human_bytes(nbytes: float) -> str:
+    """A size for messages, precise enough that a value and its limit never print alike."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{int(nbytes)} bytes"
+
+
+MAX_TENSOR_BYTES = env_bytes("LAYERDIFF_MAX_TENSOR_BYTES", int(total_ram() * RAM_SHARE))
+# Parsing JSON holds about 3.5x the file in Python objects: a quarter of the layer limit keeps its peak under it.
+MAX_JSON_BYTES = env_bytes("LAYERDIFF_MAX_JSON_BYTES", MAX_TENSOR_BYTES // 4)
+MAX_EXTRACT_BYTES = env_bytes("LAYERDIFF_MAX_EXTRACT_BYTES", 4 * MAX_TENSOR_BYTES)
+MAX_DIM_PRODUCT = 1 << 62
+
+
+def checked_numel(shape: Iterable, where: str) -> int:
+    """Elements of a declared shape; refuses non-integer, negative, infinite or overflowing dims."""
+    dims = list(shape)
+    numel = 1
+    for dim in dims:
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+            raise DumpFormatError(f"{where}: invalid shape {_short_shape(dims)} (dimensions must be integers)")
+        dim = int(dim)
+        if dim < 0:
+            raise DumpFormatError(f"{where}: invalid shape {_short_shape(dims)} (negative dimension)")
+        numel *= max(dim, 1)
+        if numel > MAX_DIM_PRODUCT:
+            raise DumpFormatError(f"{where}: invalid shape {_short_shape(dims)} (element count overflows)")
+    return 0 if any(int(d) == 0 for d in dims) else numel
+
+
+def check_tensor_bytes(shape: Iterable, itemsize: int, where: str, limit: int | None = None) -> int:
+    """Bytes a declared tensor needs; refuses it before allocation when over the per-layer limit."""
+    limit = MAX_TENSOR_BYTES if limit is None else limit
+    numel = checked_numel(shape, where)
+    nbytes = numel * int(itemsize)
+    if nbytes > limit:
+        raise DumpFormatError(
+            f"{where}: declares {numel} elements ({human_bytes(nbytes)}), over the {human_bytes(limit)} per-layer limit "
+            "(set LAYERDIFF_MAX_TENSOR_BYTES to allow it)"
+        )
+    return nbytes
+
+
+def _short_shape(dims: list) -> str:
+    text = str([d for d in dims[:8]])
+    return text if len(dims) <= 8 else text[:-1] + ", ...]"

@@ -1,0 +1,371 @@
+"""The raw dump a harness writes (analyzer/FORMATS.md §1): reader, Python writer, and conversion to HDF5.
+
+Raw dumps come from phones, from the host engines and from colleagues' `adb pull`s, so the reader
+treats them as untrusted: every offset, length and shape is checked against the file before a byte
+is allocated, and a dump cut short (no footer, a half-written last line) still yields every tensor
+that was completely written.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from layerdiff.analyzer.formats.timestamps import utc_now
+from layerdiff.errors import DumpFormatError, Interrupted
+
+RAW_FORMAT = "layerdiff-raw"
+RAW_VERSION = 1
+MANIFEST = "manifest.jsonl"
+TENSORS = "tensors.bin"
+MAX_ELEMENTS = 1 << 40
+MAX_TENSOR_BYTES = 8 << 30  # one layer larger than this is a lying manifest, not a real tensor
+MAX_MANIFEST_BYTES = 256 << 20  # ~1M tensor lines: more than any model has layers
+DTYPES = {
+    "float32": "<f4",
+    "float16": "<f2",
+    "float64": "<f8",
+    "int8": "i1",
+    "uint8": "u1",
+    "int16": "<i2",
+    "int32": "<i4",
+    "int64": "<i8",
+}
+
+
+@dataclass
+class RawTensor:
+    """One validated tensor line of a manifest."""
+
+    order: int
+    op: str
+    op_type: str
+    output_index: int
+    name: str
+    inputs: list[str]
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+    offset: int
+    nbytes: int
+    memory: str = "host"
+    time_ms: float | None = None
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "order": self.order,
+            "op": self.op,
+            "op_type": self.op_type,
+            "output_index": self.output_index,
+            "name": self.name,
+            "inputs": self.inputs,
+            "layout": self.layout,
+            "memory": self.memory,
+            "time_ms": self.time_ms,
+        }
+
+
+@dataclass
+class RawDump:
+    """A parsed raw dump directory; tensors are read lazily from `tensors.bin`."""
+
+    path: Path
+    header: dict[str, Any]
+    tensors: list[RawTensor]
+    footer: dict[str, Any] | None
+    problems: list[str] = field(default_factory=list)
+
+    truncated: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return self.footer is not None and self.footer.get("status", "ok") == "ok" and not self.truncated
+
+    def read(self, tensor: RawTensor) -> np.ndarray:
+        count = int(np.prod(tensor.shape, dtype=np.int64)) if tensor.shape else 1
+        with open(self.path / TENSORS, "rb") as fh:
+            array = np.fromfile(fh, dtype=np.dtype(DTYPES[tensor.dtype]), count=count, offset=tensor.offset)
+        if array.size != count:
+            raise DumpFormatError(f"{self.path / TENSORS}: tensor {tensor.name!r} is truncated at offset {tensor.offset}")
+        return array.reshape(tensor.shape)
+
+    def iter_arrays(self) -> Iterator[tuple[RawTensor, np.ndarray]]:
+        for tensor in self.tensors:
+            yield tensor, self.read(tensor)
+
+
+def read_raw_dump(path: Path | str) -> RawDump:
+    """Parse and validate a raw dump directory; raises `DumpFormatError` naming file and line."""
+    root = Path(path)
+    manifest = root / MANIFEST
+    if not manifest.is_file():
+        raise DumpFormatError(f"{root}: not a raw dump directory (no {MANIFEST})")
+    data_size = (root / TENSORS).stat().st_size if (root / TENSORS).is_file() else 0
+    lines = _manifest_lines(manifest)
+    if not lines:
+        raise DumpFormatError(f"{manifest}: empty manifest (the harness died before writing its header)")
+    header = _parse_header(manifest, lines[0][1])
+    tensors: list[RawTensor] = []
+    footer = None
+    problems: list[str] = []
+    truncated = False
+    for lineno, record in lines[1:]:
+        kind = record.get("record")
+        if kind == "tensor" and not truncated:
+            tensor = _parse_tensor(manifest, lineno, record)
+            if tensors and tensor.order <= tensors[-1].order:
+                raise DumpFormatError(f"{manifest}:{lineno}: tensor order {tensor.order} is not increasing")
+            if tensor.offset + tensor.nbytes > data_size and tensor.nbytes <= MAX_TENSOR_BYTES:
+                # tensors.bin cut short (a pull or a disk that died): keep every tensor before the cut
+                truncated = True
+                problems.append(f"{root / TENSORS} ends at byte {data_size}, inside layer {tensor.op!r} "
+                                f"({manifest.name}:{lineno}); the {len(tensors)} tensors before it are kept")
+                continue
+            tensors.append(tensor)
+        elif kind == "footer":
+            footer = record
+    if footer is None:
+        last = tensors[-1].op if tensors else "(none)"
+        problems.append(f"no footer: the harness stopped after {len(tensors)} tensors, last op {last!r}")
+    return RawDump(root, header, tensors, footer, problems, truncated)
+
+
+def _manifest_lines(manifest: Path) -> list[tuple[int, dict[str, Any]]]:
+    if manifest.stat().st_size > MAX_MANIFEST_BYTES:
+        raise DumpFormatError(f"{manifest}: {manifest.stat().st_size} bytes is larger than any real manifest")
+    text = manifest.read_bytes()
+    raw_lines = text.split(b"\n")
+    complete_lines = raw_lines if text.endswith(b"\n") else raw_lines[:-1]  # drop a half-written tail
+    out = []
+    for number, raw in enumerate(complete_lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except (ValueError, RecursionError):  # bad JSON, bad UTF-8, absurd nesting or huge integers
+            raise DumpFormatError(f"{manifest}:{number}: not valid JSON") from None
+        if not isinstance(record, dict):
+            raise DumpFormatError(f"{manifest}:{number}: expected a JSON object")
+        out.append((number, record))
+    return out
+
+
+def _parse_header(manifest: Path, header: dict[str, Any]) -> dict[str, Any]:
+    if header.get("record") != "header" or header.get("format") != RAW_FORMAT:
+        raise DumpFormatError(f"{manifest}:1: not a layerdiff raw dump header (format != {RAW_FORMAT!r})")
+    version = header.get("format_version")
+    if not isinstance(version, int) or version > RAW_VERSION:
+        raise DumpFormatError(
+            f"{manifest}:1: raw format version {version!r} is not supported (this layerdiff reads {RAW_VERSION})"
+        )
+    return header
+
+
+def _parse_tensor(manifest: Path, lineno: int, rec: dict[str, Any]) -> RawTensor:
+    where = f"{manifest}:{lineno}"
+    try:
+        shape = tuple(int(d) for d in rec["shape"])
+        dtype = str(rec["dtype"])
+        offset, nbytes = int(rec["offset"]), int(rec["nbytes"])
+        tensor = RawTensor(
+            order=int(rec["order"]),
+            op=str(rec["op"]),
+            op_type=str(rec.get("op_type", "")),
+            output_index=int(rec.get("output_index", 0)),
+            name=str(rec.get("name", rec["op"])),
+            inputs=[str(x) for x in rec.get("inputs", [])],
+            shape=shape,
+            dtype=dtype,
+            layout=str(rec.get("layout", "")),
+            offset=offset,
+            nbytes=nbytes,
+            memory=str(rec.get("memory", "host")),
+            time_ms=None if rec.get("time_ms") is None else float(rec["time_ms"]),
+        )
+    except (KeyError, TypeError, ValueError, OverflowError) as err:
+        raise DumpFormatError(f"{where}: malformed tensor line ({type(err).__name__}: {err})") from None
+    _check_extent(where, tensor)
+    return tensor
+
+
+def _check_extent(where: str, t: RawTensor) -> None:
+    if t.dtype not in DTYPES:
+        raise DumpFormatError(f"{where}: layer {t.op!r} has unsupported dtype {t.dtype!r}")
+    if any(d < 0 for d in t.shape):
+        raise DumpFormatError(f"{where}: layer {t.op!r} has a negative dimension in shape {list(t.shape)}")
+    numel = math.prod(t.shape)
+    if numel > MAX_ELEMENTS:
+        raise DumpFormatError(f"{where}: layer {t.op!r} declares {numel} elements, more than any real tensor")
+    if numel * np.dtype(DTYPES[t.dtype]).itemsize != t.nbytes:
+        raise DumpFormatError(f"{where}: layer {t.op!r}: nbytes {t.nbytes} does not match shape {list(t.shape)} x {t.dtype}")
+    if t.offset < 0:
+        raise DumpFormatError(f"{where}: layer {t.op!r} has a negative offset {t.offset}")
+    if t.nbytes > MAX_TENSOR_BYTES:
+        raise DumpFormatError(f"{where}: layer {t.op!r} declares {t.nbytes} bytes, more than any real tensor")
+
+
+class RawDumpWriter:
+    """Writes a raw dump the way the C++ harness does: bytes first, then the manifest line, flushed."""
+
+    def __init__(self, path: Path | str, header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        if any(self.path.iterdir()):
+            raise DumpFormatError(f"{self.path}: output directory is not empty")
+        self._data = open(self.path / TENSORS, "wb")
+        self._manifest = open(self.path / MANIFEST, "w", encoding="utf-8")
+        self._offset = 0
+        self._count = 0
+        full = {"record": "header", "format": RAW_FORMAT, "format_version": RAW_VERSION, "started": utc_now()}
+        self._write_line({**full, **header})
+
+    def add(
+        self,
+        *,
+        op: str,
+        op_type: str,
+        array: np.ndarray,
+        output_index: int = 0,
+        name: str | None = None,
+        inputs: list[str] | None = None,
+        layout: str = "",
+        memory: str = "host",
+        time_ms: float | None = None,
+    ) -> None:
+        array = np.asarray(array, order="C")  # a 0-d tensor stays 0-d
+        dtype = array.dtype.name
+        if dtype not in DTYPES:
+            array, dtype = array.astype(np.float32), "float32"
+        self._data.write(np.asarray(array.astype(DTYPES[dtype], copy=False), order="C").data)  # no copy: layers are big
+        self._data.flush()
+        line = {
+            "record": "tensor",
+            "order": self._count,
+            "op": op,
+            "op_type": op_type,
+            "output_index": output_index,
+            "name": name if name is not None else f"{op}:{output_index}",
+            "inputs": list(inputs or []),
+            "shape": [int(d) for d in array.shape],
+            "dtype": dtype,
+            "layout": layout,
+            "offset": self._offset,
+            "nbytes": int(array.nbytes),
+            "memory": memory,
+        }
+        if time_ms is not None:
+            line["time_ms"] = time_ms
+        self._write_line(line)
+        self._offset += int(array.nbytes)
+        self._count += 1
+
+    def close(self, *, infer_ms: float, status: str = "ok") -> None:
+        footer = {"record": "footer", "tensors": self._count, "bytes": self._offset, "infer_ms": infer_ms}
+        self._write_line({**footer, "finished": utc_now(), "status": status})
+        self._data.close()
+        self._manifest.close()
+
+    def _write_line(self, record: dict[str, Any]) -> None:
+        self._manifest.write(json.dumps(record) + "\n")
+        self._manifest.flush()
+
+
+def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def combined_sha256(parts: list[str]) -> str:
+    """One digest for several files or tensors: the sha256 of their sha256s, in order."""
+    if len(parts) == 1:
+        return parts[0]
+    return hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+def _entries(value: Any) -> list[dict]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _number(value: Any, kind: type, default: Any) -> Any:
+    try:
+        return kind(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def header_provenance(header: dict[str, Any]) -> dict[str, Any]:
+    """Root attributes that follow from a raw header alone (FORMATS.md §2); odd types degrade to defaults."""
+    models = _entries(header.get("model"))
+    inputs = _entries(header.get("inputs"))
+    actual = header.get("backends_actual") or []
+    return {
+        "engine": str(header.get("engine", "")),
+        "engine_version": str(header.get("engine_version", "")),
+        "backend_requested": str(header.get("backend_requested", "")),
+        "backend_actual": "+".join(map(str, actual)) if isinstance(actual, list) else str(actual),
+        "precision_requested": str(header.get("precision_requested", "")),
+        "precision_effective": str(header.get("precision_effective", "")),
+        "threads": _number(header.get("threads", 0) or 0, int, 0),
+        "model_name": Path(str(models[0].get("file", ""))).name if models else "",
+        "model_sha256": combined_sha256([str(m.get("sha256", "")) for m in models]) if models else "",
+        "input_sha256": combined_sha256([str(i.get("sha256", "")) for i in inputs]) if inputs else "",
+        "harness": str(header.get("harness", "")),
+        "repeat": _number(header.get("repeat", 0) or 0, int, 0),
+    }
+
+
+def convert_raw_dump(
+    raw: Path | str | RawDump,
+    out_path: Path | str,
+    *,
+    attrs: dict[str, Any] | None = None,
+    inputs: list[tuple[str, np.ndarray]] | None = None,
+    stderr: str = "",
+    exit_status: int = 0,
+    compression: str | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> Path:
+    """Stream a raw dump into one HDF5 dump, tensor by tensor (memory bounded by the largest tensor).
+
+    A dump without a footer, or from a harness that exited non-zero, becomes an HDF5 marked
+    incomplete with every tensor that was written. `cancel` is asked between tensors: when it says
+    stop, the partial file is removed and `Interrupted` raised (so no thread is left inside HDF5).
+    """
+    dump = raw if isinstance(raw, RawDump) else read_raw_dump(raw)
+    header = dump.header
+    footer = dump.footer or {}
+    merged = {
+        **header_provenance(header),
+        "infer_ms": _number(footer.get("infer_ms", math.nan), float, math.nan),
+        "complete": dump.complete and exit_status == 0,
+        "exit_status": int(exit_status),
+        **(attrs or {}),
+    }
+    provenance = dict(merged.pop("provenance", {}) or {})
+    provenance.update({"raw_header": header, "raw_footer": dump.footer, "raw_problems": dump.problems})
+    merged["provenance"] = provenance
+    from layerdiff.analyzer.formats.dumpwriter import DumpWriter  # h5py loads only where HDF5 is written, not in engine children
+
+    expected = sum(t.nbytes for t in dump.tensors) + sum(a.nbytes for _, a in inputs or [])
+    with DumpWriter(out_path, merged, compression=compression, expected_bytes=expected) as writer:
+        for tensor, array in dump.iter_arrays():
+            if cancel is not None and cancel():
+                raise Interrupted(f"{out_path}: conversion stopped on request")
+            writer.add_tensor({**tensor.meta(), "op": tensor.op}, array)
+        for name, array in inputs or []:
+            writer.add_input(name, array, _array_sha256(array))
+        if stderr:
+            writer.set_log(stderr)
+    return Path(out_path)
+
+
+def _array_sha256(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()

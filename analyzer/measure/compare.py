@@ -1,0 +1,251 @@
+"""Streaming every planned comparison layer by layer into one tidy table (one row per layer x run).
+
+Memory stays at "one reference tensor + one run tensor": for each reference run the layers are
+visited in its execution order, its tensor is read once, and every run compared against it reads
+its own matching tensor, is measured, and is released before the next. Problems with single
+layers (a huge declared shape, an unreadable dataset, a shape that does not match) become rows
+with a status saying so and one problem line; they never stop the analysis.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from layerdiff.analyzer.align.byname import NameRules, PairAlignment, align_layers
+from layerdiff.analyzer.formats.dumpfile import TensorBuffer
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.align.graph import LayerGraph, build_graph
+from layerdiff.analyzer.measure.metrics import PairKernel, topk_agreement
+from layerdiff.analyzer.runs.reference import Pair, Plan
+from layerdiff.analyzer.runs.sources import Run
+from layerdiff.analyzer.findings.verdict import Thresholds, classify
+
+
+@dataclass
+class Comparison:
+    """Everything measured: the tidy table plus what alignment could not match."""
+
+    plan: Plan
+    table: pd.DataFrame
+    alignments: list[PairAlignment]
+    graphs: dict[str, LayerGraph] = field(default_factory=dict)  # run label -> its graph
+    problems: list[str] = field(default_factory=list)
+
+    def graph(self, run: Run) -> LayerGraph:
+        """The run's layer graph, rebuilt if it was released (an analysis drops them once its findings
+        are made: two graphs were ~40 MB at 50,000 layers, kept through the whole report)."""
+        graph = self.graphs.get(run.label)
+        if graph is None:
+            graph = self.graphs[run.label] = build_graph(run.layers)
+        return graph
+
+    def pair_rows(self, pair_index: int) -> pd.DataFrame:
+        return self.table[self.table["pair"] == pair_index]
+
+
+def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds,
+                progress: Callable[[int, int], None] | None = None) -> Comparison:
+    """Align every pair, then measure all of them, reading each base tensor once."""
+    runs = {id(p.base): p.base for p in plan.pairs} | {id(p.other): p.other for p in plan.pairs}
+    runs[id(plan.reference)] = plan.reference
+    graphs = {run.label: build_graph(run.layers) for run in runs.values()}
+    alignments = [align_layers(p.base.layers, p.other.layers, rules, value_error(p.base, p.other),
+                               both_fp32(p.base, p.other)) for p in plan.pairs]
+    comparison = Comparison(plan=plan, table=pd.DataFrame(), alignments=alignments, graphs=graphs)
+    for index, (pair, alignment) in enumerate(zip(plan.pairs, alignments)):
+        if alignment.matched.empty:
+            comparison.problems.append(
+                f"{pair.other.path}: no layer in common with {pair.base.path.name} (names differ and no "
+                "layer matched by structure and values: a different model? try --name-map or --rename)")
+    rows = _Rows()
+    kernel = PairKernel(thresholds.tolerances)
+    bases = list({id(p.base): p.base for p in plan.pairs}.values())
+    counter = _Progress(sum(len(a.matched) for a in alignments), progress)
+    for base in bases:
+        members = [(i, p, alignments[i]) for i, p in enumerate(plan.pairs) if p.base is base]
+        _stream_base(base, members, kernel, thresholds, graphs[base.label], rows, comparison.problems,
+                     counter.tick)
+    comparison.table = rows.frame()
+    comparison.table["growth"] = _growth(comparison.table, plan.pairs, graphs)
+    return comparison
+
+
+def both_fp32(base: Run, other: Run) -> bool:
+    """Neither run declares a reduced precision (a foreign golden that says nothing counts as fp32)."""
+    return all(str(r.attrs.get("precision_effective") or "fp32").lower() == "fp32" for r in (base, other))
+
+
+def value_error(base: Run, other: Run) -> Callable[[int, int], float]:
+    """rel L2 between row i of base's /layers and row j of other's (inf when unreadable or sizes differ).
+
+    Only structural alignment calls it, for the few same-shape candidates of an ambiguous match."""
+    base_orders, other_orders = list(base.layers["order"]), list(other.layers["order"])
+    read_base = functools.lru_cache(maxsize=4)(lambda i: _read(base, base_orders[i])[0])
+    read_other = functools.lru_cache(maxsize=16)(lambda j: _read(other, other_orders[j])[0])
+
+    def error(i: int, j: int) -> float:
+        a, b = read_base(i), read_other(j)
+        if a is None or b is None or a.size != b.size or a.size == 0:
+            return math.inf
+        a64, b64 = a.astype(np.float64, copy=False).ravel(), b.astype(np.float64, copy=False).ravel()
+        norm = float(np.linalg.norm(a64))
+        diff = float(np.linalg.norm(a64 - b64))
+        return diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
+    return error
+
+
+def _growth(table: pd.DataFrame, pairs: list[Pair], graphs: dict[str, LayerGraph]) -> list[float]:
+    """Per row: rel L2 at the layer / worst rel L2 at the layers feeding it (NaN without compared feeders).
+
+    Above 1 the layer amplifies the error it received; the findings name the largest amplifier.
+    """
+    growth = [math.nan] * len(table)
+    for index, rows in table.groupby("pair"):
+        graph = graphs[pairs[int(index)].base.label]
+        rel = dict(zip(rows["key"], rows["rel_l2"]))
+        known = set(rel)
+        for i, key in zip(rows.index, rows["key"]):
+            inputs = [rel[k] for k in graph.upstream(key, known) if math.isfinite(rel[k])]
+            worst_in = max(inputs, default=0.0)
+            if worst_in > 0.0 and math.isfinite(rel[key]):
+                growth[i] = rel[key] / worst_in
+    return growth
+
+
+class _Progress:
+    """Counts layer comparisons for an optional progress callback (done, total)."""
+
+    def __init__(self, total: int, callback: Callable[[int, int], None] | None) -> None:
+        self.total, self.done, self.callback = total, 0, callback
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.callback:
+            self.callback(self.done, self.total)
+
+
+def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kernel: PairKernel,
+                 thresholds: Thresholds, graph: LayerGraph, rows: "_Rows", problems: list[str],
+                 tick: Callable[[], None]) -> None:
+    """Visit the base's layers in execution order; read each once for all pairs that need it."""
+    base_stats = base.stats_by_order()
+    outputs = set(graph.outputs())
+    # the matches as one list per column, a row's dict built only when it is measured: a dict per
+    # match held ~1 KB per layer for the whole pass (50 MB at 50,000 layers)
+    wanted: dict[int, list[tuple[int, Pair, dict[str, list], int]]] = {}
+    for index, pair, alignment in members:
+        columns = {str(c): alignment.matched[c].tolist() for c in alignment.matched.columns}
+        for i, base_order in enumerate(columns.get("base_order", [])):
+            wanted.setdefault(base_order, []).append((index, pair, columns, i))
+    positions = {int(o): i for i, o in enumerate(base.layers["order"])}
+    base_buffer, other_buffer = TensorBuffer(), TensorBuffer()  # two layers' memory, reused: no page faults
+    for order in sorted(wanted, key=lambda o: positions.get(o, o)):
+        base_tensor, base_error = _read(base, order, base_buffer)
+        if base_error:
+            problems.append(base_error)
+        for index, pair, columns, i in wanted[order]:
+            match = {c: values[i] for c, values in columns.items()}
+            row = _layer_row(index, pair, match, positions.get(order, order), match["key"] in outputs)
+            if base_error:
+                row.update(status="unreadable", reasons=f"reference tensor unreadable: {base_error}")
+            else:
+                _measure(row, base_tensor, pair, match, kernel, thresholds, base_stats[order], problems, other_buffer)
+            rows.append(row)
+            tick()
+        del base_tensor
+
+
+def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel: PairKernel,
+             thresholds: Thresholds, base_stats: dict, problems: list[str],
+             buffer: TensorBuffer | None = None) -> None:
+    """Fill one row's metrics and status from the two tensors (the run's is read here)."""
+    if match["shape_status"] == "mismatch":
+        row.update(status="shape_mismatch",
+                   reasons=f"shape {list(match['other_shape'])} vs reference {list(match['base_shape'])}")
+        return
+    other_tensor, error = _read(pair.other, match["other_order"], buffer)
+    if error:
+        problems.append(error)
+        row.update(status="unreadable", reasons=error)
+        return
+    other_stats = pair.other.stats_by_order()[match["other_order"]]
+    if other_tensor.size != base_tensor.size:
+        row.update(status="shape_mismatch", reasons="stored tensor sizes differ")
+        return
+    row.update(kernel.compare(base_tensor, other_tensor.reshape(base_tensor.shape), base_stats, other_stats))
+    if row["is_output"]:
+        row["top1"], row["top5"] = topk_agreement(base_tensor, other_tensor.reshape(base_tensor.shape))
+    row["status"], row["reasons"] = classify(row, thresholds)
+
+
+def _read(run: Run, order: int, buffer: TensorBuffer | None = None) -> tuple[np.ndarray | None, str]:
+    try:
+        return run.dump.tensor(int(order), buffer), ""
+    except LayerdiffError as err:
+        return None, str(err)
+
+
+def _layer_row(index: int, pair: Pair, match: dict, position: int, is_output: bool) -> dict:
+    return {
+        "pair": index, "comparison": pair.kind, "run": pair.other.label, "reference": pair.base.label,
+        "position": position, "key": match["key"], "run_key": match["other_key"], "op": match["op"],
+        "op_type": match["op_type"], "shape": _shape_text(tuple(match["base_shape"])),
+        "run_shape": _shape_text(tuple(match["other_shape"])), "shape_status": match["shape_status"],
+        "match": match["match"], "confidence": match["confidence"], "is_output": is_output, "top1": math.nan, "top5": math.nan,
+    }
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_text(shape: tuple) -> str:
+    """A shape as the table shows it, `[1, 64, 56, 56]`; layers share shapes, so rows share the string."""
+    return json.dumps(list(shape))
+
+
+TABLE_COLUMNS = [
+    "pair", "comparison", "run", "reference", "position", "key", "run_key", "op", "op_type", "status",
+    "reasons", "shape", "run_shape", "shape_status", "match", "confidence", "is_output", "numel", "max_abs",
+    "mean_abs", "median_abs", "p99_abs", "max_rel", "mean_rel", "rel_l2", "cosine", "sqnr_db",
+    "pass_fraction", "n_fail", "beyond_scale", "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new",
+    "n_posinf_lost", "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed",
+    "n_saturated", "top1", "top5",
+]  # plus "growth", added once every row of a pair is known
+
+
+class _Rows:
+    """Measured rows, turned into DataFrame blocks every `BLOCK` rows: a dict per layer costs ~3 KB,
+    which at 50,000 layers was ~150 MB of peak memory before the table was built."""
+
+    BLOCK = 2048
+
+    def __init__(self) -> None:
+        self._pending: list[dict] = []
+        self._blocks: list[pd.DataFrame] = []
+
+    def append(self, row: dict) -> None:
+        self._pending.append(row)
+        if len(self._pending) >= self.BLOCK:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._blocks.append(_tidy(pd.DataFrame(self._pending)))
+            self._pending = []
+
+    def frame(self) -> pd.DataFrame:
+        self._flush()
+        if not self._blocks:
+            return _tidy(pd.DataFrame())
+        return pd.concat(self._blocks, ignore_index=True) if len(self._blocks) > 1 else self._blocks[0]
+
+
+def _tidy(frame: pd.DataFrame) -> pd.DataFrame:
+    for column in TABLE_COLUMNS:
+        if column not in frame:
+            frame[column] = math.nan
+    return frame[TABLE_COLUMNS].reset_index(drop=True)

@@ -1,0 +1,312 @@
+"""Isolated dumps in the analysis: the error a layer makes alone, next to the error it shows in the full run.
+
+`collect isolate` re-runs chosen layers on one backend/precision, each fed the *reference's* own
+input tensors (collector/run/isolate.py). Measured against that reference with the same metrics and
+thresholds as every other layer, the isolated error splits the blame that a cumulative comparison
+cannot: a layer still off when run alone has a kernel that is off at this precision; a layer clean
+alone only inherited error from upstream.
+
+Matching rules (when one fails, the isolated dump is left out with one problem line saying why):
+- reference: the dump named by the root attribute `isolated_from`. Among the inputs first (a copy in
+  the isolated file's own directory preferred), else the file of that name beside the isolated
+  dump. When `reference_sha256` is recorded the file must hash to it, so a reference re-collected
+  under the same name is not mistaken for the one whose tensors were fed.
+- cumulative run: a compared (non-isolated) run with the same `MATCH_FIELDS` as the isolated dump,
+  fed the same input as the reference; the lowest repeat when there are several.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.findings.divergence import Finding
+from layerdiff.analyzer.measure.metrics import PairKernel
+from layerdiff.analyzer.formats.rawdump import sha256_file
+from layerdiff.analyzer.runs.reference import Plan
+from layerdiff.analyzer.runs.sources import Run
+from layerdiff.analyzer.findings.verdict import Thresholds, classify
+
+MATCH_FIELDS = ("engine", "backend_requested", "precision_requested", "device_serial", "model_sha256")
+FP16_MAX = 65504.0
+MEASURED = ("pass", "warn", "fail")
+# Isolated metrics kept per layer; each becomes an `isolated_<name>` column.
+ISOLATED_METRICS = ("rel_l2", "max_abs", "mean_abs", "sqnr_db", "cosine", "pass_fraction", "n_nonfinite_mismatch",
+                    "n_saturated", "zero_collapse")
+# Columns added to the tidy comparison table (summary.csv, --json layers) for isolated layers.
+ATTACHED_COLUMNS = ["isolated_status", "isolated_rel_l2", "isolated_max_abs", "isolated_sqnr_db", "isolation",
+                    "isolated_reasons", "isolated_file"]
+TABLE_COLUMNS = ["run", "pair", "position", "key", "op_type", "status", "rel_l2", "max_abs", "sqnr_db",
+                 "isolated_status", "isolated_reasons", *(f"isolated_{m}" for m in ISOLATED_METRICS),
+                 "isolated_nonfinite_new", "reference_peak", "isolation", "isolated_file", "isolated_reference",
+                 "isolated_setting"]
+
+
+@dataclass
+class Isolation:
+    """Every isolated layer shown (one row each), its finding, and the dumps that could not be placed."""
+
+    table: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=TABLE_COLUMNS))
+    findings: list[Finding] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    matched: list[dict] = field(default_factory=list)  # per isolated dump: file, reference, run, layers
+    opened: list[Run] = field(default_factory=list)  # references opened from beside an isolated dump
+
+    def close(self) -> None:
+        for run in self.opened:
+            run.dump.close()
+
+
+def analyze_isolated(isolated: list[Run], runs: list[Run], comparison: Comparison,
+                     thresholds: Thresholds) -> Isolation:
+    """Match each isolated dump, measure its layers against its reference, and say where the blame lies."""
+    result = Isolation()
+    if not isolated:
+        return result
+    kernel = PairKernel(thresholds.tolerances)
+    references = _ReferenceFinder(runs, result)
+    rows: list[dict] = []
+    shown: dict[tuple[str, str], str] = {}
+    for iso in isolated:
+        reference = references.find(iso)
+        if reference is None:
+            continue
+        index = _cumulative_pair(iso, reference, runs, comparison.plan, result.problems)
+        if index is None:
+            continue
+        pair = comparison.plan.pairs[index]
+        if not references.same_file(pair.base, reference, iso):
+            result.problems.append(
+                f"{iso.path}: isolated against {reference.path.name} while {pair.other.label} is compared with "
+                f"{pair.base.path.name}; its isolated and cumulative columns use different references")
+        cumulative = {r["key"]: r for r in comparison.pair_rows(index).to_dict("records")}
+        layers = []
+        for layer in iso.layers.to_dict("records"):
+            where = (pair.other.label, str(layer["key"]))
+            if where in shown:
+                result.problems.append(f"{iso.path}: layer {layer['key']} of {pair.other.label} is also isolated in "
+                                       f"{shown[where]}; showing that one")
+                continue
+            row = _measure_layer(iso, reference, layer, kernel, thresholds, result.problems)
+            _add_cumulative(row, pair.other.label, index, cumulative.get(row["key"]))
+            shown[where] = iso.path.name
+            rows.append(row)
+            layers.append(row["key"])
+        result.matched.append({"file": str(iso.path), "isolated_from": str(iso.attrs.get("isolated_from", "")),
+                               "reference": str(reference.path), "run": pair.other.label, "layers": layers})
+    result.table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    result.findings = [isolation_finding(r) for r in rows if r["isolated_status"] in MEASURED]
+    return result
+
+
+class _ReferenceFinder:
+    """Finds (and hash-checks) the reference of each isolated dump, opening files beside it if needed."""
+
+    def __init__(self, runs: list[Run], result: Isolation) -> None:
+        self.runs, self.result = runs, result
+        self._hashes: dict[Path, str] = {}
+        self._beside: dict[Path, Run | None] = {}
+
+    def find(self, iso: Run) -> Run | None:
+        name = str(iso.attrs.get("isolated_from") or "")
+        if not name:
+            return self._fail(f"{iso.path}: isolated dump without an isolated_from attribute; re-run `collect isolate`")
+        here = iso.path.parent.resolve()
+        candidates = sorted((r for r in self.runs if r.path.name == name),
+                            key=lambda r: r.path.parent.resolve() != here)
+        if not candidates:
+            beside = self._open_beside(iso.path.parent / name)
+            candidates = [beside] if beside is not None else []
+        if not candidates:
+            return self._fail(f"{iso.path}: isolated against {name}, which is neither among the inputs nor in "
+                              f"{iso.path.parent}; pass that reference dump to analyze too")
+        wanted = str(iso.attrs.get("reference_sha256") or "")
+        for run in candidates:
+            if not wanted or self._sha256(run.path) == wanted:
+                return run
+        return self._fail(f"{iso.path}: {candidates[0].path} is not the {name} it was isolated against (sha256 "
+                          "differs: re-collected since?); re-run `collect isolate` against this reference")
+
+    def same_file(self, base: Run, reference: Run, iso: Run) -> bool:
+        """Is the run's comparison base the isolation's reference (the same path, or the same bytes)?"""
+        if base.path.resolve() == reference.path.resolve():
+            return True
+        wanted = str(iso.attrs.get("reference_sha256") or "")
+        return bool(wanted) and self._sha256(base.path) == wanted
+
+    def _fail(self, line: str) -> None:
+        self.result.problems.append(line)
+        return None
+
+    def _sha256(self, path: Path) -> str:
+        key = path.resolve()
+        if key not in self._hashes:
+            self._hashes[key] = sha256_file(key)
+        return self._hashes[key]
+
+    def _open_beside(self, path: Path) -> Run | None:
+        key = path.resolve()
+        if key not in self._beside:
+            self._beside[key] = None
+            if path.is_file():
+                try:
+                    dump = DumpFile(path)
+                except LayerdiffError as err:
+                    self.result.problems.append(str(err))
+                else:
+                    run = Run(path=path, dump=dump, attrs=dump.attrs, label=path.stem)
+                    self.result.opened.append(run)
+                    self._beside[key] = run
+        return self._beside[key]
+
+
+def same_setting(a: Run, b: Run) -> bool:
+    """Same engine, backend, precision, device and model: what an isolated dump shares with its run."""
+    return all(str(a.attrs.get(f) or "") == str(b.attrs.get(f) or "") for f in MATCH_FIELDS)
+
+
+def setting_label(run: Run) -> str:
+    attrs = run.attrs
+    device = attrs.get("device_serial") or attrs.get("device_model") or "?"
+    setting = f"{attrs.get('backend_requested', '')}/{attrs.get('precision_requested', '')}"
+    return f"{attrs.get('engine', '')} {setting} on {device}"
+
+
+def _cumulative_pair(iso: Run, reference: Run, runs: list[Run], plan: Plan, problems: list[str]) -> int | None:
+    """Index of the plan's reference pair whose run shares the isolated dump's setting and the reference's input."""
+    def fits(run: Run) -> bool:
+        return same_setting(iso, run) and (not reference.input_key or run.input_key == reference.input_key)
+
+    pairs = [(i, p.other) for i, p in enumerate(plan.pairs) if p.kind == "reference" and fits(p.other)]
+    if pairs:
+        return min(pairs, key=lambda item: item[1].repeat)[0]
+    idle = [r.label for r in runs if fits(r)]
+    why = (f"; {idle[0]} matches but is not compared with a reference (it is one)" if idle else
+           "; pass that run's dump too to see isolated next to cumulative errors")
+    problems.append(f"{iso.path}: no compared run of {setting_label(iso)} fed the same input as "
+                    f"{reference.path.name} among the inputs{why}")
+    return None
+
+
+def _measure_layer(iso: Run, reference: Run, layer: dict, kernel: PairKernel, thresholds: Thresholds,
+                   problems: list[str]) -> dict:
+    """One isolated layer against the same layer of its reference, with the analyzer's own metrics."""
+    key = str(layer["key"])
+    row = {c: math.nan for c in TABLE_COLUMNS} | {
+        "key": key, "op_type": str(layer["op_type"]), "isolated_status": "", "isolated_reasons": "", "isolation": "",
+        "isolated_file": iso.path.name, "isolated_reference": reference.path.name,
+        "isolated_setting": f"{iso.attrs.get('backend_requested', '')}/{iso.attrs.get('precision_requested', '')}"}
+    ref_layers = reference.layers
+    hits = ref_layers.index[ref_layers["key"] == key]
+    if not len(hits):
+        return _unmeasured(row, "not_in_reference", f"{iso.path}: isolated layer {key} is not in its reference "
+                           f"{reference.path.name}", problems)
+    ref_row = ref_layers.loc[hits[0]]
+    ref_order, iso_order = int(ref_row["order"]), int(layer["order"])
+    try:
+        ref_tensor, iso_tensor = reference.dump.tensor(ref_order), iso.dump.tensor(iso_order)
+    except LayerdiffError as err:
+        return _unmeasured(row, "unreadable", str(err), problems)
+    if ref_tensor.size != iso_tensor.size:
+        return _unmeasured(row, "shape_mismatch", f"{iso.path}: isolated layer {key} has shape "
+                           f"{list(iso_tensor.shape)}, its reference {list(ref_tensor.shape)}", problems)
+    metrics = kernel.compare(ref_tensor, iso_tensor.reshape(ref_tensor.shape), reference.stats_by_order()[ref_order],
+                             iso.stats_by_order()[iso_order])
+    row["isolated_status"], row["isolated_reasons"] = classify(metrics, thresholds)
+    row.update({f"isolated_{m}": metrics[m] for m in ISOLATED_METRICS})
+    row["isolated_nonfinite_new"] = int(metrics["n_nan_new"] + metrics["n_posinf_new"] + metrics["n_neginf_new"])
+    row["reference_peak"] = max(abs(float(ref_row["min"])), abs(float(ref_row["max"])))
+    return row
+
+
+def _unmeasured(row: dict, status: str, problem: str, problems: list[str]) -> dict:
+    problems.append(problem)
+    row.update(isolated_status=status, isolated_reasons=problem)
+    return row
+
+
+def _add_cumulative(row: dict, run_label: str, pair_index: int, cumulative: dict | None) -> None:
+    """The same layer's row from the full run (if it was compared), and the blame that follows."""
+    row.update(run=run_label, pair=pair_index, status="")
+    if cumulative is not None:
+        row.update({k: cumulative[k] for k in ("position", "status", "rel_l2", "max_abs", "sqnr_db")})
+    if row["isolated_status"] in MEASURED:
+        row["isolation"] = blame(row["isolated_status"], row["status"])
+
+
+def blame(isolated_status: str, cumulative_status: str) -> str:
+    """`kernel`: off even alone; `upstream`: clean alone but off in the full run; `clean`: fine both ways."""
+    if isolated_status in ("warn", "fail"):
+        return "kernel"
+    return "upstream" if cumulative_status in ("warn", "fail") else "clean"
+
+
+def attach_isolated(table: pd.DataFrame, isolation: Isolation) -> None:
+    """Add the isolated columns to the tidy comparison table, filled on the rows of isolated layers."""
+    if isolation.table.empty:
+        return
+    for column in ATTACHED_COLUMNS:
+        table[column] = math.nan if column.startswith(("isolated_rel", "isolated_max", "isolated_sqnr")) else None
+    where = {(int(p), k): i for i, p, k, c in zip(table.index, table["pair"], table["key"], table["comparison"])
+             if c == "reference"}
+    for row in isolation.table.to_dict("records"):
+        i = where.get((int(row["pair"]), row["key"]))
+        if i is not None:
+            for column in ATTACHED_COLUMNS:
+                table.at[i, column] = row[column]
+
+
+def isolation_finding(r: dict) -> Finding:
+    """One sentence per isolated layer: the kernel is off, or the layer is fine given correct inputs."""
+    alone = (f"layer {r['key']} ({r['op_type']}) run alone on {r['isolated_setting']} with the reference's own inputs")
+    cumulative = (f"in the full run it {r['status']}s with rel L2 {_g(r['rel_l2'])}" if r["status"] in MEASURED
+                  else "the full run did not compare it")
+    if r["isolation"] == "kernel":
+        nonfinite = int(r["isolated_n_nonfinite_mismatch"] or 0)
+        size = (f"{nonfinite} NaN/Inf values" if nonfinite else
+                f"rel L2 {_g(r['isolated_rel_l2'])} (max abs {_g(r['isolated_max_abs'])})")
+        why = _cause(r) or (f" ({r['isolated_reasons']})" if r["isolated_reasons"] else "")
+        sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s, so the kernel itself is off by "
+                    f"{size} at this precision{why}; {cumulative}.")
+        severity = r["isolated_status"]
+    elif r["isolation"] == "upstream":
+        sentence = (f"Isolation in {r['run']}: {alone} passes (rel L2 {_g(r['isolated_rel_l2'])}, max abs "
+                    f"{_g(r['isolated_max_abs'])}), so this layer is fine given correct inputs; the error comes from "
+                    f"upstream ({cumulative}).")
+        severity = "info"
+    else:
+        sentence = (f"Isolation in {r['run']}: {alone} passes (rel L2 {_g(r['isolated_rel_l2'])}) and {cumulative}: "
+                    "nothing to blame here at this precision.")
+        severity = "info"
+    numbers = {"verdict": r["isolation"], "isolated_status": r["isolated_status"],
+               **{f"isolated_{m}": r[f"isolated_{m}"] for m in ISOLATED_METRICS},
+               "cumulative_status": r["status"], "cumulative_rel_l2": r["rel_l2"], "cumulative_max_abs": r["max_abs"],
+               "position": r["position"], "isolated_file": r["isolated_file"], "reference": r["isolated_reference"]}
+    return Finding("isolation", r["run"], r["key"], r["op_type"], sentence, severity=severity, numbers=numbers)
+
+
+def _cause(r: dict) -> str:
+    """What the isolated numbers say about why, when they say it plainly (fp16 range, NaN/Inf, underflow)."""
+    born, pinned, peak = r["isolated_nonfinite_new"], r["isolated_n_saturated"], r["reference_peak"]
+    if (born or pinned) and peak > FP16_MAX:
+        what = "overflows to Inf/NaN" if born else f"saturates at +-65504 ({int(pinned)} values)"
+        return f": its true output reaches {peak:.4g}, beyond fp16's 65504, so it {what} (fp16 overflow)"
+    if born:
+        return f": it produces {int(born)} NaN/Inf of its own"
+    if pinned:
+        return f": {int(pinned)} values pinned at +-65504"
+    if r["isolated_zero_collapse"] > 0.05:
+        return f": {r['isolated_zero_collapse']:.0%} of the reference's non-zero values become 0 (fp16 underflow?)"
+    return ""
+
+
+def _g(value) -> str:
+    try:
+        return f"{float(value):.3g}"
+    except (TypeError, ValueError):
+        return str(value)

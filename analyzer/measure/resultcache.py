@@ -1,0 +1,208 @@
+"""Measured comparisons kept in the user's layerdiff cache, so one set of runs is measured once.
+
+A sweep ends with its own report, and users then often run `analyze` on the same runs (another
+`-o`, `--json`): without this, every layer was read and measured twice. The expensive part of an
+analysis, `layerdiff.analyzer.measure.compare.compare_all` (alignment + every metric of every layer), is stored as
+one `results-<key>.json` entry of the cache that also holds conversions (`layerdiff.analyzer.importers.convcache`: the
+user's private XDG cache directory, bounded least-recently-used first, shown and emptied by
+`analyze cache`), and reused when the same dumps are analyzed with the same options.
+
+The key covers everything the measurement depends on: each dump's path, size, modification time
+and inode (a rewritten dump gets a new key), the pairing, the name rules, the thresholds and the
+analyzer's own code (a hash of its sources, so a changed metric or alignment is never answered from
+an entry measured by older code, even in a development install where the version stays the same). Entries are plain JSON (never pickle: a cache must not be able to run code), written
+one column at a time (a 50,000-layer table is never a second time in memory as Python lists);
+numeric columns are the base64 of their bytes (as JSON numbers they loaded as a Python float per
+cell: 56 MB at 50,000 layers, over the memory bound of a whole analysis), and
+any entry that does not load is ignored and recomputed. A cache that cannot be used (read-only,
+owned by someone else) is never an error: the analysis just is not stored.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from layerdiff.analyzer.importers import convcache
+from layerdiff.analyzer.align.byname import NameRules, PairAlignment
+from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.align.graph import build_graph
+from layerdiff.analyzer.report.outdir import atomic_write_chunks
+from layerdiff.analyzer.runs.reference import Plan
+from layerdiff.analyzer.findings.verdict import Thresholds
+
+PREFIX = "results-"
+FORMAT = 3  # 1: a JSON file per folder of dumps (.layerdiff-cache/); 2: entries of the user's cache; 3: numeric columns as bytes
+TUPLE_COLUMNS = ("base_shape", "other_shape")
+NUMERIC_KINDS = "iubf"
+NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def cache_key(plan: Plan, rules: NameRules, thresholds: Thresholds) -> str:
+    runs = {id(r): r for p in plan.pairs for r in (p.base, p.other)}
+    files = []
+    for run in runs.values():
+        st = run.path.stat()
+        files.append([str(run.path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, run.label])
+    identity = {
+        "code": code_fingerprint(), "files": sorted(files),
+        "pairs": [[str(p.base.path.resolve()), str(p.other.path.resolve()), p.kind] for p in plan.pairs],
+        "rules": [sorted(rules.name_map.items()), [[r.pattern, s] for r, s in rules.regex], rules.builtin],
+        "thresholds": thresholds.as_dict(),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A hash of every analyzer source file: what produced a stored measurement (~1 ms)."""
+    package = Path(__file__).resolve().parents[1]  # the whole analyzer package, every room
+    digest = hashlib.sha256()
+    for source in sorted(package.rglob("*.py")):
+        digest.update(source.relative_to(package).as_posix().encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def entry_path(key: str) -> Path | None:
+    """Where the entry for `key` lives, or None when the user's cache cannot be used."""
+    try:
+        return convcache.cache_dir() / f"{PREFIX}{key}.json"
+    except (LayerdiffError, OSError):
+        return None
+
+
+def load(plan: Plan, key: str) -> Comparison | None:
+    """The stored comparison for `key` attached to this plan, or None (absent, damaged, stale)."""
+    path = entry_path(key)
+    if path is None:
+        return None
+    try:
+        doc = orjson.loads(path.read_bytes())
+        if doc.get("key") != key or doc.get("format") != FORMAT or len(doc["alignments"]) != len(plan.pairs):
+            return None
+        alignments = [PairAlignment(**{part: _frame(a[part]) for part in ("matched", "only_base", "only_other")})
+                      for a in doc["alignments"]]
+        table = _frame(doc.pop("table"))
+        runs = {id(r): r for p in plan.pairs for r in (p.base, p.other)} | {id(plan.reference): plan.reference}
+        graphs = {run.label: build_graph(run.layers) for run in runs.values()}
+        convcache.touch(path)  # recently used entries survive the trimming
+        return Comparison(plan=plan, table=table, alignments=alignments, graphs=graphs,
+                          problems=[str(p) for p in doc["problems"]])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+
+
+def store(comparison: Comparison, key: str) -> None:
+    path = entry_path(key)
+    if path is None:
+        return
+    try:
+        atomic_write_chunks(path, _document(comparison, key))
+        convcache.trim(keep=path)
+    except (OSError, LayerdiffError):
+        pass
+
+
+def _document(comparison: Comparison, key: str) -> Iterator[bytes]:
+    head = {"key": key, "format": FORMAT, "problems": comparison.problems}
+    yield orjson.dumps(head)[:-1] + b',"alignments":['
+    for i, alignment in enumerate(comparison.alignments):
+        yield b"," if i else b""
+        yield b'{"matched":'
+        yield from _columns(alignment.matched)
+        yield b',"only_base":'
+        yield from _columns(alignment.only_base)
+        yield b',"only_other":'
+        yield from _columns(alignment.only_other)
+        yield b"}"
+    yield b'],"table":'
+    yield from _columns(comparison.table)
+    yield b"}"
+
+
+def _columns(frame: pd.DataFrame) -> Iterator[bytes]:
+    """{"columns": [...], "data": {column: cells}, "special": [...]}, one column serialized at a
+    time. cells is {"dtype", "base64"} for a numeric column (NaN and infinities kept as bytes),
+    {"strings", "codes"} for a column of texts, else a JSON list; "special" names the list columns
+    holding NaN or infinities, written as {"f": "nan"|"inf"|"-inf"} (JSON has no such numbers; a
+    dict is never a table cell, so no string can be mistaken for one)."""
+    yield orjson.dumps({"columns": [str(c) for c in frame.columns]})[:-1] + b',"data":{'
+    special = []
+    for i, column in enumerate(frame.columns):
+        data, nonfinite = _column(frame[column])
+        if nonfinite:
+            special.append(str(column))
+        yield (b"," if i else b"") + orjson.dumps(str(column)) + b":" + data
+    yield b'},"special":' + orjson.dumps(special) + b"}"
+
+
+def _column(series: pd.Series) -> tuple[bytes, bool]:
+    """A column's cells as JSON (see `_columns`), and whether it needed the non-finite encoding."""
+    values = series.to_numpy()
+    if values.dtype.kind in NUMERIC_KINDS:  # NaN and infinities included: bytes, not JSON numbers
+        return orjson.dumps(_packed(values)), False
+    if len(values) and all(type(v) is str for v in values):  # each distinct text once, the rows as codes
+        codes, texts = pd.factorize(values)
+        return orjson.dumps({"strings": texts.tolist(), "codes": _packed(codes.astype(np.int32))}), False
+    cells = [_plain(v) for v in values.tolist()]
+    return orjson.dumps(cells), any(isinstance(v, dict) for v in cells)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"f": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+    if hasattr(value, "item"):
+        return _plain(value.item())
+    if isinstance(value, (tuple, set)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (str, int, float, bool, list, dict)) or value is None:
+        return value
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def _frame(doc: dict) -> pd.DataFrame:
+    data = doc["data"]
+    for column, cells in data.items():
+        if isinstance(cells, dict) and "strings" in cells:
+            data[column] = _texts(cells)
+        elif isinstance(cells, dict):
+            data[column] = _unpacked(cells)
+    for column in doc["special"]:
+        data[column] = [NON_FINITE[v["f"]] if isinstance(v, dict) else v for v in data[column]]
+    for column in TUPLE_COLUMNS:
+        if column in data:
+            data[column] = [tuple(v) if isinstance(v, list) else v for v in data[column]]
+    return pd.DataFrame(data, columns=doc["columns"])
+
+
+def _packed(values: np.ndarray) -> dict:
+    values = np.ascontiguousarray(values)
+    return {"dtype": values.dtype.str, "base64": base64.b64encode(values.tobytes()).decode("ascii")}
+
+
+def _texts(cells: dict) -> np.ndarray:
+    """A text column from its distinct texts and row codes: equal cells share one str (a str per
+    cell was most of a stored 50,000-layer entry's memory)."""
+    texts = np.empty(len(cells["strings"]), dtype=object)
+    texts[:] = [str(t) for t in cells["strings"]]
+    codes = _unpacked(cells["codes"])
+    if codes.dtype.kind not in "iu" or (codes.size and (int(codes.min()) < 0 or int(codes.max()) >= texts.size)):
+        raise ValueError("stored text codes out of range")
+    return texts[codes]
+
+
+def _unpacked(packed: dict) -> np.ndarray:
+    """A numeric column from its stored bytes; any other type is refused (the entry is then ignored)."""
+    dtype = np.dtype(packed["dtype"])
+    if dtype.kind not in NUMERIC_KINDS:
+        raise ValueError(f"stored column of type {dtype} is not numeric")
+    return np.frombuffer(base64.b64decode(packed["base64"], validate=True), dtype=dtype).copy()  # writable, like a measured column

@@ -1,0 +1,55 @@
+"""The report directory: checked before any work, written file by file under temporary names.
+
+A report is often regenerated in place; a crash half-way must not leave a truncated index.html
+next to a fresh summary.csv, so each file appears only when complete. A directory that holds
+something other than a previous report is never written into without `--force`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+from layerdiff.analyzer.formats.diskspace import writing
+from layerdiff.errors import LayerdiffError
+
+REPORT_MARKERS = ("index.html", "results.json", "summary.csv")
+
+
+def prepare_out_dir(path: Path | str, force: bool = False) -> Path:
+    """Create the report directory, refusing a file or a non-empty directory that is not a report."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise LayerdiffError(f"{out}: exists and is not a directory; choose another -o")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        if not any((out / name).exists() for name in REPORT_MARKERS):
+            raise LayerdiffError(f"{out}: directory is not empty and holds no layerdiff report; "
+                                 "choose another -o or pass --force")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise LayerdiffError(f"{out}: cannot create the report directory ({err.strerror})") from None
+    return out
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to `.<name>.partial` beside the target, then rename over it."""
+    atomic_write_chunks(path, [data], len(data))
+
+
+def atomic_write_chunks(path: Path, chunks: Iterable[bytes], need: int = 0) -> None:
+    """`atomic_write_bytes` for a file produced piece by piece, so it is never whole in memory."""
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        with writing(path, need):
+            with open(tmp, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk never leaves a 0-byte .partial behind
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))

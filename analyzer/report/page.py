@@ -1,0 +1,298 @@
+"""The report directory: index.html (self-contained, images inline), tables, plots and results.json.
+
+index.html reads top-down the way a user asks: is it broken (verdict), where and why (findings),
+which runs (matrix), how it evolves (plots), every number (tables, folded). Long lists are
+summarized first and folded in <details>, so a sweep of 20 inputs x 2 configurations stays one
+readable page. The page has no external resources: it opens offline, from an e-mail attachment.
+"""
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from layerdiff.analyzer.analysis import Analysis, analyze_paths
+from layerdiff.analyzer.findings.divergence import Finding
+from layerdiff.analyzer.report.fixsection import fix_html
+from layerdiff.analyzer.report.interactive import error_chart_parts, layer_table_parts
+from layerdiff.analyzer.report.outdir import atomic_write_bytes, atomic_write_chunks, prepare_out_dir
+from layerdiff.analyzer.report.results import build_results, dump_chunks, dumps
+from layerdiff.analyzer.report.tables import (LAYER_VIEW, isolation_table, layer_matrix, layer_view, reference_rows, sweep_matrix,
+                             to_html, unmatched_table, write_tables)
+from layerdiff.analyzer.findings.verdict import worst
+
+SHOWN_PER_KIND = 3
+MAX_RANGE_LINES = 6
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
+h1{margin-bottom:4px} .verdict{font-size:1.4em;padding:10px 16px;border-radius:6px;color:#fff;margin:12px 0}
+.v-pass{background:#2e7d32}.v-warn{background:#ef6c00}.v-fail{background:#c62828}.v-none{background:#616161}
+ul.findings li{margin:4px 0} .sev-fail{color:#b71c1c}.sev-warn{color:#e65100}.sev-info{color:#37474f}
+table.data{border-collapse:collapse;font-size:12px;margin:6px 0} table.data td,table.data th{border:1px solid #ddd;padding:2px 6px;text-align:right}
+table.data th{background:#f3f3f3;position:sticky;top:0} table.data td:first-child{text-align:left}
+td.s-pass{background:#e8f5e9}td.s-warn{background:#fff3e0}td.s-fail{background:#ffebee}
+details{margin:6px 0} summary{cursor:pointer;font-weight:600} img{max-width:100%;border:1px solid #eee;margin:6px 0}
+.problems{background:#fff8e1;border-left:4px solid #ffb300;padding:6px 12px} code{background:#f5f5f5;padding:0 3px}
+"""
+
+
+def report_paths(paths, out_dir: Path | str, *, force: bool = False,
+                 on_analyzed: Callable[[Analysis], None] | None = None, **analyze_options) -> Analysis:
+    """What `analyze` and a finished sweep both do: check the report directory, analyze, write it.
+
+    The report directory is checked first so a bad `-o` fails before any dump is read. The
+    caller owns (and closes) the returned Analysis, e.g. to print a summary or JSON.
+    `on_analyzed` sees the analysis before the files are drawn and written (a sweep prints its
+    verdict there, so the user reads it without waiting for the plots).
+    """
+    out = prepare_out_dir(out_dir, force=force)
+    analysis = analyze_paths(paths, **analyze_options)
+    try:
+        if on_analyzed is not None:
+            on_analyzed(analysis)
+        write_report(analysis, out)
+    except BaseException:
+        analysis.close()
+        raise
+    return analysis
+
+
+def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
+    """Write every report file into `out_dir` (already prepared); returns name -> path."""
+    comparison = analysis.comparison
+    write_tables(out_dir, analysis.summary, comparison, analysis.findings)
+    images = _draw(analysis)
+    for name, data in images.items():
+        atomic_write_bytes(out_dir / f"{name}.png", data)
+    atomic_write_chunks(out_dir / "results.json", dump_chunks(results_document(analysis)))
+    atomic_write_chunks(out_dir / "index.html", (part.encode("utf-8") for part in html_parts(analysis, images)))
+    names = ["index.html", "summary.csv", "runs.csv", "summary.md", "results.json", *(f"{n}.png" for n in images)]
+    return {name: out_dir / name for name in names}
+
+
+def _draw(analysis: Analysis) -> dict[str, bytes]:
+    """Every figure that has data; error_by_layer always exists (empty axes when nothing compared).
+
+    matplotlib is imported here, not with this module: a sweep prints its verdict before drawing."""
+    from layerdiff.analyzer.report.plots import error_by_layer, heatmap, per_input_bars, value_range
+
+    rows = reference_rows(analysis.comparison)
+    measured = rows[rows["status"].isin(["pass", "warn", "fail"])]
+    first = {f.run: f.layer for f in analysis.findings if f.kind == "first_divergence"}
+    images = {"error_by_layer": error_by_layer(measured, first, isolated=isolation_table(analysis.comparison))}
+    matrix = layer_matrix(analysis.comparison)
+    if not matrix.empty:
+        images["heatmap"] = heatmap(matrix)
+    images["value_range"] = value_range(_ranges(analysis))
+    focus = _failure_focus(analysis)
+    if focus is not None:
+        images["failure_source"] = focus
+    compared = analysis.summary[analysis.summary["role"] == "compared"]
+    if compared.groupby("config")["input"].nunique().max() > 1 if len(compared) else False:
+        images["per_input"] = per_input_bars(analysis.summary)
+    return images
+
+
+def _ranges(analysis: Analysis) -> dict[str, pd.DataFrame]:
+    """The reference first, then one run per other configuration (first input), for the range plot."""
+    plan = analysis.comparison.plan
+    chosen = {plan.reference.label: plan.reference.layers}
+    seen = {plan.reference.config}
+    for pair in plan.pairs:
+        run = pair.other
+        if run.config not in seen and run.input_key == plan.reference.input_key and len(chosen) < MAX_RANGE_LINES:
+            seen.add(run.config)
+            chosen[run.label] = run.layers
+    return chosen
+
+
+FOCUS_POINTS = 20000
+
+
+def _failure_focus(analysis: Analysis) -> bytes | None:
+    """Histogram + scatter for the first failure source (else first divergence), sampled from disk.
+
+    Only `FOCUS_POINTS` elements of each tensor are read (`DumpFile.sample`), at the same flat
+    positions in both, so a 256 MB layer costs a few hundred short reads, not a float64 copy."""
+    finding = next((f for kind in ("failure_source", "first_divergence") for f in analysis.findings
+                    if f.kind == kind), None)
+    if finding is None:
+        return None
+    table = analysis.comparison.table
+    row = table[(table["run"] == finding.run) & (table["key"] == finding.layer)
+                & (table["comparison"] == "reference")]
+    if row.empty:
+        return None
+    index = int(row.iloc[0]["pair"])
+    pair = analysis.comparison.plan.pairs[index]
+    matched = analysis.comparison.alignments[index].matched
+    hit = matched[matched["key"] == finding.layer]
+    if hit.empty:
+        return None
+    try:
+        ref = pair.base.dump.sample(int(hit.iloc[0]["base_order"]), FOCUS_POINTS)
+        run = pair.other.dump.sample(int(hit.iloc[0]["other_order"]), FOCUS_POINTS)
+    except Exception:  # a plot is never worth failing the report for
+        return None
+    if ref.size != run.size:
+        return None
+    from layerdiff.analyzer.report.plots import failure_layer
+
+    return failure_layer(ref, run, f"{finding.kind.replace('_', ' ')}: {finding.layer} ({finding.op_type}) in {finding.run}")
+
+
+def render_html(analysis: Analysis, images: dict[str, bytes]) -> str:
+    """The whole page as one string."""
+    return "".join(html_parts(analysis, images))
+
+
+def html_parts(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str]:
+    """The page in pieces, each section built only when the previous one is written (a 50,000-layer
+    page is tens of MB: joined and encoded whole it was counted two more times at the peak)."""
+    for i, piece in enumerate(_sections(analysis, images)):
+        if i:
+            yield "\n"
+        if isinstance(piece, str):
+            yield piece
+        else:  # a section that comes in pieces itself
+            yield from piece
+
+
+def _sections(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str | Iterator[str]]:
+    plan = analysis.comparison.plan
+    verdict = _overall(analysis.summary)
+    yield f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>layerdiff report</title><style>{CSS}</style></head><body>"
+    yield "<h1>layerdiff report</h1>"
+    yield (f"<div class='verdict v-{verdict if verdict in ('pass', 'warn', 'fail') else 'none'}'>Verdict: {verdict.upper()}"
+           f" &mdash; {_counts_line(analysis.summary)}</div>")
+    yield (f"<p>Reference: <b>{_e(plan.reference.label)}</b> (<code>{_e(plan.reference.path.name)}</code>; {_e(plan.reason)})."
+           f" Runs on other inputs are compared with the reference configuration's run on the same input.</p>")
+    if analysis.problems:
+        yield ("<div class='problems'><b>Problems</b><ul>" +
+               "".join(f"<li>{_e(p)}</li>" for p in analysis.problems) + "</ul></div>")
+    yield from ["<h2>Findings</h2>", _findings_html(analysis.findings)]
+    yield from ["<h2>Runs</h2>", _runs_html(analysis.summary)]
+    yield from _isolation_html(analysis)
+    yield from fix_html([run.path for run in analysis.runs])
+    yield "<h2>Plots</h2>"
+    yield _chart_parts(analysis)
+    yield from (_img(name, data) for name, data in images.items())
+    yield "<h2>Details</h2>"
+    yield _layers_parts(analysis)
+    yield _unmatched_html(analysis)
+    yield _provenance_html(analysis)
+    yield "</body></html>"
+
+
+def _overall(summary: pd.DataFrame) -> str:
+    verdicts = summary.loc[summary["role"] == "compared", "verdict"]
+    measured = [v for v in verdicts if v in ("pass", "warn", "fail")]
+    return worst(measured) if measured else "nothing compared"
+
+
+def _counts_line(summary: pd.DataFrame) -> str:
+    verdicts = summary.loc[summary["role"] == "compared", "verdict"].value_counts()
+    parts = [f"{int(verdicts.get(v, 0))} {v}" for v in ("fail", "warn", "pass") if verdicts.get(v, 0)]
+    return f"{int((summary['role'] == 'compared').sum())} run(s) compared: " + (", ".join(parts) or "none measured")
+
+
+def _findings_html(findings: list[Finding]) -> str:
+    """Per kind: the first few sentences, the rest folded."""
+    if not findings:
+        return "<p>No findings: every compared layer passes.</p>"
+    by_kind: dict[str, list[Finding]] = {}
+    for f in findings:
+        by_kind.setdefault(f.kind, []).append(f)
+    out = []
+    for kind, items in by_kind.items():
+        shown = "".join(f"<li class='sev-{f.severity}'>{_e(f.sentence)}</li>" for f in items[:SHOWN_PER_KIND])
+        out.append(f"<h3>{_e(kind.replace('_', ' '))} ({len(items)})</h3><ul class='findings'>{shown}</ul>")
+        if len(items) > SHOWN_PER_KIND:
+            rest = "".join(f"<li class='sev-{f.severity}'>{_e(f.sentence)}</li>" for f in items[SHOWN_PER_KIND:])
+            out.append(f"<details><summary>{len(items) - SHOWN_PER_KIND} more</summary><ul class='findings'>{rest}</ul></details>")
+    return "\n".join(out)
+
+
+def _runs_html(summary: pd.DataFrame) -> str:
+    """The sweep matrix (configuration x input), then every run's summary folded."""
+    matrix = sweep_matrix(summary)
+    full = to_html(summary.drop(columns=["file"]))
+    return (to_html(matrix) + f"<details><summary>All runs, all summary columns ({len(summary)})</summary>{full}</details>")
+
+
+def _isolation_html(analysis: Analysis) -> list[str]:
+    """Isolated layers, cumulative next to isolated error (not folded: they answer the report's question)."""
+    table = isolation_table(analysis.comparison)
+    if table.empty:
+        return []
+    files = sorted(set(table["isolated_file"]))
+    return ["<h2>Isolation</h2>",
+            f"<p>Each layer below was also run alone on its run's backend and precision, fed the reference's own "
+            f"input tensors ({_e(', '.join(files))}). <code>kernel</code>: off even alone; <code>upstream</code>: "
+            "fine alone, so its error in the full run comes from earlier layers.</p>", to_html(table)]
+
+
+def _layers_parts(analysis: Analysis) -> Iterator[str]:
+    """Every layer of every run in one interactive table (layerdiff.analyzer.report.interactive), then repeats."""
+    table = reference_rows(analysis.comparison)
+    columns = layer_view(table)
+    rows = _by_run_and_position(table[list(dict.fromkeys([*columns, "run", "position"]))])
+    bad = int(rows["status"].isin(["fail", "warn"]).sum())
+    yield (f"<h3>Layers ({len(rows)} rows, {bad} warn/fail)</h3>"
+           "<p>Search, filter by run, op type or status in the panes, click a header to sort.</p>\n")
+    yield from layer_table_parts(rows, columns)
+    repeats = analysis.comparison.table[analysis.comparison.table["comparison"] == "repeat"]
+    if len(repeats):
+        yield (f"\n<details><summary>Repeat-vs-repeat comparisons ({len(repeats)} rows)</summary>"
+               f"{to_html(repeats[LAYER_VIEW])}</details>")
+
+
+def _by_run_and_position(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows.sort_values(["run", "position"], kind="stable")`, without the copy when already in that
+    order (one run's rows usually are: a sorted copy of a 50,000-layer table was ~15 MB)."""
+    order = np.lexsort((rows["position"].to_numpy(), pd.factorize(rows["run"], sort=True)[0]))
+    return rows if bool((order == np.arange(len(order))).all()) else rows.iloc[order]
+
+
+def _chart_parts(analysis: Analysis) -> Iterator[str]:
+    """The zoomable error-over-depth chart of every measured layer (the PNG below stays for print/e-mail)."""
+    rows = reference_rows(analysis.comparison)
+    measured = rows["status"].isin(["pass", "warn", "fail"])
+    return error_chart_parts(rows.loc[measured, ["run", "key", "position", "rel_l2"]])  # not a copy of every column
+
+
+def _unmatched_html(analysis: Analysis) -> str:
+    table = unmatched_table(analysis.comparison)
+    return f"<details><summary>Unmatched layers ({len(table)})</summary>{to_html(table)}</details>"
+
+
+def _provenance_html(analysis: Analysis) -> str:
+    rows = [{"run": r.label, "file": r.path.name, **{k: r.attrs.get(k, "") for k in
+             ("device_model", "device_serial", "engine", "engine_version", "backend_requested", "backend_actual",
+              "precision_requested", "precision_effective", "input_label", "repeat", "complete", "infer_ms")}}
+            for r in analysis.runs + analysis.sources.isolated]
+    return f"<details><summary>Provenance ({len(rows)} dumps)</summary>{to_html(pd.DataFrame(rows))}</details>"
+
+
+def _img(name: str, data: bytes) -> str:
+    encoded = base64.b64encode(data).decode("ascii")
+    return f"<figure><img alt='{_e(name)}' src='data:image/png;base64,{encoded}'><figcaption>{_e(name.replace('_', ' '))}</figcaption></figure>"
+
+
+def _e(text) -> str:
+    return html.escape(str(text))
+
+
+def console_json(analysis: Analysis) -> str:
+    """What `--json` prints: the same document as results.json."""
+    return dumps(results_document(analysis))
+
+
+def results_document(analysis: Analysis) -> dict:
+    return build_results(analysis.comparison, analysis.runs, analysis.findings, analysis.summary,
+                         analysis.thresholds, analysis.problems, analysis.isolation.matched)
+

@@ -1,0 +1,254 @@
+"""Tables: the tidy per-layer x per-run frame, the per-run summary, and the sweep matrices.
+
+Every table and plot is cut from one tidy DataFrame (one row per layer x run), so the CSV, the
+Markdown, the HTML page and `--json` can never disagree. Markdown is written here (no `tabulate`
+dependency); HTML comes from pandas.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import Iterator
+
+import pandas as pd
+
+from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.findings.divergence import Finding
+from layerdiff.analyzer.report.outdir import atomic_write_chunks, atomic_write_text
+from layerdiff.analyzer.runs.sources import Run
+from layerdiff.analyzer.findings.verdict import Thresholds, dense_output_beyond, run_verdict
+
+SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "verdict", "verdict_reason",
+                   "layers_compared", "n_pass", "n_warn", "n_fail", "n_other", "only_in_reference", "only_in_run",
+                   "first_divergence", "first_divergence_op", "first_fail", "first_fail_op", "worst_layer",
+                   "worst_rel_l2", "output_beyond_tolerance", "output_rel_l2",
+                   "output_sqnr_db", "top1", "top5", "backend_actual", "precision_effective", "complete", "file"]
+CHUNK_ROWS = 2000  # rows formatted at a time when writing big tables
+LAYER_VIEW = ["run", "position", "key", "op_type", "status", "rel_l2", "sqnr_db", "cosine", "max_abs", "mean_abs",
+              "median_abs", "p99_abs", "max_rel", "mean_rel", "pass_fraction", "n_nonfinite_mismatch",
+              "zero_collapse", "n_saturated", "growth", "top1", "top5", "shape", "run_shape", "reasons"]
+# With isolated dumps among the inputs, each cumulative number sits next to its isolated twin.
+ISOLATED_PAIRS = {"status": "isolated_status", "rel_l2": "isolated_rel_l2", "max_abs": "isolated_max_abs"}
+ISOLATION_VIEW = ["run", "position", "key", "op_type", "status", "isolated_status", "rel_l2", "isolated_rel_l2",
+                  "max_abs", "isolated_max_abs", "sqnr_db", "isolated_sqnr_db", "isolation", "isolated_file"]
+
+
+def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding],
+                thresholds: Thresholds | None = None) -> pd.DataFrame:
+    """One row per run: its role, verdict, counts, first divergence and output quality."""
+    plan = comparison.plan
+    ref_ids = {id(r) for r in plan.references.values()}
+    first = {f.run: f for f in findings if f.kind == "first_divergence"}
+    rows = []
+    for run in runs:
+        index = next((i for i, p in enumerate(plan.pairs) if p.other is run and p.kind == "reference"), None)
+        row = _identity(run, "reference" if id(run) in ref_ids else "compared")
+        if index is None:
+            if id(run) not in ref_ids:
+                row["role"] = "repeat" if any(p.other is run for p in plan.pairs) else "not compared"
+            if row["role"] == "not compared":  # said with the input key the pairing used
+                row["verdict"], row["verdict_reason"] = "not compared", plan.uncompared.get(run.label, "")
+            rows.append(row)
+            continue
+        row.update(_pair_summary(comparison, index, thresholds))
+        hit = first.get(run.label)
+        row["first_divergence"], row["first_divergence_op"] = (hit.layer, hit.op_type) if hit else ("", "")
+        fail = hit.numbers.get("first_fail", "") if hit else ""
+        row["first_fail"], row["first_fail_op"] = fail, hit.numbers.get("first_fail_op", "") if fail else ""
+        rows.append(row)
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _identity(run: Run, role: str) -> dict:
+    return {
+        "run": run.label, "role": role, "reference": "", "config": run.config_label,
+        "input": str(run.attrs.get("input_label", "")), "repeat": run.repeat,
+        "verdict": role if role == "reference" else "", "backend_actual": run.backend,
+        "precision_effective": str(run.attrs.get("precision_effective", "")),
+        "complete": bool(run.dump.complete), "file": run.path.name,
+    }
+
+
+def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | None = None) -> dict:
+    rows = comparison.pair_rows(index)
+    alignment = comparison.alignments[index]
+    pair = comparison.plan.pairs[index]
+    status = rows["status"]
+    measured = rows[status.isin(["pass", "warn", "fail"])]
+    outputs = measured[measured["is_output"]]
+    worst_row = measured.loc[measured["rel_l2"].idxmax()] if measured["rel_l2"].notna().any() else None
+    verdict, why = run_verdict(status, outputs, thresholds) if len(measured) else ("not compared", _unmeasured(rows, pair))
+    return {
+        "reference": pair.base.label,
+        "verdict": verdict, "verdict_reason": why,
+        "output_beyond_tolerance": dense_output_beyond(outputs),
+        "layers_compared": int(len(rows)), "n_pass": int((status == "pass").sum()),
+        "n_warn": int((status == "warn").sum()), "n_fail": int((status == "fail").sum()),
+        "n_other": int((~status.isin(["pass", "warn", "fail"])).sum()),
+        "only_in_reference": int(len(alignment.only_base)), "only_in_run": int(len(alignment.only_other)),
+        "worst_layer": "" if worst_row is None else worst_row["key"],
+        "worst_rel_l2": math.nan if worst_row is None else float(worst_row["rel_l2"]),
+        "output_rel_l2": float(outputs["rel_l2"].max()) if len(outputs) else math.nan,
+        "output_sqnr_db": float(outputs["sqnr_db"].min()) if len(outputs) else math.nan,
+        "top1": float(outputs["top1"].min()) if len(outputs) else math.nan,
+        "top5": float(outputs["top5"].min()) if len(outputs) else math.nan,
+    }
+
+
+def _unmeasured(rows: pd.DataFrame, pair) -> str:
+    """Why a paired run has no measured layer: nothing matched, or every match was unmeasurable."""
+    if rows.empty:
+        return (f"no layer in common with {pair.base.label}: names differ and no layer matched by structure "
+                "(another model? try --name-map or --rename)")
+    counts = rows["status"].value_counts()
+    return f"{len(rows)} layer(s) matched, none measurable (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
+
+
+def layer_view(table: pd.DataFrame) -> list[str]:
+    """LAYER_VIEW, with `isolated_<metric>` right after `<metric>` when the table has isolated layers."""
+    columns = []
+    for column in LAYER_VIEW:
+        columns.append(column)
+        if ISOLATED_PAIRS.get(column) in table.columns:
+            columns.append(ISOLATED_PAIRS[column])
+    return columns
+
+
+def isolation_table(comparison: Comparison) -> pd.DataFrame:
+    """Only the isolated layers, cumulative and isolated columns side by side (empty without isolation)."""
+    table = reference_rows(comparison)
+    if "isolated_status" not in table.columns:
+        return pd.DataFrame(columns=ISOLATION_VIEW)
+    rows = table[table["isolated_status"].notna() & (table["isolated_status"] != "")]
+    return rows[ISOLATION_VIEW].sort_values(["run", "position"]).reset_index(drop=True)
+
+
+def reference_rows(comparison: Comparison) -> pd.DataFrame:
+    """Rows of run-vs-reference comparisons (repeat-vs-repeat rows feed only nondeterminism).
+
+    The table itself when it has no repeat rows (the usual case): a filtered copy of a 50,000-layer
+    table is tens of MB, and the report asks for these rows several times."""
+    table = comparison.table
+    if len(table) == 0 or "comparison" not in table.columns:
+        return table
+    wanted = table["comparison"] == "reference"
+    return table if bool(wanted.all()) else table[wanted]
+
+
+def layer_matrix(comparison: Comparison, value: str = "rel_l2") -> pd.DataFrame:
+    """Runs x layers (columns in execution order) of one metric: the heatmap and the wide table."""
+    rows = reference_rows(comparison)
+    if rows.empty:
+        return pd.DataFrame()
+    wide = rows.pivot_table(index="run", columns="key", values=value, aggfunc="first", sort=False)
+    order = rows.groupby("key")["position"].min().sort_values().index
+    return wide.reindex(columns=[k for k in order if k in wide.columns])
+
+
+def sweep_matrix(summary: pd.DataFrame) -> pd.DataFrame:
+    """Rows: configuration x input; columns: the summary metrics people scan a sweep for."""
+    compared = summary[summary["role"] == "compared"]
+    columns = ["config", "input", "repeat", "verdict", "n_fail", "n_warn", "first_divergence",
+               "output_rel_l2", "output_sqnr_db", "top1", "top5"]
+    return compared[columns].sort_values(["config", "input", "repeat"]).reset_index(drop=True)
+
+
+def unmatched_table(comparison: Comparison) -> pd.DataFrame:
+    """Layers present on one side only, per pair, with the reason when it is a known engine habit."""
+    parts = []
+    for pair, alignment in zip(comparison.plan.pairs, comparison.alignments):
+        for side, frame, owner in (("reference only", alignment.only_base, pair.base),
+                                   ("run only", alignment.only_other, pair.other)):
+            if len(frame):
+                parts.append(frame.assign(run=pair.other.label, side=side, file=owner.path.name))
+    if not parts:
+        return pd.DataFrame(columns=["run", "side", "key", "op_type", "why", "file"])
+    return pd.concat(parts, ignore_index=True)[["run", "side", "key", "op_type", "why", "file"]]
+
+
+def format_number(value) -> str:
+    """Four significant digits, `inf`/`nan` spelled out, integers as integers."""
+    if isinstance(value, bool) or value is None:
+        return "" if value is None else str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def to_markdown(frame: pd.DataFrame) -> str:
+    """A GitHub-flavoured Markdown table; pipes in cells are escaped."""
+    return "".join(markdown_chunks(frame))
+
+
+def markdown_chunks(frame: pd.DataFrame, rows: int = CHUNK_ROWS) -> Iterator[str]:
+    """`to_markdown` in pieces of `rows` rows: a 50,000-layer table formatted whole was ~50 MB of strings."""
+    if frame.empty:
+        yield "_(none)_\n"
+        return
+    yield "| " + " | ".join(str(c) for c in frame.columns) + " |\n"
+    yield "|" + "|".join("---" for _ in frame.columns) + "|\n"
+    for start in range(0, len(frame), rows):
+        part = frame.iloc[start:start + rows]
+        cells = [_formatted_column(part[c], markdown=True) for c in part.columns]
+        yield "".join("| " + " | ".join(row) + " |\n" for row in zip(*cells))
+
+
+def csv_chunks(frame: pd.DataFrame, rows: int = CHUNK_ROWS) -> Iterator[bytes]:
+    """`frame.to_csv(index=False)` in pieces of `rows` rows (the same text, never whole in memory)."""
+    if len(frame) == 0:
+        yield frame.to_csv(index=False).encode("utf-8")
+    for start in range(0, len(frame), rows):
+        yield frame.iloc[start:start + rows].to_csv(index=False, header=start == 0).encode("utf-8")
+
+
+def _formatted_column(series: pd.Series, markdown: bool = False) -> list[str]:
+    """`format_number` of every cell, a column at a time (`tolist` gives Python scalars in one call,
+    so a 10,000-layer table is not formatted through per-cell pandas/numpy access)."""
+    out = [format_number(v) for v in series.tolist()]
+    if markdown and series.dtype.kind not in "iufb":
+        out = [t.replace("|", "\\|").replace("\n", " ") for t in out]
+    return out
+
+
+def to_html(frame: pd.DataFrame, css_class: str = "data") -> str:
+    """An HTML table with the same number formatting as Markdown; status cells get a class for colour."""
+    if frame.empty:
+        return "<p><em>(none)</em></p>"
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    columns = []
+    for column in frame.columns:
+        texts = [html.escape(t) for t in _formatted_column(frame[column])]
+        if column in ("status", "verdict", "isolated_status"):
+            columns.append([f'<td class="s-{t}">{t}</td>' for t in texts])
+        else:
+            columns.append([f"<td>{t}</td>" for t in texts])
+    lines = ["<tr>" + "".join(row) + "</tr>" for row in zip(*columns)]
+    return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
+
+
+def write_tables(out_dir, summary: pd.DataFrame, comparison: Comparison, findings: list[Finding]) -> None:
+    """summary.csv (every layer x run, all metrics) and summary.md (summary, findings, layers)."""
+    atomic_write_chunks(out_dir / "summary.csv", csv_chunks(comparison.table))
+    atomic_write_text(out_dir / "runs.csv", summary.to_csv(index=False))
+    atomic_write_chunks(out_dir / "summary.md", (part.encode("utf-8") for part in _markdown_parts(summary, comparison, findings)))
+
+
+def _markdown_parts(summary: pd.DataFrame, comparison: Comparison, findings: list[Finding]) -> Iterator[str]:
+    yield from ["# layerdiff report\n", f"Reference: **{comparison.plan.reference.label}** "
+                f"({comparison.plan.reason})\n", "## Runs\n",
+                to_markdown(summary[["run", "role", "verdict", "n_fail", "n_warn", "first_divergence",
+                                     "first_divergence_op", "output_rel_l2", "top1", "top5"]]),
+                "\n## Findings\n", *(f"- {f.sentence}\n" for f in findings)]
+    isolated = isolation_table(comparison)
+    if len(isolated):
+        yield from ["\n## Isolation (cumulative vs isolated: the layer fed the reference's own inputs)\n",
+                    to_markdown(isolated)]
+    rows = reference_rows(comparison)
+    yield "\n## Layers\n"
+    yield from markdown_chunks(rows[layer_view(rows)])

@@ -1,0 +1,280 @@
+"""Finding and opening the runs to analyze: files and directories in, labelled `Run`s out.
+
+Users point `analyze` at whatever they have: a sweep's output directory, a few files a colleague
+mailed, a raw dump pulled by hand. A file that is not a usable dump must not stop the others from
+being analyzed, so opening returns the runs that worked *and* one line per input that did not.
+Non-HDF5 inputs (raw dump directories, other tools' formats) go through `layerdiff.analyzer.importers`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import LayerdiffError
+
+H5_SUFFIXES = {".h5", ".hdf5"}
+RAW_MANIFEST = "manifest.jsonl"
+# Attributes that make two runs "the same configuration" (everything except input and repetition).
+CONFIG_FIELDS = ("device_serial", "device_model", "engine", "backend_requested", "precision_requested",
+                 "threads", "model_sha256")
+LABEL_FIELDS = ("device", "engine", "setting", "input_label", "repeat")
+# Precomputed /layers counts the metrics use to skip work (no NaN -> no finiteness tests, ...).
+# mean/std give |x|^2 = n (std^2 + mean^2) without a pass over the tensor.
+STATS_FIELDS = ("n_nan", "n_posinf", "n_neginf", "n_zero", "n_fp16_saturated", "mean", "std")
+# min/max let the metrics take a layer's scale from the file instead of a pass over the tensor.
+OPTIONAL_STATS_FIELDS = ("min", "max")
+
+
+class LayerStats(Mapping):
+    """order -> {field: value} of `STATS_FIELDS`, read from the /layers columns at each lookup.
+
+    A dict per layer held ~40 MB at 50,000 layers per run; the columns are already in memory. A
+    repeated order resolves to its last row, as a dict built from the rows would."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self._columns = {f: frame[f].to_numpy() for f in STATS_FIELDS}
+        self._columns.update({f: frame[f].to_numpy() for f in OPTIONAL_STATS_FIELDS if f in frame})
+        orders = frame["order"].to_numpy(dtype=np.int64)
+        self._rows = np.argsort(orders, kind="stable")
+        self._orders = orders[self._rows]
+
+    def __getitem__(self, order: int) -> dict[str, float]:
+        i = int(np.searchsorted(self._orders, order, side="right")) - 1
+        if i < 0 or self._orders[i] != order:
+            raise KeyError(order)
+        row = self._rows[i]
+        return {f: column[row].item() for f, column in self._columns.items()}
+
+    def __iter__(self) -> Iterator[int]:
+        return (int(o) for o in dict.fromkeys(self._orders.tolist()))
+
+    def __len__(self) -> int:
+        return len(np.unique(self._orders))
+
+
+@dataclass
+class Run:
+    """One opened dump with a short label unique within the analysis."""
+
+    path: Path
+    dump: DumpFile
+    attrs: dict[str, Any]
+    label: str = ""
+    source: Path | None = None  # what the user named (a foreign file or directory) when `path` is its import
+    input_override: str = ""  # the input key a golden without input hash stands for (`--ref-input`)
+    _stats: "LayerStats | None" = field(default=None, repr=False)
+
+    def stats_by_order(self) -> "LayerStats":
+        """Per-layer counts from /layers keyed by order; built once, looked up for every layer."""
+        if self._stats is None:
+            self._stats = LayerStats(self.layers)
+        return self._stats
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        return self.dump.layers
+
+    @property
+    def backend(self) -> str:
+        return str(self.attrs.get("backend_actual") or self.attrs.get("backend_requested") or "")
+
+    @property
+    def precision(self) -> str:
+        return str(self.attrs.get("precision_requested") or "")
+
+    @property
+    def config(self) -> tuple:
+        """What was run, ignoring which input and which repetition: runs to compare across inputs."""
+        return tuple(str(self.attrs.get(f, "")) for f in CONFIG_FIELDS)
+
+    @property
+    def config_label(self) -> str:
+        device = self.attrs.get("device_model") or self.attrs.get("device_serial") or ""
+        parts = [str(device), str(self.attrs.get("engine", "")), f"{self.backend}/{self.precision}"]
+        return " ".join(p for p in parts if p and p != "/")
+
+    @property
+    def input_key(self) -> str:
+        """Identity of the input fed: its sha256 when known, else its label (pairing goes by this)."""
+        return self.input_override or str(self.attrs.get("input_sha256") or self.attrs.get("input_label") or "")
+
+    @property
+    def input_description(self) -> str:
+        """The input as the user knows it plus the key pairing uses: `cat.png (sha256 1a2b3c4d5e6f)`."""
+        label = str(self.attrs.get("input_label") or "")
+        sha = str(self.attrs.get("input_sha256") or "")
+        if self.input_override:
+            return f"{label or '?'} (paired as {self.input_override[:12]} by --ref-input or as the only input)"
+        if sha:
+            return f"{label or '?'} (sha256 {sha[:12]})"
+        return f"{label} (no input hash: paired by this label)" if label else "unknown (no input label or hash)"
+
+    def names(self, path: Path | str) -> bool:
+        """True when `path` is this run's dump or the foreign file/directory it was imported from."""
+        wanted = Path(path).resolve()
+        return self.path.resolve() == wanted or (self.source is not None and self.source.resolve() == wanted)
+
+    @property
+    def is_isolated(self) -> bool:
+        """A `collect isolate` dump: chosen layers re-run alone on the reference's inputs, not a run."""
+        return is_isolated(self.attrs)
+
+    @property
+    def repeat(self) -> int:
+        try:
+            return int(self.attrs.get("repeat", 0) or 0)
+        except (TypeError, ValueError):
+            return 0
+
+
+def is_isolated(attrs: dict[str, Any]) -> bool:
+    """Root attribute `mode = "isolate"` marks the output of `collect isolate` (see collector/run/isolate.py)."""
+    return str(attrs.get("mode", "")) == "isolate"
+
+
+@dataclass
+class SourceSet:
+    """The runs that opened, the isolated dumps (kept apart: they are not runs), and one line per failure."""
+
+    runs: list[Run] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    isolated: list[Run] = field(default_factory=list)
+
+    def close(self) -> None:
+        for run in self.runs + self.isolated:
+            run.dump.close()
+
+
+def discover(paths: Iterable[Path | str]) -> tuple[list[tuple[Path, Path]], list[str]]:
+    """Expand the user's arguments into (candidate dump, argument it came from), in order, no duplicates.
+
+    Directories are searched recursively for dumps of every format the importers know (layerdiff
+    `.h5`, raw dump directories, `.npz`, MNN text dumps, Polygraphy JSON, zips); files given
+    explicitly are taken whatever their suffix (the importers decide what they are).
+    """
+    found: list[tuple[Path, Path]] = []
+    problems: list[str] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            problems.append(f"{path}: no such file or directory")
+        elif path.is_dir():
+            candidates = _scan_dir(path)
+            if not candidates:
+                problems.append(f"{path}: no dumps inside (layerdiff .h5, raw dump directories or other tools' dumps)")
+            found.extend((c, path) for c in candidates)
+        else:
+            found.append((path, path))
+    unique: dict[Path, Path] = {}
+    for candidate, origin in found:
+        unique.setdefault(candidate.resolve(), origin)
+    return list(unique.items()), problems
+
+
+def _scan_dir(root: Path) -> list[Path]:
+    if (root / RAW_MANIFEST).is_file():
+        return [root]
+    # every .h5 is a candidate even when unreadable, so a damaged file is reported, not silently skipped
+    hits = sorted(p for p in root.rglob("*") if p.suffix.lower() in H5_SUFFIXES and p.is_file()
+                  and not p.name.startswith("."))
+    try:
+        from layerdiff.analyzer.importers import find_dumps
+    except ImportError:  # the importers are optional: plain layerdiff dumps still work
+        return hits + sorted(p.parent for p in root.rglob(RAW_MANIFEST))
+    return list(dict.fromkeys(hits + find_dumps(root)))
+
+
+def open_runs(paths: Iterable[Path | str], set_attrs: dict[str, dict[str, Any]] | None = None) -> SourceSet:
+    """Open every dump it can; each failure becomes one problem line instead of an exception.
+
+    `set_attrs` attaches provenance a foreign format lacks (`analyze --set`): key `""` applies to
+    every input, a key naming an input argument to the dumps found under it, a key naming a dump
+    file to that file. Isolated dumps go
+    to `SourceSet.isolated`: their rows are a few layers fed someone else's inputs, so comparing
+    them as a (partial) run would report nonsense; `layerdiff.analyzer.measure.isolation` pairs them with their
+    reference and cumulative run instead.
+    """
+    candidates, problems = discover(paths)
+    sources = SourceSet(problems=problems)
+    for path, origin in candidates:
+        attrs = _attrs_for(path, origin, set_attrs or {})
+        for dump_path in _as_h5_dumps(path, attrs, sources.problems):
+            try:
+                dump = DumpFile(dump_path)
+            except LayerdiffError as err:
+                sources.problems.append(str(err))
+                continue
+            run = Run(path=dump_path, dump=dump, attrs=dump.attrs, source=path)
+            (sources.isolated if run.is_isolated else sources.runs).append(run)
+    assign_labels(sources.runs)
+    for run in sources.isolated:
+        run.label = run.path.stem
+    return sources
+
+
+def _attrs_for(path: Path, origin: Path, set_attrs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Attributes for one dump: those for every input, then its argument's, then its own file's."""
+    attrs = dict(set_attrs.get("", {}))
+    for target in (origin.resolve(), path.resolve()):
+        for key, values in set_attrs.items():
+            if key and Path(key).resolve() == target:
+                attrs.update(values)
+    return attrs
+
+
+def _as_h5_dumps(path: Path, attrs: dict[str, Any], problems: list[str]) -> list[Path]:
+    """A layerdiff `.h5` as it is; anything else (or an `.h5` to relabel) through the importers."""
+    if _is_h5(path) and not attrs:
+        return [path]
+    try:
+        from layerdiff.analyzer.importers import import_many
+    except ImportError:
+        problems.append(f"{path}: not an HDF5 dump and the importers for other formats are not installed; "
+                        "convert it to a layerdiff .h5 first")
+        return []
+    imported, errors = import_many([path], attrs or None)
+    problems.extend(errors)
+    return [Path(p) for p in imported]
+
+
+def _is_h5(path: Path) -> bool:
+    if path.suffix.lower() in H5_SUFFIXES:
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
+
+
+def assign_labels(runs: list[Run]) -> None:
+    """Give each run the shortest label that tells it apart: only the fields that vary are shown."""
+    fields = [_label_fields(run) for run in runs]
+    varying = [name for name in LABEL_FIELDS if len({f[name] for f in fields}) > 1]
+    if not varying:
+        varying = ["setting"]
+    labels = [" ".join(f[name] for name in varying if f[name]) or run.path.stem for f, run in zip(fields, runs)]
+    counts = pd.Series(labels).value_counts()
+    for run, label in zip(runs, labels):
+        run.label = f"{label} [{run.path.stem}]" if counts[label] > 1 or not label else label
+
+
+def _label_fields(run: Run) -> dict[str, str]:
+    device = str(run.attrs.get("device_model") or run.attrs.get("device_serial") or "")
+    backend = run.backend
+    requested = str(run.attrs.get("backend_requested") or "")
+    if requested and backend and requested != backend:
+        backend = f"{requested}->{backend}"
+    return {
+        "device": device,
+        "engine": str(run.attrs.get("engine", "")),
+        "setting": f"{backend}/{run.precision}" if backend or run.precision else "",
+        "input_label": str(run.attrs.get("input_label", "")),
+        "repeat": f"r{run.repeat}",
+    }

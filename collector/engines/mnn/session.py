@@ -1,0 +1,80 @@
+"""MNN's runtime as the host engine sees it: the module (with its CPU report), the session, and
+what MNN says it really ran on (backend and precision), for the dump header.
+
+Split from the engine so that isolation (collector/engines/mnn/isolate.py) creates sessions the same way.
+"""
+from __future__ import annotations
+
+import re
+
+from layerdiff.collector.engines.harness_cli import EXIT_MODEL, HarnessArgs, HarnessExit
+from layerdiff.collector.inputs.modelfiles import quiet_stdout
+
+BACKEND_NAMES = {"cpu": "CPU", "opencl": "OPENCL", "vulkan": "VULKAN"}
+FORWARD_TYPES = {0: "cpu", 13: "cpu", 3: "opencl", 7: "vulkan", 1: "metal", 2: "cuda", 5: "nn", 6: "opengl"}
+SESSION_INFO_BACKENDS = 2
+
+FORWARD_CPU_EXTENSION = 13  # MNN_FORWARD_CPU_EXTENSION: the Arm82 backend, the CPU computing in fp16
+FEATURES: dict[str, int] = {}
+
+
+def mnn_module():
+    with quiet_stdout() as printed:
+        import MNN
+    if printed and printed[0]:
+        FEATURES.update(cpu_features(printed[0]))
+    return MNN
+
+
+def cpu_features(banner: str) -> dict[str, int]:
+    """MNN's own CPU report, "The device supports: i8sdot:1, fp16:1, ..." → {"i8sdot": 1, "fp16": 1, ...}."""
+    match = re.search(r"device supports:(.*)", banner)
+    if match is None:
+        return {}
+    return {name: int(value) for name, value in re.findall(r"(\w+):\s*(\d+)", match.group(1))}
+
+
+def engine_version() -> str:
+    return str(mnn_module().version())
+
+
+def effective_precision(backend_code: int) -> str:
+    """What MNN computed in, from the backend MNN says the session runs on (not from what was asked).
+
+    On the CPU, MNN computes fp16 only in its Arm82 extension backend (forward type 13), which it
+    picks at precision low when the core reports fp16:1; forward type 0 is its fp32 CPU backend,
+    whatever precision was requested (x86, or an ARM core without fp16 such as the cortex-a53).
+    MNN reports no precision for GPU backends (the PyPI wheel has none).
+    """
+    if backend_code == FORWARD_CPU_EXTENSION:
+        return "fp16"
+    if backend_code == 0:
+        return "fp32"
+    return "unknown (MNN reports no precision for this backend)"
+
+
+def session_backend(interpreter, session) -> tuple[int, str]:
+    """(MNN forward type code, our backend name) of a created session."""
+    code = int(interpreter.getSessionInfo(session, SESSION_INFO_BACKENDS))
+    return code, FORWARD_TYPES.get(code, f"type{code}")
+
+
+def engine_options(code: int, args: HarnessArgs) -> dict:
+    """What the dump header records about how MNN ran: its backend code and its CPU feature report."""
+    return {"forward_type_code": code, "session_config": BACKEND_NAMES[args.backend],
+            "precision_config": args.precision, "cpu_features": dict(FEATURES)}
+
+
+def create_session(MNN, args: HarnessArgs):
+    model = args.models[0]
+    try:
+        with quiet_stdout():
+            interpreter = MNN.Interpreter(str(model))
+    except Exception:  # noqa: BLE001 - pymnn raises a bare Exception for unparsable files
+        raise HarnessExit(EXIT_MODEL, f"{model}: MNN could not load this model (not a valid .mnn file?)") from None
+    config = {"backend": BACKEND_NAMES[args.backend], "precision": args.precision, "numThread": args.threads}
+    with quiet_stdout():
+        session = interpreter.createSession(config)
+    if session is None:
+        raise HarnessExit(EXIT_MODEL, f"{model}: MNN could not create a session for this model")
+    return interpreter, session

@@ -1,0 +1,287 @@
+"""ncnn on the host (pip `ncnn`), speaking the harness command line: the `local` device's ncnn engine.
+
+Every blob is extracted in layer order, so each `extract` runs exactly one more layer and its time
+is that layer's time. Light mode is on: ncnn frees a blob once its one consumer ran (Split layers
+give every other consumer its own copy), so the engine holds the live activations only, not the
+whole dump; each blob is copied out before its consumer runs, so in-place layers change nothing.
+On Vulkan, light mode frees only the GPU copy of a consumed blob: the host copy each `extract`
+downloads stays in the extractor for its whole life (about the size of the dump). Once written out it
+is dropped by feeding an empty Mat under the blob's name, which the consumer then never needs: it
+reads the GPU copy, or downloads it again if it runs on the CPU.
+Shapes are reported as NCHW with the batch of 1 ncnn drops, so they line up with MNN's and the
+ONNX originals'.
+"""
+from __future__ import annotations
+
+import functools
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from layerdiff.collector.engines.harness_cli import (
+    HARNESS_VERSION,
+    EXIT_ARGS,
+    EXIT_BACKEND,
+    EXIT_MODEL,
+    EXIT_RUN,
+    DumpSink,
+    HarnessArgs,
+    HarnessExit,
+    base_header,
+    load_inject,
+    split_key,
+    harness_main,
+    load_inputs,
+    now_ms,
+    repeat_dirs,
+)
+from layerdiff.collector.engines.ncnn.options import PRECISION_FLAGS
+
+NO_VULKAN = (
+    "no Vulkan device found; install a Vulkan driver (Debian: apt-get install mesa-vulkan-drivers "
+    "for the lavapipe CPU implementation) or use --backend cpu"
+)
+
+
+def _ncnn():
+    import ncnn  # imported lazily: `--version` and argument errors must not pay for Vulkan start-up
+
+    return ncnn
+
+
+def engine_version() -> str:
+    return getattr(_ncnn(), "__version__", "unknown")
+
+
+def _gpu_info(ncnn, fp16_features: bool = True) -> dict:
+    """The Vulkan device; its fp16 features (a `vulkaninfo` process) only when asked: the probe of a
+    sweep does not need them, only a Vulkan run deciding its effective precision does."""
+    if ncnn.get_gpu_count() == 0:
+        return {"ok": False, "reason": NO_VULKAN}
+    info = ncnn.get_gpu_info(ncnn.get_default_gpu_index())
+    return {"ok": True, "device": info.device_name(), **(vulkan_fp16_features() if fp16_features else {})}
+
+
+@functools.lru_cache(maxsize=1)
+def vulkan_fp16_features() -> dict:
+    """fp16 storage/arithmetic support of the Vulkan device, read from `vulkaninfo`.
+
+    pyncnn does not expose ncnn's GpuInfo fp16 flags, and ncnn silently ignores fp16 options a
+    device lacks, so without this the effective precision of a Vulkan run would be a guess.
+    """
+    try:
+        text = subprocess.run(["vulkaninfo"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    def flag(name: str) -> bool | None:
+        match = re.search(rf"\b{name}\s*=\s*(true|false)", text)
+        return None if match is None else match.group(1) == "true"
+    return {"fp16_storage": flag("storageBuffer16BitAccess"), "fp16_arithmetic": flag("shaderFloat16")}
+
+
+def _cpu_has_fp16(ncnn) -> bool:
+    return bool(ncnn.cpu_support_arm_asimdhp())
+
+
+def probe() -> dict:
+    ncnn = _ncnn()
+    backends = {
+        "cpu": {"ok": True, "fp16": _cpu_has_fp16(ncnn), "bf16": True},
+        "opencl": {"ok": False, "reason": "ncnn has no OpenCL backend"},
+        "vulkan": _gpu_info(ncnn, fp16_features=False),
+    }
+    abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
+    return {
+        "harness": "layerdiff-local-ncnn",
+        "version": HARNESS_VERSION,
+        "abi": abi,
+        "engines": {"ncnn": {"version": engine_version(), "backends": backends}},
+    }
+
+
+def configure(opt, args: HarnessArgs) -> None:
+    """Set ncnn options for backend and precision (see README's precision table)."""
+    opt.lightmode = True  # memory: live blobs only (see the module docstring)
+    opt.num_threads = args.threads
+    opt.use_vulkan_compute = args.backend == "vulkan"
+    for flag, value in PRECISION_FLAGS[args.precision].items():
+        if hasattr(opt, flag):  # use_bf16_packed is newer than the aarch64 wheel the arm64 device runs
+            setattr(opt, flag, value)
+
+
+def effective_precision(opt, args: HarnessArgs, ncnn) -> str:
+    """What the arithmetic really is: the net's options after load (ncnn drops what the Vulkan device
+    lacks) against what ncnn says this CPU/GPU supports (its CPU kernels ignore fp16 without asimdhp)."""
+    if args.backend == "vulkan":
+        gpu = _gpu_info(ncnn)
+        storage = opt.use_fp16_storage and gpu.get("fp16_storage")
+        arith = opt.use_fp16_arithmetic and gpu.get("fp16_arithmetic")
+        packed = opt.use_fp16_packed
+        if arith:
+            return "fp16-storage+arith" if storage else "fp16-arith"
+        if storage:
+            return "fp16-storage"
+        if gpu.get("fp16_storage") is None and (opt.use_fp16_storage or opt.use_fp16_arithmetic):
+            return "fp16-requested (device support unknown)"
+        return "fp16-packed" if packed else "fp32"
+    if _cpu_has_fp16(ncnn) and opt.use_fp16_storage:
+        return "fp16-storage+arith" if opt.use_fp16_arithmetic else "fp16-storage"
+    if opt.use_bf16_storage:
+        return "bf16-storage"
+    return "fp32"
+
+
+def load_net(args: HarnessArgs, ncnn):
+    if args.backend == "opencl":
+        raise HarnessExit(EXIT_BACKEND, "ncnn has no OpenCL backend; use --backend cpu or vulkan")
+    if args.backend == "vulkan" and ncnn.get_gpu_count() == 0:
+        raise HarnessExit(EXIT_BACKEND, NO_VULKAN)
+    param, weights = _model_pair(args.models)
+    net = ncnn.Net()
+    configure(net.opt, args)
+    if net.load_param(str(param)) != 0:
+        raise HarnessExit(EXIT_MODEL, f"{param}: ncnn could not parse this .param file")
+    if net.load_model(str(weights)) != 0:
+        raise HarnessExit(EXIT_MODEL, f"{weights}: ncnn could not load the weights (does it match {param.name}?)")
+    return net, effective_precision(net.opt, args, ncnn)
+
+
+def _model_pair(models: list[Path]) -> tuple[Path, Path]:
+    param = next((m for m in models if m.suffix == ".param"), None)
+    if param is None:
+        raise HarnessExit(EXIT_MODEL, f"ncnn needs a .param file; got {', '.join(map(str, models))}")
+    weights = next((m for m in models if m.suffix == ".bin"), param.with_suffix(".bin"))
+    if not weights.is_file():
+        raise HarnessExit(EXIT_MODEL, f"{weights}: the .bin beside {param.name} is missing")
+    return param, weights
+
+
+def nchw_shape(mat_array: np.ndarray) -> tuple[int, ...]:
+    """ncnn blobs have no batch axis; put the batch of 1 back (a 2-D h×w blob stays as it is)."""
+    if mat_array.ndim in (1, 3, 4):
+        return (1, *mat_array.shape)
+    return tuple(mat_array.shape)
+
+
+def feed(ex, net, inputs: dict[str, np.ndarray], ncnn) -> None:
+    names = set(net.input_names())
+    for name, array in inputs.items():
+        if name not in names:
+            raise HarnessExit(EXIT_RUN, f"model has no input {name!r}; its inputs are {', '.join(sorted(names))}")
+        data = array[0] if array.ndim in (2, 4, 5) and array.shape[0] == 1 else array
+        ex.input(name, ncnn.Mat(np.ascontiguousarray(data, dtype=np.float32)))
+
+
+def dump_layer(ex, layer, blobs, sink: DumpSink, memory: str, failure_hint: str, ncnn=None) -> float:
+    """Extract every top of one layer (its bottoms are already in the extractor); returns ms spent.
+
+    With `ncnn` given (a Vulkan run), the host copy of a GPU-computed top is dropped once written
+    (see the module docstring); a CPU-fallback layer's tops live only on the host and are kept.
+    """
+    bottoms = [blobs[i].name for i in layer.bottoms]
+    drop_host_copy = ncnn is not None and layer.support_vulkan and layer.type != "Input"
+    spent = 0.0
+    for index, top in enumerate(layer.tops):
+        start = now_ms()
+        status, mat = ex.extract(blobs[top].name, 0)
+        elapsed = now_ms() - start
+        spent += elapsed
+        if status != 0:
+            raise HarnessExit(EXIT_RUN, f"layer {layer.name!r} ({layer.type}) failed (ncnn status {status}); {failure_hint}")
+        array = np.asarray(mat, dtype=np.float32)  # a view: written out before the next layer runs
+        sink.add(op=layer.name, op_type=layer.type, array=array.reshape(nchw_shape(array)), output_index=index,
+                 name=blobs[top].name, inputs=bottoms, layout="NCHW", memory=memory, time_ms=elapsed)
+        del array, mat  # light mode frees the blob once its consumer ran; hold no reference to it
+        if drop_host_copy:
+            ex.input(blobs[top].name, ncnn.Mat())
+    return spent
+
+
+def run_once(net, args: HarnessArgs, inputs: dict[str, np.ndarray], sink: DumpSink, ncnn) -> float:
+    """Extract every layer's tops in order; returns the total inference time in ms."""
+    blobs = net.blobs()
+    ex = net.create_extractor()
+    feed(ex, net, inputs, ncnn)
+    memory = "device" if args.backend == "vulkan" else "host"
+    hint = "check the input shape against the model"
+    gpu = ncnn if args.backend == "vulkan" else None
+    return sum(dump_layer(ex, layer, blobs, sink, memory, hint, gpu) for layer in net.layers())
+
+
+def ncnn_dims(array: np.ndarray) -> np.ndarray:
+    """Undo `nchw_shape`: drop the batch of 1 so a dumped tensor can be fed back as an ncnn blob."""
+    if array.ndim in (2, 4, 5) and array.shape[0] == 1:
+        return array.reshape(array.shape[1:])
+    return array
+
+
+def run_isolated(net, args: HarnessArgs, sink: DumpSink, ncnn) -> float:
+    """Each target layer alone: its bottoms come from the reference, only its own kernel runs."""
+    injected = load_inject(args.inject)
+    layers = {layer.name: layer for layer in net.layers()}
+    blobs = net.blobs()
+    memory = "device" if args.backend == "vulkan" else "host"
+    total = 0.0
+    for key in args.targets:
+        op, _ = split_key(key)
+        layer = layers.get(op)
+        if layer is None:
+            raise HarnessExit(EXIT_ARGS, f"--target {key!r}: the model has no layer {op!r}")
+        bottoms = [blobs[i].name for i in layer.bottoms]
+        missing = [b for b in bottoms if b not in injected]
+        if missing:
+            raise HarnessExit(EXIT_ARGS, f"--target {key!r}: the inject dump lacks input tensor(s) {', '.join(missing)}")
+        ex = net.create_extractor()
+        for name in bottoms:
+            ex.input(name, ncnn.Mat(np.ascontiguousarray(ncnn_dims(injected[name]), dtype=np.float32)))
+        total += dump_layer(ex, layer, blobs, sink, memory, "it failed in isolation")
+    return total
+
+
+def run(args: HarnessArgs) -> None:
+    ncnn = _ncnn()
+    inputs = load_inputs(args.inputs)
+    net, precision = load_net(args, ncnn)
+    if args.replace:
+        raise HarnessExit(EXIT_ARGS, "--replace is MNN's what-if; an ncnn layer is kept at high precision with "
+                                     "its feature mask (param key 31) instead")
+    if args.inject is not None:
+        return isolate(net, args, precision, ncnn)
+    if not inputs:
+        raise HarnessExit(EXIT_RUN, f"no --input given; the model's inputs are {', '.join(net.input_names())}")
+    header = base_header(args, engine_version(), inputs)
+    header.update({
+        "backends_actual": [args.backend],
+        "precision_effective": precision,
+        "options": {f: bool(getattr(net.opt, f)) for f in dir(net.opt) if f.startswith("use_")},
+    })
+    header["options"]["cpu_fp16_arithmetic"] = _cpu_has_fp16(ncnn)  # ncnn's own cpu_support_arm_asimdhp()
+    gpu = _gpu_info(ncnn) if args.backend == "vulkan" else {}
+    if gpu.get("device"):
+        header["options"]["vulkan_device"] = gpu["device"]
+    for k, out in enumerate(repeat_dirs(args)):
+        sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=sum(len(layer.tops) for layer in net.layers()))
+        infer_ms = run_once(net, args, inputs, sink, ncnn)
+        sink.close(infer_ms)
+
+
+def isolate(net, args: HarnessArgs, precision: str, ncnn) -> None:
+    if not args.targets:
+        raise HarnessExit(EXIT_ARGS, "--inject needs at least one --target KEY")
+    header = base_header(args, engine_version(), {})
+    header.update({"backends_actual": [args.backend], "precision_effective": precision,
+                   "mode": "isolate", "targets": args.targets})
+    sink = DumpSink(args, args.out, header, total_ops=len(args.targets))
+    sink.close(run_isolated(net, args, sink, ncnn))
+
+
+def main() -> int:
+    return harness_main("ncnn", run, probe, engine_version)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

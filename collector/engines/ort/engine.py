@@ -1,0 +1,211 @@
+"""ONNX Runtime on the host, speaking the harness command line: the `local` device's golden engine.
+
+`collect --device local --model m.onnx` runs the original ONNX model here and dumps every
+intermediate tensor, so the reference a converted MNN/ncnn model is compared with goes through the
+same run pipeline (provenance, input hashing, HDF5) as every other run. Every node output of the
+main graph is dumped; graph optimisations are off, so each tensor is the value the ONNX graph
+defines (not a fused kernel's). The outputs are fetched in groups whose total size stays under a
+budget, each group the graph outputs of a session of its own, so a large model's activations never
+all sit in memory at once.
+
+Keys: a node's tensors are dumped under the op name of its first output tensor (`op` = that tensor's
+name, `output_index` = k, `name` = the k-th output tensor), which is how MNN's converter names ops
+and how Polygraphy-style goldens name layers.
+"""
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from layerdiff.collector.engines.harness_cli import (
+    HARNESS_VERSION,
+    EXIT_ARGS,
+    EXIT_BACKEND,
+    EXIT_MODEL,
+    EXIT_RUN,
+    DumpSink,
+    HarnessArgs,
+    HarnessExit,
+    base_header,
+    harness_main,
+    load_inputs,
+    now_ms,
+    repeat_dirs,
+)
+
+# About this many bytes of outputs are fetched per session run (memory bound). The engine holds about
+# three groups' worth over ONNX Runtime's own peak; 32 MB keeps collect of PP-OCR det at 640x640 within
+# 2 x largest layer + 300 MB (tests/bench/bench_collect_memory.py), at ~10% more time than 64 MB.
+GROUP_BYTES = 32 << 20
+FIRST_GROUP = 1  # outputs in the first run, before tensor sizes are known
+
+
+@dataclass
+class NodeOutputs:
+    """One ONNX node's dumped tensors, in graph (topological) order."""
+
+    op: str
+    op_type: str
+    outputs: list[str]
+    inputs: list[str]
+
+
+def _ort():
+    import onnxruntime
+
+    return onnxruntime
+
+
+def engine_version() -> str:
+    return _ort().__version__
+
+
+def probe() -> dict:
+    reason = "the onnxruntime engine runs on the CPU only"
+    backends = {"cpu": {"ok": True}, "opencl": {"ok": False, "reason": reason}, "vulkan": {"ok": False, "reason": reason}}
+    abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
+    return {"harness": "layerdiff-local-onnxruntime", "version": HARNESS_VERSION, "abi": abi,
+            "engines": {"onnxruntime": {"version": engine_version(), "backends": backends}}}
+
+
+def load_model(args: HarnessArgs):
+    import onnx
+
+    path = args.models[0]
+    try:
+        return onnx.load(str(path))
+    except Exception as err:  # noqa: BLE001 - protobuf raises DecodeError and friends
+        raise HarnessExit(EXIT_MODEL, f"{path}: not a readable ONNX model ({err})") from None
+
+
+def dumped_nodes(model) -> list[NodeOutputs]:
+    """The main graph's nodes whose outputs are dumped (Constant nodes are weights, not layers)."""
+    weights = {init.name for init in model.graph.initializer}
+    constants = {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+    nodes = []
+    for node in model.graph.node:
+        outputs = [o for o in node.output if o]
+        if node.op_type == "Constant" or not outputs:
+            continue
+        inputs = [i for i in node.input if i and i not in weights and i not in constants]
+        nodes.append(NodeOutputs(outputs[0], node.op_type, outputs, inputs))
+    return nodes
+
+
+def with_outputs(model, names: list[str]):
+    """The model with `names` (only) as its graph outputs, types left to ONNX Runtime's inference."""
+    from onnx import helper
+
+    del model.graph.output[:]
+    model.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names)
+    return model
+
+
+def create_session(model_bytes: bytes, args: HarnessArgs):
+    ort = _ort()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = args.threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    options.enable_cpu_mem_arena = False  # an arena keeps its peak; without it each group's memory is returned
+    try:
+        return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # noqa: BLE001 - ORT raises its own Fail/InvalidGraph types
+        raise HarnessExit(EXIT_MODEL, f"{args.models[0]}: ONNX Runtime cannot load this model ({_first_line(err)})") from None
+
+
+def feeds_for(session, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each input in the element type the model declares (a float32 file for an int64 input is cast)."""
+    declared = {i.name: i for i in session.get_inputs()}
+    feeds = {}
+    for name, array in inputs.items():
+        if name not in declared:
+            raise HarnessExit(EXIT_RUN, f"model has no input {name!r}; its inputs are {', '.join(sorted(declared))}")
+        feeds[name] = np.asarray(array, dtype=_np_type(declared[name].type, array.dtype), order="C")
+    missing = [n for n in declared if n not in feeds]
+    if missing:
+        raise HarnessExit(EXIT_RUN, f"no --input for model input(s) {', '.join(missing)}")
+    return feeds
+
+
+def _np_type(ort_type: str, fallback: np.dtype) -> np.dtype:
+    names = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(int64)": "int64",
+             "tensor(int32)": "int32", "tensor(bool)": "bool", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
+             "tensor(float16)": "float16"}
+    return np.dtype(names.get(ort_type, fallback))
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:300] if text else type(err).__name__
+
+
+def run_once(session_for, feeds: dict, nodes: list[NodeOutputs], sink: DumpSink, budget: int) -> float:
+    """Fetch every node's outputs a group at a time and dump them in graph order.
+
+    Each group runs in a session whose graph outputs are that group only: ONNX Runtime keeps every
+    graph output of a run alive to its end, so one session with all tensors as outputs would hold
+    the whole dump. The first group is small; each next one is sized from the bytes the last one
+    returned, so a group holds about `budget` bytes (a small model takes two sessions, a big one many).
+    """
+    names = [o for node in nodes for o in node.outputs]
+    owner = {o: (node, k) for node in nodes for k, o in enumerate(node.outputs)}
+    total, start, count = 0.0, 0, FIRST_GROUP
+    while start < len(names):
+        group = names[start : start + count]
+        session = session_for(group)
+        begin = now_ms()
+        try:
+            values = session.run(group, feeds)
+        except Exception as err:  # noqa: BLE001 - ORT raises its own runtime error types
+            raise HarnessExit(EXIT_RUN, f"ONNX Runtime failed to run the model ({_first_line(err)})") from None
+        elapsed = now_ms() - begin
+        total += elapsed
+        del session
+        fetched = sum(int(np.asarray(v).nbytes) for v in values)
+        for index, name in enumerate(group):
+            node, k = owner[name]
+            array = np.asarray(values[index])
+            values[index] = None  # dumped: let it go
+            if array.dtype == np.bool_:
+                array = array.astype(np.uint8)  # masks: compared as 0/1 values
+            sink.add(op=node.op, op_type=node.op_type, array=array, output_index=k, name=name,
+                     inputs=node.inputs, layout="NCHW" if array.ndim == 4 else "", memory="host",
+                     time_ms=elapsed / len(group))
+        start += len(group)
+        count = max(1, int(len(group) * budget / max(fetched, 1)))
+    return total
+
+
+def run(args: HarnessArgs) -> None:
+    if args.backend != "cpu":
+        raise HarnessExit(EXIT_BACKEND, f"the onnxruntime engine runs on the CPU only; use --backend cpu, not {args.backend}")
+    if args.inject is not None:
+        raise HarnessExit(EXIT_ARGS, "the onnxruntime engine does not isolate ops (--inject); it is the golden")
+    inputs = load_inputs(args.inputs)
+    model = load_model(args)
+    nodes = dumped_nodes(model)
+
+    def session_for(group: list[str]):
+        return create_session(with_outputs(model, group).SerializeToString(), args)
+
+    session = session_for([o for n in nodes for o in n.outputs][:1])
+    feeds = feeds_for(session, inputs)
+    header = base_header(args, engine_version(), inputs)
+    header.update({"backends_actual": ["cpu"], "precision_effective": "fp32",
+                   "options": {"providers": session.get_providers(), "graph_optimization_level": "ORT_DISABLE_ALL"}})
+    for k, out in enumerate(repeat_dirs(args)):
+        sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(nodes))
+        sink.close(run_once(session_for, feeds, nodes, sink, GROUP_BYTES))
+
+
+def main() -> int:
+    return harness_main("onnxruntime", run, probe, engine_version)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

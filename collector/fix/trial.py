@@ -1,0 +1,133 @@
+"""One trial of `collect fix`: the model run on every input with a set of layers kept at high precision.
+
+How a layer is "kept at high precision" depends on the engine:
+- ncnn: for real. The trial model is the original with those layers' feature mask (param key 31)
+  set, written beside the trial's dumps, and run at the low precision being fixed.
+- MNN: a what-if. MNN has no per-op precision switch, so the low-precision run gets those layers'
+  outputs overwritten with the high-precision run's (`--inject DIR --replace KEY`, see
+  device_scripts/HARNESS_CLI.md); what follows is computed at low precision from them.
+
+A trial's verdict is the relative L2 error of every model output against the high-precision run on
+the same input (NaN-safe: NaN/Inf where the reference is finite is infinite error).
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.analyzer.align.graph import build_graph
+from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
+from layerdiff.collector.transport.devices import Device
+from layerdiff.collector.engines.ncnn.options import HIGH_PRECISION_MASK
+from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.run.isolate import write_inject_dump
+from layerdiff.collector.inputs.modelfiles import ModelFiles
+from layerdiff.collector.fix.ncnn_patch import write_patched
+from layerdiff.collector.run.pipeline import RunSpec, collect_run
+
+
+@dataclass
+class Trial:
+    """The outcome of one set: worst output error per input label, and the dumps it wrote."""
+
+    layers: tuple[str, ...]
+    errors: dict[str, float]
+    paths: dict[str, Path] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)  # input label -> why its run failed
+
+    @property
+    def worst(self) -> float:
+        return max(self.errors.values(), default=0.0)
+
+    def within(self, tolerance: float) -> bool:
+        return all(math.isfinite(e) and e <= tolerance for e in self.errors.values())
+
+
+@dataclass
+class TrialRunner:
+    """Runs trials on one device/backend/precision; counts harness runs and keeps the latest dumps."""
+
+    device: Device
+    model: ModelFiles
+    backend: str
+    precision: str
+    inputs: list[InputSet]
+    references: dict[str, Path]  # input label -> high-precision run
+    work_dir: Path
+    deadline_s: float = 900.0
+    runs: int = 0
+    trials: int = 0
+
+    def __post_init__(self) -> None:
+        self.outputs = {label: output_keys(path) for label, path in self.references.items()}
+
+    def mask(self) -> int:
+        return int(HIGH_PRECISION_MASK.get(self.backend, HIGH_PRECISION_MASK["cpu"]))
+
+    def run(self, layers: tuple[str, ...], out_dir: Path | None = None, model: ModelFiles | None = None) -> Trial:
+        """Run every input with `layers` (op names) kept high; dumps go to `out_dir` (default: scratch)."""
+        self.trials += 1
+        out_dir = out_dir or self.work_dir / f"trial{self.trials}"
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        out_dir.mkdir(parents=True)
+        trial = Trial(tuple(layers), {})
+        for inputs in self.inputs:
+            spec = self._spec(layers, inputs, out_dir, model)
+            with tempfile.TemporaryDirectory(prefix="layerdiff-fix-") as tmp:
+                if self.model.engine == "mnn" and layers:
+                    inject = self._inject_dump(layers, inputs.label, Path(tmp) / "inject")
+                    spec.placed_files = {f"inject/{f.name}": f for f in sorted(inject.iterdir())}
+                outcome = collect_run(self.device, spec, out_dir, force=True)
+            self.runs += 1
+            if outcome.status != "done" or not outcome.paths:
+                # a set the engine cannot run (a crash, a refused model) is a set that does not work
+                trial.errors[inputs.label] = math.inf
+                trial.failures[inputs.label] = outcome.message or "the run failed"
+                continue
+            trial.paths[inputs.label] = outcome.paths[0]
+            trial.errors[inputs.label] = self.output_error(inputs.label, outcome.paths[0])
+        return trial
+
+    def _spec(self, layers: tuple[str, ...], inputs: InputSet, out_dir: Path, model: ModelFiles | None) -> RunSpec:
+        if self.model.engine == "mnn":
+            args = ["--inject", "{run_dir}/inject", *[a for op in layers for a in ("--replace", f"{op}:0")]] if layers else []
+            return RunSpec(self.model, self.backend, self.precision, inputs, deadline_s=self.deadline_s, extra_args=args,
+                           extra_attrs={"fix_layers": list(layers), "fix_mode": "what-if"})
+        if model is None and not layers:
+            model = self.model
+        if model is None:
+            model = write_patched(self.model, {op: self.mask() for op in layers}, out_dir, self.model.stem)
+        return RunSpec(model, self.backend, self.precision, inputs, deadline_s=self.deadline_s,
+                       extra_attrs={"fix_layers": list(layers), "fix_mode": "feature-mask"})
+
+    def _inject_dump(self, layers: tuple[str, ...], label: str, out: Path) -> Path:
+        """The reference's outputs of `layers`, as the raw dump `--replace` reads them from."""
+        with DumpFile(self.references[label]) as ref:
+            names = dict(zip(ref.layers["op"], ref.layers["name"]))
+            return write_inject_dump(ref, {f"{op}:0": [names[op]] for op in layers}, out)
+
+    def output_error(self, label: str, path: Path) -> float:
+        """Worst relative L2 over the model's outputs, this run against the reference on the same input."""
+        kernel = PairKernel(Tolerances())
+        worst = 0.0
+        with DumpFile(self.references[label]) as ref, DumpFile(path) as run:
+            have = set(run.layers["key"])
+            for key in self.outputs[label]:
+                if key not in have:
+                    return math.inf
+                a, b = ref.tensor_by_key(key), run.tensor_by_key(key)
+                if a.size != b.size:
+                    return math.inf
+                worst = max(worst, kernel.compare(a.reshape(-1), b.reshape(-1), {}, {})["rel_l2"])
+        return worst
+
+
+def output_keys(path: Path) -> list[str]:
+    """The model's outputs in a dump: the layers nothing consumes."""
+    with DumpFile(path) as dump:
+        return build_graph(dump.layers).outputs()

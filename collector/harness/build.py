@@ -1,0 +1,316 @@
+"""Pick the C++ harness binary for a device ABI and engine, building it on demand into a cache.
+
+Why a cache keyed by content: building ncnn takes minutes, so a binary is built once per
+(harness sources, build scripts, target, options) and reused by every later run, test session
+and CI step; a change to any of those gives a new key, never a stale binary. ncnn itself is
+cached separately (keyed by its version and build options) so editing the harness sources does
+not rebuild ncnn. Concurrent callers serialise on a file lock so only one of them builds.
+
+Cache layout (root: layerdiff.analyzer.importers.convcache.user_cache_root(), i.e. $LAYERDIFF_CACHE, else
+$XDG_CACHE_HOME/layerdiff, else ~/.cache/layerdiff):
+    harness/src/ncnn-<version>/            the ncnn sdist from PyPI, unpacked
+    harness/ncnn-<target>-<key>/           ncnn installed for one target and option set
+    harness/<target>-<key>/layerdiff-harness
+    harness/<target>-<key>/build.log       output of the last build
+    harness/<target>-<key>/builds.txt      one line per build run (command)
+A prebuilt binary can be named per ABI with $LAYERDIFF_HARNESS_<ABI> (e.g.
+LAYERDIFF_HARNESS_ARM64_V8A=/path/layerdiff-harness); it is then used as is.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+from layerdiff.analyzer.importers.convcache import user_cache_root
+from layerdiff.errors import LayerdiffError
+from layerdiff.collector.harness import children
+from layerdiff.collector.harness.buildprogress import BuildReporter, BuildWatcher, default_reporter, estimate_minutes
+from layerdiff import device_scripts
+from layerdiff.collector.engines import ENGINES, PHONE_ENGINES
+
+# Installed as layerdiff.device_scripts by the wheel and sdist (package data), as in a checkout.
+DEVICE_SCRIPTS = Path(device_scripts.__file__).resolve().parent
+NCNN_VERSION = "1.0.20261020"
+# Bump when the ncnn CMake options in device_scripts/build_*.sh change: it keys cached ncnn builds.
+NCNN_RECIPE = 2
+TARGET_SCRIPTS = {"host": "build_host.sh", "aarch64": "build_aarch64.sh", "android": "build_android.sh"}
+
+
+class HarnessError(LayerdiffError):
+    """No harness binary can be had for a device/engine; the message says what to run."""
+
+
+@dataclass(frozen=True)
+class HarnessSpec:
+    """Everything that decides which binary gets built.
+
+    target: "host", "aarch64" (static Linux, runs on phones' CPUs and under qemu) or
+    "android-<abi>" (NDK build, needed for OpenCL/Vulkan on phones).
+    test_build: ncnn without int8 and optional ISA variants, built faster for tests and CI.
+    ncnn_layers: build ncnn with only these layers (None: all layers).
+    """
+
+    target: str
+    with_ncnn: bool = True
+    mnn_root: str | None = None
+    vulkan: bool = False
+    test_build: bool = False
+    ncnn_layers: tuple[str, ...] | None = None
+
+
+def cache_root() -> Path:
+    """Root of layerdiff's caches, shared with the analyzer's conversion and results cache."""
+    return user_cache_root()
+
+
+def host_abi() -> str:
+    """The Android-style ABI name of this machine (what a host build runs as)."""
+    machine = platform.machine().lower()
+    return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64-v8a", "arm64": "arm64-v8a"}.get(
+        machine, machine
+    )
+
+
+def spec_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool = False) -> HarnessSpec:
+    """Choose the build that can run `engine` on `backend` for a device with `abi`.
+
+    A CPU-only ncnn run on an arm64 phone uses the static aarch64 binary (no NDK needed);
+    GPU backends and MNN need an NDK build; the host ABI gets the host build (Vulkan on).
+    """
+    mnn_root = os.environ.get("MNN_ROOT") or None
+    if engine not in PHONE_ENGINES:
+        where = " (it runs on the local device only)" if engine in ENGINES else ""
+        raise HarnessError(f"no device harness for engine {engine!r}{where}: use {' or '.join(PHONE_ENGINES)}")
+    if engine == "mnn" and not mnn_root:
+        raise HarnessError(
+            f"the MNN harness for {abi} needs an MNN build: set MNN_ROOT to a directory with include/ and lib/"
+        )
+    with_ncnn = engine == "ncnn"
+    if abi == host_abi():
+        return HarnessSpec("host", with_ncnn, mnn_root if engine == "mnn" else None, with_ncnn, test_build)
+    if abi == "arm64-v8a" and engine == "ncnn" and backend == "cpu":
+        return HarnessSpec("aarch64", True, None, False, test_build)
+    if abi in ("arm64-v8a", "armeabi-v7a"):
+        return HarnessSpec(f"android-{abi}", with_ncnn, mnn_root if engine == "mnn" else None, with_ncnn, test_build)
+    raise HarnessError(f"no layerdiff harness build exists for ABI {abi!r} (supported: arm64-v8a, armeabi-v7a, {host_abi()})")
+
+
+def ncnn_key(spec: HarnessSpec) -> str:
+    """Cache key of the ncnn library a spec links against."""
+    layers = sorted(spec.ncnn_layers) if spec.ncnn_layers else None
+    recipe = {"recipe": NCNN_RECIPE, "ncnn": NCNN_VERSION, "target": spec.target, "vulkan": spec.vulkan,
+              "layers": layers, "test_build": spec.test_build}
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _check_device_scripts() -> None:
+    """The harness sources ship with the package; without them nothing can be built (a broken install)."""
+    if not (DEVICE_SCRIPTS / "harness" / "CMakeLists.txt").is_file():
+        raise HarnessError(f"the harness sources are missing from {DEVICE_SCRIPTS}; reinstall layerdiff "
+                           "(pip install --force-reinstall layerdiff) or run from a checkout")
+
+
+def sources_digest() -> str:
+    """sha256 over the harness sources and build scripts: any edit gives a new binary."""
+    _check_device_scripts()
+    digest = hashlib.sha256()
+    files = sorted(p for p in (DEVICE_SCRIPTS / "harness").rglob("*") if p.is_file())
+    files += sorted(DEVICE_SCRIPTS.glob("build_*.sh")) + sorted((DEVICE_SCRIPTS / "cmake").glob("*"))
+    for path in files:
+        digest.update(str(path.relative_to(DEVICE_SCRIPTS)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def harness_key(spec: HarnessSpec) -> str:
+    """Cache key of a harness binary: sources + spec + the ncnn it links."""
+    mnn_lib = _mnn_library_stamp(spec.mnn_root) if spec.mnn_root else None
+    blob = json.dumps({"sources": sources_digest(), "spec": asdict(spec), "ncnn": ncnn_key(spec), "mnn": mnn_lib},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _mnn_library_stamp(mnn_root: str) -> list[list]:
+    """Names, sizes and mtimes of the MNN libraries, so a rebuilt MNN gives a new key."""
+    root = Path(mnn_root)
+    libs = sorted(p for p in root.rglob("libMNN*") if p.is_file())
+    return [[str(p.relative_to(root)), p.stat().st_size, int(p.stat().st_mtime)] for p in libs]
+
+
+def binary_dir(spec: HarnessSpec) -> Path:
+    """Directory holding the cached binary for `spec`."""
+    return cache_root() / "harness" / f"{spec.target}-{harness_key(spec)}"
+
+
+def build_command(spec: HarnessSpec, out_dir: Path | None = None) -> list[str]:
+    """The build script invocation that produces the binary for `spec` (also shown in errors)."""
+    out = out_dir or binary_dir(spec)
+    base = spec.target.split("-", 1)[0]
+    cmd = ["bash", str(DEVICE_SCRIPTS / TARGET_SCRIPTS[base]), "--out", str(out), "--build-dir", str(out / "build")]
+    if base == "android":
+        cmd += ["--abi", spec.target.split("-", 1)[1]]
+    if spec.with_ncnn:
+        cache = cache_root() / "harness"
+        cmd += ["--ncnn-prefix", str(cache / f"ncnn-{spec.target}-{ncnn_key(spec)}"),
+                "--ncnn-src", str(cache / "src" / f"ncnn-{NCNN_VERSION}")]
+        cmd += ["--vulkan", "ON" if spec.vulkan else "OFF"]
+        if spec.ncnn_layers:
+            cmd += ["--layers", ",".join(spec.ncnn_layers)]
+        if spec.test_build:
+            cmd.append("--test-build")
+    else:
+        cmd.append("--no-ncnn")
+    if spec.mnn_root:
+        cmd += ["--mnn-root", spec.mnn_root]
+    return cmd
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Exclusive lock on `path` for the duration; a second builder waits, then finds the binary."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fetch_ncnn_source() -> None:
+    """Unpack ncnn's PyPI sdist into the cache (once) before a build needs it."""
+    dest = cache_root() / "harness" / "src"
+    fetch = [sys.executable, str(DEVICE_SCRIPTS / "fetch_ncnn_source.py"), str(dest),
+             "--version", NCNN_VERSION]
+    with _locked(dest.parent / "src.lock"):
+        result = subprocess.run(fetch, capture_output=True, text=True)
+    if result.returncode != 0:
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HarnessError(f"cannot fetch the ncnn source from PyPI ({detail}); run: {shlex.join(fetch)}")
+
+
+def ensure_built(spec: HarnessSpec, reporter: BuildReporter | None = None) -> Path:
+    """Return the cached binary for `spec`, building it first if needed (one builder at a time).
+
+    A build says what it builds, why and roughly how long it takes, then shows progress on
+    `reporter` (default: a bar on a terminal, plain lines elsewhere).
+    """
+    out = binary_dir(spec)
+    binary = out / "layerdiff-harness"
+    if binary.is_file():
+        return binary
+    if spec.target.startswith("android") and not os.environ.get("ANDROID_NDK"):
+        raise HarnessError(f"no {spec.target} harness: it needs the Android NDK; set ANDROID_NDK and run: "
+                           f"{shlex.join(build_command(spec))}")
+    with _locked(out.with_suffix(".lock")):
+        if binary.is_file():
+            return binary
+        if spec.with_ncnn:
+            _fetch_ncnn_source()
+        out.mkdir(parents=True, exist_ok=True)
+        cmd = build_command(spec)
+        with open(out / "builds.txt", "a") as history:  # one line per build run: audit trail
+            history.write(shlex.join(cmd) + "\n")
+        ok = _run_build(cmd, out / "build.log", spec, reporter or default_reporter())
+        if not ok or not binary.is_file():
+            raise HarnessError(f"building the {spec.target} harness failed (log: {out / 'build.log'}); "
+                               f"run: {shlex.join(cmd)}")
+    return binary
+
+
+def describe_build(spec: HarnessSpec) -> str:
+    """What is about to be built, why, and roughly how long it takes (first line a user sees)."""
+    ncnn_cached = not spec.with_ncnn or (cache_root() / "harness" / f"ncnn-{spec.target}-{ncnn_key(spec)}"
+                                         / ".complete").is_file()
+    engines = " + ".join(e for e, on in (("ncnn " + NCNN_VERSION, spec.with_ncnn), ("MNN", bool(spec.mnn_root))) if on)
+    vulkan = " with Vulkan" if spec.vulkan else ""
+    minutes = estimate_minutes(spec.target, vulkan=spec.vulkan, ncnn_cached=ncnn_cached, test_build=spec.test_build)
+    why = "ncnn is not built yet for this target" if not ncnn_cached else "no cached binary for these harness sources"
+    return (f"building the {spec.target} harness ({engines}{vulkan}): {why}; about {minutes} min, "
+            f"once (cached in {binary_dir(spec)})")
+
+
+def _run_build(cmd: list[str], log: Path, spec: HarnessSpec, reporter: BuildReporter) -> bool:
+    """Run the build script with its output in `log`, following its steps for the reporter."""
+    watcher = BuildWatcher(reporter)
+    watcher.start(describe_build(spec))
+    ok = False
+    env = {**os.environ, "PYTHON": sys.executable}
+    with open(log, "w") as handle:
+        # its own process group, so an interrupted build takes cmake, ninja and the compilers with it
+        # (registered: Ctrl-C during a sweep ends it from the main thread while a worker builds)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                errors="replace", start_new_session=True)
+        children.register(proc)
+        try:
+            for line in proc.stdout:
+                handle.write(line)
+                watcher.feed(line)
+            ok = proc.wait() == 0
+        finally:
+            children.unregister(proc)
+            if proc.poll() is None:  # interrupted: never leave cmake/ninja compiling behind
+                children.end_group(proc)
+            watcher.stop(ok)
+    return ok
+
+
+def prebuilt_override(abi: str) -> Path | None:
+    """A binary named by $LAYERDIFF_HARNESS_<ABI>, if set (must exist)."""
+    variable = "LAYERDIFF_HARNESS_" + abi.upper().replace("-", "_")
+    value = os.environ.get(variable)
+    if not value:
+        return None
+    path = Path(value)
+    if not path.is_file():
+        raise HarnessError(f"{variable}={value} does not name a file: fix or unset it")
+    return path
+
+
+def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool | None = None,
+                reporter: BuildReporter | None = None) -> Path:
+    """The harness binary to run `engine`/`backend` on a device with `abi`, built on demand.
+
+    test_build None reads $LAYERDIFF_HARNESS_TEST_BUILD ("1": the faster CI build of ncnn, which
+    is what the test suite builds anyway, so a CI run never builds both variants).
+    """
+    override = prebuilt_override(abi)
+    if override:
+        return override
+    if test_build is None:
+        test_build = os.environ.get("LAYERDIFF_HARNESS_TEST_BUILD", "") == "1"
+    return ensure_built(spec_for(abi, engine, backend, test_build=test_build), reporter)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m layerdiff.collector.harness.build --abi arm64-v8a [--engine ncnn] [--backend cpu] [--test-build]`:
+    build (or find) the binary and print its path; lets CI and users warm the cache up front."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m layerdiff.collector.harness.build", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--abi", default=host_abi())
+    parser.add_argument("--engine", default="ncnn", choices=list(PHONE_ENGINES))
+    parser.add_argument("--backend", default="cpu", choices=["cpu", "opencl", "vulkan"])
+    parser.add_argument("--test-build", action="store_true", default=None)
+    args = parser.parse_args(argv)
+    try:
+        print(harness_for(args.abi, args.engine, args.backend, test_build=args.test_build))
+    except HarnessError as err:
+        print(f"layerdiff: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""Op isolation: re-run chosen layers on the target backend fed with the reference run's own inputs.
+
+Cumulative comparisons cannot tell a broken kernel from error that grew on the way. Feeding a layer
+exactly the reference's input tensors and running only that layer on the suspect backend/precision
+answers it: if the isolated output is still off, the kernel is; if it is clean, the error came from
+upstream. Only the tensors the targets consume travel to the device (an "inject" raw dump).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.errors import LayerdiffError
+from layerdiff.analyzer.formats.rawdump import RawDumpWriter, sha256_file
+from layerdiff.collector.transport.devices import Device
+from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.inputs.modelfiles import ModelFiles
+from layerdiff.collector.sweep.outdir_lock import OutdirLock
+from layerdiff.collector.run.pipeline import RunOutcome, RunSpec, check_run_options, collect_run
+
+ISOLATE_PREFIX = "isolated_"
+
+
+def target_inputs(ref: DumpFile, keys: list[str]) -> dict[str, list[str]]:
+    """Each target's input tensor names in the reference, plus what MNN's raster helpers read.
+
+    MNN inserts `<op>_raster_<k>` ops at run time; they are not graph tensors a sub-graph can start
+    from, so the tensors behind them travel too and the engine picks what its graph needs.
+    """
+    layers = ref.layers
+    by_key = {row.key: row for row in layers.itertuples()}
+    by_name = {row.name: row for row in layers.itertuples()}
+    out: dict[str, list[str]] = {}
+    for key in keys:
+        row = by_key.get(key) or by_key.get(f"{key}:0")
+        if row is None:
+            raise LayerdiffError(f"{ref.path}: no layer {key!r} in the reference; `analyze inspect {ref.path}` lists them")
+        direct = json.loads(row.inputs)
+        out[row.key] = list(dict.fromkeys(direct + _through_rasters(direct, by_name)))
+    return out
+
+
+def _through_rasters(names: list[str], by_name: dict) -> list[str]:
+    resolved: list[str] = []
+    for name in names:
+        producer = by_name.get(name)
+        if producer is not None and producer.op_type == "Raster":
+            resolved.extend(_through_rasters(json.loads(producer.inputs), by_name))
+        elif name not in resolved:
+            resolved.append(name)
+    return resolved
+
+
+def write_inject_dump(ref: DumpFile, targets: dict[str, list[str]], out_dir: Path) -> Path:
+    """A raw dump holding only the reference tensors the targets consume, plus the target map."""
+    needed = list(dict.fromkeys(name for names in targets.values() for name in names))
+    layers = ref.layers.set_index("name", drop=False)
+    model_inputs = dict(ref.inputs())
+    writer = RawDumpWriter(out_dir, {"engine": ref.attrs.get("engine", ""), "harness": "layerdiff-inject",
+                                     "targets": targets, "reference": ref.path.name})
+    for name in needed:
+        if name in layers.index:
+            row = layers.loc[name]
+            array, op, op_type = ref.tensor(int(row["order"])), row["op"], row["op_type"]
+        elif name in model_inputs:
+            array, op, op_type = model_inputs[name], name, "Input"
+        else:
+            raise LayerdiffError(f"{ref.path}: the reference has no tensor {name!r} that a target consumes")
+        writer.add(op=op, op_type=op_type, array=array, name=name)
+    writer.close(infer_ms=0.0)
+    return out_dir
+
+
+def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref_path: Path, keys: list[str],
+            out_dir: Path, *, force: bool = False, deadline_s: float = 900.0, threads: int = 1) -> RunOutcome:
+    """Run `keys` in isolation on `device`; writes `isolated_<engine>_<backend>_<precision>_<ref>.h5`."""
+    check_run_options(threads, 1, deadline_s, None, None)
+    if not keys:
+        raise LayerdiffError("no layer to isolate; pass --layer KEY (or --failing-from REPORT_DIR)")
+    with DumpFile(ref_path) as ref:
+        if ref.attrs.get("model_sha256") and ref.attrs["model_sha256"] != model.sha256:
+            raise LayerdiffError(f"{ref_path} was made with another model than {model.name}; isolate against its own reference")
+        targets = target_inputs(ref, keys)
+        with tempfile.TemporaryDirectory(prefix="layerdiff-inject-") as tmp:
+            inject = write_inject_dump(ref, targets, Path(tmp) / "inject")
+            spec = RunSpec(
+                model, backend, precision, InputSet(Path(ref_path).stem, {}, str(ref_path)), threads=threads,
+                deadline_s=deadline_s, prefix=ISOLATE_PREFIX,
+                extra_args=["--inject", "{run_dir}/inject"] + [a for key in targets for a in ("--target", key)],
+                placed_files={f"inject/{f.name}": f for f in sorted(inject.iterdir())},
+                extra_attrs={"mode": "isolate", "isolated_from": Path(ref_path).name,
+                             "reference_sha256": sha256_file(ref_path),
+                             "provenance": {"targets": targets, "reference_path": str(ref_path)}},
+            )
+            with OutdirLock(out_dir):
+                return collect_run(device, spec, out_dir, force=force)
+
+
+def failing_layers(report_dir: Path, backend: str, precision: str) -> list[str]:
+    """Layers the analyzer's report (`results.json`) flagged in runs of this backend and precision."""
+    path = Path(report_dir) / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise LayerdiffError(f"{path}: cannot read the analyzer's results ({err}); run `analyze ... -o {report_dir}` first") from None
+    keys: list[str] = []
+    for run in results.get("runs", []):
+        prov = run.get("provenance", run)
+        if prov.get("backend_requested", backend) != backend or prov.get("precision_requested", precision) != precision:
+            continue
+        for finding in run.get("findings", []):
+            if finding.get("kind") in ("failure_source", "nan_origin", "inf_origin", "saturation", "zero_collapse_origin", "first_divergence"):
+                if finding.get("layer") and finding["layer"] not in keys:
+                    keys.append(finding["layer"])
+    if not keys:
+        raise LayerdiffError(f"{path}: no failing layer found for {backend}/{precision}; name layers with --layer")
+    return keys

@@ -1,0 +1,292 @@
+"""One run on one device: stage → execute (with a deadline) → fetch → convert to HDF5 → clean up.
+
+The steps are the same for a phone and for the `local` device; only the `Device` differs. Whatever
+happens, what the harness dumped is kept: a crash, a deadline or a bad exit still converts the
+partial raw dump into an HDF5 marked incomplete, under a temporary name renamed at the end.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from layerdiff.analyzer.formats.diskspace import writing
+from layerdiff.errors import Interrupted, LayerdiffError
+from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, read_raw_dump
+from layerdiff.collector.transport.devices import Device, DeviceError, ExecResult
+from layerdiff.collector.engines.harness_cli import INPUT_DTYPES
+from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.inputs.modelfiles import ModelFiles, input_dtypes
+from layerdiff.collector.sweep.outdir_lock import FETCH_PREFIX
+
+PROGRESS_PREFIX = "@@ld "
+HARNESS_EXIT_MEANINGS = {
+    2: "the harness refused its arguments",
+    3: "the model failed to load",
+    4: "the backend is not available on this device",
+    5: "the run failed",
+    6: "writing the dump failed (device storage full?)",
+}
+
+ProgressSink = Callable[[int, int, str], None]
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """How a harness runs, the same for every run of a sweep (so a sweep carries one of these)."""
+
+    threads: int = 1
+    repeat: int = 1
+    deadline_s: float = 900.0
+    layers: str | None = None
+    max_bytes: int | None = None
+    keep: bool = False
+
+    def __post_init__(self) -> None:
+        check_run_options(self.threads, self.repeat, self.deadline_s, self.layers, self.max_bytes)
+
+    def run_options(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(RunOptions)}
+
+
+MAX_THREADS = 1024
+
+
+def check_run_options(threads: int, repeat: int, deadline_s: float, layers: str | None, max_bytes: int | None) -> None:
+    """Refuse option values no run can use, before any device or engine is touched (one line each)."""
+    if not 1 <= threads <= MAX_THREADS:
+        raise LayerdiffError(f"--threads {threads}: use a thread count from 1 to {MAX_THREADS}")
+    if repeat < 1:
+        raise LayerdiffError(f"--repeat {repeat}: dump each configuration at least once (--repeat 1 or more)")
+    if not math.isfinite(deadline_s) or deadline_s <= 0:
+        raise LayerdiffError(f"--deadline {deadline_s}: give the seconds a run may take, a positive number such as 900")
+    if max_bytes is not None and max_bytes <= 0:
+        raise LayerdiffError(f"--max-bytes {max_bytes}: give a positive byte count, or leave it out for no limit")
+    if layers is not None:
+        try:
+            re.compile(layers)
+        except re.error as err:
+            raise LayerdiffError(f"--layers {layers!r}: not a valid regular expression ({err})") from None
+
+
+@dataclass
+class RunSpec(RunOptions):
+    """Everything that defines one run's configuration (and so its output file name)."""
+
+    model: ModelFiles
+    backend: str
+    precision: str
+    inputs: InputSet
+    extra_args: list[str] = field(default_factory=list)  # "{run_dir}" is replaced by the run's device directory
+    placed_files: dict[str, Path] = field(default_factory=dict)  # path under the run directory → local file
+    extra_attrs: dict = field(default_factory=dict)  # merged into the HDF5 root attributes
+    prefix: str = ""
+    expected_bytes: int | None = None  # dump size of one repetition, when known (see layerdiff.collector.sweep.plan)
+
+    @property
+    def stem(self) -> str:
+        return f"{self.prefix}{self.model.engine}_{self.backend}_{self.precision}_{_safe(self.inputs.label)}"
+
+    def output_names(self) -> list[str]:
+        if self.repeat == 1:
+            return [f"{self.stem}.h5"]
+        return [f"{self.stem}_r{k}.h5" for k in range(self.repeat)]
+
+
+@dataclass
+class RunOutcome:
+    spec: RunSpec
+    serial: str
+    status: str  # "done", "failed" or "skipped"
+    paths: list[Path]
+    message: str = ""
+    exit_status: int | None = None
+    duration_s: float = 0.0
+
+
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+
+
+def collect_run(
+    device: Device, spec: RunSpec, out_dir: Path, *, force: bool = False, on_progress: ProgressSink | None = None,
+    cancel: threading.Event | None = None,
+) -> RunOutcome:
+    """Run `spec` on `device`, writing its HDF5 file(s) into `out_dir`.
+
+    Once `cancel` is set (Ctrl-C) nothing more is fetched or converted: `Interrupted` is raised."""
+    out_dir = Path(out_dir)
+    targets = [out_dir / name for name in spec.output_names()]
+    if not force and all(t.exists() for t in targets):
+        return RunOutcome(spec, device.serial, "skipped", targets, "already collected (use --force to re-run)")
+    start = time.monotonic()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise LayerdiffError(f"output {out_dir} is a file; pass a directory to -o")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    harness = device.prepare_harness(spec.model.engine, spec.backend)
+    run_dir = device.new_run_dir(spec.stem)
+    try:
+        check_space(device, spec, run_dir)
+        with tempfile.TemporaryDirectory(prefix="layerdiff-inputs-") as tmp:
+            argv = _stage(device, spec, run_dir, Path(tmp))
+            result = device.execute(harness.argv + argv, env=harness.env, deadline_s=spec.deadline_s,
+                                    on_stdout_line=_progress_parser(on_progress))
+        with writing(out_dir, (spec.expected_bytes or 0) * spec.repeat):
+            paths, message = _fetch_and_convert(device, spec, run_dir, targets, result, cancel)
+    finally:
+        if not spec.keep:
+            _cleanup(device, run_dir)
+    status = "done" if not message else "failed"
+    return RunOutcome(spec, device.serial, status, paths, message, result.exit_status, time.monotonic() - start)
+
+
+SPACE_MARGIN = 16 << 20
+
+
+def check_space(device: Device, spec: RunSpec, run_dir: str) -> None:
+    """Refuse a run whose dump cannot fit on the device, before the harness fills the disk."""
+    if not spec.expected_bytes:
+        return
+    need = spec.expected_bytes * spec.repeat
+    if spec.max_bytes:
+        need = min(need, spec.max_bytes * spec.repeat)
+    free = device.free_bytes(run_dir)
+    if free < need + SPACE_MARGIN:
+        raise DeviceError(
+            f"{device.serial}: not enough space under {run_dir}: the dump needs about {need / 2**20:.1f} MiB, "
+            f"{free / 2**20:.1f} MiB free; free space on the device or dump less with --layers / --max-bytes"
+        )
+
+
+def _stage(device: Device, spec: RunSpec, run_dir: str, scratch: Path) -> list[str]:
+    """Put model and inputs on the device; returns the harness arguments that refer to them."""
+    argv = ["--engine", spec.model.engine]
+    for model_file in spec.model.files:
+        argv += ["--model", device.stage(model_file, run_dir)]
+    dtypes = input_dtypes(spec.model) if spec.inputs.arrays else {}
+    for index, (name, array) in enumerate(spec.inputs.arrays.items()):
+        local = scratch / f"input{index}.npy"
+        np.save(local, staged_array(array, dtypes.get(name, "float32")))
+        argv += ["--input", f"{name}={device.stage(local, run_dir)}"]
+    for relative, local in spec.placed_files.items():
+        device.put(local, f"{run_dir}/{relative}")
+    argv += ["--backend", spec.backend, "--precision", spec.precision, "--threads", str(spec.threads)]
+    argv += ["--out", f"{run_dir}/dump"]
+    if spec.repeat > 1:
+        argv += ["--repeat", str(spec.repeat)]
+    if spec.layers:
+        argv += ["--layers", spec.layers]
+    if spec.max_bytes:
+        argv += ["--max-bytes", str(spec.max_bytes)]
+    return argv + [arg.replace("{run_dir}", run_dir) for arg in spec.extra_args]
+
+
+def staged_array(array: np.ndarray, model_dtype: str) -> np.ndarray:
+    """What goes into an input's .npy: the dtype the model takes (`<f4` for float inputs, the harness
+    format; int32/int64/bool where the model says so), little-endian, C order, 0-d kept 0-d."""
+    dtype = np.dtype(model_dtype if model_dtype in INPUT_DTYPES else "float32").newbyteorder("<")
+    return np.asarray(array, dtype=dtype, order="C")
+
+
+def _progress_parser(sink: ProgressSink | None) -> Callable[[str], None] | None:
+    if sink is None:
+        return None
+
+    def parse(line: str) -> None:
+        if not line.startswith(PROGRESS_PREFIX):
+            return
+        try:
+            event = json.loads(line[len(PROGRESS_PREFIX) :])
+            sink(int(event.get("k", 0)), int(event.get("n", 0)), str(event.get("op", "")))
+        except (ValueError, TypeError, AttributeError):
+            return
+
+    return parse
+
+
+def harness_failure(result: ExecResult, deadline_s: float) -> str:
+    """One line saying why a harness run did not finish, with its last stderr line."""
+    if result.exit_status == 0:
+        return ""
+    tail = [line for line in result.stderr.strip().splitlines() if line.strip()][-1:] or [""]
+    last = tail[0].strip().removeprefix("layerdiff-harness: ")
+    detail = f": {last}" if last else ""
+    if result.timed_out:
+        return f"deadline of {deadline_s:.0f}s exceeded; raise --deadline or dump fewer layers{detail}"
+    if result.exit_status < 0 or result.exit_status >= 128:
+        signal = -result.exit_status if result.exit_status < 0 else result.exit_status - 128
+        return f"the harness was killed by signal {signal} (crash){detail}"
+    meaning = HARNESS_EXIT_MEANINGS.get(result.exit_status, f"the harness exited with status {result.exit_status}")
+    return f"{meaning}{detail}"
+
+
+def _fetch_and_convert(
+    device: Device, spec: RunSpec, run_dir: str, targets: list[Path], result: ExecResult,
+    cancel: threading.Event | None = None,
+) -> tuple[list[Path], str]:
+    message = harness_failure(result, spec.deadline_s)
+    dump_dirs = [f"{run_dir}/dump"] if spec.repeat == 1 else [f"{run_dir}/dump/r{k}" for k in range(spec.repeat)]
+    written: list[Path] = []
+    stop = cancel.is_set if cancel is not None else None
+    with tempfile.TemporaryDirectory(prefix=FETCH_PREFIX, dir=targets[0].parent) as tmp:
+        for k, (remote, target) in enumerate(zip(dump_dirs, targets)):
+            if stop and stop():
+                raise Interrupted(f"{device.serial}: {spec.stem}: stopped on request")
+            try:
+                local = device.fetch_dir(remote, Path(tmp) / f"r{k}")
+            except DeviceError as err:
+                return written, f"{message + '; ' if message else ''}{err}"
+            if not (Path(local) / MANIFEST).is_file():
+                if not message:
+                    message = f"the harness wrote no dump at {remote}"
+                continue
+            written.append(_convert(device, spec, Path(local), target, result, stop))
+    return written, message
+
+
+def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: ExecResult,
+             stop: Callable[[], bool] | None = None) -> Path:
+    info = device.info()
+    vulkan_gpu = getattr(device, "vulkan_gpu", None)  # the local machine names its GPU only when asked
+    if spec.backend == "vulkan" and vulkan_gpu is not None and not info.gpu:
+        info = replace(info, gpu=vulkan_gpu())
+    attrs = {
+        **info.provenance(),
+        "input_label": spec.inputs.label,
+        "model_name": spec.model.name,
+        "model_sha256": spec.model.sha256,  # what the collector sent, whatever the harness reports
+        "input_sha256": spec.inputs.sha256() if spec.inputs.arrays else "",
+        **spec.extra_attrs,
+        "provenance": {
+            **spec.extra_attrs.get("provenance", {}),
+            "device": info.as_dict(),
+            "input_source": spec.inputs.source,
+            "input_preprocess": spec.inputs.preprocess,
+            "harness_duration_s": result.duration_s,
+            "timed_out": result.timed_out,
+            "device_log": result.device_log,
+            "command": shlex.join(["layerdiff-harness", "--backend", spec.backend, "--precision", spec.precision]),
+        },
+    }
+    try:
+        raw = read_raw_dump(local)
+    except LayerdiffError as err:
+        raise LayerdiffError(f"{device.serial}: {spec.stem}: the harness's dump is unusable ({err})") from None
+    return convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
+                            stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
+
+
+def _cleanup(device: Device, run_dir: str) -> None:
+    try:
+        device.remove(run_dir)
+    except DeviceError:
+        pass  # a device that went away keeps its scratch files; nothing collected depends on them

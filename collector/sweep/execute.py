@@ -1,0 +1,174 @@
+"""Running a planned sweep: one worker per device, all devices at once, the index always current.
+
+A phone runs one job at a time, so each device gets one thread that works through its own runs; the
+devices run in parallel. A device that disappears has its remaining runs marked failed while the
+others carry on. Ctrl-C stops every worker, kills local harness processes, and leaves the index
+saying exactly what is done (final files only ever appear complete: see layerdiff.analyzer.formats.dumpfile).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from layerdiff.analyzer.formats.diskspace import NO_SPACE, NoSpaceError
+from layerdiff.analyzer.formats.dumpfile import partial_path
+from layerdiff.errors import LayerdiffError
+from layerdiff.collector.harness.children import terminate_children
+from layerdiff.collector.transport.devices import Device, DeviceError
+from layerdiff.collector.sweep.index import Index, read_index
+from layerdiff.collector.sweep.outdir_lock import OutdirLock, remove_leftovers
+from layerdiff.collector.sweep.plan import PlannedRun, SweepPlan, plan_runs, relative_name
+from layerdiff.collector.run.pipeline import RunOutcome, collect_run
+
+
+class SweepObserver(Protocol):
+    """What a progress display hears from a sweep (called from worker threads)."""
+
+    def started(self, run: PlannedRun) -> None: ...
+
+    def layer(self, run: PlannedRun, k: int, n: int, op: str) -> None: ...
+
+    def finished(self, run: PlannedRun) -> None: ...
+
+
+@dataclass
+class SweepResult:
+    runs: list[PlannedRun]
+    index: Index
+    interrupted: bool = False
+    failed: list[PlannedRun] = field(default_factory=list)
+
+
+class _Worker(threading.Thread):
+    """Works through one device's runs in order; stops between runs when asked."""
+
+    def __init__(self, device: Device, runs: list[PlannedRun], index: Index, plan: SweepPlan,
+                 stop: threading.Event, observer: SweepObserver | None, halt: threading.Event | None = None) -> None:
+        super().__init__(name=f"sweep-{device.serial}", daemon=True)
+        self.device, self.runs, self.index, self.plan = device, runs, index, plan
+        self.stop, self.observer = stop, observer
+        self.halt = halt or threading.Event()  # set when the output disk is full: no worker starts another run
+        self.current: PlannedRun | None = None
+
+    def run(self) -> None:
+        for position, run in enumerate(self.runs):
+            if self.stop.is_set() or self.halt.is_set():
+                return
+            self.current = run
+            self.index.update(run.row, status="running", reason="")
+            if self.observer:
+                self.observer.started(run)
+            lost = self._one(run)
+            self.current = None
+            if self.observer:
+                self.observer.finished(run)
+            if lost:
+                for rest in self.runs[position + 1 :]:
+                    self.index.update(rest.row, status="failed", reason=f"device lost earlier in the sweep: {lost}")
+                    if self.observer:
+                        self.observer.finished(rest)
+                return
+
+    def _one(self, run: PlannedRun) -> str:
+        """Run one configuration; returns a reason when the device itself is gone."""
+        start = time.monotonic()
+        sink = (lambda k, n, op: self.observer.layer(run, k, n, op)) if self.observer else None
+        try:
+            outcome = collect_run(self.device, run.spec, run.out_dir, force=True, on_progress=sink, cancel=self.stop)
+        except NoSpaceError as err:
+            self.halt.set()  # later runs would fail the same way; they stay planned for the resume
+            outcome = RunOutcome(run.spec, self.device.serial, "failed", [], f"{NO_SPACE}: {err}")
+        except LayerdiffError as err:
+            outcome = RunOutcome(run.spec, self.device.serial, "failed", [], str(err))
+        if self.stop.is_set():
+            return ""  # the interrupt handler owns this run's row now
+        run.paths = outcome.paths
+        self.index.update(run.row, status=outcome.status, reason=outcome.message,
+                          duration_s=time.monotonic() - start,
+                          files=[relative_name(p, self.plan.out_dir) for p in outcome.paths])
+        if outcome.status == "failed" and not device_alive(self.device):
+            return outcome.message or "the device stopped answering"
+        return ""
+
+
+def device_alive(device: Device) -> bool:
+    """A cheap round trip: a device that cannot report free space is gone for this sweep."""
+    try:
+        device.free_bytes(getattr(device, "root", None) or tempfile.gettempdir())
+        return True
+    except (DeviceError, OSError):
+        return False
+
+
+def run_sweep(plan: SweepPlan, observer: SweepObserver | None = None,
+              on_planned: Callable[[list[PlannedRun]], None] | None = None) -> SweepResult:
+    """Plan, then run every device's runs concurrently; Ctrl-C leaves a consistent index.
+
+    The output directory is locked for the whole sweep: a second collect into it fails at once."""
+    if plan.out_dir.exists() and not plan.out_dir.is_dir():
+        raise LayerdiffError(f"output {plan.out_dir} is a file; pass a directory to -o")
+    with OutdirLock(plan.out_dir):
+        return _run_locked(plan, observer, on_planned)
+
+
+def _run_locked(plan: SweepPlan, observer: SweepObserver | None,
+                on_planned: Callable[[list[PlannedRun]], None] | None) -> SweepResult:
+    previous = read_index(plan.out_dir)
+    runs = plan_runs(plan, previous)
+    for run in runs:
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(run.out_dir)  # under the lock, anything half-written is an earlier run's
+    planned_keys = {run.row.key for run in runs}
+    others = [row for key, row in previous.items() if key not in planned_keys]  # e.g. a phone not attached today
+    index = Index(plan.out_dir, [run.row for run in runs] + others)
+    if on_planned:
+        on_planned(runs)
+    stop, halt = threading.Event(), threading.Event()
+    workers = [
+        _Worker(device, [r for r in runs if r.device is device and r.todo], index, plan, stop, observer, halt)
+        for device in plan.devices
+    ]
+    for worker in workers:
+        worker.start()
+    interrupted = False
+    try:
+        while any(w.is_alive() for w in workers):
+            for worker in workers:
+                worker.join(timeout=0.2)
+    except KeyboardInterrupt:
+        interrupted = True
+        _interrupt(workers, index, stop)
+    failed = [r for r in runs if r.row.status == "failed"]
+    return SweepResult(runs, index, interrupted, failed)
+
+
+STOP_WAIT_S = 5.0
+
+
+def _interrupt(workers: list[_Worker], index: Index, stop: threading.Event) -> None:
+    """Stop everything, record in-flight runs as interrupted, and remove half-written files.
+
+    Workers stop between tensors of a conversion (never inside HDF5) and their child process groups
+    are killed. A worker still blocked after STOP_WAIT_S (e.g. in a network read) would keep the
+    interpreter from exiting cleanly, so then the process ends here with 130, everything recorded."""
+    stop.set()
+    in_flight = [w.current for w in workers if w.current is not None]
+    terminate_children()
+    deadline = time.monotonic() + STOP_WAIT_S
+    for worker in workers:
+        worker.join(timeout=max(0.0, deadline - time.monotonic()))
+    for run in in_flight:
+        index.update(run.row, status="interrupted", reason="stopped by Ctrl-C; re-run the command to resume")
+        for name in run.spec.output_names():
+            partial_path(run.out_dir / name).unlink(missing_ok=True)
+        remove_leftovers(run.out_dir)
+    index.save()
+    if any(worker.is_alive() for worker in workers):
+        sys.stderr.write("collect: interrupted; runs already written are kept\n")
+        sys.stderr.flush()
+        os._exit(130)

@@ -1,0 +1,125 @@
+"""`index.csv`: one row per planned run of a sweep, the sweep's memory across interruptions.
+
+It is rewritten whole, under a temporary name, after every state change, so at any instant the file
+on disk is a complete, consistent account of what is done, failed, skipped or still planned, and a
+re-run of the same command can resume from it.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from layerdiff.analyzer.formats.diskspace import writing
+from layerdiff.errors import LayerdiffError
+
+INDEX_NAME = "index.csv"
+COLUMNS = ["serial", "engine", "backend", "precision", "input", "repeat", "status", "reason", "duration_s",
+           "files", "model_sha256", "input_sha256", "harness"]
+STATUSES = ("planned", "running", "done", "failed", "skipped", "interrupted")
+
+
+@dataclass
+class IndexRow:
+    serial: str
+    engine: str
+    backend: str
+    precision: str
+    input: str
+    repeat: int = 1
+    status: str = "planned"
+    reason: str = ""
+    duration_s: float = 0.0
+    files: list[str] = field(default_factory=list)
+    model_sha256: str = ""
+    input_sha256: str = ""
+    harness: str = ""
+
+    @property
+    def key(self) -> tuple:
+        return (self.serial, self.engine, self.backend, self.precision, self.input, self.repeat)
+
+    def as_csv(self) -> dict:
+        return {
+            **{c: getattr(self, c) for c in COLUMNS if c not in ("files", "duration_s")},
+            "duration_s": f"{self.duration_s:.2f}",
+            "files": ";".join(self.files),
+        }
+
+    @classmethod
+    def from_csv(cls, row: dict) -> "IndexRow":
+        def number(text: str, kind, default):
+            try:
+                return kind(text)
+            except (TypeError, ValueError):
+                return default
+
+        return cls(
+            serial=row.get("serial", ""), engine=row.get("engine", ""), backend=row.get("backend", ""),
+            precision=row.get("precision", ""), input=row.get("input", ""),
+            repeat=number(row.get("repeat"), int, 1), status=row.get("status", "planned"),
+            reason=row.get("reason", ""), duration_s=number(row.get("duration_s"), float, 0.0),
+            files=[f for f in (row.get("files") or "").split(";") if f],
+            model_sha256=row.get("model_sha256", ""), input_sha256=row.get("input_sha256", ""),
+            harness=row.get("harness", ""),
+        )
+
+
+def read_index(out_dir: Path) -> dict[tuple, IndexRow]:
+    """The rows of an existing index by run key; an unreadable index is treated as absent."""
+    path = Path(out_dir) / INDEX_NAME
+    if not path.is_file():
+        return {}
+    try:
+        with open(path, newline="") as fh:
+            rows = [IndexRow.from_csv(r) for r in csv.DictReader(fh)]
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return {}
+    return {row.key: row for row in rows}
+
+
+class Index:
+    """The live index of a running sweep; thread-safe, persisted on every update."""
+
+    def __init__(self, out_dir: Path, rows: list[IndexRow]) -> None:
+        self.path = Path(out_dir) / INDEX_NAME
+        self.rows = rows
+        self._lock = threading.Lock()
+        self.write_error: LayerdiffError | None = None
+        self.save()
+
+    def update(self, row: IndexRow, **changes) -> None:
+        with self._lock:
+            for name, value in changes.items():
+                setattr(row, name, value)
+            self._write()
+
+    def save(self) -> None:
+        with self._lock:
+            self._write()
+
+    def _write(self) -> None:
+        """Replace the file whole; on a full disk the old file stays and the rows stay in memory
+        (`write_error` says so, and the next write that fits catches up)."""
+        tmp = self.path.with_name(f".{self.path.name}.partial")
+        try:
+            with writing(self.path):
+                with open(tmp, "w", newline="") as fh:
+                    writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+                    writer.writeheader()
+                    for row in self.rows:
+                        writer.writerow(row.as_csv())
+                os.replace(tmp, self.path)
+            self.write_error = None
+        except LayerdiffError as err:
+            tmp.unlink(missing_ok=True)
+            self.write_error = err
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            out = {s: 0 for s in STATUSES}
+            for row in self.rows:
+                out[row.status] = out.get(row.status, 0) + 1
+            return out

@@ -1,0 +1,372 @@
+"""A phone reached through an adb server: the `Device` the run pipeline drives over ADB.
+
+Everything goes through the real adb server via adbutils' connections, so the same code drives a
+phone on USB, one on Wi-Fi, one on another machine's server (`--adb-server host:port`) and the
+test stand-in. Files are staged content-addressed under /data/local/tmp/layerdiff/stage/ and
+pushed only when size + `sha256sum` on the phone differ; runs get their own directory under
+runs/; the harness runs under the phone's `timeout` because adbutils only times out idle sockets.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import secrets
+import shlex
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import adbutils
+
+from layerdiff.collector.transport.adbproto import SyncFailed, SyncSession, TransferLost, remove_quietly, run_shell_v2, shell_text
+from layerdiff.collector.transport.adbserver import STATE_ADVICE, connect_server, device_state, list_devices, require_online
+from layerdiff.collector.transport.devices import DeviceError, DeviceInfo, ExecResult, HarnessInvocation, LineSink
+
+ROOT = "/data/local/tmp/layerdiff"
+PID_MARK = "@@ld-pid "
+GLES_MARK = "@@ld-gles"
+TIMEOUT_EXIT = 124
+SPACE_MARGIN = 1 << 20  # never fill the phone to the last byte
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_Lost = (TransferLost, adbutils.AdbError, OSError, EOFError)
+
+
+def harness_command(argv: list[str], env: dict[str, str], deadline_s: float) -> str:
+    """The shell line that runs argv with env under the device's `timeout`, reporting its pid first.
+
+    `sh -c 'echo pid; exec "$0" "$@"'` keeps the pid across exec, so logcat's crash lines for the
+    harness can be found by pid. Every user-supplied piece is shlex.quote'd.
+    """
+    exports = ""
+    for name, value in env.items():
+        if not _ENV_NAME.match(name):
+            raise DeviceError(f"invalid environment variable name {name!r}")
+        exports += f"export {name}={shlex.quote(value)}; "
+    inner = f'echo "{PID_MARK}$$"; exec "$0" "$@"'
+    seconds = max(1, math.ceil(deadline_s))
+    return f"{exports}exec timeout -k 5 {seconds} sh -c {shlex.quote(inner)} {shlex.join(argv)}"
+
+
+def _parse_df_available(output: str) -> int:
+    """Available bytes from `df -k` (toybox and coreutils; a long device name may wrap a line)."""
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    tokens = " ".join(lines[1:]).split()
+    if len(lines) < 2 or len(tokens) < 4 or not tokens[3].isdigit():
+        raise ValueError(output.strip()[:200])
+    return int(tokens[3]) * 1024
+
+
+class AdbDevice:
+    """One phone on one adb server (see `layerdiff.collector.transport.devices.Device`)."""
+
+    def __init__(self, serial: str, *, server: str | None = None, client: adbutils.AdbClient | None = None,
+                 root: str = ROOT) -> None:
+        self.serial = serial
+        self.client = client if client is not None else connect_server(server)
+        require_online(self.client, serial)
+        self._dev = adbutils.AdbDevice(self.client, serial=serial)
+        self.root = root.rstrip("/")
+        self._info: DeviceInfo | None = None
+        self._sha_cache: dict[tuple[str, int, int], str] = {}
+        self._present: set[tuple[str, str]] = set()  # (device path, sha256) checked or pushed by this object
+        self.pushed: list[str] = []  # device paths pushed by this object (staging skips are absent)
+        self._fresh_free: tuple[str, int] | None = None  # (new run dir, its free bytes), read once
+
+    # -- errors ---------------------------------------------------------------------------------------
+    def _lost(self, doing: str, err: BaseException | None = None) -> DeviceError:
+        """The error for an operation cut off: which one, and the device's state now (with advice)."""
+        state = device_state(self.client, self.serial)
+        detail = f" ({err})" if err and str(err) else ""
+        if state == "device":
+            return DeviceError(f"{self.serial}: {doing} failed{detail}")
+        advice = STATE_ADVICE.get(state, "check the phone and the cable")
+        return DeviceError(f"{self.serial}: device lost during {doing} (now {state}: {advice})")
+
+    def shell(self, command: str, doing: str = "a shell command", timeout: float = 60.0) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr) of a short command; `doing` names it in errors. Quote arguments!"""
+        try:
+            return shell_text(self._dev, command, idle_timeout=timeout)
+        except _Lost as err:
+            raise self._lost(doing, err) from None
+
+    def _sync(self) -> SyncSession:
+        try:
+            return SyncSession(self._dev)
+        except _Lost as err:
+            raise self._lost("opening a file transfer", err) from None
+
+    # -- facts ----------------------------------------------------------------------------------------
+    def properties(self) -> tuple[dict[str, str], str]:
+        """All of `getprop`, and SurfaceFlinger's `GLES:` line (the GPU), in one round trip."""
+        command = f"getprop; echo {GLES_MARK}; dumpsys SurfaceFlinger 2>/dev/null | grep -m1 '^GLES:'"
+        _code, out, _err = self.shell(command, "reading properties")
+        listing, _mark, gles = out.partition(GLES_MARK)
+        props = {}
+        for line in listing.splitlines():
+            m = re.match(r"^\[(.*?)\]: \[(.*)\]$", line.strip())
+            if m:
+                props[m.group(1)] = m.group(2)
+        return props, gles.strip()
+
+    @staticmethod
+    def gpu_name(props: dict[str, str], gles: str) -> str:
+        """The GLES renderer SurfaceFlinger reports, else the vendor's EGL/Vulkan driver names."""
+        if gles.startswith("GLES:"):
+            return gles[len("GLES:"):].strip()
+        names = [props.get(k, "") for k in ("ro.hardware.egl", "ro.hardware.vulkan")]
+        return " / ".join(n for n in names if n)
+
+    def info(self) -> DeviceInfo:
+        if self._info is None:
+            p, gles = self.properties()
+            abis = [a for a in p.get("ro.product.cpu.abilist", "").split(",") if a]
+            self._info = DeviceInfo(
+                serial=self.serial, kind="adb", model=p.get("ro.product.model", ""),
+                manufacturer=p.get("ro.product.manufacturer", ""),
+                soc=p.get("ro.soc.model") or p.get("ro.board.platform") or p.get("ro.hardware", ""),
+                board=p.get("ro.board.platform") or p.get("ro.product.board", ""),
+                abi=p.get("ro.product.cpu.abi") or (abis[0] if abis else ""), abis=abis,
+                android_release=p.get("ro.build.version.release", ""), sdk=p.get("ro.build.version.sdk", ""),
+                gpu=self.gpu_name(p, gles),
+                extra={"adb_server": f"{self.client.host}:{self.client.port}",
+                       "soc_manufacturer": p.get("ro.soc.manufacturer", ""),
+                       "fingerprint": p.get("ro.build.fingerprint", ""), "hardware": p.get("ro.hardware", "")},
+            )
+        return self._info
+
+    def free_bytes(self, remote_dir: str) -> int:
+        fresh, self._fresh_free = self._fresh_free, None
+        if fresh is not None and fresh[0] == remote_dir:
+            return fresh[1]
+        q = shlex.quote(remote_dir)
+        code, out, err = self.shell(f"mkdir -p {q} && df -k {q}", f"checking free space in {remote_dir}")
+        try:
+            if code != 0:
+                raise ValueError(err.strip())
+            return _parse_df_available(out)
+        except ValueError as bad:
+            raise DeviceError(f"{self.serial}: cannot read free space of {remote_dir} ({bad})") from None
+
+    # -- files ----------------------------------------------------------------------------------------
+    def _local_sha256(self, local: Path) -> str:
+        st = local.stat()
+        key = (str(local.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in self._sha_cache:
+            h = hashlib.sha256()
+            with open(local, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+            self._sha_cache[key] = h.hexdigest()
+        return self._sha_cache[key]
+
+    def same_file(self, local: Path, remote: str, digest: str) -> bool:
+        """True when `remote` has local's size and sha256 (sha256sum runs on the phone).
+
+        Asked once per file and object: a sweep's later runs reuse the answer instead of hashing
+        the harness and MNN's libraries on the phone again (a stage/ or bin/ file, named by its
+        content, only goes away when someone deletes it by hand)."""
+        if (remote, digest) in self._present:
+            return True
+        try:
+            with self._sync() as sync:
+                st = sync.stat(remote)
+        except _Lost as err:
+            raise self._lost(f"checking {remote}", err) from None
+        if st is None or st[1] != local.stat().st_size & 0xFFFFFFFF:
+            return False
+        code, out, _err = self.shell(f"sha256sum {shlex.quote(remote)}", f"hashing {remote}")
+        if code == 0 and out.split()[:1] == [digest]:
+            self._present.add((remote, digest))
+            return True
+        return False
+
+    def push_file(self, local: Path, remote: str, *, mode: int = 0o644) -> None:
+        """Push under a temporary name, then rename: a cut push never looks like the real file."""
+        size = local.stat().st_size
+        parent = remote.rsplit("/", 1)[0] or "/"
+        free = self.free_bytes(parent)
+        if size + SPACE_MARGIN > free:
+            raise DeviceError(f"{self.serial}: not enough space in {parent} for {local.name}: needs {size} bytes, "
+                              f"{free} free; free some space on the phone")
+        partial = f"{remote}.partial"
+        try:
+            with self._sync() as sync:
+                sync.push(local, partial, mode)
+        except SyncFailed as err:
+            raise DeviceError(f"{self.serial}: push of {local.name} to {remote} failed: {err}") from None
+        except _Lost as err:
+            raise self._lost(f"the push of {local.name}", err) from None
+        code, _out, err = self.shell(f"mv -f {shlex.quote(partial)} {shlex.quote(remote)}", f"placing {remote}")
+        if code != 0:
+            raise DeviceError(f"{self.serial}: push of {local.name} to {remote} failed: {err.strip()}")
+        self.pushed.append(remote)
+
+    def stage(self, local: Path, remote_dir: str) -> str:
+        """Content-addressed staging: the same bytes are pushed once per phone, whatever the run.
+
+        `remote_dir` is where the caller would put the file; we keep one copy per content under
+        stage/ instead, so runs (and sweeps) share it and cleaning a run never deletes it.
+        """
+        local = Path(local)
+        if not local.is_file():
+            raise DeviceError(f"{local}: no such file to push to {self.serial}")
+        digest = self._local_sha256(local)
+        remote = f"{self.root}/stage/{digest[:16]}/{local.name}"
+        if not self.same_file(local, remote, digest):
+            self.push_file(local, remote, mode=0o755 if os.access(local, os.X_OK) else 0o644)
+            self._present.add((remote, digest))
+        return remote
+
+    def put(self, local: Path, remote_path: str) -> None:
+        """Push to an exact path (not content-addressed): for files a harness finds by directory."""
+        self.push_file(Path(local), remote_path)
+
+    def new_run_dir(self, tag: str) -> str:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in tag)[:60]
+        path = f"{self.root}/runs/{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        q = shlex.quote(path)
+        code, out, err = self.shell(f"mkdir -p {q} && {{ df -k {q} || true; }}", f"creating {path}")
+        if code != 0:
+            raise DeviceError(f"{self.serial}: cannot create {path}: {err.strip()}")
+        try:  # the run's free-space check comes next: answered from this round trip
+            self._fresh_free = (path, _parse_df_available(out))
+        except ValueError:
+            self._fresh_free = None
+        return path
+
+    def remove(self, remote_path: str) -> None:
+        if not remote_path.startswith(self.root + "/"):
+            raise DeviceError(f"{self.serial}: refusing to delete {remote_path} (outside {self.root})")
+        self.shell(f"rm -rf -- {shlex.quote(remote_path)}", f"removing {remote_path}")
+
+    def fetch_dir(self, remote_dir: str, local_dir: Path) -> Path:
+        """Pull every file of a dump directory; a file cut short is deleted, complete ones are kept."""
+        local_dir = Path(local_dir)
+        local_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            with self._sync() as sync:
+                if sync.stat(remote_dir) is None:
+                    return local_dir
+                files = sorted((name, size) for name, mode, size in sync.list(remote_dir) if mode & 0o170000 == 0o100000)
+                need = sum(size for _name, size in files)
+                if shutil.disk_usage(local_dir).free < need + SPACE_MARGIN:
+                    raise DeviceError(f"not enough space in {local_dir} for the dump from {self.serial}: "
+                                      f"needs {need} bytes, {shutil.disk_usage(local_dir).free} free")
+                for name, _size in files:
+                    self._pull_one(sync, f"{remote_dir}/{name}", local_dir / name)
+        except _Lost as err:
+            raise self._lost(f"listing {remote_dir}", err) from None
+        return local_dir
+
+    def _pull_one(self, sync: SyncSession, remote: str, target: Path) -> None:
+        partial = target.with_name(f".{target.name}.partial")
+        try:
+            sync.pull(remote, partial)
+        except (SyncFailed, *_Lost) as err:
+            remove_quietly(partial)
+            state = device_state(self.client, self.serial)
+            raise DeviceError(f"{self.serial}: device lost mid-pull of {remote} (now {state}; partial file "
+                              f"removed, files pulled before it kept): {err}") from None
+        os.replace(partial, target)
+
+    # -- running --------------------------------------------------------------------------------------
+    def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
+        """Stage the harness built for this phone's ABI (and any engine libraries beside it)."""
+        from layerdiff.collector.harness.build import HarnessError, harness_for
+
+        abi = self.info().abi
+        try:
+            binary = Path(harness_for(abi, engine, backend))
+        except HarnessError as err:
+            raise DeviceError(f"{self.serial} ({abi}): {err}") from None
+        digest = self._local_sha256(binary)
+        remote_dir = f"{self.root}/bin/{digest[:16]}"
+        for lib in sorted(binary.parent.glob("*.so")):
+            self._stage_at(lib, f"{remote_dir}/{lib.name}", 0o644)
+        remote = self._stage_at(binary, f"{remote_dir}/layerdiff-harness", 0o755)
+        return HarnessInvocation(argv=[remote], env={"LD_LIBRARY_PATH": remote_dir},
+                                 description=f"{binary} on {self.serial} ({abi})")
+
+    def _stage_at(self, local: Path, remote: str, mode: int) -> str:
+        digest = self._local_sha256(local)
+        if not self.same_file(local, remote, digest):
+            self.push_file(local, remote, mode=mode)
+            self._present.add((remote, digest))
+        return remote
+
+    def execute(self, argv: list[str], *, env: dict[str, str], deadline_s: float,
+                on_stdout_line: LineSink | None = None) -> ExecResult:
+        """Run under the phone's `timeout`; stream stdout lines; a crash adds logcat's lines for its pid."""
+        command = harness_command(argv, env, deadline_s)
+        lines = _LineSplitter(on_stdout_line)
+        stderr = bytearray()
+        start = time.monotonic()
+        try:
+            code = run_shell_v2(self._dev, command, on_stdout=lines.feed, on_stderr=stderr.extend,
+                                idle_timeout=deadline_s + 60)
+        except socket.timeout:
+            raise DeviceError(f"{self.serial}: deadline of {deadline_s:.0f}s exceeded and the phone did not stop "
+                              f"the harness; check it with `adb -s {self.serial} shell ps`") from None
+        except _Lost as err:
+            raise self._lost("the harness run", err) from None
+        lines.flush()
+        elapsed = time.monotonic() - start
+        timed_out = code == TIMEOUT_EXIT or (code == 128 + 9 and elapsed >= deadline_s)
+        status = -15 if timed_out else (-(code - 128) if 128 < code < 128 + 65 else code)
+        result = ExecResult(exit_status=status, stderr=stderr.decode("utf-8", "replace"), duration_s=elapsed,
+                               timed_out=timed_out, pid=lines.pid)
+        if status != 0 and not timed_out and lines.pid is not None:
+            result.device_log = self.logcat_for_pid(lines.pid)
+        return result
+
+    def logcat_for_pid(self, pid: int, lines: int = 200) -> str:
+        try:
+            _code, out, _err = self.shell(f"logcat -d -t {int(lines)} --pid={int(pid)}", "reading logcat")
+        except DeviceError:
+            return ""
+        return out
+
+
+class _LineSplitter:
+    """Cuts streamed stdout into lines; keeps our pid marker for itself."""
+
+    def __init__(self, sink: LineSink | None) -> None:
+        self._sink = sink
+        self._pending = b""
+        self.pid: int | None = None
+
+    def feed(self, data: bytes) -> None:
+        *complete, self._pending = (self._pending + data).split(b"\n")
+        for raw in complete:
+            self._line(raw.decode("utf-8", "replace").rstrip("\r"))
+
+    def flush(self) -> None:
+        if self._pending:
+            self._line(self._pending.decode("utf-8", "replace"))
+            self._pending = b""
+
+    def _line(self, line: str) -> None:
+        if self.pid is None and line.startswith(PID_MARK) and line[len(PID_MARK):].isdigit():
+            self.pid = int(line[len(PID_MARK):])
+        elif self._sink is not None:
+            self._sink(line)
+
+
+def adb_devices(names: list[str], adb_servers: list[str] | None = None) -> list[AdbDevice]:
+    """`all` (every online device of every server) or serials → AdbDevice objects.
+
+    A serial not on any server is an error naming the devices that are there.
+    """
+    clients = [connect_server(spec) for spec in (adb_servers or [None])]
+    found: list[AdbDevice] = []
+    for name in names:
+        if name == "all":
+            for client in clients:
+                found += [AdbDevice(i.serial, client=client) for i in list_devices(client) if i.state == "device"]
+            continue
+        owner = next((c for c in clients if any(i.serial == name for i in list_devices(c))), None)
+        found.append(AdbDevice(name, client=owner or clients[0]))
+    return found
