@@ -16,7 +16,7 @@ packages=("${base_packages[@]}")
 extras="."
 if [[ "${1:-}" == "--test" ]]; then
     packages+=("${test_packages[@]}")
-    extras=".[test]"
+    extras=".[test,paddle]"
 fi
 if ! command -v python3 >/dev/null || ! python3 -m pip --version >/dev/null 2>&1; then
     packages+=(python3 python3-pip python3-venv)

