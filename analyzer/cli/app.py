@@ -21,7 +21,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from layerdiff.errors import LayerdiffError, os_error_line
-from layerdiff.analyzer.report.tables import format_number
+from layerdiff.analyzer.report.numbers import format_number
 
 DEFAULT_COMMAND = "compare"
 # Modules that contribute sub-commands: "module:function", each function called with `app` to add

@@ -14,8 +14,6 @@ from layerdiff.clioptions import choices
 
 from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.report.export import KEY_BY, METRICS, export_model_explorer, export_polygraphy
-from layerdiff.analyzer.importers import import_one, parse_set_options
-from layerdiff.analyzer.runs.merge import merge
 
 EXPORT_FORMATS = ("model-explorer", "polygraphy")
 
@@ -32,6 +30,8 @@ def import_command(
     include_inputs: bool = typer.Option(False, "--include-inputs", help="MNN: also import the Input_<op>_<i> dumps"),
 ) -> None:
     """Convert a foreign dump to a layerdiff HDF5, attaching provenance with --set."""
+    from layerdiff.analyzer.importers import import_one, parse_set_options  # the command's own imports, not --help's
+
     options = {"format": fmt, "order_file": order_file, "shapes_file": shapes_file, "runner": runner,
                "iteration": iteration, "include_inputs": include_inputs}
     result = import_one(src, parse_set_options(set_), output, **{k: v for k, v in options.items() if v is not None})
@@ -47,6 +47,9 @@ def merge_command(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="key=value attribute applied to imported foreign dumps"),
 ) -> None:
     """Gather runs from several people into one directory with an index of device, backend, precision, input, model."""
+    from layerdiff.analyzer.importers import parse_set_options
+    from layerdiff.analyzer.runs.merge import merge
+
     result = merge(paths, output, allow_model_mismatch=allow_model_mismatch, attrs=parse_set_options(set_))
     for line in result.errors:
         typer.echo(f"warning: {line}", err=True)

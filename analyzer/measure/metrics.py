@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CHUNK = 1 << 16
+CHUNK = 1 << 18  # 1 MB of float32: 4x fewer Python steps than 64k elements (a 256 MB layer: 256 chunks, not 1,024), still cache-sized
 SAMPLE_MAX = 1 << 16
 MAX_CLASSES = 1 << 16
 EPS = 2.220446049250313e-16

@@ -20,14 +20,16 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
-import pandas as pd
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.align.naming import canonical_from_key, is_helper
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 METRICS = ("rel_l2", "max_abs")
 KEY_BY = ("reference", "name", "op")
@@ -78,6 +80,8 @@ def layer_metrics(run_path: Path | str, ref_path: Path | str, metric: str = "rel
             value = layer_metric(run.tensor(int(layer.order)), ref.tensor(int(match.order)), metric)
             if value is not None:
                 rows.append({"key": layer.key, "name": layer.name, "op": layer.op, "ref_name": match.name, "value": value})
+    import pandas as pd  # here, not at import: `analyze --help` lists this module's options without pandas
+
     return pd.DataFrame(rows, columns=["key", "name", "op", "ref_name", "value"])
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.analyzer.findings.divergence import Finding
+from layerdiff.analyzer.report.numbers import format_number  # noqa: F401  (re-exported: callers import it from here)
 from layerdiff.analyzer.report.outdir import atomic_write_chunks, atomic_write_text
 from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.findings.verdict import Thresholds, dense_output_beyond, run_verdict
@@ -164,21 +165,6 @@ def unmatched_table(comparison: Comparison) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=["run", "side", "key", "op_type", "why", "file"])
     return pd.concat(parts, ignore_index=True)[["run", "side", "key", "op_type", "why", "file"]]
-
-
-def format_number(value) -> str:
-    """Four significant digits, `inf`/`nan` spelled out, integers as integers."""
-    if isinstance(value, bool) or value is None:
-        return "" if value is None else str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return ""
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return f"{value:.4g}"
-    return str(value)
 
 
 def to_markdown(frame: pd.DataFrame) -> str:

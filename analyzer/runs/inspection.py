@@ -16,7 +16,7 @@ from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.align.graph import build_graph
 from layerdiff.analyzer.report.results import clean
-from layerdiff.analyzer.report.tables import format_number
+from layerdiff.analyzer.report.numbers import format_number
 
 PROVENANCE_SHOWN = ("engine", "engine_version", "backend_requested", "backend_actual", "precision_requested",
                     "precision_effective", "threads", "device_model", "device_serial", "soc", "abi", "gpu",
