@@ -24,7 +24,7 @@ from layerdiff.collector.run.pipeline import check_run_options
 from layerdiff.collector.inputs.bundled import default_model
 from layerdiff.collector.sweep.execute import run_sweep
 
-BACKENDS = ("cpu", "opencl", "vulkan")
+BACKENDS = ("cpu", "opencl", "vulkan", "gpu")  # gpu: LiteRT's GPU accelerator (WebGPU over Vulkan on the host)
 PRECISIONS = ("low", "normal", "high")
 EXIT_SOME_SKIPPED = 3  # nothing failed, but a requested combination is impossible on some device
 
@@ -60,10 +60,10 @@ def _config_pairs(values: list[str] | None) -> list[str] | None:
 def collect(
     ctx: typer.Context,
     device: List[str] = typer.Option(None, "--device", "-d", help="local, arm64[:CPU] (emulated ARM core), a serial, all, or a comma list"),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help=".mnn, ncnn .param with its .bin, or .onnx (local golden) (default: bundled sample)"),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help=".mnn, ncnn .param with its .bin, .onnx (local golden) or .tflite (local LiteRT) (default: bundled sample)"),
     engine: str = typer.Option("auto", "--engine", help="auto (from the file name), or one of: " + ", ".join(ENGINES),
                                callback=choices(("auto", *ENGINES), "engine")),
-    backend: List[str] = typer.Option(None, "--backend", "-b", help="cpu, opencl, vulkan (comma list or repeated)",
+    backend: List[str] = typer.Option(None, "--backend", "-b", help="cpu, opencl, vulkan, gpu (litert: WebGPU) (comma list or repeated)",
                                       callback=choices(BACKENDS, "backend")),
     precision: List[str] = typer.Option(None, "--precision", "-p", help="low, normal, high (comma list or repeated)",
                                         callback=choices(PRECISIONS, "precision")),

@@ -106,7 +106,7 @@ USAGE_ERRORS = {  # args (OUT stands for the output dir), expected text
     "unknown option": (["-o", "OUT", "--bogus-flag"], "No such option: --bogus-flag"),
     "wrong type": (["--threads", "abc", "-o", "OUT"], "Invalid value for '--threads'"),
     "missing value": (["-o", "OUT", "--model"], "requires an argument"),
-    "unknown backend": (["--backend", "cpu,gpu", "-o", "OUT"], "unknown backend 'gpu'"),
+    "unknown backend": (["--backend", "cpu,npu", "-o", "OUT"], "unknown backend 'npu'"),
     "unknown precision": (["--precision", "fp8", "-o", "OUT"], "unknown precision 'fp8'"),
     "unknown engine": (["--engine", "tflite", "-o", "OUT"], "unknown engine 'tflite'"),
     "bad config pair": (["--config", "cpu/high,vulkan", "-o", "OUT"], "'vulkan': write BACKEND/PRECISION"),

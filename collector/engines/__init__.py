@@ -23,6 +23,7 @@ ENGINES: dict[str, Engine] = {
         Engine("ncnn", (".param", ".bin"), "layerdiff.collector.engines.ncnn.engine", on_phones=True),
         Engine("onnxruntime", (".onnx",), "layerdiff.collector.engines.ort.engine", on_phones=False),
         Engine("paddle", (".pdmodel", ".pdiparams"), "layerdiff.collector.engines.paddle.engine", on_phones=False),
+        Engine("litert", (".tflite",), "layerdiff.collector.engines.litert.engine", on_phones=False),
     )
 }
 PHONE_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.on_phones)

@@ -82,12 +82,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return _parser().parse_args(argv)
 
 
-def validate(ns: argparse.Namespace, engine_name: str) -> HarnessArgs:
-    """Turn parsed flags into a run description, refusing anything a phone harness would refuse."""
+def validate(ns: argparse.Namespace, engine_name: str, backends: tuple[str, ...] = BACKENDS) -> HarnessArgs:
+    """Turn parsed flags into a run description, refusing anything a phone harness would refuse.
+
+    `backends`: the backend names this engine knows (LiteRT's host engine says `gpu`, not a GPU API)."""
     if ns.engine not in (None, engine_name):
         raise HarnessExit(EXIT_ARGS, f"this harness runs engine {engine_name!r}, not {ns.engine!r}")
-    if ns.backend not in BACKENDS:
-        raise HarnessExit(EXIT_ARGS, f"unknown backend {ns.backend!r}; use one of {', '.join(BACKENDS)}")
+    if ns.backend not in backends:
+        raise HarnessExit(EXIT_ARGS, f"unknown backend {ns.backend!r} for {engine_name}; use one of {', '.join(backends)}")
     if ns.precision not in PRECISIONS:
         raise HarnessExit(EXIT_ARGS, f"unknown precision {ns.precision!r}; use one of {', '.join(PRECISIONS)}")
     if not ns.model:
@@ -224,7 +226,8 @@ def repeat_dirs(args: HarnessArgs) -> list[Path]:
     return [args.out / f"r{k}" for k in range(args.repeat)]
 
 
-def harness_main(engine_name: str, run: Callable[[HarnessArgs], None], probe: Callable[[], dict], version: Callable[[], str]) -> int:
+def harness_main(engine_name: str, run: Callable[[HarnessArgs], None], probe: Callable[[], dict], version: Callable[[], str],
+                 backends: tuple[str, ...] = BACKENDS) -> int:
     """Entry point shared by the host engines: parse, dispatch, map errors to exit codes."""
     try:
         ns = parse_args(sys.argv[1:])
@@ -234,7 +237,7 @@ def harness_main(engine_name: str, run: Callable[[HarnessArgs], None], probe: Ca
         if ns.probe:
             print(json.dumps(probe()))
             return EXIT_OK
-        run(validate(ns, engine_name))
+        run(validate(ns, engine_name, backends))
         return EXIT_OK
     except HarnessExit as exc:
         print(f"layerdiff-harness: {exc}", file=sys.stderr)

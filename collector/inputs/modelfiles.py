@@ -84,6 +84,13 @@ def _specs(engine: str, path: Path, mtime: float) -> dict[str, tuple[Shape, str]
         return _onnx_input_specs(path)
     if engine == "paddle":
         return _paddle_input_specs(path)
+    if engine == "litert":
+        from layerdiff.collector.engines.litert.graph import NotTflite, input_specs as tflite_input_specs
+
+        try:
+            return tflite_input_specs(path)
+        except NotTflite as err:
+            raise LayerdiffError(str(err)) from None
     return _mnn_input_specs(path)
 
 

@@ -1,0 +1,111 @@
+"""LiteRT's CPU interpreter with every activation kept: with or without XNNPACK.
+
+`experimental_preserve_all_tensors=True` keeps every intermediate tensor readable after `invoke()`
+(the public Interpreter API), so one run gives the whole dump. Which kernels run is chosen by the
+op resolver: `BUILTIN_WITHOUT_DEFAULT_DELEGATES` gives TFLite's own builtin kernels (no XNNPACK),
+`BUILTIN` applies XNNPACK, the default delegate every app gets. Precision selects it (README):
+high = builtin kernels, normal and low = XNNPACK (fp32 here: the Python API exposes no fp16 flag).
+A model whose custom ops only XNNPACK implements (mediapipe's `Convolution2DTransposeBias`) runs on
+XNNPACK at high too, said on stderr and recorded in the dump's options (`kernels`, `kernels_why`).
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+
+from layerdiff.collector.engines.harness_cli import EXIT_MODEL, EXIT_RUN, HarnessExit, now_ms
+from layerdiff.collector.engines.litert.graph import Graph
+
+XNNPACK_PRECISIONS = ("normal", "low")
+
+
+def uses_xnnpack(precision: str) -> bool:
+    """Whether a CPU run at this precision applies XNNPACK (the documented precision mapping)."""
+    return precision in XNNPACK_PRECISIONS
+
+
+def open_interpreter(model_path: str, precision: str, threads: int, inputs: dict[str, np.ndarray]):
+    """(interpreter with inputs set, kernels used, why) on builtin kernels (high) or XNNPACK (normal, low).
+
+    Builtin kernels that cannot resolve a custom op give way to XNNPACK, which implements
+    MediaPipe's custom ops; the reason is returned so the dump records it (never silent)."""
+    xnnpack = uses_xnnpack(precision)
+    interpreter = make_interpreter(model_path, xnnpack, threads)
+    try:
+        feed(interpreter, inputs)
+        return interpreter, "xnnpack" if xnnpack else "builtin", ""
+    except HarnessExit as err:
+        if xnnpack or "unresolved custom op" not in str(err):
+            raise
+        why = f"builtin kernels cannot run it ({str(err).partition('(')[2].rstrip(')')}); XNNPACK implements it"
+    print(f"layerdiff-harness: litert: running on XNNPACK: {why}", file=sys.stderr)
+    interpreter = make_interpreter(model_path, True, threads)
+    feed(interpreter, inputs)
+    return interpreter, "xnnpack", why
+
+
+def make_interpreter(model_path: str, xnnpack: bool, threads: int):
+    """An interpreter that keeps every tensor, with or without XNNPACK."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    resolver = OpResolverType.BUILTIN if xnnpack else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "preserve_all_tensors is for debugging": it is what we do
+            return Interpreter(model_path=model_path, num_threads=threads, experimental_preserve_all_tensors=True,
+                               experimental_op_resolver_type=resolver)
+    except (ValueError, RuntimeError) as err:
+        raise HarnessExit(EXIT_MODEL, f"{model_path}: LiteRT cannot load this model ({first_line(err)})") from None
+
+
+def first_line(err: BaseException) -> str:
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(err).__name__
+
+
+def feed(interpreter, inputs: dict[str, np.ndarray]) -> None:
+    """Set every model input (resized when the file gives another shape, cast to the declared type)."""
+    details = {d["name"]: d for d in interpreter.get_input_details()}
+    unknown = [n for n in inputs if n not in details]
+    if unknown:
+        raise HarnessExit(EXIT_RUN, f"model has no input {unknown[0]!r}; its inputs are {', '.join(details)}")
+    missing = [n for n in details if n not in inputs]
+    if missing:
+        raise HarnessExit(EXIT_RUN, f"no --input for model input(s) {', '.join(missing)}")
+    resized = False
+    for name, array in inputs.items():
+        if list(array.shape) != [int(d) for d in details[name]["shape"]]:
+            try:
+                interpreter.resize_tensor_input(details[name]["index"], list(array.shape), strict=True)
+            except (ValueError, RuntimeError) as err:
+                raise HarnessExit(EXIT_RUN, f"input {name}: shape {list(array.shape)} does not fit the model "
+                                            f"({list(details[name]['shape'])}): {first_line(err)}") from None
+            resized = True
+    try:
+        interpreter.allocate_tensors()
+    except RuntimeError as err:
+        raise HarnessExit(EXIT_RUN, f"LiteRT cannot allocate the model's tensors ({first_line(err)})") from None
+    if resized:
+        details = {d["name"]: d for d in interpreter.get_input_details()}
+    for name, array in inputs.items():
+        interpreter.set_tensor(details[name]["index"], np.asarray(array, dtype=details[name]["dtype"]))
+
+
+def invoke(interpreter) -> float:
+    begin = now_ms()
+    try:
+        interpreter.invoke()
+    except (RuntimeError, ValueError) as err:
+        raise HarnessExit(EXIT_RUN, f"LiteRT failed to run the model ({first_line(err)})") from None
+    return now_ms() - begin
+
+
+def read_activations(interpreter, graph: Graph):
+    """(op, k, tensor index, array) for every activation, in execution order; weights never."""
+    for op in graph.computing_ops():
+        for k, t in enumerate(op.outputs):
+            if t in graph.weights:
+                continue
+            yield op, k, t, interpreter.get_tensor(t)

@@ -1,0 +1,131 @@
+"""LiteRT (TensorFlow Lite) on the host, speaking the harness command line: `.tflite` on the `local` device.
+
+Backends:
+- `cpu`: the interpreter with every tensor kept (cpu.py); `--precision high` runs TFLite's builtin
+  kernels, `normal`/`low` run XNNPACK (the default delegate apps get). Comparing high with normal
+  is comparing without and with XNNPACK.
+- `gpu`: the wheel's GPU accelerator (WebGPU over Vulkan, gpu.py), every activation made a model
+  output; tensors it fuses away are listed in the header as not observable, never dumped as values.
+
+Keys: an operator's tensors are dumped under the name of its first output tensor (`op`), output
+`k` of the operator as `output_index` = k, the tensor's own name as `name`; edges are the
+operator's non-weight inputs. Execution order and edges come from the model's flatbuffer (graph.py).
+"""
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from layerdiff.collector.engines.harness_cli import (
+    EXIT_ARGS,
+    EXIT_BACKEND,
+    EXIT_MODEL,
+    HARNESS_VERSION,
+    DumpSink,
+    HarnessArgs,
+    HarnessExit,
+    base_header,
+    harness_main,
+    load_inputs,
+    repeat_dirs,
+)
+from layerdiff.collector.engines.litert import cpu
+from layerdiff.collector.engines.litert.graph import Graph, NotTflite, load_graph
+
+BACKENDS = ("cpu",)
+
+
+def engine_version() -> str:
+    import ai_edge_litert
+
+    return str(ai_edge_litert.__version__)
+
+
+def probe() -> dict:
+    not_here = {"ok": False, "reason": "the litert engine runs on the CPU only"}
+    backends = {"cpu": {"ok": True}, "gpu": not_here, "opencl": not_here, "vulkan": not_here}
+    abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
+    return {"harness": "layerdiff-local-litert", "version": HARNESS_VERSION, "abi": abi,
+            "engines": {"litert": {"version": engine_version(), "backends": backends}}}
+
+
+def load(args: HarnessArgs) -> tuple[bytes, Graph]:
+    path = args.models[0]
+    data = path.read_bytes()
+    try:
+        return data, load_graph(data, str(path))
+    except NotTflite as err:
+        raise HarnessExit(EXIT_MODEL, str(err)) from None
+
+
+def tensor_labels(graph: Graph) -> dict[int, str]:
+    """A unique dump name per activation (the tensor's own name; `#<index>` added to repeats)."""
+    labels, seen = {}, set()
+    for t in graph.activations():
+        name = graph.name(t)
+        labels[t] = name if name not in seen else f"{name}#{t}"
+        seen.add(labels[t])
+    return labels
+
+
+def op_key(graph: Graph, op, labels: dict[int, str]) -> str:
+    """An operator's dump name: its first activation output's name."""
+    return next(labels[o] for o in op.outputs if o in labels)
+
+
+def dump_array(sink: DumpSink, graph: Graph, labels: dict[int, str], op, k: int, t: int, array: np.ndarray,
+               **extra) -> None:
+    """One activation into the dump, as the harness contract spells it."""
+    array = np.asarray(array)
+    if array.dtype == np.bool_:
+        array = array.astype(np.uint8)  # masks: compared as 0/1 values
+    inputs = [labels.get(i, graph.name(i)) for i in op.inputs if i not in graph.weights]
+    sink.add(op=op_key(graph, op, labels), op_type=op.op_type, array=array, output_index=k, name=labels[t],
+             inputs=inputs, layout="NHWC" if array.ndim == 4 else "", memory=extra.pop("memory", "host"), **extra)
+
+
+def run_cpu(args: HarnessArgs, graph: Graph, inputs: dict[str, np.ndarray]) -> None:
+    interpreter, kernels, why = cpu.open_interpreter(str(args.models[0]), args.precision, args.threads, inputs)
+    labels = tensor_labels(graph)
+    header = base_header(args, engine_version(), inputs)
+    options = {"kernels": kernels, "preserve_all_tensors": True, **graph_summary(graph)}
+    if why:
+        options["kernels_why"] = why
+    header.update({"backends_actual": ["cpu"], "precision_effective": "fp32", "options": options})
+    ops = graph.computing_ops()
+    for k, out in enumerate(repeat_dirs(args)):
+        sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(ops))
+        elapsed = cpu.invoke(interpreter)
+        for op, index, t, array in cpu.read_activations(interpreter, graph):
+            dump_array(sink, graph, labels, op, index, t, array)
+        sink.close(elapsed)
+
+
+def graph_summary(graph: Graph) -> dict:
+    """What the dump leaves out and why, for the provenance."""
+    weight_ops = len(graph.ops) - len(graph.computing_ops())
+    summary = {"ops": len(graph.ops), "weight_ops_not_dumped": weight_ops}
+    if graph.subgraphs > 1:
+        summary["subgraphs_not_dumped"] = graph.subgraphs - 1  # WHILE/IF bodies: only the main graph is dumped
+    return summary
+
+
+def run(args: HarnessArgs) -> None:
+    if args.backend not in BACKENDS:
+        raise HarnessExit(EXIT_BACKEND, f"the litert engine runs on the CPU only, not {args.backend}")
+    if args.inject is not None:
+        raise HarnessExit(EXIT_ARGS, "the litert engine does not isolate ops (--inject)")
+    inputs = load_inputs(args.inputs)
+    data, graph = load(args)
+    run_cpu(args, graph, inputs)
+
+
+def main() -> int:
+    return harness_main("litert", run, probe, engine_version, BACKENDS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

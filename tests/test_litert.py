@@ -1,0 +1,144 @@
+"""The litert engine on real mediapipe models: every activation, in flatbuffer order, never a weight.
+
+Every check is against LiteRT itself run a second, independent way (a plain interpreter without
+`preserve_all_tensors`, or the other kernel set), never against the engine's own output.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layerdiff.analyzer.formats.rawdump import read_raw_dump
+from layerdiff.collector.engines.litert.graph import load_graph
+from tests.litert_models import image_input, tflite_model
+
+ENGINE = "layerdiff.collector.engines.litert.engine"
+
+
+def harness(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", ENGINE, *args], capture_output=True, text=True, timeout=300)
+
+
+def collect_raw(tmp: Path, stem: str, backend: str = "cpu", precision: str = "high", *extra: str):
+    """Run the engine's harness command line in a child process, as the local device does."""
+    model = tflite_model(stem)
+    graph = load_graph(model.read_bytes())
+    shape = tuple(graph.tensor_shapes[graph.inputs[0]])
+    x = image_input(shape)
+    np.save(tmp / "x.npy", x)
+    out = tmp / f"{stem}-{backend}-{precision}"
+    proc = harness("--model", str(model), "--input", f"{graph.name(graph.inputs[0])}={tmp / 'x.npy'}",
+                   "--backend", backend, "--precision", precision, "--out", str(out), *extra)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out, graph, x
+
+
+def plain_outputs(model: Path, x: np.ndarray, xnnpack: bool = False) -> dict[str, np.ndarray]:
+    """The model's outputs from an ordinary interpreter (nothing preserved)."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    kernels = OpResolverType.BUILTIN if xnnpack else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    it = Interpreter(model_path=str(model), experimental_op_resolver_type=kernels)
+    it.allocate_tensors()
+    it.set_tensor(it.get_input_details()[0]["index"], x)
+    it.invoke()
+    return {d["name"]: it.get_tensor(d["index"]) for d in it.get_output_details()}
+
+
+@pytest.fixture(scope="module")
+def face_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("litert-face")
+    return {p: collect_raw(tmp, "face_detection_short_range", "cpu", p) for p in ("high", "normal")}
+
+
+def test_every_activation_in_flatbuffer_order_and_no_weight(face_runs):
+    out, graph, _ = face_runs["high"]
+    dump = read_raw_dump(out)
+    names = [t.name for t in dump.tensors]
+    expected = [graph.name(t) for t in graph.activations()]
+    assert names == expected and len(names) == 90  # 164 operators, 74 of them decode weights
+    assert not any(name.endswith("_dequantize") for name in names)
+    assert not set(graph.weights) & {graph.tensor_names.index(n) for n in names}
+    known = set(names) | {graph.name(i) for i in graph.inputs}
+    assert all(i in known for t in dump.tensors for i in t.inputs), "every edge names a dumped tensor or a model input"
+    assert dump.header["options"]["kernels"] == "builtin" and dump.header["backends_actual"] == ["cpu"]
+    assert dump.header["options"]["weight_ops_not_dumped"] == 74
+
+
+def test_dumped_outputs_equal_a_plain_interpreter_run(face_runs):
+    out, graph, x = face_runs["high"]
+    dump = read_raw_dump(out)
+    by_name = {t.name: a for t, a in dump.iter_arrays()}
+    reference = plain_outputs(tflite_model("face_detection_short_range"), x)
+    assert set(reference) <= set(by_name)
+    for name, value in reference.items():
+        np.testing.assert_array_equal(by_name[name], value, err_msg=name)
+    assert np.abs(reference["classificators"]).max() > 1  # a real detector output, not a constant
+
+
+def test_xnnpack_activations_are_computed_not_zeros(face_runs):
+    """XNNPACK (precision normal) gives every activation, each close to the builtin kernels' value."""
+    high, normal = (read_raw_dump(face_runs[p][0]) for p in ("high", "normal"))
+    assert normal.header["options"]["kernels"] == "xnnpack"
+    assert [t.name for t in high.tensors] == [t.name for t in normal.tensors]
+    worst = 0.0
+    for (t, a), (_, b) in zip(high.iter_arrays(), normal.iter_arrays()):
+        scale = max(float(np.abs(a).max()), 1e-3)
+        worst = max(worst, float(np.abs(a - b).max()) / scale)
+        if np.abs(a).max() > 0:
+            assert np.abs(b).max() > 0, f"{t.name}: XNNPACK value reads as zeros"
+    assert worst < 1e-4
+
+
+def test_selfie_segmentation_runs_on_xnnpack_and_says_why(tmp_path):
+    """Its MediaPipe custom op has no builtin kernel: high runs on XNNPACK, recorded, not hidden."""
+    out, graph, x = collect_raw(tmp_path, "selfie_segmentation")
+    dump = read_raw_dump(out)
+    assert len(dump.tensors) == len(graph.activations()) == 136 and dump.complete
+    assert dump.header["options"]["kernels"] == "xnnpack"
+    assert "Convolution2DTransposeBias" in dump.header["options"]["kernels_why"]
+    mask = dict((t.name, a) for t, a in dump.iter_arrays())[graph.name(graph.outputs[0])]
+    reference = next(iter(plain_outputs(tflite_model("selfie_segmentation"), x, xnnpack=True).values()))
+    np.testing.assert_array_equal(mask, reference)
+    assert 0.01 < float(mask.std()) and 0 <= mask.min() and mask.max() <= 1  # a real mask, not a constant
+
+
+def test_bad_model_and_bad_backend_are_one_line(tmp_path):
+    bad = tmp_path / "broken.tflite"
+    bad.write_bytes(b"\x00" * 64)
+    np.save(tmp_path / "x.npy", np.zeros((1, 4), np.float32))
+    proc = harness("--model", str(bad), "--input", f"x={tmp_path / 'x.npy'}", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 3 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "broken.tflite" in proc.stderr and "not a .tflite" in proc.stderr
+    proc = harness("--model", str(tflite_model("face_detection_short_range")), "--input", f"x={tmp_path / 'x.npy'}",
+                   "--backend", "opencl", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "unknown backend 'opencl' for litert" in proc.stderr, proc.stderr
+
+
+def test_wrong_input_name_is_one_line(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((1, 128, 128, 3), np.float32))
+    proc = harness("--model", str(tflite_model("face_detection_short_range")), "--input", f"pixels={tmp_path / 'x.npy'}",
+                   "--out", str(tmp_path / "o"))
+    assert proc.returncode == 5 and "has no input 'pixels'" in proc.stderr and "input" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_collect_local_picks_litert_for_tflite(tmp_path):
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
+    from layerdiff.collector.inputs.modelfiles import input_specs, resolve_model
+
+    model = resolve_model(tflite_model("face_detection_short_range"))
+    assert model.engine == "litert"
+    assert input_specs(model) == {"input": ((1, 128, 128, 3), "float32")}
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", "local", "--model",
+                           str(model.files[0]), "--backend", "cpu", "--precision", "high", "-o", str(tmp_path / "c")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [h5] = sorted((tmp_path / "c").glob("litert_cpu_high_*.h5"))
+    with DumpFile(h5) as dump:
+        assert dump.attrs["engine"] == "litert" and len(dump.layers) == 90
+        assert dump.layers["layout"].iloc[0] == "NHWC"
