@@ -9,7 +9,9 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 
-base_packages=(adb mesa-vulkan-drivers libvulkan1 vulkan-tools ca-certificates qemu-user)
+# chromium-common: its SwiftShader Vulkan driver is the one LiteRT's WebGPU accelerator (litert --backend gpu)
+# runs on here (lavapipe lacks a feature Dawn requires); the litert engine selects it with VK_ICD_FILENAMES
+base_packages=(adb mesa-vulkan-drivers libvulkan1 vulkan-tools ca-certificates qemu-user chromium-common)
 test_packages=(g++ make cmake ninja-build libvulkan-dev g++-aarch64-linux-gnu chromium)
 
 packages=("${base_packages[@]}")

@@ -13,6 +13,8 @@ operator's non-weight inputs. Execution order and edges come from the model's fl
 """
 from __future__ import annotations
 
+import gc
+import os
 import platform
 import sys
 from pathlib import Path
@@ -35,7 +37,7 @@ from layerdiff.collector.engines.harness_cli import (
 from layerdiff.collector.engines.litert import cpu
 from layerdiff.collector.engines.litert.graph import Graph, NotTflite, load_graph
 
-BACKENDS = ("cpu",)
+BACKENDS = ("cpu", "gpu")
 
 
 def engine_version() -> str:
@@ -45,8 +47,10 @@ def engine_version() -> str:
 
 
 def probe() -> dict:
-    not_here = {"ok": False, "reason": "the litert engine runs on the CPU only"}
-    backends = {"cpu": {"ok": True}, "gpu": not_here, "opencl": not_here, "vulkan": not_here}
+    from layerdiff.collector.engines.litert import gpu
+
+    not_here = {"ok": False, "reason": "LiteRT's GPU accelerator on the host is WebGPU over Vulkan: use --backend gpu"}
+    backends = {"cpu": {"ok": True}, "gpu": gpu.availability(), "opencl": not_here, "vulkan": not_here}
     abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
     return {"harness": "layerdiff-local-litert", "version": HARNESS_VERSION, "abi": abi,
             "engines": {"litert": {"version": engine_version(), "backends": backends}}}
@@ -104,6 +108,36 @@ def run_cpu(args: HarnessArgs, graph: Graph, inputs: dict[str, np.ndarray]) -> N
         sink.close(elapsed)
 
 
+def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.ndarray]) -> None:
+    """Every activation as an output of the GPU-compiled model; tensors never written are listed, not dumped."""
+    from layerdiff.collector.engines.litert import gpu
+
+    icd, icd_why = gpu.vulkan_icd()
+    if icd and not os.environ.get("VK_ICD_FILENAMES"):
+        os.environ["VK_ICD_FILENAMES"] = icd  # read when the accelerator creates its Vulkan instance
+    runner, placement, never, _log = gpu.prepare(data, graph, args.precision, args.threads, inputs)
+    labels = tensor_labels(graph)
+    effective, why = gpu.effective_precision(placement.adapter, args.precision == "high")
+    hidden = [{"key": f"{op_key(graph, op, labels)}:{k}", "name": labels[t], "op_type": op.op_type,
+               "why": "not observable on this backend: the GPU accelerator fused it into the next op and never wrote it"}
+              for op in graph.computing_ops() for k, t in enumerate(op.outputs) if t in labels and graph.name(t) in never]
+    header = base_header(args, engine_version(), inputs)
+    header.update({"backends_actual": ["gpu", "cpu"] if placement.split() else ["gpu"], "precision_effective": effective,
+                   "not_observable": hidden,
+                   "options": {"accelerator": f"WebGPU over Vulkan ({gpu.ACCELERATOR})", "vulkan_icd": icd or "",
+                               "vulkan_icd_why": icd_why, "enforce_f32": args.precision == "high",
+                               "precision_why": why, "placement": placement.as_dict(graph), **graph_summary(graph)}})
+    ops = graph.computing_ops()
+    for r, out in enumerate(repeat_dirs(args)):
+        sink = DumpSink(args, out, {**header, "repeat": r}, total_ops=len(ops))
+        values, elapsed = runner.run(0, [])
+        for op in ops:
+            for k, t in enumerate(op.outputs):
+                if t in labels and graph.name(t) not in never:
+                    dump_array(sink, graph, labels, op, k, t, values[graph.name(t)], memory="device")
+        sink.close(elapsed)
+
+
 def graph_summary(graph: Graph) -> dict:
     """What the dump leaves out and why, for the provenance."""
     weight_ops = len(graph.ops) - len(graph.computing_ops())
@@ -114,13 +148,27 @@ def graph_summary(graph: Graph) -> dict:
 
 
 def run(args: HarnessArgs) -> None:
+    """Run, and on failure let LiteRT's objects go (their destructors log) before the one-line error."""
+    try:
+        _run(args)
+        return
+    except HarnessExit as err:
+        code, message = err.code, str(err)
+    gc.collect()
+    raise HarnessExit(code, message)
+
+
+def _run(args: HarnessArgs) -> None:
     if args.backend not in BACKENDS:
-        raise HarnessExit(EXIT_BACKEND, f"the litert engine runs on the CPU only, not {args.backend}")
+        raise HarnessExit(EXIT_BACKEND, f"the litert engine runs on cpu or gpu (WebGPU), not {args.backend}")
     if args.inject is not None:
         raise HarnessExit(EXIT_ARGS, "the litert engine does not isolate ops (--inject)")
     inputs = load_inputs(args.inputs)
     data, graph = load(args)
-    run_cpu(args, graph, inputs)
+    if args.backend == "cpu":
+        run_cpu(args, graph, inputs)
+    else:
+        run_gpu(args, data, graph, inputs)
 
 
 def main() -> int:
@@ -128,4 +176,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The accelerators' destructors log to stderr at interpreter exit: leaving at once keeps the
+    # harness's own one-line error the last stderr line (the collector reports the last line).
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

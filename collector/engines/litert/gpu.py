@@ -1,0 +1,236 @@
+"""LiteRT's GPU accelerator on the host: WebGPU (Dawn) over Vulkan, every activation made observable.
+
+The `ai-edge-litert` wheel's only GPU accelerator on Linux is `libLiteRtWebGpuAccelerator.so`; it
+needs a Vulkan driver Dawn accepts. Lavapipe (Mesa 22.3) is refused; SwiftShader, the Vulkan ICD
+in Debian's `chromium-common`, runs it. The engine selects it with `VK_ICD_FILENAMES` unless the
+user set that variable (to use another driver). SwiftShader has no fp16 (`shaderFloat16 = false`):
+every precision runs fp32 there, and the dump says so.
+
+Observing activations: the accelerator only hands back model outputs, so the model is rewritten
+with every activation appended to its outputs (graph.with_outputs). Each output buffer is filled
+with a sentinel before a run; a tensor whose buffer still holds the sentinel after two runs with
+two different sentinels was never written (the GPU fused it into the next op, e.g. a PAD), and is
+listed in the header as `not_observable`, never dumped as values.
+
+Placement: the accelerator prints which operator types it rejects and how many operators run on
+the GPU and on the CPU; that log (captured from the native stderr, then passed on) is parsed into
+the header's `placement`. `backends_actual` is ["gpu", "cpu"] when the graph is split.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from layerdiff.collector.engines.harness_cli import EXIT_BACKEND, EXIT_RUN, HarnessExit, now_ms
+from layerdiff.collector.engines.litert.graph import Graph, with_outputs
+
+SWIFTSHADER_ICDS = ("/usr/lib/chromium/vk_swiftshader_icd.json", "/usr/lib/chromium-browser/vk_swiftshader_icd.json",
+                    "/usr/lib64/chromium-browser/vk_swiftshader_icd.json")
+ACCELERATOR = "libLiteRtWebGpuAccelerator.so"
+SENTINELS = (np.nan, -3.0e38)  # float fills of the two calibration runs (ints: see _fill)
+INT_SENTINELS = (-1234567, 7654321)
+SPLIT_LINE = re.compile(r"(\d+) operations will run on the GPU, and the remaining (\d+) operations will run on the CPU")
+ADAPTER_LINE = re.compile(r"Selected adapter: ([^\n]*)")
+
+
+def vulkan_icd() -> tuple[str | None, str]:
+    """The Vulkan driver the WebGPU accelerator is given, and where that choice came from."""
+    if os.environ.get("VK_ICD_FILENAMES"):
+        return os.environ["VK_ICD_FILENAMES"], "VK_ICD_FILENAMES set by the user"
+    for path in SWIFTSHADER_ICDS:
+        if Path(path).is_file():
+            return path, "SwiftShader (chromium-common), selected by layerdiff"
+    return None, ""
+
+
+def accelerator_path() -> Path:
+    import ai_edge_litert
+
+    return Path(ai_edge_litert.__file__).parent / ACCELERATOR
+
+
+def availability() -> dict:
+    """The probe's answer for `gpu`: ok when the wheel has the accelerator and a Vulkan driver is chosen."""
+    if not accelerator_path().is_file():
+        return {"ok": False, "reason": f"this ai-edge-litert wheel has no {ACCELERATOR}"}
+    icd, why = vulkan_icd()
+    if icd is None:
+        return {"ok": False, "reason": "no Vulkan driver for WebGPU: install chromium-common (SwiftShader, "
+                                       "device_scripts/setup_host.sh) or set VK_ICD_FILENAMES"}
+    return {"ok": True, "api": "WebGPU over Vulkan", "vulkan_icd": icd, "why": why}
+
+
+@dataclass
+class Placement:
+    """What the accelerator said about where the operators run."""
+
+    adapter: str = ""
+    gpu_ops: int | None = None
+    cpu_ops: int | None = None
+    rejected: list[dict] = field(default_factory=list)  # [{op_type, reason}]
+    fully_accelerated: bool | None = None
+
+    def split(self) -> bool:
+        return self.fully_accelerated is False or bool(self.cpu_ops)
+
+    def as_dict(self, graph: Graph) -> dict:
+        return {"adapter": self.adapter, "gpu_ops": self.gpu_ops, "cpu_ops": self.cpu_ops, "ops": len(graph.ops),
+                "weight_ops": len(graph.ops) - len(graph.computing_ops()), "rejected": self.rejected,
+                "fully_accelerated": self.fully_accelerated, "split": self.split(),
+                "per_op": "not reported by the accelerator: only the rejected operator types and the counts"}
+
+
+def parse_log(text: str) -> Placement:
+    """The accelerator's own words: the adapter, rejected operator types with reasons, the op counts."""
+    placement = Placement()
+    adapter = ADAPTER_LINE.search(text)
+    placement.adapter = adapter.group(1).strip() if adapter else ""
+    split = SPLIT_LINE.search(text)
+    if split:
+        placement.gpu_ops, placement.cpu_ops = int(split.group(1)), int(split.group(2))
+    listing = text.partition("operations are not supported by GPU delegate:")[2]
+    reasons: dict[str, list[str]] = {}
+    for line in listing.splitlines()[1:]:
+        if SPLIT_LINE.search(line) or not re.match(r"^[A-Z0-9_]+:", line):
+            break
+        op_type, _, reason = line.partition(":")
+        found = reasons.setdefault(op_type.strip(), [])
+        if reason.strip() and reason.strip() not in found:
+            found.append(reason.strip())
+    placement.rejected = [{"op_type": op, "reason": "; ".join(why) or "rejected"} for op, why in reasons.items()]
+    return placement
+
+
+@contextlib.contextmanager
+def native_stderr(sink: list[str]) -> Iterator[None]:
+    """Capture what native code writes to fd 2 (the accelerator's log), then pass it on unchanged."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            data = tmp.read()
+            os.write(2, data)
+            sink.append(data.decode("utf-8", "replace"))
+
+
+def effective_precision(adapter: str, enforce_f32: bool) -> tuple[str, str]:
+    """(precision_effective, why): SwiftShader computes fp32 whatever is asked."""
+    if "swiftshader" in adapter.lower():
+        return "fp32", "SwiftShader has no fp16 (shaderFloat16 = false): fp32 at every precision"
+    if enforce_f32:
+        return "fp32", "enforce_f32 set (precision high)"
+    return "fp16", "fp16 allowed (precision normal/low) on a device that may compute it"
+
+
+def compile_model(data: bytes, precision: str, threads: int, log: list[str]):
+    """The rewritten model compiled for GPU with CPU fallback; high precision enforces fp32."""
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+    from ai_edge_litert.options import CpuOptions, GpuOptions, Options
+
+    options = Options(hardware_accelerators=HardwareAccelerator.GPU | HardwareAccelerator.CPU,
+                      cpu_options=CpuOptions(num_threads=threads), gpu_options=GpuOptions(enforce_f32=precision == "high"))
+    try:
+        with native_stderr(log):
+            return CompiledModel.from_buffer(data, options=options)
+    except (RuntimeError, ValueError) as err:
+        text = "".join(log)
+        if "No adapters found" in text or "Failed to initialize WebGPU environment" in text:
+            needs = re.search(r"Warning: (Vulkan [^\n]*required)", text)
+            raise HarnessExit(EXIT_BACKEND, f"WebGPU found no GPU adapter on the Vulkan driver {vulkan_icd()[0] or '(system default)'}"
+                                            f"{' (' + needs.group(1) + ')' if needs else ''}; use SwiftShader "
+                                            "(chromium-common) or point VK_ICD_FILENAMES at another driver") from None
+        raise HarnessExit(EXIT_BACKEND, f"LiteRT's GPU accelerator cannot compile the model ({_first(err)})") from None
+
+
+def _first(err: BaseException) -> str:
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    return lines[0][:300] if lines else type(err).__name__
+
+
+class GpuRunner:
+    """One compiled model with its buffers: feed once, run with a sentinel fill, read every output."""
+
+    def __init__(self, model, inputs: dict[str, np.ndarray]) -> None:
+        self.model = model
+        signature = model.get_signature_by_index(0)
+        self.key = signature["key"]
+        self.output_names = list(signature["outputs"])
+        self.details = model.get_output_tensor_details(self.key)
+        input_names = list(signature["inputs"])
+        missing = [n for n in input_names if n not in inputs]
+        unknown = [n for n in inputs if n not in input_names]
+        if unknown or missing:
+            raise HarnessExit(EXIT_RUN, f"model inputs are {', '.join(input_names)}; "
+                                        f"{'no --input for ' + ', '.join(missing) if missing else 'no input ' + unknown[0]}")
+        in_details = model.get_input_tensor_details(self.key)
+        self.inputs = model.create_input_buffers(0)
+        for buffer, name in zip(self.inputs, input_names):
+            buffer.write(np.asarray(inputs[name], dtype=in_details[name]["dtype"]).reshape(-1))
+        self.outputs = model.create_output_buffers(0)
+
+    def run(self, fill_index: int, log: list[str]) -> tuple[dict[str, np.ndarray], float]:
+        for buffer, name in zip(self.outputs, self.output_names):
+            buffer.write(_fill(self.details[name], fill_index))
+        begin = now_ms()
+        try:
+            with native_stderr(log):
+                self.model.run_by_index(0, self.inputs, self.outputs)
+        except RuntimeError as err:
+            raise HarnessExit(EXIT_RUN, f"LiteRT's GPU accelerator failed to run the model ({_first(err)})") from None
+        elapsed = now_ms() - begin
+        values = {}
+        for buffer, name in zip(self.outputs, self.output_names):
+            detail = self.details[name]
+            count = int(np.prod(detail["shape"], dtype=np.int64))
+            values[name] = np.asarray(buffer.read(count, np.dtype(detail["dtype"]))).reshape(detail["shape"])
+        return values, elapsed
+
+
+def _fill(detail: dict, index: int) -> np.ndarray:
+    dtype = np.dtype(detail["dtype"])
+    count = int(np.prod(detail["shape"], dtype=np.int64))
+    value = SENTINELS[index] if dtype.kind == "f" else INT_SENTINELS[index] if dtype.kind == "i" else index * 7 + 1
+    return np.full(count, value, dtype=dtype)
+
+
+def untouched(values: dict[str, np.ndarray], index: int) -> set[str]:
+    """Outputs whose whole buffer still holds the sentinel of fill `index`."""
+    out = set()
+    for name, array in values.items():
+        fill = _fill({"dtype": array.dtype, "shape": array.shape}, index).reshape(array.shape)
+        same = np.isnan(array) if np.isnan(fill).all() else array == fill
+        if array.size and bool(np.all(same)):
+            out.add(name)
+    return out
+
+
+def prepare(data: bytes, graph: Graph, precision: str, threads: int, inputs: dict[str, np.ndarray]):
+    """(runner, placement, not-written tensor names, log text) after two calibration runs."""
+    log: list[str] = []
+    model = compile_model(with_outputs(data, graph.activations()), precision, threads, log)
+    placement = parse_log("".join(log))
+    placement.fully_accelerated = bool(model.is_fully_accelerated())
+    if not placement.adapter:
+        raise HarnessExit(EXIT_BACKEND, "LiteRT's WebGPU accelerator found no GPU adapter (Vulkan driver "
+                                        f"{vulkan_icd()[0] or 'none'}); use SwiftShader (chromium-common) or set VK_ICD_FILENAMES")
+    runner = GpuRunner(model, inputs)
+    first, _ = runner.run(1, log)
+    second, _ = runner.run(0, log)
+    never = untouched(first, 1) & untouched(second, 0)
+    return runner, placement, never, "".join(log)
