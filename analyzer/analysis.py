@@ -16,7 +16,7 @@ import pandas as pd
 from layerdiff.analyzer.measure import resultcache
 from layerdiff.analyzer.align.byname import NameRules
 from layerdiff.analyzer.measure.compare import Comparison, compare_all
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import LayerdiffError, NothingToCompareError, UsageError
 from layerdiff.analyzer.findings.divergence import KIND_ORDER, Finding, all_findings
 from layerdiff.analyzer.measure.isolation import Isolation, analyze_isolated, attach_isolated
 from layerdiff.analyzer.runs.reference import plan_comparisons
@@ -66,7 +66,7 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
         _check_enough_runs(sources, ref)
         plan = plan_comparisons(sources.runs, ref, ref_input)
         if not plan.pairs:
-            raise LayerdiffError("no run can be compared: every run is a reference or has no reference "
+            raise NothingToCompareError("no run can be compared: every run is a reference or has no reference "
                                  f"run on its input ({'; '.join(plan.uncompared.values()) or 'all runs are references'})")
         comparison = _measured(plan, rules, thresholds, progress)
         isolation = analyze_isolated(sources.isolated, sources.runs, comparison, thresholds)
@@ -97,14 +97,14 @@ def _measured(plan, rules: NameRules, thresholds: Thresholds,
 def _check_enough_runs(sources: SourceSet, ref: Path | str | None) -> None:
     """Refuse early, in one line, when there is nothing to compare (isolated dumps are not runs)."""
     if ref is not None and any(r.names(ref) for r in sources.isolated):
-        raise LayerdiffError(f"--ref {ref}: an isolated dump (collect isolate) cannot be the reference; "
+        raise UsageError(f"--ref {ref}: an isolated dump (collect isolate) cannot be the reference; "
                              "pass the dump it was isolated against")
     if len(sources.runs) < 2:
         found = "no readable dump" if not sources.runs else f"only one readable dump ({sources.runs[0].path})"
         detail = f": {sources.problems[0]}" if sources.problems else ""
         isolated = (f" (the {len(sources.isolated)} isolated dump(s) are shown next to a cumulative run of the "
                     "same setting, which must be among the inputs too)" if sources.isolated else "")
-        raise LayerdiffError(f"{found} among the inputs{detail}; analyze needs at least two runs{isolated}")
+        raise NothingToCompareError(f"{found} among the inputs{detail}; analyze needs at least two runs{isolated}")
 
 
 def merge_findings(findings: list[Finding], isolation: list[Finding]) -> list[Finding]:

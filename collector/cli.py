@@ -10,8 +10,9 @@ from typing import Callable, List, Optional
 import typer
 from rich.console import Console
 
+from layerdiff.vocabulary import RunStatus
 from layerdiff.clioptions import choices
-from layerdiff.errors import Interrupted, LayerdiffError, os_error_line
+from layerdiff.errors import DeviceError, InputError, Interrupted, LayerdiffError, StorageError, os_error_line
 from layerdiff.collector.inputs.inputset import resolve_inputs
 from layerdiff.collector.inputs.modelfiles import ENGINES, apply_shapes, input_shapes, parse_shapes, resolve_model
 from layerdiff.collector.run.isolate import failing_layers, isolate
@@ -112,7 +113,7 @@ def collect(
         _sweep_report(plan.out_dir)
     if result.failed or input_errors:
         raise typer.Exit(1)
-    if any(run.row.status == "skipped" for run in result.runs):
+    if any(run.row.status == RunStatus.SKIPPED for run in result.runs):
         raise typer.Exit(EXIT_SOME_SKIPPED)
 
 
@@ -124,12 +125,12 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
     """Everything `collect` needs, checked before any device is touched; plus unusable-input lines."""
     check_run_options(threads, repeat, deadline, layers, max_bytes)
     if out.exists() and not out.is_dir():
-        raise LayerdiffError(f"output {out} is a file; pass a directory to -o")
+        raise StorageError(f"output {out} is a file; pass a directory to -o")
     model_files = resolve_model(model or default_model(), engine)
     model_shapes = apply_shapes(input_shapes(model_files), parse_shapes(shapes or []), model_files)
     input_sets, input_errors = resolve_inputs(inputs, model_shapes, parse_preprocess(preprocess))
     if not input_sets:
-        raise LayerdiffError(input_errors[0] if len(input_errors) == 1 else
+        raise InputError(input_errors[0] if len(input_errors) == 1 else
                              f"none of the {len(input_errors)} inputs is usable; first: {input_errors[0]}")
     if configs:
         backends = list(dict.fromkeys(b for b, _ in configs))
@@ -222,8 +223,8 @@ def isolate_command(
     outcome = isolate(target, resolve_model(model, engine), backend, precision, ref, keys, out,
                       force=force, deadline_s=deadline)
     paths = ", ".join(str(p) for p in outcome.paths)
-    if outcome.status == "failed":
-        raise LayerdiffError(f"{target.serial}: isolation failed: {outcome.message}")
+    if outcome.status == RunStatus.FAILED:
+        raise DeviceError(f"{target.serial}: isolation failed: {outcome.message}")
     print(f"{outcome.status:8s}{target.serial} {outcome.spec.stem} -> {paths} ({len(keys)} layer(s))", file=sys.stderr)
 
 
@@ -247,11 +248,11 @@ def fix_command(
     from layerdiff.collector.fix.fixjson import fix_document, summary_lines, write_fix_json
 
     if out.exists() and not out.is_dir():
-        raise LayerdiffError(f"output {out} is a file; pass a directory to -o")
+        raise StorageError(f"output {out} is a file; pass a directory to -o")
     files = resolve_model(model, engine)
     inputs, errors = resolve_inputs(input or [], input_shapes(files), parse_preprocess(preprocess))
     if errors:
-        raise LayerdiffError(errors[0])
+        raise InputError(errors[0])
     target = resolve_devices([device], adb_server or [])[0]
     result = fix(target, files, backend, precision, inputs, out, tolerance=tolerance, deadline_s=deadline)
     doc = fix_document(result, device=target.serial, model=files.name, engine=files.engine, backend=backend,

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from layerdiff.errors import ConversionError
 from layerdiff.samples.netdef import Layer, Network, validate
 
 OPSET = 14  # HardSwish needs 14
@@ -141,10 +142,6 @@ for index, argv in enumerate(json.loads(sys.argv[1])):
     _tools.mnnconvert(argv)
     print(f"UUID={index}=" + MNN.get_model_uuid(argv[argv.index("--MNNModel") + 1]), flush=True)
 """
-
-
-class ConversionError(RuntimeError):
-    """MNN's converter did not produce a model; the message holds its output."""
 
 
 def convert_onnx_to_mnn(onnx_path: str | os.PathLike, mnn_path: str | os.PathLike,

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import InputError, UsageError
 from layerdiff.analyzer.align.naming import canonical_from_key
 from layerdiff.analyzer.align.structure import match_by_structure
 
@@ -83,11 +83,11 @@ def parse_rename(spec: str) -> tuple[re.Pattern, str]:
     """`REGEX=REPL` from the command line, e.g. `--rename '^model/=` strips a prefix."""
     pattern, sep, repl = spec.partition("=")
     if not sep or not pattern:
-        raise LayerdiffError(f"--rename {spec!r}: expected REGEX=REPLACEMENT, e.g. '^net/='")
+        raise UsageError(f"--rename {spec!r}: expected REGEX=REPLACEMENT, e.g. '^net/='")
     try:
         return re.compile(pattern), repl
     except re.error as err:
-        raise LayerdiffError(f"--rename {spec!r}: bad regular expression ({err})") from None
+        raise UsageError(f"--rename {spec!r}: bad regular expression ({err})") from None
 
 
 def load_name_map(path: Path | str) -> dict[str, str]:
@@ -96,7 +96,7 @@ def load_name_map(path: Path | str) -> dict[str, str]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
-        raise LayerdiffError(f"{path}: cannot read the name map ({err.strerror})") from None
+        raise InputError(f"{path}: cannot read the name map ({err.strerror})") from None
     if path.suffix.lower() == ".json" or text.lstrip().startswith(("{", "[")):
         return _map_from_json(path, text)
     return _map_from_csv(path, text)
@@ -106,12 +106,12 @@ def _map_from_json(path: Path, text: str) -> dict[str, str]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise LayerdiffError(f"{path}: name map is not valid JSON (line {err.lineno}: {err.msg})") from None
+        raise InputError(f"{path}: name map is not valid JSON (line {err.lineno}: {err.msg})") from None
     if isinstance(value, dict):
         return {str(k): str(v) for k, v in value.items()}
     if isinstance(value, list) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
         return {str(a): str(b) for a, b in value}
-    raise LayerdiffError(f"{path}: name map must be a JSON object {{old: new}} or a list of [old, new] pairs")
+    raise InputError(f"{path}: name map must be a JSON object {{old: new}} or a list of [old, new] pairs")
 
 
 def _map_from_csv(path: Path, text: str) -> dict[str, str]:
@@ -120,7 +120,7 @@ def _map_from_csv(path: Path, text: str) -> dict[str, str]:
         rows = rows[1:]
     bad = [i + 1 for i, r in enumerate(rows) if len(r) != 2]
     if bad:
-        raise LayerdiffError(f"{path}: name map CSV row {bad[0]} does not have exactly two columns old,new")
+        raise InputError(f"{path}: name map CSV row {bad[0]} does not have exactly two columns old,new")
     return {r[0]: r[1] for r in rows}
 
 

@@ -12,7 +12,7 @@ import typer
 
 from layerdiff.clioptions import choices
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import LayerdiffError, UsageError
 from layerdiff.analyzer.report.export import KEY_BY, METRICS, export_model_explorer, export_polygraphy
 
 EXPORT_FORMATS = ("model-explorer", "polygraphy")
@@ -71,12 +71,12 @@ def export_command(
     """Export a run for Google Model Explorer (per-layer error vs a reference) or Polygraphy."""
     if to == "model-explorer":
         if reference is None:
-            raise LayerdiffError("--to model-explorer needs --reference REF.h5 (the run to measure against)")
+            raise UsageError("--to model-explorer needs --reference REF.h5 (the run to measure against)")
         path = export_model_explorer(run, reference, output, metric=metric, key_by=key_by)
     elif to == "polygraphy":
         path = export_polygraphy(run, output, runner_name=runner_name)
     else:
-        raise LayerdiffError(f"--to {to}: choose from {', '.join(EXPORT_FORMATS)}")
+        raise UsageError(f"--to {to}: choose from {', '.join(EXPORT_FORMATS)}")
     typer.echo(f"wrote {path}")
 
 

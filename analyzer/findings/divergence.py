@@ -13,7 +13,7 @@ import math
 import pandas as pd
 
 from layerdiff.analyzer.measure.compare import Comparison
-from layerdiff.analyzer.findings.finding import Finding, named
+from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
 from layerdiff.analyzer.align.graph import LayerGraph
 from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.findings.trends import error_curve, input_dependence
@@ -25,9 +25,7 @@ __all__ = ["Finding", "KIND_ORDER", "all_findings"]
 MAX_PER_KIND = 3
 COPY_OPS = {"Split"}  # engine-inserted copies (ncnn): sentences name the layer they copy instead
 FP16_MAX = 65504.0
-KIND_ORDER = ["incomplete_run", "backend_fallback", "output_unmatched", "nan_origin", "inf_origin", "saturation", "failure_source",
-              "first_divergence", "isolation", "zero_collapse_origin", "error_growth", "nondeterminism", "input_dependence",
-              "fp16_risk", "error_curve"]
+KIND_ORDER = [kind.value for kind in FindingKind]  # report order: FindingKind's declaration order
 
 
 def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds) -> list[Finding]:
@@ -73,15 +71,15 @@ def run_state_findings(run: Run) -> list[Finding]:
         else:
             where = (f"the last layer dumped is {last['key']} ({last['op_type']}), so the harness died in or right "
                      "after that layer")
-        out.append(Finding("incomplete_run", run.label, "" if last is None else str(last["key"]),
+        out.append(Finding(FindingKind.INCOMPLETE_RUN, run.label, "" if last is None else str(last["key"]),
                            "" if last is None else str(last["op_type"]),
                            f"Run {run.label} is incomplete (harness exit status {run.attrs.get('exit_status')}): {where}.",
                            numbers={"exit_status": run.attrs.get("exit_status"), "layers_dumped": len(layers)}))
     requested, actual = str(run.attrs.get("backend_requested") or ""), str(run.attrs.get("backend_actual") or "")
     if requested and actual and requested != actual:
-        out.append(Finding("backend_fallback", run.label, "", "",
+        out.append(Finding(FindingKind.BACKEND_FALLBACK, run.label, "", "",
                            f"Run {run.label} asked for backend {requested} but really ran on {actual}: "
-                           f"its numbers are {actual} numbers.", severity="warn",
+                           f"its numbers are {actual} numbers.", severity=Severity.WARN,
                            numbers={"backend_requested": requested, "backend_actual": actual}))
     return out
 
@@ -96,7 +94,7 @@ def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None) -> l
     nan = dict(zip(layers["key"], layers["n_nan"]))
     inf = dict(zip(layers["key"], layers[["n_posinf", "n_neginf"]].sum(axis=1)))
     out = []
-    for kind, counts, what in (("nan_origin", nan, "NaN"), ("inf_origin", inf, "Inf")):
+    for kind, counts, what in ((FindingKind.NAN_ORIGIN, nan, "NaN"), (FindingKind.INF_ORIGIN, inf, "Inf")):
         for key in graph.order:
             producers = graph.producers.get(key, [])
             if not counts.get(key, 0) or any(counts.get(p, 0) for p in producers):
@@ -116,7 +114,7 @@ def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None) -> l
 
 def _nonfinite_cause(kind: str, key: str, producers: list[str], inf: dict, base: Run | None, numbers: dict) -> str:
     """The clause explaining a NaN/Inf origin from its inputs' Inf or the reference's values (fills `numbers`)."""
-    if kind == "nan_origin":
+    if kind == FindingKind.NAN_ORIGIN:
         carriers = [p for p in producers if inf.get(p, 0)]
         if not carriers:
             return ""
@@ -151,7 +149,7 @@ def saturation(rows: pd.DataFrame, base: Run) -> list[Finding]:
     first = hit.iloc[0]
     ref = base.layers.set_index("key").loc[first["key"]]
     ref_peak = max(abs(float(ref["min"])), abs(float(ref["max"])))
-    return [Finding("saturation", first["run"], first["key"], first["op_type"],
+    return [Finding(FindingKind.SATURATION, first["run"], first["key"], first["op_type"],
                     f"fp16 saturation in {first['run']}: layer {first['key']} ({first['op_type']}) has "
                     f"{int(first['n_saturated'])} values pinned at exactly +-65504 where the reference reaches "
                     f"{ref_peak:.4g}; the backend clamps instead of overflowing to inf, so no NaN marks it and "
@@ -181,7 +179,7 @@ def first_divergence(rows: pd.DataFrame) -> list[Finding]:
         then = (f" The first layer that fails is {f['key']} ({f['op_type']}), #{int(f['position']) + 1}, "
                 f"rel L2 {f['rel_l2']:.3g} ({f['reasons']}).")
     status = str(r["status"])
-    return [Finding("first_divergence", r["run"], r["key"], r["op_type"],
+    return [Finding(FindingKind.FIRST_DIVERGENCE, r["run"], r["key"], r["op_type"],
                     f"First divergence in {r['run']}: layer {r['key']} ({r['op_type']}), #{int(r['position']) + 1} "
                     f"in execution order, {status}s with rel L2 {r['rel_l2']:.3g}, max abs {r['max_abs']:.3g}, "
                     f"SQNR {r['sqnr_db']:.1f} dB ({r['reasons']}).{then}", severity=status, numbers=numbers)]
@@ -208,7 +206,7 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph) -> list[Finding]:
                if feeders else "it reads only the model input")
         others = [k for k in failing if k != r.key]
         heirs = [k for k in others if k in _downstream(graph, r.key)]
-        out.append(Finding("failure_source", r.run, r.key, r.op_type,
+        out.append(Finding(FindingKind.FAILURE_SOURCE, r.run, r.key, r.op_type,
                            f"Failure source in {r.run}: layer {r.key} ({r.op_type}) fails ({r.reasons}) while {fed}; "
                            f"this op breaks at this setting. {_heirs_clause(others, heirs)}",
                            numbers={"rel_l2": r.rel_l2, "worst_input_rel_l2": worst_in, "inputs": feeders,
@@ -273,11 +271,11 @@ def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, b
             cause = "its inputs already fail, so the zeros may come from the error upstream"
         else:
             cause = _underflow_cause(base, r.key, t, numbers, other)
-        return [Finding("zero_collapse_origin", r.run, r.key, r.op_type,
+        return [Finding(FindingKind.ZERO_COLLAPSE_ORIGIN, r.run, r.key, r.op_type,
                         f"Zero collapse starts in {r.run} at layer {r.key} ({r.op_type}): {r.zero_collapse:.1%} of the "
                         f"reference's non-zero values became 0 ({int(r.n_zero_collapsed)} values) while its inputs "
                         f"kept theirs; {cause}.{_collapse_spread(rows, r.key, numbers)}",
-                        severity="fail" if r.status == "fail" else "warn", numbers=numbers)]
+                        severity=Severity.FAIL if r.status == "fail" else Severity.WARN, numbers=numbers)]
     return []
 
 
@@ -333,9 +331,9 @@ def error_growth(rows: pd.DataFrame, sources: set[str], t: Thresholds) -> list[F
         return []
     r = candidates.loc[candidates["growth"].idxmax()]
     worst_in = r["rel_l2"] / r["growth"]
-    return [Finding("error_growth", r["run"], r["key"], r["op_type"],
+    return [Finding(FindingKind.ERROR_GROWTH, r["run"], r["key"], r["op_type"],
                     f"Error growth in {r['run']}: layer {r['key']} ({r['op_type']}) amplifies the error {r['growth']:.0f}x, "
-                    f"from rel L2 {worst_in:.3g} at its inputs to {r['rel_l2']:.3g} at its output.", severity="warn",
+                    f"from rel L2 {worst_in:.3g} at its inputs to {r['rel_l2']:.3g} at its output.", severity=Severity.WARN,
                     numbers={"factor": float(r["growth"]), "input_rel_l2": float(worst_in), "rel_l2": float(r["rel_l2"]),
                              "position": int(r["position"])})]
 
@@ -348,10 +346,10 @@ def nondeterminism(pair, rows: pd.DataFrame) -> list[Finding]:
     if differing.empty:
         return []
     r = differing.iloc[0]
-    return [Finding("nondeterminism", pair.other.label, r["key"], r["op_type"],
+    return [Finding(FindingKind.NONDETERMINISM, pair.other.label, r["key"], r["op_type"],
                     f"Nondeterminism: {pair.other.label} and {pair.base.label} ran the same configuration on the same input "
                     f"but differ at {len(differing)} of {len(rows)} layers, first at {r['key']} ({r['op_type']}) by max abs "
-                    f"{r['max_abs']:.3g}.", severity="warn",
+                    f"{r['max_abs']:.3g}.", severity=Severity.WARN,
                     numbers={"layers_differing": int(len(differing)), "layers_compared": int(len(rows)),
                              "max_abs": float(r["max_abs"]), "other": pair.base.label})]
 
@@ -364,20 +362,20 @@ def fp16_risk(base: Run, t: Thresholds) -> list[Finding]:
     if len(over):
         r = over.iloc[0]
         peak = max(abs(float(r["min"])), abs(float(r["max"])))
-        out.append(Finding("fp16_risk", base.label, str(r["key"]), str(r["op_type"]),
+        out.append(Finding(FindingKind.FP16_RISK, base.label, str(r["key"]), str(r["op_type"]),
                            f"fp16 overflow risk in reference {base.label}: layer {r['key']} ({r['op_type']}) reaches {peak:.4g} "
                            f"(> 65504) in {int(r['n_fp16_overflow'])} values; {len(over)} layer(s) exceed fp16's range.",
-                           severity="warn", numbers={"peak": peak, "n_overflow": int(r["n_fp16_overflow"]),
+                           severity=Severity.WARN, numbers={"peak": peak, "n_overflow": int(r["n_fp16_overflow"]),
                                                       "layers": [str(k) for k in over["key"]][:50]}))
     share = layers["n_fp16_underflow"] / layers["numel"].clip(lower=1)
     under = layers[share > t.underflow_risk_share]
     if len(under):
         r = under.iloc[0]
-        out.append(Finding("fp16_risk", base.label, str(r["key"]), str(r["op_type"]),
+        out.append(Finding(FindingKind.FP16_RISK, base.label, str(r["key"]), str(r["op_type"]),
                            f"fp16 underflow risk in reference {base.label}: layer {r['key']} ({r['op_type']}) has "
                            f"{share[r.name]:.1%} of its values between 0 and 6.1e-5, which fp16 flushes toward 0; "
                            f"{len(under)} layer(s) are above {t.underflow_risk_share:.0%}.",
-                           severity="warn", numbers={"share": float(share[r.name]),
+                           severity=Severity.WARN, numbers={"share": float(share[r.name]),
                                                      "layers": [str(k) for k in under["key"]][:50]}))
     return out
 

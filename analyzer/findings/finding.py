@@ -7,21 +7,58 @@ shares it, and none of them should import the others for it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
 MAX_NAMED = 4  # layers named in one sentence before "..."
+
+
+class FindingKind(StrEnum):
+    """What a finding is about; the value is what results.json, --json and the report's sections carry.
+
+    Declared in report order (most important first): `KIND_ORDER` is this order."""
+
+    INCOMPLETE_RUN = "incomplete_run"
+    BACKEND_FALLBACK = "backend_fallback"
+    OUTPUT_UNMATCHED = "output_unmatched"
+    NAN_ORIGIN = "nan_origin"
+    INF_ORIGIN = "inf_origin"
+    SATURATION = "saturation"
+    FAILURE_SOURCE = "failure_source"
+    FIRST_DIVERGENCE = "first_divergence"
+    ISOLATION = "isolation"
+    ZERO_COLLAPSE_ORIGIN = "zero_collapse_origin"
+    ERROR_GROWTH = "error_growth"
+    NONDETERMINISM = "nondeterminism"
+    INPUT_DEPENDENCE = "input_dependence"
+    FP16_RISK = "fp16_risk"
+    ERROR_CURVE = "error_curve"
+
+
+class Severity(StrEnum):
+    """How loud a finding is: `fail` and `warn` are the layer statuses it reports, `info` explains."""
+
+    FAIL = "fail"
+    WARN = "warn"
+    INFO = "info"
 
 
 @dataclass
 class Finding:
     """One thing worth telling the user, as a sentence and as data (`--json` prints `as_dict`)."""
 
-    kind: str
+    kind: FindingKind | str
     run: str
     layer: str
     op_type: str
     sentence: str
-    severity: str = "fail"  # fail | warn | info
+    severity: Severity | str = Severity.FAIL
     numbers: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Plain strings from callers become the enums (same values, so every file stays identical)."""
+        self.kind = FindingKind(self.kind)
+        if self.severity in Severity._value2member_map_:  # a status read from data stays as it is otherwise
+            self.severity = Severity(self.severity)
 
     def as_dict(self) -> dict:
         return asdict(self)

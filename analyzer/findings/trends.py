@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.measure.compare import Comparison
-from layerdiff.analyzer.findings.finding import MAX_NAMED, Finding
+from layerdiff.analyzer.findings.finding import Finding, FindingKind, MAX_NAMED, Severity
 from layerdiff.analyzer.findings.verdict import Thresholds
 
 VERB = {"pass": "passes", "warn": "warns", "fail": "fails"}
@@ -49,8 +49,8 @@ def error_curve(rows: pd.DataFrame) -> list[Finding]:
     if len(broken):
         numbers["nonfinite_layers"] = int(len(broken))
         text += f"; {len(broken)} layer(s) carry NaN/Inf from {broken.iloc[0]['key']} on"
-    return [Finding("error_curve", first["run"], peak["key"], peak["op_type"],
-                    text + _output_clause(ordered, numbers) + ".", severity="info", numbers=numbers)]
+    return [Finding(FindingKind.ERROR_CURVE, first["run"], peak["key"], peak["op_type"],
+                    text + _output_clause(ordered, numbers) + ".", severity=Severity.INFO, numbers=numbers)]
 
 
 def _thirds_median(values: pd.Series) -> list[float]:
@@ -97,7 +97,7 @@ def input_dependence(comparison: Comparison, t: Thresholds, zero_starts: dict[st
         rest = [m for m in members if m not in failing]
         rest_text = _rest_clause(rest)
         collapsed = [m["input"] for m in members if m["collapsed"]]
-        out.append(Finding("input_dependence", labels[config], where, "",
+        out.append(Finding(FindingKind.INPUT_DEPENDENCE, labels[config], where, "",
                            f"Input dependence on {labels[config]}: {len(failing)} of {len(members)} inputs "
                            f"{failing[0]['verdict']}: " + "; ".join(m["text"] for m in failing[:8])
                            + ("; ..." if len(failing) > 8 else "") + rest_text + ".",

@@ -12,7 +12,7 @@ import json
 
 import pandas as pd
 
-from layerdiff.analyzer.findings.finding import Finding, named
+from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
 from layerdiff.analyzer.align.graph import LayerGraph
 
 MAX_CHAIN = 4
@@ -35,11 +35,11 @@ def unmatched_outputs(pair, alignment, graph: LayerGraph, other_graph: LayerGrap
         shape = _shapes(pair.base.layers).get(str(r.key), [])
         numbers = {"reference": pair.base.label, "why": str(r.why)}
         detail = _where_they_part(pair, graph, other_graph, str(r.key), partner, numbers)
-        out.append(Finding("output_unmatched", pair.other.label, str(r.key), str(r.op_type),
+        out.append(Finding(FindingKind.OUTPUT_UNMATCHED, pair.other.label, str(r.key), str(r.op_type),
                            f"{what} {r.key} ({r.op_type}, shape {shape}) of the reference {pair.base.label} has no "
                            f"counterpart in {pair.other.label} ({r.why or 'no layer paired with it'}), so it is not "
                            f"compared and the run cannot be said to reproduce it.{detail}",
-                           severity="warn" if side else "fail", numbers=numbers))
+                           severity=Severity.WARN if side else Severity.FAIL, numbers=numbers))
     return out
 
 

@@ -13,20 +13,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import LayerdiffError, NoSpaceError, NotWritableError
 from layerdiff.analyzer.formats.limits import human_bytes
 
 NO_SPACE = "no space"
 _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _READ_ONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
-
-
-class NoSpaceError(LayerdiffError, OSError):
-    """The file system holding the output is full (still an OSError for code that skips failed writes)."""
-
-
-class NotWritableError(LayerdiffError, OSError):
-    """The output is on a read-only file system or not writable by this user (also an OSError)."""
 
 
 def free_bytes(path: Path) -> int:

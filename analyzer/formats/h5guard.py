@@ -12,11 +12,7 @@ from pathlib import Path
 
 import h5py
 
-from layerdiff.errors import DumpFormatError
-
-
-class NotLocalError(DumpFormatError):
-    """An HDF5 object refers to data outside its own file (external storage, link or virtual map)."""
+from layerdiff.errors import NotLocalError
 
 
 def _link_problem(link: object) -> str | None:

@@ -12,7 +12,7 @@ from typing import Iterable
 
 import numpy as np
 
-from layerdiff.errors import DumpFormatError, LayerdiffError
+from layerdiff.errors import DumpFormatError, UsageError
 
 RAM_SHARE = 0.25
 
@@ -33,7 +33,7 @@ def env_bytes(name: str, default: int) -> int:
     try:
         return parse_bytes(raw)
     except ValueError:
-        raise LayerdiffError(f"{name}={raw!r}: expected a byte count such as 2G, 512M or 1048576") from None
+        raise UsageError(f"{name}={raw!r}: expected a byte count such as 2G, 512M or 1048576") from None
 
 
 def parse_bytes(text: str) -> int:

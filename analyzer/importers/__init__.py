@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from layerdiff.analyzer.importers import convcache
-from layerdiff.errors import DumpFormatError, LayerdiffError
+from layerdiff.errors import DumpFormatError, InputError, LayerdiffError, UsageError
 from layerdiff.analyzer.importers import archive, hdf5dump, mnn_text, npyfiles, polygraphy_json, rawdir
 from layerdiff.analyzer.importers.common import ForeignDump, parse_set_options, write_dump
 
@@ -77,12 +77,12 @@ def import_one(path: Path | str, attrs: dict[str, Any] | None = None, out: Path 
     """`import_any` that also returns the format and the layers it could not use (for warnings)."""
     path = Path(path)
     if not path.exists():
-        raise LayerdiffError(f"{path}: no such file or directory")
+        raise InputError(f"{path}: no such file or directory")
     fmt = options.pop("format", None) or detect_format(path)
     if fmt is None:
         raise DumpFormatError(f"{path}: not a dump layerdiff can read (supported: {', '.join(SUPPORTED_FORMATS)})")
     if fmt not in SUPPORTED_FORMATS:
-        raise LayerdiffError(f"--format {fmt}: unknown format (supported: {', '.join(SUPPORTED_FORMATS)})")
+        raise UsageError(f"--format {fmt}: unknown format (supported: {', '.join(SUPPORTED_FORMATS)})")
     try:
         result = _import(path, fmt, attrs or {}, None if out is None else Path(out), options)
         result.source = result.source or path
@@ -125,7 +125,7 @@ def _read_foreign(path: Path, fmt: str, options: dict[str, Any]) -> ForeignDump:
         return polygraphy_json.read_polygraphy(path, options.get("runner"), int(options.get("iteration") or 0))
     if fmt == hdf5dump.H5_FORMAT:
         return hdf5dump.read_h5(path)
-    raise LayerdiffError(f"{path}: format {fmt} cannot be converted")
+    raise InputError(f"{path}: format {fmt} cannot be converted")
 
 
 def _import_zip(path: Path, attrs: dict[str, Any], out: Path | None, options: dict[str, Any]) -> ImportResult:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from layerdiff.analyzer.formats.dumpfile import ROOT_DEFAULTS, DumpWriter
-from layerdiff.errors import DumpFormatError, LayerdiffError
+from layerdiff.errors import DumpFormatError, UsageError
 from layerdiff.analyzer.importers.optypes import op_type_from_name, op_types_from_onnx
 from layerdiff.analyzer.formats.limits import MAX_TENSOR_BYTES, check_tensor_bytes, env_bytes
 
@@ -90,9 +90,9 @@ def parse_set_options(items: list[str] | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise LayerdiffError(f"--set {item!r}: expected key=value, e.g. --set backend_requested=opencl")
+            raise UsageError(f"--set {item!r}: expected key=value, e.g. --set backend_requested=opencl")
         if key in RESERVED_ATTRS:
-            raise LayerdiffError(f"--set {key}: this attribute is written by layerdiff itself and cannot be set")
+            raise UsageError(f"--set {key}: this attribute is written by layerdiff itself and cannot be set")
         out[key] = _typed_value(key, value.strip())
     return out
 
@@ -110,7 +110,7 @@ def _typed_value(key: str, value: str) -> Any:
             return float(value)
     except ValueError:
         kind = {bool: "true or false", int: "an integer", float: "a number"}[type(default)]
-        raise LayerdiffError(f"--set {key}={value}: {key} must be {kind}") from None
+        raise UsageError(f"--set {key}={value}: {key} must be {kind}") from None
     return value
 
 

@@ -17,7 +17,7 @@ import stat
 import time
 from pathlib import Path
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import StorageError
 from layerdiff.analyzer.formats.limits import env_bytes, human_bytes
 
 DEFAULT_MAX_BYTES = 4 << 30
@@ -45,7 +45,7 @@ def cache_dir(create: bool = True) -> Path:
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as err:
-            raise LayerdiffError(f"{path}: cannot create the conversion cache ({err.strerror}); set LAYERDIFF_CACHE_DIR") from None
+            raise StorageError(f"{path}: cannot create the conversion cache ({err.strerror}); set LAYERDIFF_CACHE_DIR") from None
     if path.exists():
         _check_private(path)
     return path
@@ -54,9 +54,9 @@ def cache_dir(create: bool = True) -> Path:
 def _check_private(path: Path) -> None:
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise LayerdiffError(f"{path}: the conversion cache is not a plain directory; remove it or set LAYERDIFF_CACHE_DIR")
+        raise StorageError(f"{path}: the conversion cache is not a plain directory; remove it or set LAYERDIFF_CACHE_DIR")
     if st.st_uid != os.getuid():
-        raise LayerdiffError(f"{path}: the conversion cache belongs to uid {st.st_uid}, not you; "
+        raise StorageError(f"{path}: the conversion cache belongs to uid {st.st_uid}, not you; "
                              "remove it or set LAYERDIFF_CACHE_DIR to a directory of your own")
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)  # ours, but others could read or plant files: close it

@@ -25,7 +25,7 @@ import pandas as pd
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import LayerdiffError
-from layerdiff.analyzer.findings.divergence import Finding
+from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
 from layerdiff.analyzer.measure.metrics import PairKernel
 from layerdiff.analyzer.formats.rawdump import sha256_file
 from layerdiff.analyzer.runs.reference import Plan
@@ -278,16 +278,16 @@ def isolation_finding(r: dict) -> Finding:
         sentence = (f"Isolation in {r['run']}: {alone} passes (rel L2 {_g(r['isolated_rel_l2'])}, max abs "
                     f"{_g(r['isolated_max_abs'])}), so this layer is fine given correct inputs; the error comes from "
                     f"upstream ({cumulative}).")
-        severity = "info"
+        severity = Severity.INFO
     else:
         sentence = (f"Isolation in {r['run']}: {alone} passes (rel L2 {_g(r['isolated_rel_l2'])}) and {cumulative}: "
                     "nothing to blame here at this precision.")
-        severity = "info"
+        severity = Severity.INFO
     numbers = {"verdict": r["isolation"], "isolated_status": r["isolated_status"],
                **{f"isolated_{m}": r[f"isolated_{m}"] for m in ISOLATED_METRICS},
                "cumulative_status": r["status"], "cumulative_rel_l2": r["rel_l2"], "cumulative_max_abs": r["max_abs"],
                "position": r["position"], "isolated_file": r["isolated_file"], "reference": r["isolated_reference"]}
-    return Finding("isolation", r["run"], r["key"], r["op_type"], sentence, severity=severity, numbers=numbers)
+    return Finding(FindingKind.ISOLATION, r["run"], r["key"], r["op_type"], sentence, severity=severity, numbers=numbers)
 
 
 def _cause(r: dict) -> str:

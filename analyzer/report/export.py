@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import UsageError
 from layerdiff.analyzer.align.naming import canonical_from_key, is_helper
 
 if TYPE_CHECKING:
@@ -63,13 +63,13 @@ def layer_metric(run: np.ndarray, ref: np.ndarray, metric: str = "rel_l2") -> fl
         return float(np.max(np.abs(diff)))
     if metric == "rel_l2":
         return float(np.linalg.norm(diff) / max(float(np.linalg.norm(b[fb])), 1e-12))
-    raise LayerdiffError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
+    raise UsageError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
 
 
 def layer_metrics(run_path: Path | str, ref_path: Path | str, metric: str = "rel_l2") -> pd.DataFrame:
     """One row per run layer aligned with a reference layer: key, name, op, ref_name, value."""
     if metric not in METRICS:
-        raise LayerdiffError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
+        raise UsageError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
     rows = []
     with DumpFile(run_path) as run, DumpFile(ref_path) as ref:
         ref_rows = _by_canonical(ref.layers)
@@ -97,7 +97,7 @@ def model_explorer_node_data(metrics: pd.DataFrame, key_by: str = "reference",
                              thresholds: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """GraphNodeData for Model Explorer from a `layer_metrics` table."""
     if key_by not in KEY_BY:
-        raise LayerdiffError(f"--key-by {key_by}: choose from {', '.join(KEY_BY)}")
+        raise UsageError(f"--key-by {key_by}: choose from {', '.join(KEY_BY)}")
     column = {"reference": "ref_name", "name": "name", "op": "op"}[key_by]
     results: dict[str, dict[str, Any]] = {}
     for row in metrics.itertuples(index=False):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Iterable
 
 from layerdiff.analyzer.formats.diskspace import writing
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import StorageError
 
 REPORT_MARKERS = ("index.html", "results.json", "summary.csv")
 
@@ -20,15 +20,15 @@ def prepare_out_dir(path: Path | str, force: bool = False) -> Path:
     """Create the report directory, refusing a file or a non-empty directory that is not a report."""
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise LayerdiffError(f"{out}: exists and is not a directory; choose another -o")
+        raise StorageError(f"{out}: exists and is not a directory; choose another -o")
     if out.is_dir() and any(out.iterdir()) and not force:
         if not any((out / name).exists() for name in REPORT_MARKERS):
-            raise LayerdiffError(f"{out}: directory is not empty and holds no layerdiff report; "
+            raise StorageError(f"{out}: directory is not empty and holds no layerdiff report; "
                                  "choose another -o or pass --force")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise LayerdiffError(f"{out}: cannot create the report directory ({err.strerror})") from None
+        raise StorageError(f"{out}: cannot create the report directory ({err.strerror})") from None
     return out
 
 

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import InputError
 from layerdiff.analyzer.align.graph import build_graph
 from layerdiff.analyzer.report.results import clean
 from layerdiff.analyzer.report.numbers import format_number
@@ -56,7 +56,7 @@ def find_layer(layers: pd.DataFrame, wanted: str, path: Path) -> pd.Series:
     if len(partial) == 1:
         return partial.iloc[0]
     hint = f"; {len(partial)} layers contain it, e.g. {', '.join(partial['key'].head(3))}" if len(partial) else ""
-    raise LayerdiffError(f"{path}: no layer {wanted!r}{hint} (list them with: analyze inspect {path})")
+    raise InputError(f"{path}: no layer {wanted!r}{hint} (list them with: analyze inspect {path})")
 
 
 def _layer_table(layers: pd.DataFrame) -> Table:

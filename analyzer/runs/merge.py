@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import InputError, NothingToCompareError
 from layerdiff.analyzer.importers import import_many_results
 from layerdiff.analyzer.importers.hdf5dump import check_readable
 
@@ -44,7 +44,7 @@ def merge(paths: list[Path | str], out_dir: Path | str, allow_model_mismatch: bo
     existing = read_index(out_dir)
     incoming = [_row(r.path, r.source or r.path) for r in imported]
     if not incoming and not existing:
-        raise LayerdiffError(f"{out_dir}: nothing to merge ({'; '.join(errors) or 'no inputs'})")
+        raise NothingToCompareError(f"{out_dir}: nothing to merge ({'; '.join(errors) or 'no inputs'})")
     check_same_model(existing + [row for row, _ in incoming], allow_model_mismatch)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = MergeResult(index=out_dir / INDEX_NAME, errors=errors)
@@ -80,7 +80,7 @@ def check_same_model(rows: list[dict[str, str]], allow_model_mismatch: bool) -> 
             by_model.setdefault(row["model_sha256"], []).append(row.get("source") or row.get("file", "?"))
     if len(by_model) > 1 and not allow_model_mismatch:
         groups = "; ".join(f"{sha[:12]}: {', '.join(files[:3])}{' ...' if len(files) > 3 else ''}" for sha, files in by_model.items())
-        raise LayerdiffError(f"runs are of {len(by_model)} different models ({groups}); "
+        raise InputError(f"runs are of {len(by_model)} different models ({groups}); "
                              "pass --allow-model-mismatch to merge them anyway")
 
 
@@ -91,7 +91,7 @@ def read_index(out_dir: Path) -> list[dict[str, str]]:
     with open(path, newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         if reader.fieldnames is None or "file" not in reader.fieldnames:
-            raise LayerdiffError(f"{path}: not a layerdiff index (no 'file' column); merge into an empty directory")
+            raise InputError(f"{path}: not a layerdiff index (no 'file' column); merge into an empty directory")
         return [{column: row.get(column) or "" for column in INDEX_COLUMNS} for row in reader]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import NothingToCompareError, UsageError
 from layerdiff.analyzer.runs.sources import Run
 
 
@@ -38,12 +38,12 @@ def choose_reference(runs: list[Run], ref_path: Path | str | None) -> tuple[Run,
     """The `--ref` run (its dump or the foreign file it came from), else the first cpu + high run,
     else the first run; with the reason in words."""
     if not runs:
-        raise LayerdiffError("no dumps to analyze")
+        raise NothingToCompareError("no dumps to analyze")
     if ref_path is not None:
         for run in runs:
             if run.names(ref_path):
                 return run, f"--ref {Path(ref_path).name}"
-        raise LayerdiffError(
+        raise UsageError(
             f"--ref {ref_path}: not among the dumps being analyzed (or not a readable dump); "
             "pass it also as an input, or pick one of the files listed"
         )
@@ -85,10 +85,10 @@ def _pair_hashless_reference(reference: Run, runs: list[Run], ref_input: str | N
         keys = {r.input_key for r in others if _is_input(r, ref_input)}
         if not keys:
             labels = sorted({str(r.attrs.get("input_label") or r.input_key[:12]) for r in others})
-            raise LayerdiffError(f"--ref-input {ref_input}: no run was fed an input with that label or sha256 "
+            raise UsageError(f"--ref-input {ref_input}: no run was fed an input with that label or sha256 "
                                  f"prefix (inputs: {', '.join(labels) or 'none'})")
         if len(keys) > 1:
-            raise LayerdiffError(f"--ref-input {ref_input}: names {len(keys)} different inputs; give a longer "
+            raise UsageError(f"--ref-input {ref_input}: names {len(keys)} different inputs; give a longer "
                                  "sha256 prefix")
         reference.input_override = keys.pop()
         return f"; it stands for input {ref_input} (--ref-input)"

@@ -19,19 +19,12 @@ from typing import Callable, NoReturn
 import numpy as np
 
 from layerdiff.analyzer.formats.rawdump import RawDumpWriter, sha256_file
+from layerdiff.errors import HarnessExit
 
 HARNESS_VERSION = "0.1.0"
 EXIT_OK, EXIT_ARGS, EXIT_MODEL, EXIT_BACKEND, EXIT_RUN, EXIT_WRITE = 0, 2, 3, 4, 5, 6
 BACKENDS = ("cpu", "opencl", "vulkan")
 PRECISIONS = ("low", "normal", "high")
-
-
-class HarnessExit(Exception):
-    """Ends a harness run with a documented exit code and one stderr line."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass

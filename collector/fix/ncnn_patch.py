@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import InputError
 from layerdiff.collector.engines.ncnn.options import FEATMASK_KEY
 from layerdiff.collector.inputs.modelfiles import ModelFiles, resolve_model
 
@@ -34,7 +34,7 @@ def patched_param_text(text: str, masks: dict[str, int], source: Path) -> str:
             found.add(fields[1])
     missing = sorted(set(masks) - found)
     if missing:
-        raise LayerdiffError(f"{source}: no layer named {', '.join(missing)}; the mask cannot be written")
+        raise InputError(f"{source}: no layer named {', '.join(missing)}; the mask cannot be written")
     return "".join(lines)
 
 
@@ -53,7 +53,7 @@ def write_patched(model: ModelFiles, masks: dict[str, int], out_dir: Path, stem:
     """`OUT/<stem>.param` + `.bin`: the model with `masks` applied; returns the new model's files."""
     param = next((f for f in model.files if f.suffix == ".param"), None)
     if model.engine != "ncnn" or param is None:
-        raise LayerdiffError(f"{model.name}: only ncnn text .param models can be patched with feature masks")
+        raise InputError(f"{model.name}: only ncnn text .param models can be patched with feature masks")
     weights = next((f for f in model.files if f.suffix == ".bin"), param.with_suffix(".bin"))
     stem = stem or param.stem
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -75,5 +75,5 @@ def _atomic_write(path: Path, data: bytes) -> None:
 def _layer_lines(text: str, source: Path) -> list[list[str]]:
     lines = text.splitlines()
     if not lines or lines[0].strip() != MAGIC:
-        raise LayerdiffError(f"{source}: not a text ncnn .param file (first line is not {MAGIC})")
+        raise InputError(f"{source}: not a text ncnn .param file (first line is not {MAGIC})")
     return [f for f in (line.split() for line in lines[2:]) if len(f) >= 4]

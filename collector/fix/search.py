@@ -36,9 +36,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.formats.dumpfile import DumpFile
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import DeviceError, UsageError
 from layerdiff.analyzer.align.graph import build_graph
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.engines.harness_cli import split_key
@@ -218,11 +219,11 @@ def fix(device: Device, model: ModelFiles, backend: str, precision: str, inputs:
         tolerance: float = 1e-2, deadline_s: float = 900.0) -> FixResult:
     """Search the layers to keep high, write the fix (ncnn) or the what-if (MNN), verify, time it."""
     if precision == "high":
-        raise LayerdiffError("--precision high is already the reference; name the precision to fix (low or normal)")
+        raise UsageError("--precision high is already the reference; name the precision to fix (low or normal)")
     if not inputs:
-        raise LayerdiffError("collect fix needs at least one input")
+        raise UsageError("collect fix needs at least one input")
     if not (math.isfinite(tolerance) and tolerance > 0):
-        raise LayerdiffError(f"--tolerance {tolerance}: give the largest relative L2 error to accept, e.g. 1e-2")
+        raise UsageError(f"--tolerance {tolerance}: give the largest relative L2 error to accept, e.g. 1e-2")
     with OutdirLock(out_dir):
         return _fix(device, model, backend, precision, inputs, Path(out_dir), tolerance, deadline_s)
 
@@ -258,8 +259,8 @@ def _references(device: Device, model: ModelFiles, backend: str, inputs: list[In
     refs = {}
     for item in inputs:
         outcome = collect_run(device, RunSpec(model, backend, "high", item, deadline_s=deadline_s), out, force=True)
-        if outcome.status != "done" or not outcome.paths:
-            raise LayerdiffError(f"{device.serial}: the {backend}/high reference run failed on input {item.label}: "
+        if outcome.status != RunStatus.DONE or not outcome.paths:
+            raise DeviceError(f"{device.serial}: the {backend}/high reference run failed on input {item.label}: "
                                  f"{outcome.message}")
         refs[item.label] = outcome.paths[0]
     return refs

@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.analyzer.align.graph import build_graph
 from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
@@ -84,7 +85,7 @@ class TrialRunner:
                     spec.placed_files = {f"inject/{f.name}": f for f in sorted(inject.iterdir())}
                 outcome = collect_run(self.device, spec, out_dir, force=True)
             self.runs += 1
-            if outcome.status != "done" or not outcome.paths:
+            if outcome.status != RunStatus.DONE or not outcome.paths:
                 # a set the engine cannot run (a crash, a refused model) is a set that does not work
                 trial.errors[inputs.label] = math.inf
                 trial.failures[inputs.label] = outcome.message or "the run failed"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 from layerdiff.analyzer.importers.convcache import user_cache_root
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import HarnessError
 from layerdiff.collector.harness import children
 from layerdiff.collector.harness.buildprogress import BuildReporter, BuildWatcher, default_reporter, estimate_minutes
 from layerdiff import device_scripts
@@ -44,10 +44,6 @@ NCNN_VERSION = "1.0.20261020"
 # Bump when the ncnn CMake options in device_scripts/build_*.sh change: it keys cached ncnn builds.
 NCNN_RECIPE = 2
 TARGET_SCRIPTS = {"host": "build_host.sh", "aarch64": "build_aarch64.sh", "android": "build_android.sh"}
-
-
-class HarnessError(LayerdiffError):
-    """No harness binary can be had for a device/engine; the message says what to run."""
 
 
 @dataclass(frozen=True)

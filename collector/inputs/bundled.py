@@ -5,7 +5,7 @@ from pathlib import Path
 
 from layerdiff import samples
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import InputError
 
 SAMPLES_DIR = Path(samples.__file__).resolve().parent
 DEFAULT_MODEL = SAMPLES_DIR / "models" / "convnet.param"
@@ -13,7 +13,7 @@ DEFAULT_MODEL = SAMPLES_DIR / "models" / "convnet.param"
 
 def default_model() -> Path:
     if not DEFAULT_MODEL.is_file():
-        raise LayerdiffError(
+        raise InputError(
             f"no --model given and the bundled sample {DEFAULT_MODEL} is missing; pass --model FILE "
             "(or run `python samples/generate.py` in a checkout)"
         )

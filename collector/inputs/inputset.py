@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import InputError, LayerdiffError
 from layerdiff.collector.inputs.preprocess import IMAGE_SUFFIXES, Preprocess, default_for, image_pixel_limit, load_image
 
 _RANDOM = re.compile(r"^random(?::(\d+))?$")
@@ -78,12 +78,12 @@ def _expand(spec: str) -> list[str]:
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES + DATA_SUFFIXES)
         if not files:
-            raise LayerdiffError(f"input directory {path} holds no images, .npy or .npz files")
+            raise InputError(f"input directory {path} holds no images, .npy or .npz files")
         return [str(f) for f in files]
     if any(ch in spec for ch in "*?[") and not path.exists():
         files = sorted(glob.glob(spec))
         if not files:
-            raise LayerdiffError(f"input pattern {spec!r} matches no file")
+            raise InputError(f"input pattern {spec!r} matches no file")
         return files
     return [spec]
 
@@ -105,7 +105,7 @@ def _one_input(spec: str, shapes: dict[str, tuple[int, ...]], preprocess: Prepro
         return InputSet(f"random{seed}", random_inputs(shapes, seed), spec)
     path = Path(spec)
     if not path.is_file():
-        raise LayerdiffError(f"input {spec}: no such file; give a .npy, .npz, an image, a directory or random[:SEED]")
+        raise InputError(f"input {spec}: no such file; give a .npy, .npz, an image, a directory or random[:SEED]")
     if path.suffix.lower() == ".npz":
         arrays = check_against_model(path, _load_npz(path), shapes)
         return InputSet(path.stem, arrays, str(path))
@@ -121,7 +121,7 @@ def _paired(pairs: dict[str, str], shapes: dict[str, tuple[int, ...]], preproces
     for name, file in pairs.items():
         path = Path(file)
         if not path.is_file():
-            raise LayerdiffError(f"input {name}={file}: no such file")
+            raise InputError(f"input {name}={file}: no such file")
         arrays[name], recipe = _load_file(path, shapes[name], preprocess)
         if recipe:
             recipes[name] = recipe
@@ -132,7 +132,7 @@ def _paired(pairs: dict[str, str], shapes: dict[str, tuple[int, ...]], preproces
 
 def _single_input_name(path: Path, shapes: dict[str, tuple[int, ...]]) -> str:
     if len(shapes) != 1:
-        raise LayerdiffError(
+        raise InputError(
             f"{path}: the model has {len(shapes)} inputs ({', '.join(shapes)}); use a .npz or name=FILE pairs"
         )
     return next(iter(shapes))
@@ -142,22 +142,22 @@ def _load_file(path: Path, shape: tuple[int, ...] | None, preprocess: Preprocess
     suffix = path.suffix.lower()
     if suffix in IMAGE_SUFFIXES:
         if preprocess is None and (shape is None or any(d <= 0 for d in shape)):
-            raise LayerdiffError(f"{path}: the model does not declare its input size; pass --preprocess resize=WxH "
+            raise InputError(f"{path}: the model does not declare its input size; pass --preprocess resize=WxH "
                                  "or --shape NAME=1x3xHxW")
         recipe = preprocess or default_for(shape)
         return load_image(path, recipe, image_pixel_limit(shape)), recipe.as_dict()
     if suffix == ".npy":
         return _load_npy(path), {}
-    raise LayerdiffError(f"{path}: unsupported input type; use .npy, .npz, an image or random[:SEED]")
+    raise InputError(f"{path}: unsupported input type; use .npy, .npz, an image or random[:SEED]")
 
 
 def _load_npy(path: Path) -> np.ndarray:
     try:
         array = np.load(path, allow_pickle=False)
     except (ValueError, OSError) as err:
-        raise LayerdiffError(f"{path}: not a readable .npy file ({err})") from None
+        raise InputError(f"{path}: not a readable .npy file ({err})") from None
     if array.dtype.kind not in "fiub":
-        raise LayerdiffError(f"{path}: input dtype {array.dtype} is not numeric")
+        raise InputError(f"{path}: input dtype {array.dtype} is not numeric")
     return np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d scalar 1-d
 
 
@@ -173,7 +173,7 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
     arrays = {layer.name: layer.load() for layer in read_npz(path).layers}
     for name, array in arrays.items():
         if array.dtype.kind not in "fiub":
-            raise LayerdiffError(f"{path}: array {name!r} has non-numeric dtype {array.dtype}")
+            raise InputError(f"{path}: array {name!r} has non-numeric dtype {array.dtype}")
     return {name: np.asarray(a, order="C") for name, a in arrays.items()}
 
 
@@ -188,17 +188,17 @@ def check_against_model(source: Path | str, arrays: dict[str, np.ndarray],
     fitted = {}
     for name, array in arrays.items():
         if name not in shapes:
-            raise LayerdiffError(f"{source}: the model has no input {name!r}; its inputs are {', '.join(shapes)}")
+            raise InputError(f"{source}: the model has no input {name!r}; its inputs are {', '.join(shapes)}")
         expected = shapes[name]
         shape = array.shape if expected is None else fit_shape(array.shape, expected)
         if shape is None:
-            raise LayerdiffError(
+            raise InputError(
                 f"{source}: input {name!r} has shape {list(array.shape)} but the model expects {list(expected)}"
             )
         fitted[name] = array.reshape(shape)
     missing = [n for n in shapes if n not in arrays]
     if missing:
-        raise LayerdiffError(f"{source}: no array for model input(s) {', '.join(missing)}")
+        raise InputError(f"{source}: no array for model input(s) {', '.join(missing)}")
     return fitted
 
 
@@ -231,7 +231,7 @@ def random_inputs(shapes: dict[str, tuple[int, ...] | None], seed: int) -> dict[
     for name, shape in shapes.items():
         if shape is None or any(d <= 0 for d in shape):
             size = "no declared shape" if shape is None else f"an unknown size {list(shape)}"
-            raise LayerdiffError(f"model input {name!r} has {size}; pass --shape {name}=1x3x224x224 "
+            raise InputError(f"model input {name!r} has {size}; pass --shape {name}=1x3x224x224 "
                                  "(its real sizes) or --input with a .npy")
         arrays[name] = rng.random(shape, dtype=np.float32)
     return arrays

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterator
 from pathlib import Path
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import InputError, UsageError
 from layerdiff.analyzer.formats.rawdump import combined_sha256, sha256_file
 from layerdiff.collector.engines import ENGINES, engine_for_suffix
 
@@ -44,19 +44,19 @@ def resolve_model(model: Path | str, engine: str = "auto") -> ModelFiles:
     """Find the engine and companion files for a model path, or explain what is wrong."""
     path = Path(model)
     if engine not in ("auto", *ENGINES):
-        raise LayerdiffError(f"unknown engine {engine!r}; use auto, {', '.join(ENGINES)}")
+        raise UsageError(f"unknown engine {engine!r}; use auto, {', '.join(ENGINES)}")
     if not path.is_file():
-        raise LayerdiffError(f"model file {path} does not exist")
+        raise InputError(f"model file {path} does not exist")
     suffix = path.suffix.lower()
     chosen = engine_for_suffix(suffix) if engine == "auto" else engine
     if chosen is None:
-        raise LayerdiffError(f"{path}: cannot tell the engine from the extension; pass --engine {' or --engine '.join(ENGINES)}")
+        raise InputError(f"{path}: cannot tell the engine from the extension; pass --engine {' or --engine '.join(ENGINES)}")
     if chosen == "ncnn":
         param = path if suffix != ".bin" else path.with_suffix(".param")
         weights = param.with_suffix(".bin")
         for needed in (param, weights):
             if not needed.is_file():
-                raise LayerdiffError(f"{needed}: ncnn needs the .param and the .bin side by side")
+                raise InputError(f"{needed}: ncnn needs the .param and the .bin side by side")
         return ModelFiles("ncnn", [param, weights])
     if chosen == "paddle":
         return _paddle_files(path)
@@ -110,7 +110,7 @@ def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
         except ValueError:
             shape = (-1,)
         if not sep or not name or any(d <= 0 for d in shape):
-            raise LayerdiffError(f"--shape {spec!r}: use NAME=DIMS with positive sizes, e.g. in0=1x3x640x640")
+            raise UsageError(f"--shape {spec!r}: use NAME=DIMS with positive sizes, e.g. in0=1x3x640x640")
         shapes[name] = shape
     return shapes
 
@@ -119,7 +119,7 @@ def apply_shapes(declared: dict[str, Shape], given: dict[str, tuple[int, ...]], 
     """The model's input shapes with `--shape` overrides; a name the model lacks is an error."""
     unknown = [n for n in given if n not in declared]
     if unknown:
-        raise LayerdiffError(f"{model.name}: --shape names {', '.join(unknown)}, but the model's inputs are {', '.join(declared)}")
+        raise UsageError(f"{model.name}: --shape names {', '.join(unknown)}, but the model's inputs are {', '.join(declared)}")
     return {**declared, **given}
 
 
@@ -143,7 +143,7 @@ def _paddle_input_specs(path: Path) -> dict[str, tuple[Shape, str]]:
 def _ncnn_input_shapes(param: Path) -> dict[str, Shape]:
     lines = param.read_text(errors="replace").split("\n")
     if not lines or lines[0].strip() != "7767517":
-        raise LayerdiffError(f"{param}: not an ncnn .param file (first line must be 7767517)")
+        raise InputError(f"{param}: not an ncnn .param file (first line must be 7767517)")
     shapes: dict[str, tuple[int, ...]] = {}
     for line in lines[2:]:
         fields = line.split()
@@ -156,7 +156,7 @@ def _ncnn_input_shapes(param: Path) -> dict[str, Shape]:
         declared = [d for d in dims if d > 0]
         shapes[top] = tuple([1] + declared) if declared else None  # pnnx writes Input layers without a shape
     if not shapes:
-        raise LayerdiffError(f"{param}: no Input layer found; pass --input with an explicit .npy")
+        raise InputError(f"{param}: no Input layer found; pass --input with an explicit .npy")
     return shapes
 
 
@@ -202,7 +202,7 @@ def _onnx_input_specs(path: Path) -> dict[str, tuple[Shape, str]]:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as err:  # noqa: BLE001 - protobuf raises DecodeError and friends
-        raise LayerdiffError(f"{path}: not a readable ONNX model ({err})") from None
+        raise InputError(f"{path}: not a readable ONNX model ({err})") from None
     weights = {init.name for init in model.graph.initializer}
     specs: dict[str, tuple[Shape, str]] = {}
     for value in model.graph.input:
@@ -234,7 +234,7 @@ def _mnn_input_specs(path: Path) -> dict[str, tuple[Shape, str]]:
         except Exception:  # noqa: BLE001 - pymnn raises a bare Exception for unparsable files
             session = None
         if session is None:
-            raise LayerdiffError(f"{path}: MNN could not load this model (not a valid .mnn file?)")
+            raise InputError(f"{path}: MNN could not load this model (not a valid .mnn file?)")
         inputs = interpreter.getSessionInputAll(session)
         return {name: (tuple(int(d) for d in tensor.getShape()), mnn_dtype(MNN, tensor))
                 for name, tensor in inputs.items()}

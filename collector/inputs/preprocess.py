@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import InputError, UsageError
 
 KEYS = ("resize", "crop", "color", "mean", "std", "scale", "layout")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
@@ -61,10 +61,10 @@ def _read_file(path: Path) -> dict:
         else:
             data = tomllib.loads(path.read_text())
     except (ValueError, OSError) as err:
-        raise LayerdiffError(f"{path}: cannot read the preprocessing file ({err})") from None
+        raise InputError(f"{path}: cannot read the preprocessing file ({err})") from None
     data = data.get("preprocess", data) if isinstance(data, dict) else data
     if not isinstance(data, dict):
-        raise LayerdiffError(f"{path}: expected a table of preprocessing keys ({', '.join(KEYS)})")
+        raise InputError(f"{path}: expected a table of preprocessing keys ({', '.join(KEYS)})")
     return data
 
 
@@ -81,14 +81,14 @@ def _parse_inline(spec: str) -> dict:
         elif key is not None:
             out[key].append(token)
         else:
-            raise LayerdiffError(f"--preprocess: {token!r} has no key; write key=value ({', '.join(KEYS)})")
+            raise UsageError(f"--preprocess: {token!r} has no key; write key=value ({', '.join(KEYS)})")
     return {k: v if len(v) > 1 else v[0] for k, v in out.items()}
 
 
 def _from_mapping(data: dict, where: str) -> Preprocess:
     unknown = [k for k in data if k not in KEYS]
     if unknown:
-        raise LayerdiffError(f"{where}: unknown preprocessing key {unknown[0]!r}; known keys: {', '.join(KEYS)}")
+        raise InputError(f"{where}: unknown preprocessing key {unknown[0]!r}; known keys: {', '.join(KEYS)}")
     p = Preprocess()
     try:
         if "resize" in data:
@@ -106,9 +106,9 @@ def _from_mapping(data: dict, where: str) -> Preprocess:
         if "scale" in data:
             p.scale = _number(data["scale"], "scale")
     except ValueError as err:
-        raise LayerdiffError(f"{where}: {err}") from None
+        raise InputError(f"{where}: {err}") from None
     if any(s == 0 for s in p.std):
-        raise LayerdiffError(f"{where}: std must not be 0")
+        raise InputError(f"{where}: std must not be 0")
     return p
 
 
@@ -158,7 +158,7 @@ def image_pixel_limit(shape: tuple[int, ...] | None) -> int:
     raw = os.environ.get(PIXELS_ENV, "").strip()
     if raw:
         if not raw.isdigit() or int(raw) <= 0:
-            raise LayerdiffError(f"{PIXELS_ENV}={raw!r}: expected a positive pixel count, e.g. 100000000")
+            raise UsageError(f"{PIXELS_ENV}={raw!r}: expected a positive pixel count, e.g. 100000000")
         return int(raw)
     dims = [d for d in shape[-3:] if d > 3] if shape is not None and len(shape) >= 3 else []  # None: no declared shape
     model_pixels = math.prod(dims[-2:]) if len(dims) >= 2 else 0
@@ -171,7 +171,7 @@ def default_for(shape: tuple[int, ...]) -> Preprocess:
         return Preprocess(resize=(shape[2], shape[1]), layout="nhwc", color="gray" if shape[-1] == 1 else "rgb")
     if len(shape) == 4:
         return Preprocess(resize=(shape[3], shape[2]), color="gray" if shape[1] == 1 else "rgb")
-    raise LayerdiffError(f"model input shape {list(shape)} is not an image; pass a .npy instead")
+    raise InputError(f"model input shape {list(shape)} is not an image; pass a .npy instead")
 
 
 def load_image(path: Path, recipe: Preprocess, max_pixels: int = MIN_IMAGE_PIXELS) -> np.ndarray:
@@ -192,9 +192,9 @@ def load_image(path: Path, recipe: Preprocess, max_pixels: int = MIN_IMAGE_PIXEL
                     img = _resize(img, recipe, path, max_pixels)
                 pixels = np.asarray(img, dtype=np.float32)
     except Image.DecompressionBombError as err:
-        raise LayerdiffError(f"{path}: refused as a decompression bomb ({err}); set {PIXELS_ENV} if it is genuine") from None
+        raise InputError(f"{path}: refused as a decompression bomb ({err}); set {PIXELS_ENV} if it is genuine") from None
     except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise LayerdiffError(f"{path}: cannot read this image ({type(err).__name__}: {err})") from None
+        raise InputError(f"{path}: cannot read this image ({type(err).__name__}: {err})") from None
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     if recipe.color == "bgr":
@@ -219,7 +219,7 @@ def _pillow_limit(image_module, max_pixels: int):
 
 def _check_pixels(path: Path, what: str, width: int, height: int, max_pixels: int) -> None:
     if width * height > max_pixels:
-        raise LayerdiffError(
+        raise InputError(
             f"{path}: {what} {width}x{height} is over the {max_pixels}-pixel limit derived from the model input; "
             f"check --preprocess resize, or set {PIXELS_ENV} to allow it"
         )

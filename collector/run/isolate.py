@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import InputError, NothingToCompareError, UsageError
 from layerdiff.analyzer.formats.rawdump import RawDumpWriter, sha256_file
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.inputs.inputset import InputSet
@@ -36,7 +36,7 @@ def target_inputs(ref: DumpFile, keys: list[str]) -> dict[str, list[str]]:
     for key in keys:
         row = by_key.get(key) or by_key.get(f"{key}:0")
         if row is None:
-            raise LayerdiffError(f"{ref.path}: no layer {key!r} in the reference; `analyze inspect {ref.path}` lists them")
+            raise InputError(f"{ref.path}: no layer {key!r} in the reference; `analyze inspect {ref.path}` lists them")
         direct = json.loads(row.inputs)
         out[row.key] = list(dict.fromkeys(direct + _through_rasters(direct, by_name)))
     return out
@@ -67,7 +67,7 @@ def write_inject_dump(ref: DumpFile, targets: dict[str, list[str]], out_dir: Pat
         elif name in model_inputs:
             array, op, op_type = model_inputs[name], name, "Input"
         else:
-            raise LayerdiffError(f"{ref.path}: the reference has no tensor {name!r} that a target consumes")
+            raise InputError(f"{ref.path}: the reference has no tensor {name!r} that a target consumes")
         writer.add(op=op, op_type=op_type, array=array, name=name)
     writer.close(infer_ms=0.0)
     return out_dir
@@ -78,10 +78,10 @@ def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref
     """Run `keys` in isolation on `device`; writes `isolated_<engine>_<backend>_<precision>_<ref>.h5`."""
     check_run_options(threads, 1, deadline_s, None, None)
     if not keys:
-        raise LayerdiffError("no layer to isolate; pass --layer KEY (or --failing-from REPORT_DIR)")
+        raise UsageError("no layer to isolate; pass --layer KEY (or --failing-from REPORT_DIR)")
     with DumpFile(ref_path) as ref:
         if ref.attrs.get("model_sha256") and ref.attrs["model_sha256"] != model.sha256:
-            raise LayerdiffError(f"{ref_path} was made with another model than {model.name}; isolate against its own reference")
+            raise InputError(f"{ref_path} was made with another model than {model.name}; isolate against its own reference")
         targets = target_inputs(ref, keys)
         with tempfile.TemporaryDirectory(prefix="layerdiff-inject-") as tmp:
             inject = write_inject_dump(ref, targets, Path(tmp) / "inject")
@@ -104,7 +104,7 @@ def failing_layers(report_dir: Path, backend: str, precision: str) -> list[str]:
     try:
         results = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise LayerdiffError(f"{path}: cannot read the analyzer's results ({err}); run `analyze ... -o {report_dir}` first") from None
+        raise InputError(f"{path}: cannot read the analyzer's results ({err}); run `analyze ... -o {report_dir}` first") from None
     keys: list[str] = []
     for run in results.get("runs", []):
         prov = run.get("provenance", run)
@@ -115,5 +115,5 @@ def failing_layers(report_dir: Path, backend: str, precision: str) -> list[str]:
                 if finding.get("layer") and finding["layer"] not in keys:
                     keys.append(finding["layer"])
     if not keys:
-        raise LayerdiffError(f"{path}: no failing layer found for {backend}/{precision}; name layers with --layer")
+        raise NothingToCompareError(f"{path}: no failing layer found for {backend}/{precision}; name layers with --layer")
     return keys

@@ -19,8 +19,9 @@ from typing import Callable
 
 import numpy as np
 
+from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.diskspace import writing
-from layerdiff.errors import Interrupted, LayerdiffError
+from layerdiff.errors import DumpFormatError, Interrupted, LayerdiffError, StorageError, UsageError
 from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, read_raw_dump
 from layerdiff.collector.transport.devices import Device, DeviceError, ExecResult
 from layerdiff.collector.engines.harness_cli import INPUT_DTYPES
@@ -64,18 +65,18 @@ MAX_THREADS = 1024
 def check_run_options(threads: int, repeat: int, deadline_s: float, layers: str | None, max_bytes: int | None) -> None:
     """Refuse option values no run can use, before any device or engine is touched (one line each)."""
     if not 1 <= threads <= MAX_THREADS:
-        raise LayerdiffError(f"--threads {threads}: use a thread count from 1 to {MAX_THREADS}")
+        raise UsageError(f"--threads {threads}: use a thread count from 1 to {MAX_THREADS}")
     if repeat < 1:
-        raise LayerdiffError(f"--repeat {repeat}: dump each configuration at least once (--repeat 1 or more)")
+        raise UsageError(f"--repeat {repeat}: dump each configuration at least once (--repeat 1 or more)")
     if not math.isfinite(deadline_s) or deadline_s <= 0:
-        raise LayerdiffError(f"--deadline {deadline_s}: give the seconds a run may take, a positive number such as 900")
+        raise UsageError(f"--deadline {deadline_s}: give the seconds a run may take, a positive number such as 900")
     if max_bytes is not None and max_bytes <= 0:
-        raise LayerdiffError(f"--max-bytes {max_bytes}: give a positive byte count, or leave it out for no limit")
+        raise UsageError(f"--max-bytes {max_bytes}: give a positive byte count, or leave it out for no limit")
     if layers is not None:
         try:
             re.compile(layers)
         except re.error as err:
-            raise LayerdiffError(f"--layers {layers!r}: not a valid regular expression ({err})") from None
+            raise UsageError(f"--layers {layers!r}: not a valid regular expression ({err})") from None
 
 
 @dataclass
@@ -130,7 +131,7 @@ def collect_run(
         return RunOutcome(spec, device.serial, "skipped", targets, "already collected (use --force to re-run)")
     start = time.monotonic()
     if out_dir.exists() and not out_dir.is_dir():
-        raise LayerdiffError(f"output {out_dir} is a file; pass a directory to -o")
+        raise StorageError(f"output {out_dir} is a file; pass a directory to -o")
     out_dir.mkdir(parents=True, exist_ok=True)
     harness = device.prepare_harness(spec.model.engine, spec.backend)
     run_dir = device.new_run_dir(spec.stem)
@@ -145,7 +146,7 @@ def collect_run(
     finally:
         if not spec.keep:
             _cleanup(device, run_dir)
-    status = "done" if not message else "failed"
+    status = RunStatus.DONE if not message else RunStatus.FAILED
     return RunOutcome(spec, device.serial, status, paths, message, result.exit_status, time.monotonic() - start)
 
 
@@ -280,7 +281,7 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     try:
         raw = read_raw_dump(local)
     except LayerdiffError as err:
-        raise LayerdiffError(f"{device.serial}: {spec.stem}: the harness's dump is unusable ({err})") from None
+        raise DumpFormatError(f"{device.serial}: {spec.stem}: the harness's dump is unusable ({err})") from None
     return convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
                             stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
 

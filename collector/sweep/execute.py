@@ -15,9 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.diskspace import NO_SPACE, NoSpaceError
 from layerdiff.analyzer.formats.dumpfile import partial_path
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import LayerdiffError, StorageError
 from layerdiff.collector.harness.children import terminate_children
 from layerdiff.collector.transport.devices import Device, DeviceError
 from layerdiff.collector.sweep.index import Index, read_index
@@ -60,7 +61,7 @@ class _Worker(threading.Thread):
             if self.stop.is_set() or self.halt.is_set():
                 return
             self.current = run
-            self.index.update(run.row, status="running", reason="")
+            self.index.update(run.row, status=RunStatus.RUNNING, reason="")
             if self.observer:
                 self.observer.started(run)
             lost = self._one(run)
@@ -69,7 +70,7 @@ class _Worker(threading.Thread):
                 self.observer.finished(run)
             if lost:
                 for rest in self.runs[position + 1 :]:
-                    self.index.update(rest.row, status="failed", reason=f"device lost earlier in the sweep: {lost}")
+                    self.index.update(rest.row, status=RunStatus.FAILED, reason=f"device lost earlier in the sweep: {lost}")
                     if self.observer:
                         self.observer.finished(rest)
                 return
@@ -91,7 +92,7 @@ class _Worker(threading.Thread):
         self.index.update(run.row, status=outcome.status, reason=outcome.message,
                           duration_s=time.monotonic() - start,
                           files=[relative_name(p, self.plan.out_dir) for p in outcome.paths])
-        if outcome.status == "failed" and not device_alive(self.device):
+        if outcome.status == RunStatus.FAILED and not device_alive(self.device):
             return outcome.message or "the device stopped answering"
         return ""
 
@@ -111,7 +112,7 @@ def run_sweep(plan: SweepPlan, observer: SweepObserver | None = None,
 
     The output directory is locked for the whole sweep: a second collect into it fails at once."""
     if plan.out_dir.exists() and not plan.out_dir.is_dir():
-        raise LayerdiffError(f"output {plan.out_dir} is a file; pass a directory to -o")
+        raise StorageError(f"output {plan.out_dir} is a file; pass a directory to -o")
     with OutdirLock(plan.out_dir):
         return _run_locked(plan, observer, on_planned)
 
@@ -143,7 +144,7 @@ def _run_locked(plan: SweepPlan, observer: SweepObserver | None,
     except KeyboardInterrupt:
         interrupted = True
         _interrupt(workers, index, stop)
-    failed = [r for r in runs if r.row.status == "failed"]
+    failed = [r for r in runs if r.row.status == RunStatus.FAILED]
     return SweepResult(runs, index, interrupted, failed)
 
 
@@ -163,7 +164,7 @@ def _interrupt(workers: list[_Worker], index: Index, stop: threading.Event) -> N
     for worker in workers:
         worker.join(timeout=max(0.0, deadline - time.monotonic()))
     for run in in_flight:
-        index.update(run.row, status="interrupted", reason="stopped by Ctrl-C; re-run the command to resume")
+        index.update(run.row, status=RunStatus.INTERRUPTED, reason="stopped by Ctrl-C; re-run the command to resume")
         for name in run.spec.output_names():
             partial_path(run.out_dir / name).unlink(missing_ok=True)
         remove_leftovers(run.out_dir)

@@ -12,13 +12,14 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.diskspace import writing
 from layerdiff.errors import LayerdiffError
 
 INDEX_NAME = "index.csv"
 COLUMNS = ["serial", "engine", "backend", "precision", "input", "repeat", "status", "reason", "duration_s",
            "files", "model_sha256", "input_sha256", "harness"]
-STATUSES = ("planned", "running", "done", "failed", "skipped", "interrupted")
+STATUSES = tuple(status.value for status in RunStatus)
 
 
 @dataclass
@@ -29,7 +30,7 @@ class IndexRow:
     precision: str
     input: str
     repeat: int = 1
-    status: str = "planned"
+    status: RunStatus | str = RunStatus.PLANNED
     reason: str = ""
     duration_s: float = 0.0
     files: list[str] = field(default_factory=list)
@@ -59,7 +60,7 @@ class IndexRow:
         return cls(
             serial=row.get("serial", ""), engine=row.get("engine", ""), backend=row.get("backend", ""),
             precision=row.get("precision", ""), input=row.get("input", ""),
-            repeat=number(row.get("repeat"), int, 1), status=row.get("status", "planned"),
+            repeat=number(row.get("repeat"), int, 1), status=row.get("status", RunStatus.PLANNED),
             reason=row.get("reason", ""), duration_s=number(row.get("duration_s"), float, 0.0),
             files=[f for f in (row.get("files") or "").split(";") if f],
             model_sha256=row.get("model_sha256", ""), input_sha256=row.get("input_sha256", ""),

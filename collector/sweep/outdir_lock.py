@@ -12,14 +12,10 @@ import os
 import shutil
 from pathlib import Path
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import OutdirBusyError, StorageError
 
 LOCK_NAME = ".layerdiff.lock"
 FETCH_PREFIX = ".layerdiff-fetch-"  # a run's scratch in OUTDIR; hidden, so never taken for a dump
-
-
-class OutdirBusyError(LayerdiffError):
-    """Another process is writing into the output directory."""
 
 
 class OutdirLock:
@@ -41,7 +37,7 @@ class OutdirLock:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as err:
-            raise LayerdiffError(f"{self.out_dir}: cannot write here ({err.strerror}); choose another -o") from None
+            raise StorageError(f"{self.out_dir}: cannot write here ({err.strerror}); choose another -o") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

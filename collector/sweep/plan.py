@@ -12,10 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.diskspace import NO_SPACE
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.clioptions import comma_items
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import DeviceError, LayerdiffError, UsageError
 from layerdiff.collector.transport.devices import Device, DeviceError, LocalDevice
 from layerdiff.collector.engines.harness_cli import HARNESS_VERSION
 from layerdiff.collector.sweep.index import IndexRow, read_index
@@ -73,7 +74,7 @@ def parse_configs(items: list[str], backends: tuple[str, ...], precisions: tuple
     for item in items:
         backend, _, precision = item.partition("/")
         if backend not in backends or precision not in precisions:
-            raise LayerdiffError(f"--config {item!r}: write BACKEND/PRECISION, e.g. cpu/high, with a backend of "
+            raise UsageError(f"--config {item!r}: write BACKEND/PRECISION, e.g. cpu/high, with a backend of "
                                  f"{', '.join(backends)} and a precision of {', '.join(precisions)}")
         if (backend, precision) not in pairs:
             pairs.append((backend, precision))
@@ -102,7 +103,7 @@ def resolve_devices(names: list[str], adb_servers: list[str] | None = None, excl
         devices.extend(_phones(adb_names, adb_servers or []))
     devices = [d for d in devices if d.serial not in excluded]
     if not devices:
-        raise LayerdiffError("no device left to run on; check --device and --exclude")
+        raise DeviceError("no device left to run on; check --device and --exclude")
     return devices
 
 
@@ -210,18 +211,18 @@ def _host_cpu_only(plan: SweepPlan, device: Device) -> bool:
 def _decide(run: PlannedRun, plan: SweepPlan, before: IndexRow | None, backends: dict | None, skip_all: str) -> None:
     row, targets = run.row, [run.out_dir / name for name in run.spec.output_names()]
     if skip_all:
-        row.status, row.reason, run.todo = "skipped", skip_all, False
+        row.status, row.reason, run.todo = RunStatus.SKIPPED, skip_all, False
         return
     capability = (backends or {}).get(run.spec.backend)
     if backends is not None and not (capability or {}).get("ok", False):
         reason = (capability or {}).get("reason") or f"the harness has no {run.spec.backend} backend"
-        row.status, row.reason, run.todo = "skipped", f"{run.spec.backend} unavailable: {reason}", False
+        row.status, row.reason, run.todo = RunStatus.SKIPPED, f"{run.spec.backend} unavailable: {reason}", False
         return
     if plan.force:
         return
-    if (before is not None and before.status == "failed" and not plan.retry_failed and _same_inputs(before, row)
+    if (before is not None and before.status == RunStatus.FAILED and not plan.retry_failed and _same_inputs(before, row)
             and not before.reason.startswith(NO_SPACE)):  # the host's disk was full, not the run at fault: retried
-        row.status, row.duration_s, run.todo = "failed", before.duration_s, False
+        row.status, row.duration_s, run.todo = RunStatus.FAILED, before.duration_s, False
         row.reason = before.reason.removesuffix(" (use --retry-failed)") + " (use --retry-failed)"
         row.files = before.files
         return
@@ -241,15 +242,15 @@ def _existing(run: PlannedRun, targets: list[Path], base: Path) -> None:
             with DumpFile(target) as dump:
                 attrs = dump.attrs
         except LayerdiffError:
-            row.status, row.reason, run.todo = "failed", f"{target} exists but is unreadable; use --force to replace it", False
+            row.status, row.reason, run.todo = RunStatus.FAILED, f"{target} exists but is unreadable; use --force to replace it", False
             return
         if attrs.get("model_sha256") != row.model_sha256 or attrs.get("input_sha256") != row.input_sha256:
-            row.status, run.todo = "failed", False
+            row.status, run.todo = RunStatus.FAILED, False
             row.reason = f"{target.name} exists from another model or input; use --force or another -o"
             return
         if not attrs.get("complete", True):
             return  # an incomplete earlier attempt is re-run
-    row.status, row.reason, run.todo = "done", "already collected", False
+    row.status, row.reason, run.todo = RunStatus.DONE, "already collected", False
     row.files = [relative_name(t, base) for t in targets]
     run.paths = targets
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from layerdiff.vocabulary import RunStatus
 from layerdiff.collector.sweep.plan import PlannedRun
 
 
@@ -44,7 +45,7 @@ class SweepProgress:
         todo = [r for r in runs if r.todo]
         for run in runs:
             if not run.todo:
-                hint = " (use --force to re-run)" if run.row.status == "done" else ""
+                hint = " (use --force to re-run)" if run.row.status == RunStatus.DONE else ""
                 self._line(f"{run.row.status:8s}{run.device.serial} {run.spec.stem}: {run.row.reason}{hint}")
         if not self._progress:
             return
@@ -64,7 +65,7 @@ class SweepProgress:
         serial = run.device.serial
         with self._lock:
             self._done[serial] = self._done.get(serial, 0) + 1
-            if run.row.status == "failed":
+            if run.row.status == RunStatus.FAILED:
                 self._errors[serial] = self._errors.get(serial, 0) + 1
         if self._progress and serial in self._device_tasks:
             self._progress.advance(self._device_tasks[serial])
@@ -73,7 +74,7 @@ class SweepProgress:
         self._describe(run, "idle")
         files = ", ".join(run.row.files)
         what = f"{serial} {run.spec.stem}"
-        if run.row.status == "failed":
+        if run.row.status == RunStatus.FAILED:
             self._line(f"failed  {what}: {run.row.reason}" + (f" (partial dump kept: {files})" if files else ""))
         else:
             self._line(f"{run.row.status:8s}{what} -> {files}")

@@ -18,19 +18,13 @@ from typing import Callable
 
 import adbutils
 
+from layerdiff.errors import SyncFailed, TransferLost
+
 SYNC_DATA_MAX = 64 * 1024
 _REQ = struct.Struct("<4sI")
 _STAT = struct.Struct("<III")
 _DENT = struct.Struct("<IIII")
 SHELL_STDOUT, SHELL_STDERR, SHELL_EXIT = 1, 2, 3
-
-
-class TransferLost(Exception):
-    """The connection ended in the middle of a transfer or command (device or server gone)."""
-
-
-class SyncFailed(Exception):
-    """The device refused a sync request; the message is the device's reason."""
 
 
 def _read_exact_into(sock: socket.socket, view: memoryview) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import Arm64RuntimeError, LayerdiffError
 from layerdiff.collector.harness.build import _locked, cache_root
 
 QEMU = "qemu-aarch64"
@@ -35,10 +35,6 @@ DOWNLOAD_MB = 55  # apt index ~9 MB + debs ~9 MB + wheels ~35 MB: what the first
 
 # (description, completed steps, total steps): how the build tells a display where it is.
 StepSink = Callable[[str, int, int], None]
-
-
-class Arm64RuntimeError(LayerdiffError):
-    """The arm64 runtime cannot be built or used (no qemu-user, no apt/dpkg, a download failed)."""
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import DeviceError
 from layerdiff.collector.harness import children
 from layerdiff.collector.engines import ENGINES
 
 LineSink = Callable[[str], None]
-
-
-class DeviceError(LayerdiffError):
-    """A device cannot be reached or used (missing serial, unauthorized, offline, lost mid-run)."""
 
 
 @dataclass
