@@ -9,6 +9,7 @@ lost device from nothing-to-compare without parsing messages:
     LayerdiffError                 exit 1
     ├── UsageError                 exit 1  an option's value is wrong (checked after parsing)
     ├── InputError                 exit 1  a model, input, preprocessing, name map or results file is unusable
+    │   └── ModelFormatError               an engine cannot read the model file (engines' own readers raise it)
     ├── DumpFormatError            exit 1  a file is not a valid layerdiff dump (raw or HDF5)
     │   └── NotLocalError                  an HDF5 object refers to data outside its file
     ├── StorageError               exit 1  the output location cannot take the output
@@ -58,6 +59,10 @@ class UsageError(LayerdiffError):
 
 class InputError(LayerdiffError):
     """A file or value the user gave is unusable: model, input array or image, preprocessing, name map."""
+
+
+class ModelFormatError(InputError):
+    """A model file is not of the format its engine reads (a .tflite flatbuffer, a Paddle program, ...)."""
 
 
 class DumpFormatError(LayerdiffError):

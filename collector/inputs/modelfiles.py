@@ -90,7 +90,7 @@ def _specs(engine: str, path: Path, mtime: float) -> dict[str, tuple[Shape, str]
         try:
             return tflite_input_specs(path)
         except NotTflite as err:
-            raise LayerdiffError(str(err)) from None
+            raise InputError(str(err)) from None
     return _mnn_input_specs(path)
 
 
@@ -127,7 +127,7 @@ def _paddle_files(path: Path) -> ModelFiles:
     """`m.pdmodel` and its `m.pdiparams` (a program without parameters travels alone)."""
     program = path.with_suffix(".pdmodel") if path.suffix.lower() == ".pdiparams" else path
     if not program.is_file():
-        raise LayerdiffError(f"{program}: a Paddle model needs its program (.pdmodel) beside {path.name}")
+        raise InputError(f"{program}: a Paddle model needs its program (.pdmodel) beside {path.name}")
     params = program.with_suffix(".pdiparams")
     return ModelFiles("paddle", [program, params] if params.is_file() else [program])
 

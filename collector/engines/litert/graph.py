@@ -18,14 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
+from layerdiff.errors import ModelFormatError
+
 TFLITE_IDENTIFIER = b"TFL3"
 # TensorType enum of schema.fbs -> numpy dtype name (types layerdiff cannot hold are mapped to None)
 TENSOR_TYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool", 7: "int16",
                 9: "int8", 10: "float64", 12: "uint64", 15: "uint32", 16: "uint16"}
 
 
-class NotTflite(ValueError):
-    """The file is not a LiteRT flatbuffer (or one this schema cannot read)."""
+NotTflite = ModelFormatError  # not a LiteRT flatbuffer, or one this schema cannot read (layerdiff/errors.py)
 
 
 @dataclass

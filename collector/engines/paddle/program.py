@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import ModelFormatError
 
 MAX_PROGRAM_BYTES = 1 << 30
 # VarType.Type values of tensor element types (framework.proto) -> numpy dtype names
@@ -24,8 +24,7 @@ AUX_SLOTS = frozenset({"XShape", "SavedMean", "SavedVariance", "MeanOut", "Varia
 IO_OPS = frozenset({"feed", "fetch"})
 
 
-class ProgramError(LayerdiffError):
-    """The file is not a Paddle ProgramDesc layerdiff can read."""
+ProgramError = ModelFormatError  # the file is not a Paddle ProgramDesc layerdiff can read (layerdiff/errors.py)
 
 
 @dataclass
