@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 import pandas as pd
 
@@ -17,6 +17,7 @@ from layerdiff.analyzer.measure import resultcache
 from layerdiff.analyzer.align.byname import NameRules
 from layerdiff.analyzer.measure.compare import Comparison, compare_all
 from layerdiff.errors import LayerdiffError, NothingToCompareError, UsageError
+from layerdiff.progress import Steps
 from layerdiff.analyzer.findings.divergence import KIND_ORDER, Finding, all_findings
 from layerdiff.analyzer.measure.isolation import Isolation, analyze_isolated, attach_isolated
 from layerdiff.analyzer.runs.reference import plan_comparisons
@@ -48,7 +49,7 @@ class Analysis:
 
 def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None, rules: NameRules | None = None,
                   thresholds: Thresholds | None = None,
-                  progress: Callable[[int, int], None] | None = None,
+                  steps: Steps | None = None,
                   set_attrs: dict[str, dict] | None = None, ref_input: str | None = None) -> Analysis:
     """Analyze every dump under `paths`; raises LayerdiffError only when nothing can be compared.
 
@@ -68,14 +69,15 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
         if not plan.pairs:
             raise NothingToCompareError("no run can be compared: every run is a reference or has no reference "
                                  f"run on its input ({'; '.join(plan.uncompared.values()) or 'all runs are references'})")
-        comparison = _measured(plan, rules, thresholds, progress)
+        comparison = _measured(plan, rules, thresholds, steps or Steps.quiet())
         isolation = analyze_isolated(sources.isolated, sources.runs, comparison, thresholds)
     except BaseException:
         sources.close()
         raise
     attach_isolated(comparison.table, isolation)
-    findings = merge_findings(all_findings(comparison, sources.runs, thresholds), isolation.findings)
-    summary = run_summary(comparison, sources.runs, findings, thresholds)
+    with (steps or Steps.quiet()).step("finding failure sources and verdicts"):
+        findings = merge_findings(all_findings(comparison, sources.runs, thresholds), isolation.findings)
+        summary = run_summary(comparison, sources.runs, findings, thresholds)
     comparison.graphs.clear()  # they served the findings; the report does not need them (Comparison.graph rebuilds)
     problems = sources.problems + comparison.problems + isolation.problems
     problems += [f"{label}: not compared: {why}" for label, why in plan.uncompared.items()]
@@ -83,13 +85,13 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
 
 
 def _measured(plan, rules: NameRules, thresholds: Thresholds,
-              progress: Callable[[int, int], None] | None) -> Comparison:
+              steps: Steps) -> Comparison:
     """compare_all, or its stored result when these very dumps were measured with these options
     (a sweep's own report, then `analyze` of the same runs: measured once, see layerdiff.analyzer.measure.resultcache)."""
     key = resultcache.cache_key(plan, rules, thresholds)
     comparison = resultcache.load(plan, key)
     if comparison is None:
-        comparison = compare_all(plan, rules, thresholds, progress)
+        comparison = compare_all(plan, rules, thresholds, steps)
         resultcache.store(comparison, key)
     return comparison
 

@@ -21,6 +21,7 @@ from layerdiff.collector.harness.prepare import build_phone_harnesses, prepare_d
 from layerdiff.collector.sweep.plan import SweepPlan, parse_configs, resolve_devices, split_list
 from layerdiff.collector.transport.arm64 import prepare_runtime
 from layerdiff.collector.sweep.progress import SweepProgress, step_progress
+from layerdiff.progress import Steps
 from layerdiff.collector.run.pipeline import check_run_options
 from layerdiff.collector.inputs.bundled import default_model
 from layerdiff.collector.sweep.execute import run_sweep
@@ -150,7 +151,7 @@ def _sweep_report(out_dir: Path, **options) -> None:
     from layerdiff.analyzer.report.page import report_paths
 
     try:
-        report_paths([out_dir], out_dir / "report", on_analyzed=print_summary, **options).close()
+        report_paths([out_dir], out_dir / "report", on_analyzed=print_summary, steps=Steps("collect"), **options).close()
     except LayerdiffError as err:
         print(f"collect: no report: {err}", file=sys.stderr)
         return

@@ -39,7 +39,7 @@ import pandas as pd
 
 from typing import Callable
 
-from layerdiff.analyzer.align.edges import EdgeCheck
+from layerdiff.analyzer.align.edges import EdgeCheck, Matches
 from layerdiff.analyzer.align.opkinds import arithmetic, op_class, type_agreement, weighted  # noqa: F401 (op_class, type_agreement: API)
 from layerdiff.analyzer.align.graph import build_graph
 
@@ -118,9 +118,10 @@ def _score_matrix(fa: pd.DataFrame, fb: pd.DataFrame) -> tuple[np.ndarray, np.nd
     classes = sorted(set(fa["cls"]) | set(fb["cls"]) | set(fa["name_cls"]) | set(fb["name_cls"]))
     agreement = np.array([[type_agreement(x, y) for y in classes] for x in classes])
     index = {c: k for k, c in enumerate(classes)}
-    ca, cb = (np.array([index[c] for c in f["cls"]], dtype=int) for f in (fa, fb))
-    na, nb = (np.array([index[c or t] for c, t in zip(f["name_cls"], f["cls"])], dtype=int) for f in (fa, fb))
-    agreement = np.maximum.reduce([agreement[x][:, y] for x in (ca, na) for y in (cb, nb)])
+    kinds_a, kinds_b = _kind_pairs(fa, index), _kind_pairs(fb, index)  # (type class, name class) per row
+    ids_a, ids_b = (np.unique(k, axis=0, return_inverse=True) for k in (kinds_a, kinds_b))
+    best = np.maximum.reduce([agreement[ids_a[0][:, x]][:, ids_b[0][:, y]] for x in (0, 1) for y in (0, 1)])
+    agreement = best[ids_a[1].reshape(-1)[:, None], ids_b[1].reshape(-1)[None, :]]  # one n x m gather
     shape_q = np.where(ea[:, None] == eb[None, :], 1.0, 0.9)
     quality = shape_q * (0.5 + 0.5 * agreement)
     words = {w: k for k, w in enumerate(sorted(set(fa["arithmetic"]) | set(fb["arithmetic"])))}
@@ -140,6 +141,12 @@ def _score_matrix(fa: pd.DataFrame, fb: pd.DataFrame) -> tuple[np.ndarray, np.nd
     later = LATER_BIAS * (fa["position"].to_numpy()[:, None] + fb["position"].to_numpy()[None, :])
     score = np.where(quality > 0, quality - MATCH_COST - POSITION_WEIGHT * position * quality + later, -np.inf)
     return score, quality
+
+
+def _kind_pairs(features: pd.DataFrame, index: dict[str, int]) -> np.ndarray:
+    """Per row, the class its type says and the one its name says (the type's when the name says none)."""
+    return np.array([[index[c], index[n or c]] for c, n in zip(features["cls"], features["name_cls"])],
+                    dtype=int).reshape(-1, 2)
 
 
 def _monotone_alignment(score: np.ndarray) -> list[tuple[int, int]]:
@@ -176,16 +183,18 @@ def _confidences(pairs: list[tuple[int, int]], quality: np.ndarray) -> list[floa
 
 def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[int],
                        other_left: list[int], error: Callable[[int, int], float] | None = None,
-                       fp32: bool = False) -> dict[int, tuple[int, float]]:
+                       fp32: bool = False,
+                       progress: Callable[[int, int], None] | None = None) -> dict[int, tuple[int, float]]:
     """Match the leftover rows `base_left` of `base` with `other_left` of `other`: {base row: (other row, confidence)}.
 
     `error(base row, other row)`, when given, is the rel L2 between the two tensors (inf if unreadable).
     `fp32`: both runs compute in fp32, so values must agree closely (VALUES_AGREE_FP32) and no match
-    is kept that values do not confirm."""
+    is kept that values do not confirm. `progress(done, total)` hears each settled match."""
     agree = VALUES_AGREE_FP32 if fp32 else VALUES_AGREE
     keep = VALUES_AGREE_FP32 if fp32 else KEEP_UNCONFIRMED_ERROR
-    base_left = [i for i in base_left if not _COPIES.search(str(base["op"].iloc[i]))]
-    other_left = [j for j in other_left if not _COPIES.search(str(other["op"].iloc[j]))]
+    base_ops, other_ops = base["op"].to_numpy(), other["op"].to_numpy()
+    base_left = [i for i in base_left if not _COPIES.search(str(base_ops[i]))]
+    other_left = [j for j in other_left if not _COPIES.search(str(other_ops[j]))]
     if not base_left or not other_left or len(base_left) * len(other_left) > MAX_CELLS:
         return {}
     fa, fb = _features(base, base_left), _features(other, other_left)
@@ -194,7 +203,7 @@ def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[
     confidences = _confidences(pairs, quality)
     edges = EdgeCheck.of(base, other, base_left, other_left, weighted)
     local_error = None if error is None else (lambda i, j: error(base_left[i], other_left[j]))  # noqa: E731
-    pairs, confidences = _settle(pairs, confidences, quality, local_error, edges, agree, keep)
+    pairs, confidences = _settle(pairs, confidences, quality, local_error, edges, agree, keep, progress)
     if local_error is not None:
         pairs, confidences = _fill_gaps_by_values(pairs, confidences, quality, local_error, agree)
     pairs, confidences = _match_final_outputs(pairs, confidences, quality)
@@ -205,7 +214,8 @@ def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[
 
 def _settle(pairs: list[tuple[int, int]], confidences: list[float], quality: np.ndarray,
             error: Callable[[int, int], float] | None, edges: EdgeCheck | None, agree: float = VALUES_AGREE,
-            keep: float = KEEP_UNCONFIRMED_ERROR) -> tuple[list[tuple[int, int]], list[float]]:
+            keep: float = KEEP_UNCONFIRMED_ERROR,
+            progress: Callable[[int, int], None] | None = None) -> tuple[list[tuple[int, int]], list[float]]:
     """Per match, the best same-shape candidate between its neighbours (on either side), then whether to keep it.
 
     Candidates rank by values agreeing, then by how many graph edges agree (`layerdiff.analyzer.align.edges`), then
@@ -213,11 +223,17 @@ def _settle(pairs: list[tuple[int, int]], confidences: list[float], quality: np.
     kernel must meet its partner and fail there. One with no value agreement and no edge
     certainty is dropped (listed unmatched) unless the old single-candidate rule keeps it."""
     current, current_conf = list(pairs), list(confidences)
+    total = 2 * len(current)
     for final in (False, True):  # the first pass only re-chooses, so the second judges with settled neighbours
         kept: list[tuple[int, int]] = []
         kept_conf: list[float] = []
+        state = _SettleState(edges.matches(current) if edges is not None else None)
+        done = 0 if not final else total // 2
         for k, ((i, j), conf) in enumerate(zip(current, current_conf)):
-            judged = _judge_options(k, kept, current, quality, error, edges, agree)
+            if progress is not None:
+                progress(done + k, total)
+            state.leave(i, j)
+            judged = _judge_options(k, kept, current, quality, error, edges, agree, state)
             if not judged:
                 continue
             best = max(judged, key=lambda p: judged[p].rank)
@@ -235,8 +251,31 @@ def _settle(pairs: list[tuple[int, int]], confidences: list[float], quality: np.
                 continue
             kept.append(chosen)
             kept_conf.append(chosen_conf)
+            state.keep(*chosen)
         current, current_conf = kept, kept_conf
     return current, current_conf
+
+
+class _SettleState:
+    """What a settling pass has decided so far, kept up to date per match (rebuilding the used rows and
+    the mapping for every match made a pass quadratic in layers): the rows kept on each side, and the
+    matches the edges are checked against (those kept, then the ones still to judge)."""
+
+    def __init__(self, matches: Matches | None) -> None:
+        self.used_a: set[int] = set()
+        self.used_b: set[int] = set()
+        self.matches = matches
+
+    def leave(self, i: int, j: int) -> None:
+        """The match about to be judged leaves the mapping its candidates are checked against."""
+        if self.matches is not None:
+            self.matches.remove(i, j)
+
+    def keep(self, i: int, j: int) -> None:
+        self.used_a.add(i)
+        self.used_b.add(j)
+        if self.matches is not None:
+            self.matches.add(i, j)
 
 
 @dataclass
@@ -264,24 +303,23 @@ class _Verdict:
 
 def _judge_options(k: int, kept: list[tuple[int, int]], current: list[tuple[int, int]], quality: np.ndarray,
                    error: Callable[[int, int], float] | None, edges: EdgeCheck | None,
-                   agree: float) -> dict[tuple[int, int], _Verdict]:
+                   agree: float, state: _SettleState) -> dict[tuple[int, int], _Verdict]:
     """The candidates for match k (between the last kept match and the next current one), judged."""
     n, m = quality.shape
     i, j = current[k]
     low_a, low_b = (kept[-1][0] + 1, kept[-1][1] + 1) if kept else (0, 0)
     high_a, high_b = current[k + 1] if k + 1 < len(current) else (n, m)
-    used_a, used_b = {p[0] for p in kept}, {p[1] for p in kept}
+    used_a, used_b = state.used_a, state.used_b
     options = [(i, c) for c in range(low_b, high_b) if quality[i, c] > 0 and c not in used_b]
     options += [(c, j) for c in range(low_a, high_a)
                 if c != i and quality[c, j] > 0 and c not in used_a]
     if (i, j) not in options and i not in used_a and j not in used_b and quality[i, j] > 0:
         options.append((i, j))
     options = sorted(options, key=lambda p: abs(p[0] - i) + abs(p[1] - j))[:MAX_VALUE_CANDIDATES]
-    mapping = dict(kept + current[k + 1:])
     out = {}
     for p in options:
         err = error(*p) if error is not None else math.inf
-        agreeing, checked = edges.consistency(p, mapping) if edges is not None else (0, 0)
+        agreeing, checked = edges.consistency(p, state.matches) if edges is not None else (0, 0)
         if quality[p] < MIN_CERTAIN_QUALITY or (err > agree and _twin_elsewhere(p, quality, error, agree,
                                                                                 (low_a, high_a), (low_b, high_b))):
             agreeing = 0  # types contradict each other, or values name another partner: edges cannot carry it
@@ -354,14 +392,17 @@ def _propagate(base: pd.DataFrame, other: pd.DataFrame, base_left: list[int], ot
         used_b = {j for j, _c in pairs.values()}
         known_a, known_b = set(to_b), set(to_b.values())
         added = 0
+        by_feeders: dict[frozenset, list[tuple[int, int]]] = {}  # the other side's leftovers by nearest matched feeders
+        for jb, j in enumerate(other_left):
+            if j not in used_b:
+                by_feeders.setdefault(frozenset(graph_b.nearest(keys_b[j], known_b)[0]), []).append((jb, j))
         for ia, i in enumerate(base_left):
             if i in pairs:
                 continue
-            feeders = {to_b[k] for k in graph_a.upstream(keys_a[i], known_a)}
+            feeders = frozenset(to_b[k] for k in graph_a.nearest(keys_a[i], known_a)[0])
             if not feeders:
                 continue
-            candidates = [(jb, j) for jb, j in enumerate(other_left) if j not in used_b and quality[ia, jb] > 0
-                          and set(graph_b.upstream(keys_b[j], known_b)) == feeders]
+            candidates = [(jb, j) for jb, j in by_feeders.get(feeders, ()) if j not in used_b and quality[ia, jb] > 0]
             if len(candidates) == 1 and (error is None or error(i, candidates[0][1]) <= agree):
                 jb, j = candidates[0]
                 found[i] = (j, 0.8 * float(quality[ia, jb]))

@@ -69,13 +69,14 @@ def compare_command(
     from layerdiff.analyzer.align.byname import NameRules, load_name_map, parse_rename
     from layerdiff.analyzer.report.page import console_json, report_paths
     from layerdiff.analyzer.findings.verdict import Thresholds
+    from layerdiff.progress import Steps
 
     rules = NameRules(name_map=load_name_map(name_map) if name_map else {},
                       regex=[parse_rename(r) for r in rename], builtin=not no_builtin_rules)
     thresholds = Thresholds(atol=atol, rtol=rtol, warn_rel_l2=warn_rel_l2, fail_rel_l2=fail_rel_l2,
                             min_pass_fraction=min_pass_fraction)
     analysis = report_paths(inputs, out, force=force, ref=ref, rules=rules, thresholds=thresholds,
-                            set_attrs=per_input_attrs(set_), ref_input=ref_input)
+                            set_attrs=per_input_attrs(set_), ref_input=ref_input, steps=Steps("analyze"))
     try:
         if json_out:
             print(console_json(analysis))

@@ -18,8 +18,10 @@ import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.align.byname import NameRules, PairAlignment, align_layers
+from layerdiff.analyzer.align.values import ValueErrors
 from layerdiff.analyzer.formats.dumpfile import TensorBuffer
 from layerdiff.errors import LayerdiffError
+from layerdiff.progress import Steps
 from layerdiff.analyzer.align.graph import LayerGraph, build_graph
 from layerdiff.analyzer.measure.metrics import PairKernel, topk_agreement
 from layerdiff.analyzer.runs.reference import Pair, Plan
@@ -49,14 +51,14 @@ class Comparison:
         return self.table[self.table["pair"] == pair_index]
 
 
-def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds,
-                progress: Callable[[int, int], None] | None = None) -> Comparison:
-    """Align every pair, then measure all of them, reading each base tensor once."""
+def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds, steps: Steps | None = None) -> Comparison:
+    """Align every pair, then measure all of them, reading each base tensor once (`steps` shows
+    the progress of both: a golden against renamed runs at a real input size takes a while)."""
+    steps = steps or Steps.quiet()
     runs = {id(p.base): p.base for p in plan.pairs} | {id(p.other): p.other for p in plan.pairs}
     runs[id(plan.reference)] = plan.reference
     graphs = {run.label: build_graph(run.layers) for run in runs.values()}
-    alignments = [align_layers(p.base.layers, p.other.layers, rules, value_error(p.base, p.other),
-                               both_fp32(p.base, p.other)) for p in plan.pairs]
+    alignments = [_align(p, rules, steps) for p in plan.pairs]
     comparison = Comparison(plan=plan, table=pd.DataFrame(), alignments=alignments, graphs=graphs)
     for index, (pair, alignment) in enumerate(zip(plan.pairs, alignments)):
         if alignment.matched.empty:
@@ -66,14 +68,22 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds,
     rows = _Rows()
     kernel = PairKernel(thresholds.tolerances)
     bases = list({id(p.base): p.base for p in plan.pairs}.values())
-    counter = _Progress(sum(len(a.matched) for a in alignments), progress)
-    for base in bases:
-        members = [(i, p, alignments[i]) for i, p in enumerate(plan.pairs) if p.base is base]
-        _stream_base(base, members, kernel, thresholds, graphs[base.label], rows, comparison.problems,
-                     counter.tick)
+    total = sum(len(a.matched) for a in alignments)
+    with steps.step(f"measuring {total} matched layers", total) as advance:
+        counter = _Progress(total, advance)
+        for base in bases:
+            members = [(i, p, alignments[i]) for i, p in enumerate(plan.pairs) if p.base is base]
+            _stream_base(base, members, kernel, thresholds, graphs[base.label], rows, comparison.problems,
+                         counter.tick)
     comparison.table = rows.frame()
     comparison.table["growth"] = _growth(comparison.table, plan.pairs, graphs)
     return comparison
+
+
+def _align(pair: Pair, rules: NameRules, steps: Steps) -> PairAlignment:
+    with steps.step(f"aligning {pair.other.label} with {pair.base.label}") as advance:
+        return align_layers(pair.base.layers, pair.other.layers, rules, value_error(pair.base, pair.other),
+                            both_fp32(pair.base, pair.other), progress=advance)
 
 
 def both_fp32(base: Run, other: Run) -> bool:
@@ -81,23 +91,13 @@ def both_fp32(base: Run, other: Run) -> bool:
     return all(str(r.attrs.get("precision_effective") or "fp32").lower() == "fp32" for r in (base, other))
 
 
-def value_error(base: Run, other: Run) -> Callable[[int, int], float]:
+def value_error(base: Run, other: Run) -> ValueErrors:
     """rel L2 between row i of base's /layers and row j of other's (inf when unreadable or sizes differ).
 
-    Only structural alignment calls it, for the few same-shape candidates of an ambiguous match."""
+    Only structural alignment calls it, for the few same-shape candidates of an ambiguous match;
+    answers are remembered and screened by fingerprints (`layerdiff.analyzer.align.values`)."""
     base_orders, other_orders = list(base.layers["order"]), list(other.layers["order"])
-    read_base = functools.lru_cache(maxsize=4)(lambda i: _read(base, base_orders[i])[0])
-    read_other = functools.lru_cache(maxsize=16)(lambda j: _read(other, other_orders[j])[0])
-
-    def error(i: int, j: int) -> float:
-        a, b = read_base(i), read_other(j)
-        if a is None or b is None or a.size != b.size or a.size == 0:
-            return math.inf
-        a64, b64 = a.astype(np.float64, copy=False).ravel(), b.astype(np.float64, copy=False).ravel()
-        norm = float(np.linalg.norm(a64))
-        diff = float(np.linalg.norm(a64 - b64))
-        return diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
-    return error
+    return ValueErrors(lambda i: _read(base, base_orders[i])[0], lambda j: _read(other, other_orders[j])[0])
 
 
 def _growth(table: pd.DataFrame, pairs: list[Pair], graphs: dict[str, LayerGraph]) -> list[float]:

@@ -24,6 +24,7 @@ from layerdiff.analyzer.report.results import build_results, dump_chunks, dumps
 from layerdiff.analyzer.report.tables import (LAYER_VIEW, isolation_table, layer_matrix, layer_view, reference_rows, sweep_matrix,
                              to_html, unmatched_table, write_tables)
 from layerdiff.analyzer.findings.verdict import worst
+from layerdiff.progress import Steps
 
 SHOWN_PER_KIND = 3
 MAX_RANGE_LINES = 6
@@ -54,7 +55,8 @@ def report_paths(paths, out_dir: Path | str, *, force: bool = False,
     try:
         if on_analyzed is not None:
             on_analyzed(analysis)
-        write_report(analysis, out)
+        with (analyze_options.get("steps") or Steps.quiet()).step("writing the report"):
+            write_report(analysis, out)
     except BaseException:
         analysis.close()
         raise
