@@ -92,3 +92,28 @@ def test_not_a_zip_npz_is_one_line(tmp_path):
     (tmp_path / "x.npz").write_bytes(b"garbage")
     with pytest.raises(DumpFormatError, match=r"x\.npz: not a readable \.npz"):
         import_any(tmp_path / "x.npz", None, tmp_path / "o.h5")
+
+
+def test_npz_import_opens_the_archive_once_whatever_its_members(tmp_path, monkeypatch):
+    """Opening an archive reads its whole central directory: once per member was quadratic (issue 28)."""
+    from layerdiff.analyzer.importers import npyfiles
+
+    opened = []
+
+    class Counting(zipfile.ZipFile):
+        def __init__(self, *args, **kwargs):
+            opened.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(npyfiles.zipfile, "ZipFile", Counting)
+    opens = []
+    for members in (20, 2000):
+        opened.clear()
+        arrays = {f"layer_{i}": np.full((2, 2), i, np.float32) for i in range(members)}
+        path = tmp_path / f"m{members}.npz"
+        np.savez(path, **arrays)
+        with DumpFile(import_any(path, None, tmp_path / f"m{members}.h5")) as dump:
+            assert len(dump.layers) == members
+            np.testing.assert_array_equal(dump.tensor(members - 1), arrays[f"layer_{members - 1}"])
+        opens.append(len(opened))
+    assert opens[0] == opens[1] <= 3  # the same few opens (listing, reading) for 20 members as for 2,000

@@ -55,6 +55,12 @@ class ForeignDump:
     provenance: dict[str, Any] = field(default_factory=dict)
     layers: list[Layer] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    closers: list[Callable[[], None]] = field(default_factory=list)  # release what the loaders hold open
+
+    def close(self) -> None:
+        for close in self.closers:
+            close()
+        self.closers.clear()
 
 
 def checked_array(array: np.ndarray, where: str) -> np.ndarray:
@@ -118,8 +124,16 @@ def write_dump(dump: ForeignDump, out: Path, attrs: dict[str, Any] | None = None
     """Write a foreign dump as one HDF5 (temporary name, renamed when complete); returns problems.
 
     A layer that cannot be read is skipped with a problem line; a dump with no readable layer
-    at all is refused, so an empty HDF5 never pretends to be a run.
+    at all is refused, so an empty HDF5 never pretends to be a run. What the loaders hold open
+    (an archive) is released at the end.
     """
+    try:
+        return _write_dump(dump, out, attrs)
+    finally:
+        dump.close()
+
+
+def _write_dump(dump: ForeignDump, out: Path, attrs: dict[str, Any] | None) -> list[str]:
     if len(dump.layers) > MAX_LAYERS:
         raise DumpFormatError(f"{dump.source}: {len(dump.layers)} tensors, more than any real model has")
     problems = list(dump.problems)
