@@ -190,3 +190,42 @@ def test_mutated_hdf5(attr, value, flip, relabel):
         assert peak < PEAK_LIMIT
     finally:
         shutil.rmtree(work)
+
+
+_SUMMARY_HEAD = ("\n\n===== Detailed Precision Profiler Summary =====\n"
+                 "operator:(kernel_info) output_tensor_name:(tensor_info) dims mean std_deviation ave_grow_rate*\n")
+
+
+@FUZZ
+@given(kernel=st.sampled_from(["conv2d:arm/float/NCHW", "conv2d:opencl/float16/ImageDefault", "x", ":a/b/c"]),
+       output=st.sampled_from(["c.tmp_0_1:arm/float/NCHW", "c.tmp_0:arm/float/NCHW", "c.tmp_0_x:a/b/c", "_1:a/b/c"]),
+       dims=st.sampled_from(["{1,2}", "{1000000,1000000}", "{}", "{-1,2}", "{1099511627776}", "{1,2", "1,2"]),
+       mean=st.sampled_from(["0.5", "unused", "nan"]), values=st.text(st.sampled_from("[]0123456789.- \nnaie"), max_size=60),
+       extra=st.booleans())
+def test_mutated_paddle_lite_profile(kernel, output, dims, mean, values, extra):
+    work = _workdir()
+    try:
+        run = work / "PaddleLite_x"
+        run.mkdir()
+        line = f"{kernel} {output} {dims} {mean} 0.1 0.0" + (" 9" if extra else "")
+        (run / "precision_summary.log").write_text(_SUMMARY_HEAD + line + "\nrelu:arm/float/NCHW r.tmp_0_1:arm/float/NCHW {2} 1 0 0\n")
+        (run / "c.tmp_0_1.txt").write_text(values)
+        (run / "r.tmp_0_1.txt").write_text("[0] 1.000000 \n[1] 2.000000 \n")
+        run_import(run, work)
+    finally:
+        shutil.rmtree(work)
+
+
+@FUZZ
+@given(name=st.text(max_size=6), dims=st.sampled_from(["{1,2}", "{1000000,1000000}", "{}", "{-3}", "{1099511627776,2}"]),
+       values=st.text(st.sampled_from("0123456789.-e \tnai"), max_size=40),
+       topo=st.sampled_from(["conv2d\t(X:x)\t(Out:a)\n", "conv2d\t(X:x)\n", "", "feed\t(X:feed)\t(Out:x)\n"]))
+def test_mutated_paddle_lite_debug_tool(name, dims, values, topo):
+    work = _workdir()
+    try:
+        (work / "tensor_cpp.txt").write_text(f"a\t{{1,2}}\t1 2\n{name}\t{dims}\t{values}\n", encoding="utf-8")
+        if topo:
+            (work / "topo_file.txt").write_text(topo)
+        run_import(work / "tensor_cpp.txt", work)
+    finally:
+        shutil.rmtree(work)

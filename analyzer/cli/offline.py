@@ -19,7 +19,7 @@ EXPORT_FORMATS = ("model-explorer", "polygraphy")
 
 
 def import_command(
-    src: Path = typer.Argument(..., help="Dump to import: raw dump dir, .h5, MNN output dir, Polygraphy .json, .npz, .npy dir, or a .zip of one"),
+    src: Path = typer.Argument(..., help="Dump to import: raw dump dir, .h5, MNN output dir, Polygraphy .json, .npz, .npy dir, Paddle-Lite precision profiler dir or model_debug_tool tensor file, or a .zip of one"),
     output: Path = typer.Option(..., "-o", "--output", help="HDF5 file to write"),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="key=value attribute the format lacks (repeatable), e.g. backend_requested=opencl"),
     fmt: Optional[str] = typer.Option(None, "--format", help="Skip detection and read as this format"),
@@ -28,12 +28,13 @@ def import_command(
     runner: Optional[str] = typer.Option(None, "--runner", help="Polygraphy: runner name (or part of it) or index"),
     iteration: int = typer.Option(0, "--iteration", help="Polygraphy: iteration index"),
     include_inputs: bool = typer.Option(False, "--include-inputs", help="MNN: also import the Input_<op>_<i> dumps"),
+    topo_file: Optional[Path] = typer.Option(None, "--topo-file", help="Paddle-Lite model_debug_tool: its topology file (default: topo_file.txt beside the tensor file)"),
 ) -> None:
     """Convert a foreign dump to a layerdiff HDF5, attaching provenance with --set."""
     from layerdiff.analyzer.importers import import_one, parse_set_options  # the command's own imports, not --help's
 
     options = {"format": fmt, "order_file": order_file, "shapes_file": shapes_file, "runner": runner,
-               "iteration": iteration, "include_inputs": include_inputs}
+               "iteration": iteration, "include_inputs": include_inputs, "topo_file": topo_file}
     result = import_one(src, parse_set_options(set_), output, **{k: v for k, v in options.items() if v is not None})
     for problem in result.problems:
         typer.echo(f"warning: {problem}", err=True)

@@ -1,7 +1,8 @@
 """Foreign dumps in, layerdiff HDF5 dumps out: format detection and the one entry point `import_any`.
 
 Formats (one module each): our raw dump directory (rawdir), a layerdiff HDF5 from elsewhere
-(hdf5dump), MNN's text dumps (mnn_text), Polygraphy RunResults JSON (polygraphy_json), `.npy`
+(hdf5dump), MNN's text dumps (mnn_text), Paddle-Lite's precision profiler directory (paddle_profiler)
+and model_debug_tool tensor file (paddle_debug), Polygraphy RunResults JSON (polygraphy_json), `.npy`
 directories and `.npz` archives incl. ONNX Runtime name -> array files (npyfiles), and a `.zip` of
 any of these (archive). Everything read here is untrusted; see common.py for the rules.
 """
@@ -17,7 +18,7 @@ from typing import Any, Callable
 
 from layerdiff.analyzer.importers import convcache
 from layerdiff.errors import DumpFormatError, InputError, LayerdiffError, UsageError
-from layerdiff.analyzer.importers import archive, hdf5dump, mnn_text, npyfiles, polygraphy_json, rawdir
+from layerdiff.analyzer.importers import archive, hdf5dump, mnn_text, npyfiles, paddle_debug, paddle_profiler, polygraphy_json, rawdir
 from layerdiff.analyzer.importers.common import ForeignDump, parse_set_options, write_dump
 
 __all__ = ["ImportResult", "detect_format", "find_dumps", "import_any", "import_many", "import_one", "import_many_results",
@@ -30,6 +31,8 @@ _DETECTORS: list[tuple[str, Callable[[Path], bool]]] = [
     (npyfiles.NPZ_FORMAT, npyfiles.detect_npz),
     (hdf5dump.H5_FORMAT, hdf5dump.detect_h5),
     (polygraphy_json.POLYGRAPHY_FORMAT, polygraphy_json.detect_polygraphy),
+    (paddle_profiler.PROFILER_FORMAT, paddle_profiler.detect_paddle_profiler),
+    (paddle_debug.DEBUG_FORMAT, paddle_debug.detect_paddle_debug),
     (mnn_text.MNN_FORMAT, mnn_text.detect_mnn_text),
     (npyfiles.NPY_FORMAT, npyfiles.detect_npy_dir),
 ]
@@ -68,7 +71,8 @@ def import_any(path: Path | str, attrs: dict[str, Any] | None = None, out: Path 
     `attrs` (e.g. from `--set`) override what the format carries. Without `out` the file goes to
     a cache directory keyed by the source's content stamp, so repeated analyses convert once.
     A layerdiff HDF5 given without `attrs` and `out` is validated and used in place.
-    Options: format, order_file, shapes_file, include_inputs (MNN), runner, iteration (Polygraphy).
+    Options: format, order_file, shapes_file, include_inputs (MNN), runner, iteration (Polygraphy),
+    topo_file (Paddle-Lite model_debug_tool).
     """
     return import_one(path, attrs, out, **options).path
 
@@ -125,6 +129,10 @@ def _read_foreign(path: Path, fmt: str, options: dict[str, Any]) -> ForeignDump:
         return polygraphy_json.read_polygraphy(path, options.get("runner"), int(options.get("iteration") or 0))
     if fmt == hdf5dump.H5_FORMAT:
         return hdf5dump.read_h5(path)
+    if fmt == paddle_profiler.PROFILER_FORMAT:
+        return paddle_profiler.read_paddle_profiler(path)
+    if fmt == paddle_debug.DEBUG_FORMAT:
+        return paddle_debug.read_paddle_debug(path, options.get("topo_file"))
     raise InputError(f"{path}: format {fmt} cannot be converted")
 
 
