@@ -18,6 +18,7 @@ from layerdiff.analyzer.align.graph import LayerGraph
 from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.findings.trends import error_curve, input_dependence
 from layerdiff.analyzer.findings.unmatched import unmatched_outputs
+from layerdiff.analyzer.findings.observability import split_graph
 from layerdiff.analyzer.findings.verdict import Thresholds, collapsed
 
 __all__ = ["Finding", "KIND_ORDER", "all_findings"]
@@ -38,6 +39,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds) -> list
     zero_starts: dict[str, Finding] = {}
     for index, pair in enumerate(comparison.plan.pairs):
         rows = comparison.pair_rows(index)
+        rows = rows[rows["status"] != "not_observable"]  # what the backend never wrote is no evidence (observability.py)
         graph = comparison.graph(pair.base)
         if pair.kind == "reference":
             found += unmatched_outputs(pair, comparison.alignments[index], graph, comparison.graph(pair.other))
@@ -75,8 +77,10 @@ def run_state_findings(run: Run) -> list[Finding]:
                            "" if last is None else str(last["op_type"]),
                            f"Run {run.label} is incomplete (harness exit status {run.attrs.get('exit_status')}): {where}.",
                            numbers={"exit_status": run.attrs.get("exit_status"), "layers_dumped": len(layers)}))
+    split = split_graph(run)
+    out += split
     requested, actual = str(run.attrs.get("backend_requested") or ""), str(run.attrs.get("backend_actual") or "")
-    if requested and actual and requested != actual:
+    if requested and actual and requested != actual and not split:
         out.append(Finding(FindingKind.BACKEND_FALLBACK, run.label, "", "",
                            f"Run {run.label} asked for backend {requested} but really ran on {actual}: "
                            f"its numbers are {actual} numbers.", severity=Severity.WARN,

@@ -19,6 +19,7 @@ class FindingKind(StrEnum):
 
     INCOMPLETE_RUN = "incomplete_run"
     BACKEND_FALLBACK = "backend_fallback"
+    SPLIT_GRAPH = "split_graph"  # a GPU accelerator ran part of the graph on the CPU (observability.py)
     OUTPUT_UNMATCHED = "output_unmatched"
     NAN_ORIGIN = "nan_origin"
     INF_ORIGIN = "inf_origin"

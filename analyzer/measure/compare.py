@@ -26,6 +26,7 @@ from layerdiff.analyzer.align.graph import LayerGraph, build_graph
 from layerdiff.analyzer.measure.metrics import PairKernel, topk_agreement
 from layerdiff.analyzer.runs.reference import Pair, Plan
 from layerdiff.analyzer.runs.sources import Run
+from layerdiff.analyzer.findings import observability
 from layerdiff.analyzer.findings.verdict import Thresholds, classify
 
 
@@ -59,6 +60,8 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds, steps: Ste
     runs[id(plan.reference)] = plan.reference
     graphs = {run.label: build_graph(run.layers) for run in runs.values()}
     alignments = [_align(p, rules, steps) for p in plan.pairs]
+    for pair, alignment in zip(plan.pairs, alignments):
+        observability.relabel_unmatched(alignment, pair.base, pair.other)
     comparison = Comparison(plan=plan, table=pd.DataFrame(), alignments=alignments, graphs=graphs)
     for index, (pair, alignment) in enumerate(zip(plan.pairs, alignments)):
         if alignment.matched.empty:
@@ -75,7 +78,7 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds, steps: Ste
             members = [(i, p, alignments[i]) for i, p in enumerate(plan.pairs) if p.base is base]
             _stream_base(base, members, kernel, thresholds, graphs[base.label], rows, comparison.problems,
                          counter.tick)
-    comparison.table = rows.frame()
+    comparison.table = observability.mark_unwritten_zeros(rows.frame(), plan.pairs, graphs)
     comparison.table["growth"] = _growth(comparison.table, plan.pairs, graphs)
     return comparison
 

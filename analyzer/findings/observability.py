@@ -1,0 +1,86 @@
+"""What a backend lets us see: tensors it never wrote, zeros it never wrote, and graphs it split.
+
+An engine that reads intermediates back indirectly (LiteRT's GPU accelerator: every activation
+made a model output) cannot show a tensor the GPU fused into the next op; the engine lists such
+tensors in its raw header (`not_observable`, FORMATS.md §1) and they are reported as "not
+observable on this backend", never as a missing layer or a divergence. A few outputs of that
+accelerator also read back as all zeros while every op consuming them agrees with the reference:
+the buffer was never filled, the computation was right. Such a layer is marked `not_observable`
+(neither pass nor fail) only when the run declares indirect readback and every consumer agrees,
+so a real zero collapse (its consumers then diverge too) still fails.
+
+A run whose graph the accelerator split between GPU and CPU (`options.placement.split`) gets a
+`split_graph` finding naming the rejected operator types and the op counts.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
+
+NOT_WRITTEN_ZEROS = ("not observable on this backend: read back as all zeros while every op consuming it agrees "
+                     "with the reference (the backend never filled this tensor's buffer; its computation is right)")
+
+
+def raw_header(run) -> dict:
+    """The harness's own header, as the HDF5 provenance keeps it ({} for other sources)."""
+    try:
+        header = run.dump.provenance.get("raw_header", {})
+    except Exception:  # noqa: BLE001 - a foreign dump without provenance declares nothing
+        return {}
+    return header if isinstance(header, dict) else {}
+
+
+def declared_unobservable(run) -> dict[str, str] | None:
+    """key -> why for the tensors the run's engine says it cannot show; None when it declares nothing."""
+    entries = raw_header(run).get("not_observable")
+    if not isinstance(entries, list):
+        return None
+    return {str(e.get("key")): str(e.get("why", "not observable on this backend")) for e in entries if isinstance(e, dict)}
+
+
+def relabel_unmatched(alignment, base, other) -> None:
+    """Unmatched layers the other side declared unobservable say so (instead of 'no layer of this name')."""
+    for frame, declaring in ((alignment.only_base, other), (alignment.only_other, base)):
+        hidden = declared_unobservable(declaring)
+        if not hidden or frame.empty:
+            continue
+        known = frame["key"].isin(list(hidden))
+        frame.loc[known, "why"] = [hidden[k] for k in frame.loc[known, "key"]]
+
+
+def mark_unwritten_zeros(table: pd.DataFrame, pairs, graphs: dict) -> pd.DataFrame:
+    """Failing all-zero layers of indirectly read runs whose every consumer agrees: `not_observable`."""
+    if table.empty:
+        return table
+    for index, pair in enumerate(pairs):
+        if declared_unobservable(pair.other) is None:
+            continue  # the engine reads every tensor directly: its zeros are real
+        rows = table[table["pair"] == index]
+        status = dict(zip(rows["key"], rows["status"]))
+        graph = graphs[pair.base.label]
+        zeros = rows[(rows["status"] == "fail") & (rows["zero_collapse"].fillna(0) >= 1.0)]
+        for i, key in zip(zeros.index, zeros["key"]):
+            users = graph.consumers.get(key, ())
+            if users and all(status.get(u) in ("pass", "warn") for u in users):
+                table.loc[i, "status"] = "not_observable"
+                table.loc[i, "reasons"] = NOT_WRITTEN_ZEROS
+    return table
+
+
+def split_graph(run) -> list[Finding]:
+    """A graph the accelerator split between GPU and CPU: which operator types it refused, how many ran where."""
+    placement = raw_header(run).get("options", {}).get("placement")
+    if not isinstance(placement, dict) or not placement.get("split"):
+        return []
+    rejected = placement.get("rejected") or []
+    refused = "; ".join(f"{r.get('op_type')}: {r.get('reason')}" for r in rejected) or "no reason given"
+    counts = (f"{placement.get('gpu_ops')} operators on the GPU and {placement.get('cpu_ops')} on the CPU "
+              f"(of {placement.get('ops')})" if placement.get("gpu_ops") is not None else "part of the graph on the CPU")
+    return [Finding(FindingKind.SPLIT_GRAPH, run.label, "", ",".join(str(r.get("op_type")) for r in rejected),
+                    f"Split graph in {run.label}: the GPU accelerator ({placement.get('adapter') or 'adapter unknown'}) "
+                    f"refused {refused}, so it ran {counts}, tensors crossing between them: its numbers are a "
+                    "GPU+CPU mix, and an error can come from the hand-over as much as from a GPU kernel. Which "
+                    "operators fell back is not reported per operator, only by type.",
+                    severity=Severity.WARN, numbers={k: placement.get(k) for k in ("gpu_ops", "cpu_ops", "ops", "rejected",
+                                                                          "weight_ops", "adapter")})]
