@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from layerdiff.collector.transport.arm64 import Arm64Device
 from layerdiff.collector.transport.devices import LocalDevice
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import resolve_model
@@ -43,6 +44,26 @@ def local_runs(tmp_path_factory):
             stem = Path(model).stem
             inputs = InputSet(stem, {"data": sample_input(stem)}, f"samples/inputs/{stem}.npy")
             outcome = collect_run(device, RunSpec(files, backend, precision, inputs), out)
+            assert outcome.status == "done", outcome.message
+            cache[key] = outcome.paths[0]
+        return cache[key]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def arm64_runs(tmp_path_factory):
+    """`arm64_runs(cpu, model, precision)` → HDF5 path, each configuration run once under qemu."""
+    out = tmp_path_factory.mktemp("arm64-runs")
+    cache: dict[tuple, Path] = {}
+
+    def run(cpu: str, model: str, precision: str) -> Path:
+        key = (cpu, model, precision)
+        if key not in cache:
+            stem = Path(model).stem
+            inputs = InputSet(stem, {"data": sample_input(stem)}, f"samples/inputs/{stem}.npy")
+            outcome = collect_run(Arm64Device(cpu), RunSpec(resolve_model(MODELS / model), "cpu", precision, inputs),
+                                  out / cpu)
             assert outcome.status == "done", outcome.message
             cache[key] = outcome.paths[0]
         return cache[key]

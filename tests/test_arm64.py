@@ -22,26 +22,6 @@ from tests.conftest import MODELS, sample_input
 COLLECT = [sys.executable, "-m", "layerdiff.collector.cli"]
 
 
-@pytest.fixture(scope="session")
-def arm64_runs(tmp_path_factory):
-    """`arm64_runs(cpu, model, precision)` → HDF5 path, each configuration run once under qemu."""
-    out = tmp_path_factory.mktemp("arm64-runs")
-    cache: dict[tuple, Path] = {}
-
-    def run(cpu: str, model: str, precision: str) -> Path:
-        key = (cpu, model, precision)
-        if key not in cache:
-            stem = Path(model).stem
-            inputs = InputSet(stem, {"data": sample_input(stem)}, f"samples/inputs/{stem}.npy")
-            outcome = collect_run(Arm64Device(cpu), RunSpec(resolve_model(MODELS / model), "cpu", precision, inputs),
-                                  out / cpu)
-            assert outcome.status == "done", outcome.message
-            cache[key] = outcome.paths[0]
-        return cache[key]
-
-    return run
-
-
 def _options(dump: DumpFile) -> dict:
     return dump.provenance["raw_header"]["options"]
 

@@ -245,7 +245,7 @@ def run(args: HarnessArgs) -> None:
     header = base_header(args, engine_version(), inputs)
     header.update({
         "backends_actual": [backend_actual],
-        "precision_effective": effective_precision(backend_code),
+        "precision_effective": effective_precision(backend_code, args.precision),
         "options": engine_options(backend_code, args),
     })
     if backend_actual != args.backend:

@@ -33,7 +33,7 @@ def isolate(MNN, args: HarnessArgs) -> None:
     runtime = nn.create_runtime_manager((config,))
     code, backend_actual = session_backend(*create_session(MNN, args))
     header = base_header(args, engine_version(), {})
-    header.update({"backends_actual": [backend_actual], "precision_effective": effective_precision(code),
+    header.update({"backends_actual": [backend_actual], "precision_effective": effective_precision(code, args.precision),
                    "options": engine_options(code, args), "mode": "isolate", "targets": args.targets})
     sink = DumpSink(args, args.out, header, total_ops=len(args.targets))
     total = 0.0

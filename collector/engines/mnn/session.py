@@ -38,16 +38,19 @@ def engine_version() -> str:
     return str(mnn_module().version())
 
 
-def effective_precision(backend_code: int) -> str:
-    """What MNN computed in, from the backend MNN says the session runs on (not from what was asked).
+def effective_precision(backend_code: int, precision: str, features: dict[str, int] | None = None) -> str:
+    """What MNN computed in, from the backend MNN says the session runs on and MNN's own rule for it.
 
-    On the CPU, MNN computes fp16 only in its Arm82 extension backend (forward type 13), which it
-    picks at precision low when the core reports fp16:1; forward type 0 is its fp32 CPU backend,
-    whatever precision was requested (x86, or an ARM core without fp16 such as the cortex-a53).
-    MNN reports no precision for GPU backends (the PyPI wheel has none).
+    Forward type 13 (MNN_FORWARD_CPU_EXTENSION) is not one backend: MNN 3.6 (CPURuntime::onCreate)
+    gives it to its Arm82 backend, which computes in fp16, only when the core reports fp16
+    arithmetic ("fp16:1" in MNN's CPU report) and the precision is low; on x86 the same code is its
+    AVX2/AVX512 backend, which computes in fp32 at every precision (measured: high and low dumps are
+    bit-identical there). Forward type 0 is its plain fp32 CPU backend (an ARM core without fp16,
+    such as the cortex-a53). MNN reports no precision for GPU backends (the PyPI wheel has none).
     """
+    features = FEATURES if features is None else features
     if backend_code == FORWARD_CPU_EXTENSION:
-        return "fp16"
+        return "fp16" if precision == "low" and features.get("fp16") == 1 else "fp32"
     if backend_code == 0:
         return "fp32"
     return "unknown (MNN reports no precision for this backend)"
