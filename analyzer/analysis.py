@@ -20,6 +20,8 @@ from layerdiff.errors import LayerdiffError, NothingToCompareError, UsageError
 from layerdiff.progress import Steps
 from layerdiff.analyzer.findings.divergence import KIND_ORDER, Finding, all_findings
 from layerdiff.analyzer.measure.isolation import Isolation, analyze_isolated, attach_isolated
+from layerdiff.analyzer.outputs.judge import judge_all
+from layerdiff.analyzer.outputs.task import parse_task
 from layerdiff.analyzer.runs.reference import plan_comparisons
 from layerdiff.analyzer.runs.sources import Run, SourceSet, open_runs
 from layerdiff.analyzer.report.tables import run_summary
@@ -50,15 +52,18 @@ class Analysis:
 def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None, rules: NameRules | None = None,
                   thresholds: Thresholds | None = None,
                   steps: Steps | None = None,
-                  set_attrs: dict[str, dict] | None = None, ref_input: str | None = None) -> Analysis:
+                  set_attrs: dict[str, dict] | None = None, ref_input: str | None = None,
+                  task: str | None = None) -> Analysis:
     """Analyze every dump under `paths`; raises LayerdiffError only when nothing can be compared.
 
     `ref` may be any dump, also one not under `paths` (a golden `.npz`, Polygraphy JSON, directory):
     it is opened with the rest. `ref_input` names the input a reference without input hash was
     made from (see `layerdiff.analyzer.runs.reference.plan_comparisons`). `set_attrs` attaches provenance to
-    foreign inputs (see `layerdiff.analyzer.runs.sources.open_runs`)."""
+    foreign inputs (see `layerdiff.analyzer.runs.sources.open_runs`). `task` declares what the outputs are
+    (`--task`, see `layerdiff.analyzer.outputs.task`); without it a task a run's file records is used."""
     rules = rules or NameRules()
     thresholds = thresholds or Thresholds()
+    declared = parse_task(task)  # a bad --task is refused before any file is opened
     paths = list(paths)
     if ref is not None and Path(ref).exists():
         paths.append(Path(ref))  # discovery drops it again when it is already among the inputs
@@ -76,8 +81,9 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
         raise
     attach_isolated(comparison.table, isolation)
     with (steps or Steps.quiet()).step("finding failure sources and verdicts"):
-        findings = merge_findings(all_findings(comparison, sources.runs, thresholds), isolation.findings)
-        summary = run_summary(comparison, sources.runs, findings, thresholds)
+        judgements = judge_all(comparison, declared, thresholds)
+        findings = merge_findings(all_findings(comparison, sources.runs, thresholds, judgements), isolation.findings)
+        summary = run_summary(comparison, sources.runs, findings, thresholds, judgements)
     comparison.graphs.clear()  # they served the findings; the report does not need them (Comparison.graph rebuilds)
     problems = sources.problems + comparison.problems + isolation.problems
     problems += [f"{label}: not compared: {why}" for label, why in plan.uncompared.items()]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from layerdiff.analyzer.measure import metrics
-from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances, topk_agreement
+from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
 from layerdiff.analyzer.formats.tensorstats import tensor_stats
 
 EPS = 2.220446049250313e-16
@@ -127,15 +127,6 @@ def test_float16_and_integer_tensors():
     assert got["rel_l2"] == pytest.approx(want["rel_l2"], rel=1e-4)
     ints = compare(np.arange(10, dtype=np.int32), np.arange(10, dtype=np.int32) + 1)
     assert ints["max_abs"] == 1.0
-
-
-def test_topk_agreement():
-    ref = np.array([[0.1, 0.5, 0.2, 0.05, 0.05, 0.03, 0.07], [0.9, 0.01, 0.02, 0.03, 0.01, 0.02, 0.01]])
-    run = ref.copy()
-    run[0, 1], run[0, 2] = 0.2, 0.5  # row 0: top-1 changes, reference's top-1 still in top-5
-    top1, top5 = topk_agreement(ref, run)
-    assert top1 == 0.5 and top5 == 1.0
-    assert math.isnan(topk_agreement(np.ones((1, 3)), np.ones((1, 3)))[1])  # too few classes for top-5
 
 
 NORMAL_FLOATS = st.floats(-1e4, 1e4, width=32).filter(lambda v: v == 0 or abs(v) > 1e-20)

@@ -58,7 +58,7 @@ def test_a_dense_output_is_judged_by_the_share_runs_csv_reports(tmp_path):
     analysis = analyze_paths([tmp_path])
     try:
         (row,) = _summary(analysis).values()
-        assert row["verdict"] == "fail" and "1.39% of an output's elements" in row["verdict_reason"]
+        assert row["verdict"] == "fail" and "1.39% of output mask:0's elements" in row["verdict_reason"]
         assert abs(row["output_beyond_tolerance"] - 1 / 72) < 1e-9
     finally:
         analysis.close()

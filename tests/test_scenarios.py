@@ -144,8 +144,12 @@ def sepool_analysis(tmp_path_factory):
 def test_3_failure_source_is_the_one_op_and_its_inputs_pass(sepool_analysis):
     analysis = sepool_analysis
     gpu, cpu_low = label_of(analysis, "vulkan", "low"), label_of(analysis, "cpu", "low")
-    (source,) = kinds(analysis, "failure_source")
+    # the gate damps the broken pool before the output, so the run's output keeps within tolerance: the op
+    # is named (in yellow) as a divergence that does not reach the output, never as a failure source
+    assert not kinds(analysis, "failure_source")
+    (source,) = kinds(analysis, "layer_divergence")
     assert (source.run, source.layer, source.op_type) == (gpu, "se/pool:0", "Pooling")
+    assert source.severity == "warn" and "does not reach the output" in source.sentence
     table = analysis.comparison.table
     rows = table[table["run"] == gpu].set_index("key")
     assert rows.loc["se/pool:0", "rel_l2"] > 0.2
@@ -158,7 +162,7 @@ def test_3_failure_source_is_the_one_op_and_its_inputs_pass(sepool_analysis):
     first_diverging = rows[rows["status"].isin(["warn", "fail"])].sort_values("position").index[0]
     assert first.layer == first_diverging and first.numbers["first_fail"] == "se/pool:0"
     assert "se/pool:0" in first.sentence
-    assert not kinds(analysis, "failure_source", cpu_low)  # bf16 storage with fp32 sums: no failure
+    assert not kinds(analysis, "layer_divergence", cpu_low)  # bf16 storage with fp32 sums: no failure
     cpu_rows = table[table["run"] == cpu_low].set_index("key")
     assert cpu_rows.loc["se/pool:0", "status"] in ("pass", "warn")
 

@@ -64,6 +64,9 @@ def compare_command(
     no_builtin_rules: bool = typer.Option(False, "--no-builtin-rules", help="do not apply built-in MNN/ncnn name rules"),
     force: bool = typer.Option(False, "--force", help="write into a non-empty directory that is not a report"),
     set_: List[str] = typer.Option([], "--set", help="[INPUT:]key=value provenance for foreign dumps (e.g. run.npz:backend_requested=opencl)"),
+    task: Optional[str] = typer.Option(None, "--task", help="what the outputs are, judged as a user reads them: classification, "
+                                       "yolov5, yolov8, picodet, ssd, text-det, segmentation, regression "
+                                       "(NAME[:key=value,...], e.g. picodet:conf=0.5; default: what collect --task recorded)"),
 ) -> None:
     """Align the runs by layer, measure every layer against the reference, write the report."""
     from layerdiff.analyzer.align.byname import NameRules, load_name_map, parse_rename
@@ -76,7 +79,7 @@ def compare_command(
     thresholds = Thresholds(atol=atol, rtol=rtol, warn_rel_l2=warn_rel_l2, fail_rel_l2=fail_rel_l2,
                             min_pass_fraction=min_pass_fraction)
     analysis = report_paths(inputs, out, force=force, ref=ref, rules=rules, thresholds=thresholds,
-                            set_attrs=per_input_attrs(set_), ref_input=ref_input, steps=Steps("analyze"))
+                            set_attrs=per_input_attrs(set_), ref_input=ref_input, steps=Steps("analyze"), task=task)
     try:
         if json_out:
             print(console_json(analysis))
@@ -112,7 +115,7 @@ def print_summary(analysis, page: Path | None = None) -> None:
     plan = analysis.comparison.plan
     console.print(f"Reference: [bold]{plan.reference.label}[/] ({plan.reason})", markup=True)
     table = Table(show_lines=False)
-    for column in ("run", "verdict", "fail", "warn", "first divergence", "op", "output rel L2", "top-1"):
+    for column in ("run", "verdict", "fail", "warn", "first divergence", "op", "output", "output rel L2", "top-1"):
         table.add_column(column)
     colours = {"pass": "green", "warn": "yellow", "fail": "red"}
     for row in analysis.summary.to_dict("records"):
@@ -121,8 +124,11 @@ def print_summary(analysis, page: Path | None = None) -> None:
         verdict = str(row["verdict"])
         table.add_row(str(row["run"]), f"[{colours.get(verdict, 'white')}]{verdict}[/]", format_number(row["n_fail"]),
                       format_number(row["n_warn"]), str(row["first_divergence"]), str(row["first_divergence_op"]),
-                      format_number(row["output_rel_l2"]), format_number(row["top1"]))
+                      str(row["output"]), format_number(row["output_rel_l2"]), format_number(row["top1"]))
     console.print(table)
+    for row in analysis.summary.to_dict("records"):  # the reason beside each verdict, before any finding
+        if row["role"] == "compared" and row["verdict"] in ("warn", "fail") and row["verdict_reason"]:
+            console.print(f"{row['run']}: {str(row['verdict']).upper()}: {row['verdict_reason']}", markup=False)
     for finding in analysis.findings[:MAX_CONSOLE_FINDINGS]:
         console.print(f"- {finding.sentence}", markup=False)
     if len(analysis.findings) > MAX_CONSOLE_FINDINGS:

@@ -17,9 +17,11 @@ from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, 
 from layerdiff.analyzer.align.graph import LayerGraph
 from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.findings.trends import error_curve, input_dependence
+from layerdiff.analyzer.findings.decisions import output_decision
 from layerdiff.analyzer.findings.unmatched import unmatched_outputs
 from layerdiff.analyzer.findings.observability import split_graph
-from layerdiff.analyzer.findings.verdict import Thresholds, collapsed
+from layerdiff.analyzer.findings.wording import layer_name, percent
+from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
 
 __all__ = ["Finding", "KIND_ORDER", "all_findings"]
 
@@ -29,9 +31,11 @@ FP16_MAX = 65504.0
 KIND_ORDER = [kind.value for kind in FindingKind]  # report order: FindingKind's declaration order
 
 
-def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds) -> list[Finding]:
-    """Every finding over every run and pair, most important kinds first."""
+def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgements: dict | None = None) -> list[Finding]:
+    """Every finding over every run and pair, most important kinds first (`judgements`: pair index ->
+    decoded-output judgement of a declared task, outputs/judge.py)."""
     found: list[Finding] = []
+    judgements = judgements or {}
     reference_of = {p.other.label: p.base for p in comparison.plan.pairs if p.kind == "reference"}
     for run in runs:
         found += run_state_findings(run)
@@ -43,8 +47,10 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds) -> list
         graph = comparison.graph(pair.base)
         if pair.kind == "reference":
             found += unmatched_outputs(pair, comparison.alignments[index], graph, comparison.graph(pair.other))
+            found += output_decision(pair, judgements.get(index))
             found += saturation(rows, pair.base)
-            sources = failure_sources(rows, graph)
+            verdict, why = pair_verdict(rows, t, judgements.get(index))
+            sources = failure_sources(rows, graph, None if verdict == "fail" else (verdict, why))
             found += sources
             found += first_divergence(rows)
             zeros = zero_collapse_origin(rows, graph, t, pair.base, pair.other)
@@ -180,23 +186,28 @@ def first_divergence(rows: pd.DataFrame) -> list[Finding]:
     else:
         f = failing.iloc[0]
         numbers.update(first_fail=str(f["key"]), first_fail_op=str(f["op_type"]), first_fail_position=int(f["position"]))
-        then = (f" The first layer that fails is {f['key']} ({f['op_type']}), #{int(f['position']) + 1}, "
+        then = (f" The first layer that fails is {layer_name(f['key'], f.get('op'))} ({f['op_type']}), #{int(f['position']) + 1}, "
                 f"rel L2 {f['rel_l2']:.3g} ({f['reasons']}).")
     status = str(r["status"])
-    return [Finding(FindingKind.FIRST_DIVERGENCE, r["run"], r["key"], r["op_type"],
-                    f"First divergence in {r['run']}: layer {r['key']} ({r['op_type']}), #{int(r['position']) + 1} "
+    return [Finding("first_divergence", r["run"], r["key"], r["op_type"],
+                    f"First divergence in {r['run']}: layer {layer_name(r['key'], r.get('op'))} ({r['op_type']}), #{int(r['position']) + 1} "
                     f"in execution order, {status}s with rel L2 {r['rel_l2']:.3g}, max abs {r['max_abs']:.3g}, "
                     f"SQNR {r['sqnr_db']:.1f} dB ({r['reasons']}).{then}", severity=status, numbers=numbers)]
 
 
-def failure_sources(rows: pd.DataFrame, graph: LayerGraph) -> list[Finding]:
-    """Failing layers whose every feeding layer does not fail: the ops that broke, not the heirs."""
+def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str, str] | None = None) -> list[Finding]:
+    """Failing layers whose every feeding layer does not fail: the ops that broke, not the heirs.
+
+    `output_ok`: the run's (verdict, reason) when its outputs keep within tolerance. Then no layer is
+    named a failure source (nothing the user gets has failed); the first such layer is said once, as a
+    warning that its error does not reach the output."""
     if not graph.has_edges:
         return []
     status = dict(zip(rows["key"], rows["status"]))
     rel = dict(zip(rows["key"], rows["rel_l2"]))
     failing = list(rows.sort_values("position").loc[rows["status"] == "fail", "key"])
     op_type = dict(zip(rows["key"], rows["op_type"]))
+    op_name = dict(zip(rows["key"], rows["op"])) if "op" in rows else {}
     out = []
     for r in rows.sort_values("position").itertuples():
         if r.status != "fail":
@@ -210,12 +221,20 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph) -> list[Finding]:
                if feeders else "it reads only the model input")
         others = [k for k in failing if k != r.key]
         heirs = [k for k in others if k in _downstream(graph, r.key)]
-        out.append(Finding(FindingKind.FAILURE_SOURCE, r.run, r.key, r.op_type,
-                           f"Failure source in {r.run}: layer {r.key} ({r.op_type}) fails ({r.reasons}) while {fed}; "
-                           f"this op breaks at this setting. {_heirs_clause(others, heirs)}",
-                           numbers={"rel_l2": r.rel_l2, "worst_input_rel_l2": worst_in, "inputs": feeders,
-                                    "position": int(r.position), "failing_layers": len(failing),
-                                    "downstream_failing": heirs}))
+        numbers = {"rel_l2": r.rel_l2, "worst_input_rel_l2": worst_in, "inputs": feeders, "op": op_name.get(r.key, ""),
+                   "position": int(r.position), "failing_layers": len(failing), "downstream_failing": heirs}
+        where = f"layer {layer_name(r.key, op_name.get(r.key))} ({r.op_type})"
+        if output_ok is not None:
+            verdict, why = output_ok
+            out.append(Finding("layer_divergence", r.run, r.key, r.op_type,
+                               f"Layer divergence in {r.run} that does not reach the output: {where} fails "
+                               f"({r.reasons}) while {fed}, yet the run's outputs keep within tolerance (verdict "
+                               f"{verdict}{': ' + why if why else ''}), so no failure source is named. "
+                               f"{_heirs_clause(others, heirs)}", severity="warn", numbers=numbers))
+            break
+        out.append(Finding("failure_source", r.run, r.key, r.op_type,
+                           f"Failure source in {r.run}: {where} fails ({r.reasons}) while {fed}; "
+                           f"this op breaks at this setting. {_heirs_clause(others, heirs)}", numbers=numbers))
         if len(out) >= MAX_PER_KIND:
             break
     return out
@@ -275,8 +294,8 @@ def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, b
             cause = "its inputs already fail, so the zeros may come from the error upstream"
         else:
             cause = _underflow_cause(base, r.key, t, numbers, other)
-        return [Finding(FindingKind.ZERO_COLLAPSE_ORIGIN, r.run, r.key, r.op_type,
-                        f"Zero collapse starts in {r.run} at layer {r.key} ({r.op_type}): {r.zero_collapse:.1%} of the "
+        return [Finding("zero_collapse_origin", r.run, r.key, r.op_type,
+                        f"Zero collapse starts in {r.run} at layer {r.key} ({r.op_type}): {percent(r.zero_collapse)} of the "
                         f"reference's non-zero values became 0 ({int(r.n_zero_collapsed)} values) while its inputs "
                         f"kept theirs; {cause}.{_collapse_spread(rows, r.key, numbers)}",
                         severity=Severity.FAIL if r.status == "fail" else Severity.WARN, numbers=numbers)]
@@ -302,9 +321,9 @@ def _underflow_cause(base: Run | None, key: str, t: Thresholds, numbers: dict, o
     peak = max(abs(float(ref["min"])), abs(float(ref["max"])))
     numbers.update(reference_underflow_share=share, reference_peak=peak)
     if share > t.underflow_risk_share:
-        return (f"in the reference {share:.1%} of this layer's values lie between 0 and 6.1e-5 (largest |x| "
+        return (f"in the reference {percent(share)} of this layer's values lie between 0 and 6.1e-5 (largest |x| "
                 f"{peak:.3g}), where fp16 keeps only a few bits (subnormals) down to 6e-8 and 0 below: fp16 underflow")
-    return (f"the reference's values here are not in fp16's underflow range ({share:.1%} below 6.1e-5, largest "
+    return (f"the reference's values here are not in fp16's underflow range ({percent(share)} below 6.1e-5, largest "
             f"|x| {peak:.3g}), so this op's own arithmetic zeroes them")
 
 
@@ -316,11 +335,11 @@ def _collapse_spread(rows: pd.DataFrame, origin: str, numbers: dict) -> str:
     out = outputs.loc[outputs["zero_collapse"].fillna(0.0).idxmax()] if len(outputs) else None
     parts = []
     if worst["key"] != origin and worst["zero_collapse"] > numbers["zero_collapse"]:
-        parts.append(f"it grows to {worst['zero_collapse']:.1%} at {worst['key']}")
+        parts.append(f"it grows to {percent(worst['zero_collapse'])} at {worst['key']}")
     if out is not None:
         numbers["output_zero_collapse"] = float(out["zero_collapse"])
         if out["key"] != origin:
-            parts.append(f"the model output {out['key']} has {out['zero_collapse']:.1%} of its non-zero values at 0")
+            parts.append(f"the model output {out['key']} has {percent(out['zero_collapse'])} of its non-zero values at 0")
     if not parts:
         return ""
     text = "; ".join(parts)
@@ -377,9 +396,9 @@ def fp16_risk(base: Run, t: Thresholds) -> list[Finding]:
         r = under.iloc[0]
         out.append(Finding(FindingKind.FP16_RISK, base.label, str(r["key"]), str(r["op_type"]),
                            f"fp16 underflow risk in reference {base.label}: layer {r['key']} ({r['op_type']}) has "
-                           f"{share[r.name]:.1%} of its values between 0 and 6.1e-5, which fp16 flushes toward 0; "
-                           f"{len(under)} layer(s) are above {t.underflow_risk_share:.0%}.",
-                           severity=Severity.WARN, numbers={"share": float(share[r.name]),
+                           f"{percent(share[r.name])} of its values between 0 and 6.1e-5, which fp16 flushes toward 0; "
+                           f"{len(under)} layer(s) are above {percent(t.underflow_risk_share)}.",
+                           severity="warn", numbers={"share": float(share[r.name]),
                                                      "layers": [str(k) for k in under["key"]][:50]}))
     return out
 

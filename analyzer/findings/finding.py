@@ -21,11 +21,13 @@ class FindingKind(StrEnum):
     BACKEND_FALLBACK = "backend_fallback"
     SPLIT_GRAPH = "split_graph"  # a GPU accelerator ran part of the graph on the CPU (observability.py)
     OUTPUT_UNMATCHED = "output_unmatched"
+    OUTPUT_DECISION = "output_decision"
     NAN_ORIGIN = "nan_origin"
     INF_ORIGIN = "inf_origin"
     SATURATION = "saturation"
     FAILURE_SOURCE = "failure_source"
     FIRST_DIVERGENCE = "first_divergence"
+    LAYER_DIVERGENCE = "layer_divergence"
     ISOLATION = "isolation"
     ZERO_COLLAPSE_ORIGIN = "zero_collapse_origin"
     ERROR_GROWTH = "error_growth"

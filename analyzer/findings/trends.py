@@ -15,8 +15,10 @@ import pandas as pd
 
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, MAX_NAMED, Severity
-from layerdiff.analyzer.findings.verdict import Thresholds
+from layerdiff.analyzer.findings.verdict import Thresholds, worst_output
+from layerdiff.analyzer.findings.wording import percent
 
+MAX_OTHER_OUTPUTS = 4
 VERB = {"pass": "passes", "warn": "warns", "fail": "fails"}
 
 
@@ -65,18 +67,25 @@ def _at(r) -> str:
 
 
 def _output_clause(ordered: pd.DataFrame, numbers: dict) -> str:
-    """'; at the output prob:0: rel L2 .., top-1 agreement .., top-5 ..' (fills `numbers`)."""
+    """'; at the output prob:0: rel L2 .., top-1 agreement ..' (fills `numbers`). With several outputs
+    each is named with its figure, the one the run summary quotes (the worst, `worst_output`) first."""
     outputs = ordered[ordered["is_output"].astype(bool)]
-    if outputs.empty:
+    out = worst_output(outputs)
+    if out is None:
         return ""
-    out = outputs.iloc[-1]
     numbers.update(output_layer=out["key"], output_rel_l2=float(out["rel_l2"]))
     text = f"; at the output {out['key']}: rel L2 {out['rel_l2']:.2g}"
     for name in ("top1", "top5"):
         value = float(out[name])
         if math.isfinite(value):
             numbers[name] = value
-            text += f", {name[:3]}-{name[3:]} agreement {value:.0%}"
+            text += f", {name[:3]}-{name[3:]} agreement {percent(value)}"
+    others = outputs[outputs["key"] != out["key"]]
+    if len(others):
+        numbers["other_outputs_rel_l2"] = {str(k): float(v) for k, v in zip(others["key"], others["rel_l2"])}
+        listed = [f"{k} {float(v):.2g}" for k, v in zip(others["key"][:MAX_OTHER_OUTPUTS], others["rel_l2"])]
+        text += (f" (the worst of {len(outputs)} outputs; the others: " + ", ".join(listed)
+                 + (", ..." if len(others) > MAX_OTHER_OUTPUTS else "") + ")")
     return text
 
 
@@ -132,7 +141,7 @@ def _input_outcome(pair, rows: pd.DataFrame, t: Thresholds, zero_start: Finding 
     label = str(pair.other.attrs.get("input_label") or pair.other.input_key[:12])
     collapsed = out_collapse > t.fail_zero_collapse
     if collapsed:
-        text = (f"{label} collapses to zero (output {outputs.iloc[-1]['key']}: {out_collapse:.0%} of the reference's "
+        text = (f"{label} collapses to zero (output {outputs.iloc[-1]['key']}: {percent(out_collapse)} of the reference's "
                 f"non-zero values are 0)")
     else:
         out_rel = float(outputs.iloc[-1]["rel_l2"]) if len(outputs) else math.nan

@@ -23,7 +23,8 @@ from layerdiff.analyzer.formats.dumpfile import TensorBuffer
 from layerdiff.errors import LayerdiffError
 from layerdiff.progress import Steps
 from layerdiff.analyzer.align.graph import LayerGraph, build_graph
-from layerdiff.analyzer.measure.metrics import PairKernel, topk_agreement
+from layerdiff.analyzer.measure.metrics import PairKernel
+from layerdiff.analyzer.outputs.classes import topk_agreement
 from layerdiff.analyzer.runs.reference import Pair, Plan
 from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.findings import observability
@@ -182,9 +183,24 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
         row.update(status="shape_mismatch", reasons="stored tensor sizes differ")
         return
     row.update(kernel.compare(base_tensor, other_tensor.reshape(base_tensor.shape), base_stats, other_stats))
-    if row["is_output"]:
-        row["top1"], row["top5"] = topk_agreement(base_tensor, other_tensor.reshape(base_tensor.shape))
+    if row["is_output"]:  # top-k only where the output is recognisably class scores (outputs/classes.py)
+        agree = topk_agreement(base_tensor, other_tensor.reshape(base_tensor.shape),
+                               decision_tolerance(base_tensor, thresholds, base_stats))
+        row.update(top1=agree["top1"], top5=agree["top5"], n_top1_flips=agree["n_flips"],
+                   n_tie_flips=agree["n_tie_flips"])
     row["status"], row["reasons"] = classify(row, thresholds)
+
+
+def decision_tolerance(ref: np.ndarray, thresholds: Thresholds, stats: dict | None = None) -> float:
+    """How far apart a reference's two best scores must be for its argmax to be a decision: the
+    output's own tolerance, atol + rtol x max|ref| (the same scale the element error uses)."""
+    lo, hi = (stats or {}).get("min"), (stats or {}).get("max")
+    if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi):
+        peak = max(abs(float(lo)), abs(float(hi)))
+    else:
+        finite = ref[np.isfinite(ref)] if ref.dtype.kind == "f" else ref
+        peak = float(np.abs(finite).max()) if finite.size else 0.0
+    return thresholds.atol + thresholds.rtol * peak
 
 
 def _read(run: Run, order: int, buffer: TensorBuffer | None = None) -> tuple[np.ndarray | None, str]:
@@ -201,6 +217,7 @@ def _layer_row(index: int, pair: Pair, match: dict, position: int, is_output: bo
         "op_type": match["op_type"], "shape": _shape_text(tuple(match["base_shape"])),
         "run_shape": _shape_text(tuple(match["other_shape"])), "shape_status": match["shape_status"],
         "match": match["match"], "confidence": match["confidence"], "is_output": is_output, "top1": math.nan, "top5": math.nan,
+        "n_top1_flips": math.nan, "n_tie_flips": math.nan,
     }
 
 
@@ -216,7 +233,7 @@ TABLE_COLUMNS = [
     "mean_abs", "median_abs", "p99_abs", "max_rel", "mean_rel", "rel_l2", "cosine", "sqnr_db",
     "pass_fraction", "n_fail", "beyond_scale", "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new",
     "n_posinf_lost", "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed",
-    "n_saturated", "top1", "top5",
+    "n_saturated", "top1", "top5", "n_top1_flips", "n_tie_flips",
 ]  # plus "growth", added once every row of a pair is known
 
 

@@ -30,6 +30,7 @@ from layerdiff.analyzer.measure.metrics import PairKernel
 from layerdiff.analyzer.formats.rawdump import sha256_file
 from layerdiff.analyzer.runs.reference import Plan
 from layerdiff.analyzer.runs.sources import Run
+from layerdiff.analyzer.findings.wording import percent
 from layerdiff.analyzer.findings.verdict import Thresholds, classify
 
 MATCH_FIELDS = ("engine", "backend_requested", "precision_requested", "device_serial", "model_sha256")
@@ -301,7 +302,7 @@ def _cause(r: dict) -> str:
     if pinned:
         return f": {int(pinned)} values pinned at +-65504"
     if r["isolated_zero_collapse"] > 0.05:
-        return f": {r['isolated_zero_collapse']:.0%} of the reference's non-zero values become 0 (fp16 underflow?)"
+        return f": {percent(r['isolated_zero_collapse'])} of the reference's non-zero values become 0 (fp16 underflow?)"
     return ""
 
 

@@ -31,7 +31,6 @@ import numpy as np
 
 CHUNK = 1 << 18  # 1 MB of float32: 4x fewer Python steps than 64k elements (a 256 MB layer: 256 chunks, not 1,024), still cache-sized
 SAMPLE_MAX = 1 << 16
-MAX_CLASSES = 1 << 16
 EPS = 2.220446049250313e-16
 # Relative to the reference tensor's RMS: a reference value smaller than this is negligible against
 # its tensor (rel errors divide by at least this much, a flush of such values to 0 is no collapse).
@@ -367,35 +366,3 @@ def _sqnr(aa: float, dd: float) -> float:
     if math.isinf(aa):
         return math.inf
     return 10.0 * (math.log10(aa) - math.log10(dd)) if aa / dd == 0.0 else 10.0 * math.log10(aa / dd)
-
-
-def topk_agreement(ref: np.ndarray, run: np.ndarray) -> tuple[float, float]:
-    """Top-1 / top-5 agreement over the class axis (axis 1; the only axis of a vector).
-
-    top-1: share of positions (batch x spatial) where both argmax agree; top-5: share where the
-    reference's top-1 class is among the run's five largest. NaN when there are too few classes,
-    or more than `MAX_CLASSES` (an output that wide is a feature map, not class scores).
-    """
-    a, b = _class_view(ref), _class_view(run)
-    if a is None or b is None or a.shape != b.shape or not 2 <= a.shape[1] <= MAX_CLASSES:
-        return math.nan, math.nan
-    a_top = np.argmax(np.nan_to_num(a, nan=-np.inf), axis=1)
-    b_clean = np.nan_to_num(b, nan=-np.inf)
-    top1 = float(np.mean(a_top == np.argmax(b_clean, axis=1)))
-    if a.shape[1] <= 5:
-        return top1, math.nan
-    top5_idx = np.argpartition(-b_clean, 4, axis=1)[:, :5, :]
-    top5 = float(np.mean(np.any(top5_idx == a_top[:, None, :], axis=1)))
-    return top1, top5
-
-
-def _class_view(t: np.ndarray) -> np.ndarray | None:
-    dims = [d for d in t.shape]
-    while len(dims) > 2 and dims[-1] == 1:
-        dims.pop()
-    if len(dims) == 0:
-        return None
-    if len(dims) == 1:
-        return t.reshape(1, dims[0], 1)
-    return t.reshape(dims[0], dims[1], -1)
-

@@ -28,6 +28,7 @@ from layerdiff.progress import Steps
 
 SHOWN_PER_KIND = 3
 MAX_RANGE_LINES = 6
+MAX_REASONS = 5  # runs whose verdict reason is listed under the banner
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
 h1{margin-bottom:4px} .verdict{font-size:1.4em;padding:10px 16px;border-radius:6px;color:#fff;margin:12px 0}
@@ -171,6 +172,7 @@ def _sections(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str | It
     yield "<h1>layerdiff report</h1>"
     yield (f"<div class='verdict v-{verdict if verdict in ('pass', 'warn', 'fail') else 'none'}'>Verdict: {verdict.upper()}"
            f" &mdash; {_counts_line(analysis.summary)}</div>")
+    yield _reasons_html(analysis.summary, verdict)
     yield (f"<p>Reference: <b>{_e(plan.reference.label)}</b> (<code>{_e(plan.reference.path.name)}</code>; {_e(plan.reason)})."
            f" Runs on other inputs are compared with the reference configuration's run on the same input.</p>")
     if analysis.problems:
@@ -194,6 +196,17 @@ def _overall(summary: pd.DataFrame) -> str:
     verdicts = summary.loc[summary["role"] == "compared", "verdict"]
     measured = [v for v in verdicts if v in ("pass", "warn", "fail")]
     return worst(measured) if measured else "nothing compared"
+
+
+def _reasons_html(summary: pd.DataFrame, verdict: str) -> str:
+    """Why the banner says what it says, right under it: the reason of each run with that verdict."""
+    rows = summary[(summary["role"] == "compared") & (summary["verdict"] == verdict)]
+    reasons = [(r["run"], r["verdict_reason"]) for r in rows.to_dict("records") if r["verdict_reason"]]
+    if verdict not in ("warn", "fail") or not reasons:
+        return ""
+    items = "".join(f"<li><b>{_e(run)}</b>: {_e(why)}</li>" for run, why in reasons[:MAX_REASONS])
+    more = f"<li>... and {len(reasons) - MAX_REASONS} more (Runs table)</li>" if len(reasons) > MAX_REASONS else ""
+    return f"<ul class='verdict-why'>{items}{more}</ul>"
 
 
 def _counts_line(summary: pd.DataFrame) -> str:

@@ -31,7 +31,7 @@ LAYER_FIELDS = ["position", "key", "run_key", "op", "op_type", "status", "reason
                 "max_rel", "mean_rel", "rel_l2", "cosine", "sqnr_db", "pass_fraction", "n_fail", "beyond_scale",
                 "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new", "n_posinf_lost",
                 "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed", "n_saturated", "top1", "top5",
-                "growth"]
+                "n_top1_flips", "n_tie_flips", "growth"]
 # Present on every layer when isolated dumps were analyzed (null on layers that were not isolated).
 ISOLATED_LAYER_FIELDS = ATTACHED_COLUMNS
 PROVENANCE_FIELDS = ["engine", "engine_version", "backend_requested", "backend_actual", "precision_requested",

@@ -17,13 +17,13 @@ from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.report.numbers import format_number  # noqa: F401  (re-exported: callers import it from here)
 from layerdiff.analyzer.report.outdir import atomic_write_chunks, atomic_write_text
 from layerdiff.analyzer.runs.sources import Run
-from layerdiff.analyzer.findings.verdict import Thresholds, dense_output_beyond, run_verdict
+from layerdiff.analyzer.findings.verdict import Thresholds, dense_output_beyond, pair_verdict, worst_output
 
 SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "verdict", "verdict_reason",
                    "layers_compared", "n_pass", "n_warn", "n_fail", "n_other", "only_in_reference", "only_in_run",
                    "first_divergence", "first_divergence_op", "first_fail", "first_fail_op", "worst_layer",
-                   "worst_rel_l2", "output_beyond_tolerance", "output_rel_l2",
-                   "output_sqnr_db", "top1", "top5", "backend_actual", "precision_effective", "complete", "file"]
+                   "worst_rel_l2", "output_beyond_tolerance", "output", "output_rel_l2",
+                   "output_sqnr_db", "top1", "top5", "task", "output_judgement", "backend_actual", "precision_effective", "complete", "file"]
 CHUNK_ROWS = 2000  # rows formatted at a time when writing big tables
 LAYER_VIEW = ["run", "position", "key", "op_type", "status", "rel_l2", "sqnr_db", "cosine", "max_abs", "mean_abs",
               "median_abs", "p99_abs", "max_rel", "mean_rel", "pass_fraction", "n_nonfinite_mismatch",
@@ -35,8 +35,9 @@ ISOLATION_VIEW = ["run", "position", "key", "op_type", "status", "isolated_statu
 
 
 def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding],
-                thresholds: Thresholds | None = None) -> pd.DataFrame:
-    """One row per run: its role, verdict, counts, first divergence and output quality."""
+                thresholds: Thresholds | None = None, judgements: dict | None = None) -> pd.DataFrame:
+    """One row per run: its role, verdict, counts, first divergence and output quality (`judgements`:
+    pair index -> the decoded-output judgement of a declared task, outputs/judge.py)."""
     plan = comparison.plan
     ref_ids = {id(r) for r in plan.references.values()}
     first = {f.run: f for f in findings if f.kind == "first_divergence"}
@@ -51,7 +52,7 @@ def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding]
                 row["verdict"], row["verdict_reason"] = "not compared", plan.uncompared.get(run.label, "")
             rows.append(row)
             continue
-        row.update(_pair_summary(comparison, index, thresholds))
+        row.update(_pair_summary(comparison, index, thresholds, (judgements or {}).get(index)))
         hit = first.get(run.label)
         row["first_divergence"], row["first_divergence_op"] = (hit.layer, hit.op_type) if hit else ("", "")
         fail = hit.numbers.get("first_fail", "") if hit else ""
@@ -70,16 +71,22 @@ def _identity(run: Run, role: str) -> dict:
     }
 
 
-def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | None = None) -> dict:
+def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | None = None, judgement=None) -> dict:
     rows = comparison.pair_rows(index)
     alignment = comparison.alignments[index]
     pair = comparison.plan.pairs[index]
     status = rows["status"]
     measured = rows[status.isin(["pass", "warn", "fail"])]
-    outputs = measured[measured["is_output"]]
+    outputs = measured[measured["is_output"].astype(bool)]
     worst_row = measured.loc[measured["rel_l2"].idxmax()] if measured["rel_l2"].notna().any() else None
-    verdict, why = run_verdict(status, outputs, thresholds) if len(measured) else ("not compared", _unmeasured(rows, pair))
+    verdict, why = pair_verdict(rows, thresholds, judgement)
+    if verdict == "not compared":
+        why = _unmeasured(rows, pair)
+    out = worst_output(outputs)
+    scored = outputs[outputs["top1"].astype(float).notna()]
     return {
+        "task": judgement.task if judgement is not None else "",
+        "output_judgement": judgement.reason if judgement is not None else "",
         "reference": pair.base.label,
         "verdict": verdict, "verdict_reason": why,
         "output_beyond_tolerance": dense_output_beyond(outputs),
@@ -89,10 +96,11 @@ def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | N
         "only_in_reference": int(len(alignment.only_base)), "only_in_run": int(len(alignment.only_other)),
         "worst_layer": "" if worst_row is None else worst_row["key"],
         "worst_rel_l2": math.nan if worst_row is None else float(worst_row["rel_l2"]),
-        "output_rel_l2": float(outputs["rel_l2"].max()) if len(outputs) else math.nan,
-        "output_sqnr_db": float(outputs["sqnr_db"].min()) if len(outputs) else math.nan,
-        "top1": float(outputs["top1"].min()) if len(outputs) else math.nan,
-        "top5": float(outputs["top5"].min()) if len(outputs) else math.nan,
+        "output": "" if out is None else str(out["key"]),
+        "output_rel_l2": math.nan if out is None else float(out["rel_l2"]),
+        "output_sqnr_db": math.nan if out is None else float(out["sqnr_db"]),
+        "top1": float(scored["top1"].min()) if len(scored) else math.nan,
+        "top5": float(scored["top5"].min()) if len(scored) else math.nan,
     }
 
 

@@ -1,0 +1,1 @@
+"""What a model's outputs mean: class-score recognition, declared tasks and their decoders."""

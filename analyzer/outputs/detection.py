@@ -1,0 +1,167 @@
+"""Detector heads decoded with each family's own conventions into boxes (see task.py for the layouts).
+
+Every decoder takes the model's outputs with their size-1 axes dropped (so ncnn's missing batch axis
+changes nothing), the input's height and width, the task and a score threshold, and returns the boxes a
+user of that family would get after its usual post-processing (threshold, per-class NMS).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from layerdiff.analyzer.outputs.boxes import Boxes, nms
+from layerdiff.analyzer.outputs.task import Task
+from layerdiff.errors import LayerdiffError
+
+
+def decode(task: Task, outputs: list[np.ndarray], input_hw: tuple[int, int] | None, conf: float) -> Boxes:
+    """The boxes of one run: the task's decoder at score threshold `conf`."""
+    arrays = [np.asarray(o, dtype=np.float64) for o in outputs]
+    decoder = {"yolov5": _yolov5, "yolov8": _yolov8, "picodet": _picodet, "ssd": _ssd, "text-det": _text_det}[task.name]
+    boxes = decoder(arrays, input_hw, task, conf)
+    if task.name == "text-det":
+        return boxes
+    return nms(boxes, float(task.get("iou")))
+
+
+def _one(arrays: list[np.ndarray], task: Task, ndim: int = 2) -> np.ndarray:
+    """The single head a YOLO task reads: the largest output of `ndim` dimensions."""
+    heads = [a for a in arrays if a.ndim == ndim]
+    if not heads:
+        raise LayerdiffError(f"--task {task.text}: no output has {ndim} non-trivial axes "
+                             f"(shapes {[list(a.shape) for a in arrays]})")
+    return max(heads, key=lambda a: a.size)
+
+
+def _xywh_boxes(xywh: np.ndarray, scores: np.ndarray, classes: np.ndarray) -> Boxes:
+    cx, cy, w, h = xywh.T
+    return Boxes(np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1), scores, classes)
+
+
+def _yolov5(arrays, input_hw, task: Task, conf: float) -> Boxes:
+    """[N, 5 + C]: centre box, objectness, class scores; score = objectness x best class score."""
+    head = _one(arrays, task)
+    if head.shape[1] < 6:
+        raise LayerdiffError(f"--task {task.text}: a YOLOv5 head has 5 + classes columns, got {list(head.shape)}")
+    cls = head[:, 5:]
+    classes = np.argmax(cls, axis=1)
+    scores = head[:, 4] * cls[np.arange(len(head)), classes]
+    keep = scores >= conf
+    return _xywh_boxes(head[keep, :4], scores[keep], classes[keep])
+
+
+def _yolov8(arrays, input_hw, task: Task, conf: float) -> Boxes:
+    """[4 + C, N] (as exported) or [N, 4 + C]: centre box then class scores, no objectness."""
+    head = _one(arrays, task)
+    if head.shape[0] < head.shape[1]:
+        head = head.T  # anchors are the longer axis
+    cls = head[:, 4:]
+    classes = np.argmax(cls, axis=1)
+    scores = cls[np.arange(len(head)), classes]
+    keep = scores >= conf
+    return _xywh_boxes(head[keep, :4], scores[keep], classes[keep])
+
+
+def _picodet(arrays, input_hw, task: Task, conf: float) -> Boxes:
+    """Per stride a score tensor [N, C] and a distance distribution [N, 4 (reg_max + 1)] (GFL)."""
+    if input_hw is None:
+        raise LayerdiffError(f"--task {task.text}: the input's height and width are unknown (no input layer in the dump)")
+    bins = int(task.get("reg_max")) + 1
+    strides = sorted(int(s) for s in str(task.get("strides")).replace(",", "/").split("/") if s)
+    levels = _picodet_levels(arrays, bins, task)
+    found = []
+    for (scores, dist), stride in zip(levels, strides):
+        width = math.ceil(input_hw[1] / stride)
+        index = np.arange(len(scores))
+        cx, cy = (index % width + 0.5) * stride, (index // width + 0.5) * stride
+        classes = np.argmax(scores, axis=1)
+        best = scores[index, classes]
+        keep = best >= conf
+        prob = _softmax(dist[keep].reshape(-1, 4, bins))
+        l, t, r, b = (prob @ np.arange(bins) * stride).T
+        xyxy = np.stack([cx[keep] - l, cy[keep] - t, cx[keep] + r, cy[keep] + b], axis=1)
+        found.append(Boxes(xyxy, best[keep], classes[keep]))
+    return Boxes(np.concatenate([f.xyxy for f in found]), np.concatenate([f.scores for f in found]),
+                 np.concatenate([f.classes for f in found]))
+
+
+def _picodet_levels(arrays, bins: int, task: Task) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(scores, distribution) per level, finest first: outputs paired by their anchor count; in a pair the
+    distribution is the one 4 x bins wide whose values are not all probabilities."""
+    by_count: dict[int, list[np.ndarray]] = {}
+    for a in arrays:
+        if a.ndim == 2:
+            by_count.setdefault(a.shape[0], []).append(a)
+    levels = []
+    for count in sorted(by_count, reverse=True):
+        group = by_count[count]
+        dists = [a for a in group if a.shape[1] == 4 * bins and not (a.min() >= 0 and a.max() <= 1)]
+        scores = [a for a in group if all(a is not d for d in dists)]
+        if len(dists) != 1 or len(scores) != 1:
+            raise LayerdiffError(f"--task {task.text}: the outputs with {count} anchors are not one score tensor "
+                                 f"and one {4 * bins}-wide distance distribution (shapes {[list(a.shape) for a in group]})")
+        levels.append((scores[0], dists[0]))
+    if not levels:
+        raise LayerdiffError(f"--task {task.text}: no [anchors, width] outputs (shapes {[list(a.shape) for a in arrays]})")
+    return levels
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _ssd(arrays, input_hw, task: Task, conf: float) -> Boxes:
+    """Decoded boxes [N, 4] (x0, y0, x1, y1) and class scores [N, C] (or [C, N]) of the same N."""
+    boxes = [a for a in arrays if a.ndim == 2 and a.shape[1] == 4]
+    if not boxes:
+        raise LayerdiffError(f"--task {task.text}: no [N, 4] box output (shapes {[list(a.shape) for a in arrays]})")
+    xyxy = boxes[0]
+    rest = [a for a in arrays if a is not xyxy and xyxy.shape[0] in a.shape]
+    if not rest:
+        raise LayerdiffError(f"--task {task.text}: no score output with {xyxy.shape[0]} boxes")
+    scores = rest[0] if rest[0].ndim == 1 else (rest[0] if rest[0].shape[0] == xyxy.shape[0] else rest[0].T)
+    scores = scores.reshape(len(xyxy), -1)
+    classes = np.argmax(scores, axis=1)
+    best = scores[np.arange(len(xyxy)), classes]
+    keep = best >= conf
+    return Boxes(xyxy[keep], best[keep], classes[keep])
+
+
+def _text_det(arrays, input_hw, task: Task, conf: float) -> Boxes:
+    """DB text detection: regions of the probability map above `thresh`; a region's score is its mean
+    probability (PP-OCR's box score), kept when >= conf and at least `min_area` pixels."""
+    prob = _one(arrays, task)
+    labels = components(prob > float(task.get("thresh")))
+    found = []
+    for label in np.unique(labels[labels > 0]):
+        rows, cols = np.nonzero(labels == label)
+        if len(rows) < int(task.get("min_area")):
+            continue
+        found.append(([cols.min(), rows.min(), cols.max() + 1, rows.max() + 1], float(prob[rows, cols].mean())))
+    found = [f for f in found if f[1] >= conf]
+    if not found:
+        return Boxes.empty()
+    return Boxes(np.array([f[0] for f in found], dtype=np.float64), np.array([f[1] for f in found]),
+                 np.zeros(len(found), dtype=np.int64))
+
+
+def components(mask: np.ndarray) -> np.ndarray:
+    """4-connected component labels of a boolean map (0 = background), by min-propagation of pixel
+    indices with pointer jumping (a label is a pixel of the same region, so its own label is one too):
+    numpy only, passes grow with the log of a region's length rather than the length."""
+    big = np.iinfo(np.int64).max
+    labels = np.where(mask, np.arange(1, mask.size + 1).reshape(mask.shape), big)
+    while True:
+        padded = np.pad(labels, 1, constant_values=big)
+        neighbours = np.minimum.reduce([padded[1:-1, 1:-1], padded[:-2, 1:-1], padded[2:, 1:-1],
+                                        padded[1:-1, :-2], padded[1:-1, 2:]])
+        updated = np.where(mask, neighbours, big)
+        flat = updated.reshape(-1)
+        inside = flat != big
+        for _ in range(4):
+            flat[inside] = flat[flat[inside] - 1]
+        if np.array_equal(updated, labels):
+            return np.where(mask, labels, 0)
+        labels = updated

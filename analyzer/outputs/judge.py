@@ -1,0 +1,178 @@
+"""A run's outputs judged by what they are: decoded with the declared task and compared as a user would.
+
+One judgement per run-vs-reference pair. With a declared task (`--task`, or the `task` the run's file
+records) the outputs are decoded by the family's conventions (detection.py, segmentation.py,
+classes.py) and the judgement says what changed in the user's terms ("1 of 7 boxes moved (IoU 0.64)").
+Without one there is no judgement here: the verdict weighs the scale-aware element error of each output,
+and top-1 only where an output is recognisably class scores (classes.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from layerdiff.analyzer.findings.wording import percent
+from layerdiff.analyzer.outputs import classes, detection
+from layerdiff.analyzer.outputs.boxes import BoxChanges, Boxes, compare_boxes
+from layerdiff.analyzer.outputs.segmentation import compare_masks
+from layerdiff.analyzer.outputs.task import Task, task_of
+from layerdiff.errors import LayerdiffError
+
+MAX_SAID = 3  # boxes described one by one before "..."
+
+
+@dataclass
+class OutputJudgement:
+    """The decoded-output verdict of one run against its reference, in words and numbers."""
+
+    task: str
+    status: str  # pass | warn | fail | error (the outputs could not be decoded with the task)
+    reason: str
+    outputs: list[str] = field(default_factory=list)
+    numbers: dict = field(default_factory=dict)
+
+
+def pair_task(pair, declared: Task | None) -> Task | None:
+    """The task a pair is judged by: the declared one, else what the reference's or the run's file records."""
+    return declared or task_of(pair.base.attrs) or task_of(pair.other.attrs)
+
+
+def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of) -> OutputJudgement:
+    """Decode the pair's matched outputs with `task` and compare them (`tolerance_of(ref)` gives an
+    output's decision tolerance: atol + rtol x max|ref|)."""
+    matched = alignment.matched
+    rows = matched[matched["key"].isin(output_keys)] if len(matched) else matched
+    if len(rows) == 0 or task.name == "regression":
+        return OutputJudgement(task.text, "none", "", [])
+    order = {k: i for i, k in enumerate(output_keys)}
+    rows = rows.assign(_o=rows["key"].map(order)).sort_values("_o")
+    names = [str(k) for k in rows["key"]]
+    try:
+        ref = [classes.squeezed(pair.base.dump.tensor(int(o))) for o in rows["base_order"]]
+        run = [classes.squeezed(pair.other.dump.tensor(int(o))) for o in rows["other_order"]]
+        run = [b.reshape(a.shape) if a.size == b.size else b for a, b in zip(ref, run)]
+        if task.is_detector:
+            return _detections(pair, task, ref, run, names)
+        if task.name == "segmentation":
+            return _masks(task, ref, run, names, tolerance_of)
+        return _classes(task, ref, run, names, tolerance_of)
+    except (LayerdiffError, ValueError, IndexError) as err:
+        return OutputJudgement(task.text, "error", f"the outputs do not decode as {task.text}: {err}", names)
+
+
+def input_hw(run) -> tuple[int, int] | None:
+    """Height and width of the run's (first 4-d) input, from its input layer's shape."""
+    layers = run.layers
+    inputs = layers[layers["op_type"].astype(str).str.lower().isin(("input", "data", "placeholder"))]
+    for shape in inputs["shape"]:
+        dims = json.loads(shape) if isinstance(shape, str) else list(shape)
+        if len(dims) >= 3:
+            return int(dims[-2]), int(dims[-1])
+    return None
+
+
+def _detections(pair, task: Task, ref, run, names) -> OutputJudgement:
+    hw = input_hw(pair.base) or input_hw(pair.other)
+    conf, tol = float(task.get("conf")), float(task.get("score_tol"))
+    ref_boxes, run_boxes = (detection.decode(task, x, hw, conf) for x in (ref, run))
+    ref_all, run_all = (detection.decode(task, x, hw, max(conf - tol, 0.0)) for x in (ref, run))
+    changes = compare_boxes(ref_boxes, run_boxes, ref_all, run_all, float(task.get("moved")), tol)
+    status = "fail" if changes.decisions_changed else ("warn" if changes.scores or changes.threshold else "pass")
+    numbers = {"boxes_reference": len(ref_boxes), "boxes_run": len(run_boxes), "moved": len(changes.moved),
+               "lost": len(changes.lost), "gained": len(changes.gained), "relabelled": len(changes.relabelled),
+               "scores_changed": len(changes.scores), "at_threshold": len(changes.threshold),
+               "min_iou": min(changes.ious, default=math.nan),
+               "moved_boxes": [_box(ref_boxes, i) | {"iou": iou} for i, _, iou in changes.moved]}
+    return OutputJudgement(task.text, status, box_sentence(changes, ref_boxes, run_boxes, task), names, numbers)
+
+
+def box_sentence(c: BoxChanges, ref: Boxes, run: Boxes, task: Task) -> str:
+    """'1 of 7 boxes moved (IoU 0.64: class 2 at [..]); 0 lost, 0 gained; scores within 0.05'."""
+    n = c.n_reference
+    parts = []
+    if c.moved:
+        said = "; ".join(f"IoU {iou:.2f}: class {int(ref.classes[i])} at {_xyxy(ref, i)}" for i, _, iou in c.moved[:MAX_SAID])
+        parts.append(f"{len(c.moved)} of {n} box(es) moved ({said}{'; ...' if len(c.moved) > MAX_SAID else ''})")
+    if c.relabelled:
+        i, j, _ = c.relabelled[0]
+        parts.append(f"{len(c.relabelled)} box(es) changed class (class {int(ref.classes[i])} -> {int(run.classes[j])} "
+                     f"at {_xyxy(ref, i)})")
+    if c.lost:
+        parts.append(f"{len(c.lost)} of {n} box(es) lost (first: class {int(ref.classes[c.lost[0]])} at "
+                     f"{_xyxy(ref, c.lost[0])}, score {ref.scores[c.lost[0]]:.3f})")
+    if c.gained:
+        parts.append(f"{len(c.gained)} box(es) gained (first: class {int(run.classes[c.gained[0]])} at "
+                     f"{_xyxy(run, c.gained[0])}, score {run.scores[c.gained[0]]:.3f})")
+    if c.scores:
+        worst = max(c.scores, key=lambda s: abs(s[2]))
+        parts.append(f"{len(c.scores)} box score(s) changed by more than {task.get('score_tol'):g} (worst {worst[2]:+.3f})")
+    if c.threshold:
+        kind, i, other = c.threshold[0]
+        parts.append(f"{len(c.threshold)} box(es) only cross the score threshold {task.get('conf'):g} "
+                     f"({kind} in the run; its score there {other:.3f})")
+    if not parts:
+        iou = f", IoU >= {min(c.ious):.3f}" if c.ious else ""
+        return f"all {n} box(es) kept{iou}, scores within {task.get('score_tol'):g}"
+    kept = n - len(c.moved) - len(c.lost) - len(c.relabelled) - sum(1 for k, _, _ in c.threshold if k == "lost")
+    return "; ".join(parts) + f"; {kept} of {n} kept in place"
+
+
+def _xyxy(boxes: Boxes, i: int) -> str:
+    return "[" + ", ".join(f"{v:.0f}" for v in boxes.xyxy[i]) + "]"
+
+
+def _box(boxes: Boxes, i: int) -> dict:
+    return {"xyxy": [float(v) for v in boxes.xyxy[i]], "class": int(boxes.classes[i]), "score": float(boxes.scores[i])}
+
+
+def _masks(task: Task, ref, run, names, tolerance_of) -> OutputJudgement:
+    """The largest output is the mask; fail when more than 1% of the deciding pixels change class."""
+    i = max(range(len(ref)), key=lambda k: ref[k].size)
+    m = compare_masks(ref[i], run[i], tolerance_of(ref[i]))
+    status = "fail" if m.changed_share > 0.01 else ("warn" if m.n_changed or m.n_tie_changed else "pass")
+    text = (f"{m.n_changed} of {m.n_decided} deciding pixels of {names[i]} change class ({percent(m.changed_share)}), "
+            f"worst class IoU {m.worst_iou:.3f} (class {m.worst_class})")
+    if m.n_tie_changed:
+        text += f"; {m.n_tie_changed} pixel(s) at a near tie flip"
+    return OutputJudgement(task.text, status, text, [names[i]],
+                           {"pixels": m.n_pixels, "decided": m.n_decided, "changed": m.n_changed,
+                            "tie_changed": m.n_tie_changed, "worst_iou": m.worst_iou, "worst_class": m.worst_class})
+
+
+def _classes(task: Task, ref, run, names, tolerance_of) -> OutputJudgement:
+    """Declared class scores: every output with a class axis, top-1 over its deciding positions."""
+    said, numbers, status = [], {}, "pass"
+    for name, a, b in zip(names, ref, run):
+        agree = classes.topk_agreement(a, b, tolerance_of(a), declared=True)
+        if math.isnan(agree["top1"]):
+            continue
+        numbers[name] = agree
+        if agree["n_flips"]:
+            status = "fail"
+        elif agree["n_tie_flips"] and status == "pass":
+            status = "warn"
+        said.append(f"{name}: top-1 agreement {percent(agree['top1'])} of {agree['n_decided']} deciding position(s)"
+                    + (f", {agree['n_tie_flips']} flip(s) at near ties" if agree["n_tie_flips"] else ""))
+    if not said:
+        return OutputJudgement(task.text, "error", "no output has a class axis of 2 or more classes", names)
+    return OutputJudgement(task.text, status, "; ".join(said), names, numbers)
+
+
+def judge_all(comparison, declared: Task | None, thresholds) -> dict[int, OutputJudgement]:
+    """The judgement of every run-vs-reference pair that has a task (declared or recorded in its files)."""
+    from layerdiff.analyzer.measure.compare import decision_tolerance
+
+    judgements = {}
+    for index, pair in enumerate(comparison.plan.pairs):
+        task = pair_task(pair, declared)
+        if pair.kind != "reference" or task is None:
+            continue
+        keys = comparison.graph(pair.base).outputs()
+        judgement = judge_pair(pair, comparison.alignments[index], keys, task,
+                               lambda ref: decision_tolerance(ref, thresholds))
+        if judgement.status != "none":
+            judgements[index] = judgement
+    return judgements

@@ -1,0 +1,151 @@
+"""Outputs judged by what they are (issue 28): top-1 only for class scores, whatever the engine's batch
+axis; declared detector tasks decoded into boxes and compared as a user would; one rounding rule."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.analyzer.findings.wording import layer_name, percent
+from layerdiff.analyzer.outputs import classes
+from layerdiff.analyzer.outputs.detection import components, decode
+from layerdiff.analyzer.outputs.task import parse_task
+from layerdiff.errors import LayerdiffError
+from tests.analyze_dumps import write_dump
+
+N_ANCHORS, N_CLASSES = 2100, 80
+
+
+def _summary(analysis):
+    return {r["run"]: r for r in analysis.summary.to_dict("records") if r["role"] == "compared"}
+
+
+def _yolo_head(boxes: list[tuple[float, float, float, float, int]], seed: int = 0) -> np.ndarray:
+    """A YOLOv5 head [1, N, 5 + C]: low-score background anchors, and each given box (cx, cy, w, h,
+    class) on three neighbouring anchors with high objectness, as a trained head answers."""
+    rng = np.random.default_rng(seed)
+    head = rng.uniform(0.0, 0.02, (1, N_ANCHORS, 5 + N_CLASSES)).astype(np.float32)
+    head[0, :, :4] = rng.uniform(0, 64, (N_ANCHORS, 4))
+    for k, (cx, cy, w, h, cls) in enumerate(boxes):
+        for j, shift in enumerate((0.0, 0.5, -0.5)):
+            row = head[0, 100 * k + j]
+            row[:4] = (cx + shift, cy, w, h)
+            row[4] = 0.9 - 0.05 * j
+            row[5 + cls] = 0.95
+    return head
+
+
+def _detector_dump(path, head: np.ndarray, **attrs):
+    layers = [("data", "Input", [], (1, 3, 64, 64)), ("head", "Sigmoid", ["data"], head.shape)]
+    data = np.random.default_rng(9).normal(size=(1, 3, 64, 64)).astype(np.float32)
+    return write_dump(path, {"data": data, "head": head}, layers=layers, **attrs)
+
+
+def test_one_flipped_argmax_among_anchors_is_no_decision(tmp_path):
+    """Issue 28 point 2: a detector head's axes are anchors and coordinates; an argmax flip there
+    (values moved far below the tolerance) must not fail the run, nor give another verdict when the
+    reference dropped the batch axis (ncnn)."""
+    head = _yolo_head([(20, 20, 10, 12, 3), (44, 30, 8, 8, 7)])
+    head[0, 5:7, 10] = 0.0301, 0.0300  # two background anchors, nearly equal in one column
+    run = head.copy()
+    run[0, 5:7, 10] = 0.0300, 0.0301  # the argmax over "axis 1" (the anchors) flips, by 1e-4    _detector_dump(tmp_path / "ref.h5", head)
+    _detector_dump(tmp_path / "mnn.h5", run, backend="vulkan", precision="low")
+    verdicts = []
+    for ref_head in (head, head.reshape(N_ANCHORS, -1) + np.float32(2.5e-7)):  # ORT's [1,N,C], ncnn's [N,C]
+        folder = tmp_path / f"ref{len(verdicts)}"
+        folder.mkdir()
+        _detector_dump(folder / "ref.h5", ref_head)
+        _detector_dump(folder / "run.h5", run, backend="vulkan", precision="low")
+        analysis = analyze_paths([folder])
+        try:
+            (row,) = _summary(analysis).values()
+            assert math.isnan(row["top1"])  # a head is not class scores
+            assert "top-1" not in row["verdict_reason"]
+            verdicts.append(row["verdict"])
+        finally:
+            analysis.close()
+    assert verdicts == ["pass", "pass"]
+
+
+def test_declared_yolov5_task_says_which_box_moved(tmp_path):
+    """A box that really moved is said as a moved box with its IoU; an unchanged run passes."""
+    boxes = [(20, 20, 10, 12, 3), (44, 30, 8, 8, 7), (12, 48, 14, 6, 1)]
+    head = _yolo_head(boxes)
+    moved = _yolo_head([boxes[0], (45.5, 30.5, 8, 8, 7), boxes[2]])  # box 2 shifted: IoU ~0.62
+    same = head + np.random.default_rng(1).normal(0, 1e-4, head.shape).astype(np.float32)
+    _detector_dump(tmp_path / "ref.h5", head)
+    _detector_dump(tmp_path / "moved.h5", moved, backend="vulkan", precision="low")
+    _detector_dump(tmp_path / "same.h5", same, backend="opencl", precision="low")
+    analysis = analyze_paths([tmp_path], task="yolov5")
+    try:
+        rows = {r["config"].split("/")[0] if "/" in r["config"] else r["run"]: r for r in _summary(analysis).values()}
+        moved_row = next(r for r in rows.values() if "vulkan" in r["run"])
+        same_row = next(r for r in rows.values() if "opencl" in r["run"])
+        assert moved_row["verdict"] == "fail" and moved_row["task"] == "yolov5"
+        assert "1 of 3 box(es) moved (IoU 0.6" in moved_row["verdict_reason"]
+        assert same_row["verdict"] == "pass", same_row["verdict_reason"]
+        said = [f for f in analysis.findings if f.kind == "output_decision"]
+        assert {f.severity for f in said} == {"fail", "info"}
+        assert any("all 3 box(es) kept" in f.sentence for f in said)
+        iou = next(f for f in said if f.severity == "fail").numbers["moved_boxes"][0]["iou"]
+        expect = 6.5 * 7.5 / (2 * 64 - 6.5 * 7.5)  # two 8x8 boxes shifted by (1.5, 0.5)
+        assert iou == pytest.approx(expect, abs=1e-3)
+    finally:
+        analysis.close()
+
+
+def test_class_axis_is_found_the_same_for_every_engine_layout():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(1, 1000)).astype(np.float32)
+    prob = np.exp(logits) / np.exp(logits).sum()
+    assert classes.class_axis(prob) == 0 and classes.class_axis(prob.reshape(1000)) == 0
+    assert classes.class_axis(prob.reshape(1, 1000, 1, 1)) == 0
+    assert classes.class_axis(logits) is None  # logits are not recognised without a declared task
+    assert classes.class_axis(logits, declared=True) == 0
+    sigmoid_scores = rng.uniform(0, 1, (1, 7600, 10)).astype(np.float32)  # a detector's per-anchor scores
+    assert classes.class_axis(sigmoid_scores) is None
+    seq = rng.uniform(0, 1, (1, 30, 97))
+    seq /= seq.sum(axis=-1, keepdims=True)  # a recogniser's per-step softmax
+    assert classes.class_axis(seq) == 1 and classes.class_axis(seq[0]) == 1
+
+
+def test_a_flip_at_a_near_tie_is_not_a_changed_decision():
+    ref = np.array([[0.50, 0.495, 0.005], [0.8, 0.1, 0.1]], dtype=np.float32)
+    run = np.array([[0.495, 0.50, 0.005], [0.8, 0.1, 0.1]], dtype=np.float32)
+    agree = classes.topk_agreement(ref, run, tolerance=0.011)
+    assert agree["top1"] == 1.0 and agree["n_tie_flips"] == 1 and agree["n_flips"] == 0
+    run[1] = (0.1, 0.8, 0.1)
+    agree = classes.topk_agreement(ref, run, tolerance=0.011)
+    assert agree["top1"] == 0.0 and agree["n_flips"] == 1
+
+
+def test_one_rounding_rule_never_rounds_a_disagreement_away():
+    assert percent(0.9986) == "99.9%" and percent(0.99999) == "99.999%" and percent(1.0) == "100%"
+    assert percent(1e-6) == "0.0001%" and percent(0.0) == "0%" and percent(0.0139) == "1.39%"
+
+
+def test_findings_name_the_node_and_the_tensor():
+    assert layer_name("gs:0", "warp/grid_sample") == "warp/grid_sample (tensor gs:0)"
+    assert layer_name("conv1:0", "conv1") == "conv1:0"
+
+
+def test_task_text_is_checked_in_one_line():
+    assert parse_task("picodet:conf=0.5").get("conf") == 0.5
+    assert parse_task("picodet:conf=0.5").text == "picodet:conf=0.5"
+    assert parse_task("elements").name == "regression"
+    for bad in ("yolo9", "picodet:bogus=1", "yolov5:conf=high"):
+        with pytest.raises(LayerdiffError, match="--task"):
+            parse_task(bad)
+
+
+def test_text_detection_regions_become_boxes():
+    prob = np.zeros((1, 1, 40, 60), dtype=np.float32)
+    prob[0, 0, 5:12, 4:30] = 0.9
+    prob[0, 0, 20:30, 10:50] = 0.8
+    boxes = decode(parse_task("text-det"), [prob[0, 0]], (40, 60), 0.5)
+    assert sorted(map(tuple, boxes.xyxy.astype(int).tolist())) == [(4, 5, 30, 12), (10, 20, 50, 30)]
+    ring = np.zeros((30, 30), bool)
+    ring[5:25, 5] = ring[5:25, 24] = ring[5, 5:25] = ring[24, 5:25] = True
+    assert len(np.unique(components(ring))) == 2  # one region (and the background)
