@@ -12,7 +12,7 @@ import numpy as np
 
 from layerdiff.analyzer.outputs.boxes import Boxes, nms
 from layerdiff.analyzer.outputs.task import Task
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import InputError
 
 
 def decode(task: Task, outputs: list[np.ndarray], input_hw: tuple[int, int] | None, conf: float) -> Boxes:
@@ -29,7 +29,7 @@ def _one(arrays: list[np.ndarray], task: Task, ndim: int = 2) -> np.ndarray:
     """The single head a YOLO task reads: the largest output of `ndim` dimensions."""
     heads = [a for a in arrays if a.ndim == ndim]
     if not heads:
-        raise LayerdiffError(f"--task {task.text}: no output has {ndim} non-trivial axes "
+        raise InputError(f"--task {task.text}: no output has {ndim} non-trivial axes "
                              f"(shapes {[list(a.shape) for a in arrays]})")
     return max(heads, key=lambda a: a.size)
 
@@ -43,7 +43,7 @@ def _yolov5(arrays, input_hw, task: Task, conf: float) -> Boxes:
     """[N, 5 + C]: centre box, objectness, class scores; score = objectness x best class score."""
     head = _one(arrays, task)
     if head.shape[1] < 6:
-        raise LayerdiffError(f"--task {task.text}: a YOLOv5 head has 5 + classes columns, got {list(head.shape)}")
+        raise InputError(f"--task {task.text}: a YOLOv5 head has 5 + classes columns, got {list(head.shape)}")
     cls = head[:, 5:]
     classes = np.argmax(cls, axis=1)
     scores = head[:, 4] * cls[np.arange(len(head)), classes]
@@ -66,7 +66,7 @@ def _yolov8(arrays, input_hw, task: Task, conf: float) -> Boxes:
 def _picodet(arrays, input_hw, task: Task, conf: float) -> Boxes:
     """Per stride a score tensor [N, C] and a distance distribution [N, 4 (reg_max + 1)] (GFL)."""
     if input_hw is None:
-        raise LayerdiffError(f"--task {task.text}: the input's height and width are unknown (no input layer in the dump)")
+        raise InputError(f"--task {task.text}: the input's height and width are unknown (no input layer in the dump)")
     bins = int(task.get("reg_max")) + 1
     strides = sorted(int(s) for s in str(task.get("strides")).replace(",", "/").split("/") if s)
     levels = _picodet_levels(arrays, bins, task)
@@ -99,11 +99,11 @@ def _picodet_levels(arrays, bins: int, task: Task) -> list[tuple[np.ndarray, np.
         dists = [a for a in group if a.shape[1] == 4 * bins and not (a.min() >= 0 and a.max() <= 1)]
         scores = [a for a in group if all(a is not d for d in dists)]
         if len(dists) != 1 or len(scores) != 1:
-            raise LayerdiffError(f"--task {task.text}: the outputs with {count} anchors are not one score tensor "
+            raise InputError(f"--task {task.text}: the outputs with {count} anchors are not one score tensor "
                                  f"and one {4 * bins}-wide distance distribution (shapes {[list(a.shape) for a in group]})")
         levels.append((scores[0], dists[0]))
     if not levels:
-        raise LayerdiffError(f"--task {task.text}: no [anchors, width] outputs (shapes {[list(a.shape) for a in arrays]})")
+        raise InputError(f"--task {task.text}: no [anchors, width] outputs (shapes {[list(a.shape) for a in arrays]})")
     return levels
 
 
@@ -116,11 +116,11 @@ def _ssd(arrays, input_hw, task: Task, conf: float) -> Boxes:
     """Decoded boxes [N, 4] (x0, y0, x1, y1) and class scores [N, C] (or [C, N]) of the same N."""
     boxes = [a for a in arrays if a.ndim == 2 and a.shape[1] == 4]
     if not boxes:
-        raise LayerdiffError(f"--task {task.text}: no [N, 4] box output (shapes {[list(a.shape) for a in arrays]})")
+        raise InputError(f"--task {task.text}: no [N, 4] box output (shapes {[list(a.shape) for a in arrays]})")
     xyxy = boxes[0]
     rest = [a for a in arrays if a is not xyxy and xyxy.shape[0] in a.shape]
     if not rest:
-        raise LayerdiffError(f"--task {task.text}: no score output with {xyxy.shape[0]} boxes")
+        raise InputError(f"--task {task.text}: no score output with {xyxy.shape[0]} boxes")
     scores = rest[0] if rest[0].ndim == 1 else (rest[0] if rest[0].shape[0] == xyxy.shape[0] else rest[0].T)
     scores = scores.reshape(len(xyxy), -1)
     classes = np.argmax(scores, axis=1)

@@ -19,7 +19,7 @@ from layerdiff.analyzer.outputs import classes, detection
 from layerdiff.analyzer.outputs.boxes import BoxChanges, Boxes, compare_boxes
 from layerdiff.analyzer.outputs.segmentation import compare_masks
 from layerdiff.analyzer.outputs.task import Task, task_of
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import InputError
 
 MAX_SAID = 3  # boxes described one by one before "..."
 
@@ -59,7 +59,7 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
         if task.name == "segmentation":
             return _masks(task, ref, run, names, tolerance_of)
         return _classes(task, ref, run, names, tolerance_of)
-    except (LayerdiffError, ValueError, IndexError) as err:
+    except (InputError, ValueError, IndexError) as err:
         return OutputJudgement(task.text, "error", f"the outputs do not decode as {task.text}: {err}", names)
 
 

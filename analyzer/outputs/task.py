@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import UsageError
 
 DETECTORS = ("yolov5", "yolov8", "picodet", "ssd", "text-det")
 TASKS = ("classification", *DETECTORS, "segmentation", "regression")
@@ -58,20 +58,20 @@ class Task:
 
 
 def parse_task(text: str | None) -> Task | None:
-    """`--task` text -> Task (None for no task); a bad name or option is one LayerdiffError line."""
+    """`--task` text -> Task (None for no task); a bad name or option is one UsageError line."""
     if text is None or not str(text).strip():
         return None
     name, _, rest = str(text).strip().partition(":")
     name = ALIASES.get(name.lower(), name.lower())
     if name not in TASKS:
-        raise LayerdiffError(f"--task {text}: unknown task {name!r}; one of: {', '.join(TASKS)}")
+        raise UsageError(f"--task {text}: unknown task {name!r}; one of: {', '.join(TASKS)}")
     known = {**COMMON, **DEFAULTS.get(name, {})} if name in DETECTORS else {}
     options = {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, sep, value = item.partition("=")
         if not sep or key not in known:
             allowed = ", ".join(sorted(known)) or "none"
-            raise LayerdiffError(f"--task {text}: unknown option {item!r} for {name} (options: {allowed})")
+            raise UsageError(f"--task {text}: unknown option {item!r} for {name} (options: {allowed})")
         options[key] = _value(text, key, value, known[key])
     return Task(name, {**known, **options})
 
@@ -83,7 +83,7 @@ def _value(text: str, key: str, value: str, default):
     try:
         return type(default)(value)
     except ValueError:
-        raise LayerdiffError(f"--task {text}: {key}={value} is not a number") from None
+        raise UsageError(f"--task {text}: {key}={value} is not a number") from None
 
 
 def _default(name: str, key: str):
@@ -94,5 +94,5 @@ def task_of(attrs: dict) -> Task | None:
     """The task a run's file records (collect --task), None when it records none or a bad one."""
     try:
         return parse_task(attrs.get("task") or None)
-    except LayerdiffError:
+    except UsageError:
         return None
