@@ -12,7 +12,9 @@ from rich.console import Console
 
 from layerdiff.vocabulary import RunStatus
 from layerdiff.clioptions import choices
-from layerdiff.errors import DeviceError, InputError, Interrupted, LayerdiffError, StorageError, os_error_line
+from layerdiff.collector.engines import ENGINE_BACKENDS
+from layerdiff.vocabulary import PRECISIONS, backends_help
+from layerdiff.errors import EXIT_SOME_SKIPPED, DeviceError, InputError, Interrupted, LayerdiffError, StorageError, os_error_line
 from layerdiff.collector.inputs.inputset import resolve_inputs
 from layerdiff.collector.inputs.modelfiles import ENGINES, apply_shapes, input_shapes, parse_shapes, resolve_model
 from layerdiff.collector.run.isolate import failing_layers, isolate
@@ -26,9 +28,7 @@ from layerdiff.collector.run.pipeline import check_run_options
 from layerdiff.collector.inputs.bundled import default_model
 from layerdiff.collector.sweep.execute import run_sweep
 
-BACKENDS = ("cpu", "opencl", "vulkan", "gpu")  # gpu: LiteRT's GPU accelerator (WebGPU over Vulkan on the host)
-PRECISIONS = ("low", "normal", "high")
-EXIT_SOME_SKIPPED = 3  # nothing failed, but a requested combination is impossible on some device
+BACKENDS = ENGINE_BACKENDS  # every backend some registered engine knows (layerdiff/vocabulary.py order)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=False, rich_markup_mode=None,
                   help="Run a model on devices with every layer dumped; one HDF5 file per run.")
@@ -65,7 +65,7 @@ def collect(
     model: Optional[Path] = typer.Option(None, "--model", "-m", help=".mnn, ncnn .param with its .bin, .onnx (local golden) or .tflite (local LiteRT) (default: bundled sample)"),
     engine: str = typer.Option("auto", "--engine", help="auto (from the file name), or one of: " + ", ".join(ENGINES),
                                callback=choices(("auto", *ENGINES), "engine")),
-    backend: List[str] = typer.Option(None, "--backend", "-b", help="cpu, opencl, vulkan, gpu (litert: WebGPU) (comma list or repeated)",
+    backend: List[str] = typer.Option(None, "--backend", "-b", help=f"{backends_help(BACKENDS)} (comma list or repeated)",
                                       callback=choices(BACKENDS, "backend")),
     precision: List[str] = typer.Option(None, "--precision", "-p", help="low, normal, high (comma list or repeated)",
                                         callback=choices(PRECISIONS, "precision")),

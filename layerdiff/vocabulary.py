@@ -17,3 +17,30 @@ class RunStatus(StrEnum):
     FAILED = "failed"
     SKIPPED = "skipped"
     INTERRUPTED = "interrupted"
+
+
+# Backends in the order help texts and reports list them. An engine names the ones it knows
+# (collector/engines/<engine>/__init__.py); `collect --backend` accepts every one some engine knows.
+BACKENDS = ("cpu", "opencl", "vulkan", "gpu")
+BACKEND_NOTES = {"gpu": "litert: WebGPU"}  # gpu: LiteRT's GPU accelerator (WebGPU over Vulkan on the host)
+
+
+def backends_help(backends: tuple[str, ...] = BACKENDS) -> str:
+    """`cpu, opencl, vulkan, gpu (litert: WebGPU)`: the backends as `--backend` help lists them."""
+    return ", ".join(f"{b} ({BACKEND_NOTES[b]})" if b in BACKEND_NOTES else b for b in backends)
+
+
+# Requested precisions from loosest to strictest: `high` is every engine's fp32 reference.
+PRECISIONS = ("low", "normal", "high")
+
+# Android ABI names layerdiff builds for; a host build runs as the host's own ABI.
+PHONE_ABIS = ("arm64-v8a", "armeabi-v7a")
+MACHINE_ABI = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64-v8a", "arm64": "arm64-v8a"}
+
+
+def host_abi(machine: str | None = None) -> str:
+    """The Android-style ABI name of this machine (`platform.machine()` mapped; unknown names unchanged)."""
+    import platform
+
+    machine = (machine if machine is not None else platform.machine()).lower()
+    return MACHINE_ABI.get(machine, machine)

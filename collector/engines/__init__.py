@@ -1,34 +1,39 @@
-"""The engines layerdiff runs, in one table: name, model file suffixes, host module, where they run.
+"""The engine registry: every engine layerdiff runs is one folder here, listed once in `ENGINE_FOLDERS`.
 
-Everything that needs an engine name (model resolution, the `local` device, `--engine` checks, the
-C++ harness builds) reads this table, so adding an engine is one row here plus its module.
+Each folder declares its `ENGINE` (collector/engines/base.py: name, model suffixes, backends, where it
+runs, model files, declared inputs) in its `__init__.py` and implements the host engine in its
+`engine.py`. Everything that needs an engine (model resolution, `random` inputs, the `local` and
+`arm64` devices, `--engine`/`--backend` checks and help, the phone harness builds) reads this table,
+so adding an engine is its folder plus one name below (docs/DESIGN.md, "How to add an engine").
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from dataclasses import replace
+
+from layerdiff.collector.engines.base import Engine
+from layerdiff.vocabulary import BACKENDS
+
+ENGINE_FOLDERS = ("mnn", "ncnn", "ort", "paddle", "litert")  # the registry: one folder name per engine
 
 
-@dataclass(frozen=True)
-class Engine:
-    name: str
-    suffixes: tuple[str, ...]  # model file suffixes that select this engine (`--engine auto`)
-    host_module: str  # the Python host engine behind the `local` device (python -m ...)
-    on_phones: bool  # the C++ harness runs it on ADB devices too
+def _declared(folder: str) -> Engine:
+    package = f"{__name__}.{folder}"
+    engine = importlib.import_module(package).ENGINE
+    unknown = [b for b in engine.backends if b not in BACKENDS]
+    if unknown:  # a new backend name belongs in layerdiff/vocabulary.py first (help texts, reports)
+        raise RuntimeError(f"{package}: backend(s) {unknown} are not in layerdiff.vocabulary.BACKENDS")
+    return replace(engine, package=package)
 
 
-ENGINES: dict[str, Engine] = {
-    engine.name: engine
-    for engine in (
-        Engine("mnn", (".mnn",), "layerdiff.collector.engines.mnn.engine", on_phones=True),
-        Engine("ncnn", (".param", ".bin"), "layerdiff.collector.engines.ncnn.engine", on_phones=True),
-        Engine("onnxruntime", (".onnx",), "layerdiff.collector.engines.ort.engine", on_phones=False),
-        Engine("paddle", (".pdmodel", ".pdiparams"), "layerdiff.collector.engines.paddle.engine", on_phones=False),
-        Engine("litert", (".tflite",), "layerdiff.collector.engines.litert.engine", on_phones=False),
-    )
-}
+ENGINES: dict[str, Engine] = {engine.name: engine for engine in map(_declared, ENGINE_FOLDERS)}
 PHONE_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.on_phones)
+ARM64_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.on_arm64)
+# `--backend` accepts every backend some engine knows, in the vocabulary's order.
+ENGINE_BACKENDS = tuple(b for b in BACKENDS if any(b in engine.backends for engine in ENGINES.values()))
 
 
 def engine_for_suffix(suffix: str) -> str | None:
     """The engine a model file's suffix selects, or None when the suffix says nothing."""
     return next((e.name for e in ENGINES.values() if suffix.lower() in e.suffixes), None)
+

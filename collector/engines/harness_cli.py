@@ -20,11 +20,12 @@ import numpy as np
 
 from layerdiff.analyzer.formats.rawdump import RawDumpWriter, sha256_file
 from layerdiff.errors import HarnessExit
+from layerdiff.collector.engines.base import HOST_BACKENDS
+from layerdiff.vocabulary import PRECISIONS
 
 HARNESS_VERSION = "0.1.0"
 EXIT_OK, EXIT_ARGS, EXIT_MODEL, EXIT_BACKEND, EXIT_RUN, EXIT_WRITE = 0, 2, 3, 4, 5, 6
-BACKENDS = ("cpu", "opencl", "vulkan")
-PRECISIONS = ("low", "normal", "high")
+BACKENDS = HOST_BACKENDS  # an engine whose harness knows other names passes them to harness_main
 
 
 @dataclass

@@ -22,7 +22,6 @@ import fcntl
 import hashlib
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
+from layerdiff.vocabulary import host_abi
 from layerdiff.analyzer.importers.convcache import user_cache_root
 from layerdiff.errors import HarnessError
 from layerdiff.collector.harness import children
@@ -67,14 +67,6 @@ class HarnessSpec:
 def cache_root() -> Path:
     """Root of layerdiff's caches, shared with the analyzer's conversion and results cache."""
     return user_cache_root()
-
-
-def host_abi() -> str:
-    """The Android-style ABI name of this machine (what a host build runs as)."""
-    machine = platform.machine().lower()
-    return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64-v8a", "arm64": "arm64-v8a"}.get(
-        machine, machine
-    )
 
 
 def spec_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool = False) -> HarnessSpec:

@@ -15,7 +15,7 @@ from rich.table import Table
 from layerdiff.collector.transport.adb import AdbDevice
 from layerdiff.collector.transport.adbserver import STATE_ADVICE, connect_server, list_devices
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo
-from layerdiff.collector.engines import PHONE_ENGINES
+from layerdiff.collector.engines import ARM64_ENGINES, PHONE_ENGINES
 
 GPU_LIB_DIRS = ("/vendor/lib64", "/system/vendor/lib64", "/system/lib64", "/vendor/lib", "/system/lib")
 GPU_LIBS = ("libOpenCL.so", "libvulkan.so")
@@ -142,9 +142,9 @@ def machine_reports(*, probe: bool = True) -> list[AdbDeviceReport]:
 
 
 def _probe_engines(device) -> tuple[dict | None, str]:
-    """Both host engines' `--probe` on a machine device, merged into one probe document."""
+    """The `--probe` of the host engines a machine device shares with phones, merged into one document."""
     engines: dict = {}
-    for engine in ("ncnn", "mnn"):
+    for engine in ARM64_ENGINES:
         invocation = device.prepare_harness(engine)
         out: list[str] = []
         result = device.execute(invocation.argv + ["--probe"], env=invocation.env, deadline_s=120,

@@ -15,11 +15,11 @@ import sys
 
 from layerdiff.collector.transport.arm64runtime import (DOWNLOAD_MB, PYTHON_VERSION, QEMU, WHEELS, Arm64Runtime, StepSink, check_qemu,
                                    ensure_runtime, runtime, source_dir)
-from layerdiff.collector.engines import ENGINES, PHONE_ENGINES
+from layerdiff.collector.engines import ARM64_ENGINES, ENGINES
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo, HarnessInvocation, LocalDevice
 
 NAME = "arm64"
-ARM_ENGINES = PHONE_ENGINES  # the engines with aarch64 wheels in the runtime (layerdiff.collector.transport.arm64runtime.WHEELS)
+ARM_ENGINES = ARM64_ENGINES  # the engines that declare aarch64 wheels (Engine.arm64_wheels; in the runtime's WHEELS)
 DEFAULT_CPU = "cortex-a76"
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from layerdiff.errors import Arm64RuntimeError, LayerdiffError
+from layerdiff.collector.engines import ENGINES
 from layerdiff.collector.harness.build import _locked, cache_root
 
 QEMU = "qemu-aarch64"
@@ -29,8 +30,9 @@ DEBIAN_PACKAGES = (
     "python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib", "libc6", "libexpat1", "zlib1g",
     "libffi8", "libgcc-s1", "libstdc++6", "libssl3", "libbz2-1.0", "liblzma5",
 )
-# MNN is pinned like the host's; PyPI's newest aarch64 ncnn wheel; numpy as the host engines need it.
-WHEELS = ("MNN==3.6.1", "ncnn==1.0.20250503", "numpy==2.2.6")
+# The engines' own aarch64 wheels (Engine.arm64_wheels: MNN pinned like the host's, PyPI's newest aarch64
+# ncnn wheel), then numpy as the host engines need it.
+WHEELS = (*(wheel for engine in ENGINES.values() for wheel in engine.arm64_wheels), "numpy==2.2.6")
 DOWNLOAD_MB = 55  # apt index ~9 MB + debs ~9 MB + wheels ~35 MB: what the first run tells the user it fetches
 
 # (description, completed steps, total steps): how the build tells a display where it is.

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
+from layerdiff.vocabulary import host_abi
 from layerdiff.errors import DeviceError
 from layerdiff.collector.harness import children
 from layerdiff.collector.engines import ENGINES
@@ -127,11 +128,6 @@ def _host_cpu_name() -> str:
     return platform.machine()
 
 
-def _host_abi() -> str:
-    machine = platform.machine().lower()
-    return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64-v8a", "arm64": "arm64-v8a"}.get(machine, machine)
-
-
 # glibc raises its mmap threshold to the size of each freed mmap'ed block, so an engine that allocates
 # and frees one layer-sized buffer after another ends up keeping them on the heap, resident. A fixed
 # threshold returns each to the system when freed: the host engines then hold about the live layers.
@@ -163,8 +159,8 @@ class LocalDevice:
                 model=uname.node,
                 soc=_host_cpu_name(),
                 board=f"{uname.system}-{uname.release}-{uname.machine}",  # platform.platform() runs `uname -p`
-                abi=_host_abi(),
-                abis=[_host_abi()],
+                abi=host_abi(),
+                abis=[host_abi()],
                 extra={"python": sys.version.split()[0]},
             )
         return self._info

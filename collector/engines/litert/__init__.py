@@ -1,1 +1,15 @@
 """collector/engines/litert: LiteRT (TensorFlow Lite) `.tflite` models on the host (CPU interpreter, WebGPU accelerator)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from layerdiff.collector.engines.base import Engine, InputSpecs
+
+
+def _input_specs(path: Path) -> InputSpecs:
+    from layerdiff.collector.engines.litert.graph import input_specs
+
+    return input_specs(path)
+
+
+ENGINE = Engine("litert", (".tflite",), _input_specs, backends=("cpu", "gpu"))

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import gc
 import os
-import platform
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from layerdiff.vocabulary import host_abi
 from layerdiff.collector.engines.harness_cli import (
     EXIT_ARGS,
     EXIT_BACKEND,
@@ -34,10 +34,10 @@ from layerdiff.collector.engines.harness_cli import (
     load_inputs,
     repeat_dirs,
 )
-from layerdiff.collector.engines.litert import cpu
+from layerdiff.collector.engines.litert import ENGINE, cpu
 from layerdiff.collector.engines.litert.graph import Graph, NotTflite, load_graph
 
-BACKENDS = ("cpu", "gpu")
+BACKENDS = ENGINE.backends
 
 
 def engine_version() -> str:
@@ -51,7 +51,7 @@ def probe() -> dict:
 
     not_here = {"ok": False, "reason": "LiteRT's GPU accelerator on the host is WebGPU over Vulkan: use --backend gpu"}
     backends = {"cpu": {"ok": True}, "gpu": gpu.availability(), "opencl": not_here, "vulkan": not_here}
-    abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
+    abi = host_abi()
     return {"harness": "layerdiff-local-litert", "version": HARNESS_VERSION, "abi": abi,
             "engines": {"litert": {"version": engine_version(), "backends": backends}}}
 

@@ -1,1 +1,15 @@
-"""collector/engines/mnn."""
+"""collector/engines/mnn: MNN `.mnn` models; pymnn on the host and under arm64 emulation, the C++ harness on phones."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from layerdiff.collector.engines.base import Engine, InputSpecs
+
+
+def _input_specs(path: Path) -> InputSpecs:
+    from layerdiff.collector.engines.mnn.modelfile import input_specs
+
+    return input_specs(path)
+
+
+ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, arm64_wheels=("MNN==3.6.1",))

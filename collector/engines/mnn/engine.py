@@ -10,11 +10,11 @@ only the CPU backend; asking for OpenCL/Vulkan gives a run recorded with `backen
 from __future__ import annotations
 
 import ctypes
-import platform
 import sys
 
 import numpy as np
 
+from layerdiff.vocabulary import host_abi
 from layerdiff.collector.engines.mnn.edges import graph_edges, op_inputs
 from layerdiff.collector.engines.mnn.isolate import isolate
 from layerdiff.collector.engines.mnn.model import MnnOps, read_mnn_ops
@@ -27,7 +27,7 @@ from layerdiff.collector.engines.mnn.session import (
     mnn_module,
     session_backend,
 )
-from layerdiff.collector.inputs.modelfiles import mnn_dtype
+from layerdiff.collector.engines.mnn.modelfile import mnn_dtype
 from layerdiff.collector.engines.harness_cli import (
     HARNESS_VERSION,
     EXIT_ARGS,
@@ -54,7 +54,7 @@ def probe() -> dict:
     backends = {"cpu": {"ok": True, "fp16": bool(FEATURES.get("fp16"))}}
     for name in ("opencl", "vulkan"):
         backends[name] = {"ok": False, "reason": "the MNN wheel from PyPI has no GPU backends (MNN falls back to CPU)"}
-    abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
+    abi = host_abi()
     return {"harness": "layerdiff-local-mnn", "version": HARNESS_VERSION, "abi": abi,
             "engines": {"mnn": {"version": engine_version(), "backends": backends}}}
 

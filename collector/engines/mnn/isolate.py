@@ -15,7 +15,7 @@ from layerdiff.collector.engines.mnn.session import (
     engine_version,
     session_backend,
 )
-from layerdiff.collector.inputs.modelfiles import quiet_stdout
+from layerdiff.collector.engines.mnn.modelfile import quiet_stdout
 
 
 def isolate(MNN, args: HarnessArgs) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from layerdiff.collector.engines.harness_cli import EXIT_MODEL, HarnessArgs, HarnessExit
-from layerdiff.collector.inputs.modelfiles import quiet_stdout
+from layerdiff.collector.engines.mnn.modelfile import quiet_stdout
 
 BACKEND_NAMES = {"cpu": "CPU", "opencl": "OPENCL", "vulkan": "VULKAN"}
 FORWARD_TYPES = {0: "cpu", 13: "cpu", 3: "opencl", 7: "vulkan", 1: "metal", 2: "cuda", 5: "nn", 6: "opengl"}

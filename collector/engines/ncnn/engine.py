@@ -14,7 +14,6 @@ ONNX originals'.
 from __future__ import annotations
 
 import functools
-import platform
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from layerdiff.vocabulary import host_abi
 from layerdiff.collector.engines.harness_cli import (
     HARNESS_VERSION,
     EXIT_ARGS,
@@ -94,7 +94,7 @@ def probe() -> dict:
         "opencl": {"ok": False, "reason": "ncnn has no OpenCL backend"},
         "vulkan": _gpu_info(ncnn, fp16_features=False),
     }
-    abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
+    abi = host_abi()
     return {
         "harness": "layerdiff-local-ncnn",
         "version": HARNESS_VERSION,

@@ -1,1 +1,15 @@
-"""collector/engines/ort."""
+"""collector/engines/ort: ONNX Runtime on the host's CPU (the usual fp32 golden for `.onnx` models)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from layerdiff.collector.engines.base import Engine, InputSpecs
+
+
+def _input_specs(path: Path) -> InputSpecs:
+    from layerdiff.collector.engines.ort.modelfile import input_specs
+
+    return input_specs(path)
+
+
+ENGINE = Engine("onnxruntime", (".onnx",), _input_specs)

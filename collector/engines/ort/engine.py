@@ -14,12 +14,12 @@ and how Polygraphy-style goldens name layers.
 """
 from __future__ import annotations
 
-import platform
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
+from layerdiff.vocabulary import host_abi
 from layerdiff.collector.engines.harness_cli import (
     HARNESS_VERSION,
     EXIT_ARGS,
@@ -66,7 +66,7 @@ def engine_version() -> str:
 def probe() -> dict:
     reason = "the onnxruntime engine runs on the CPU only"
     backends = {"cpu": {"ok": True}, "opencl": {"ok": False, "reason": reason}, "vulkan": {"ok": False, "reason": reason}}
-    abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
+    abi = host_abi()
     return {"harness": "layerdiff-local-onnxruntime", "version": HARNESS_VERSION, "abi": abi,
             "engines": {"onnxruntime": {"version": engine_version(), "backends": backends}}}
 

@@ -13,13 +13,13 @@ program), so a large model's activations never all sit in memory at once.
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from layerdiff.vocabulary import host_abi
 from layerdiff.collector.engines.harness_cli import (
     HARNESS_VERSION,
     EXIT_ARGS,
@@ -61,7 +61,7 @@ def engine_version() -> str:
 def probe() -> dict:
     reason = "the paddle engine runs on the CPU only"
     backends = {"cpu": {"ok": True}, "opencl": {"ok": False, "reason": reason}, "vulkan": {"ok": False, "reason": reason}}
-    abi = {"x86_64": "x86_64", "aarch64": "arm64-v8a"}.get(platform.machine(), platform.machine())
+    abi = host_abi()
     return {"harness": "layerdiff-local-paddle", "version": HARNESS_VERSION, "abi": abi,
             "engines": {"paddle": {"version": engine_version(), "backends": backends}}}
 

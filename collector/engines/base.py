@@ -1,0 +1,68 @@
+"""What an engine is to layerdiff: one folder under collector/engines/ that declares an `Engine`.
+
+Polygraphy's runners were the model: the collector asks an engine only what it can run here, to load
+a model, and to run it with every layer dumped, and it reads back which precision and backend were
+really used. The interface has two halves:
+
+- **Static facts** (`Engine`, declared as `ENGINE` in the folder's `__init__.py`, which must import
+  nothing heavy): its name, the model file suffixes that select it, the backends it knows, where it
+  runs (host, arm64 emulation, phones), which files make one model, and the inputs a model declares.
+  The collector reads these before any engine library is imported (`--engine auto`, `random` inputs).
+- **The host engine** (`<folder>/engine.py`, run as `python -m` by the `local` and `arm64` devices):
+  the harness command line of device_scripts/HARNESS_CLI.md through `harness_cli.harness_main`, with
+  three functions: `probe()` (what it can run here: per backend `ok`, or `ok: false` and the reason),
+  `run(args)` (load the model, run it with every layer written into the raw dump through `DumpSink`,
+  and record `precision_effective` / `backend_actual` in the dump header: what really ran), and
+  `engine_version()`. `HostEngine` spells it out; tests/test_engines_registry.py checks every engine.
+
+Registered in one place: `ENGINE_FOLDERS` in collector/engines/__init__.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+Shape = tuple[int, ...] | None  # None: the model does not declare the input's shape (pnnx's ncnn Input)
+InputSpecs = dict[str, tuple[Shape, str]]  # input name -> (shape, numpy dtype name it is fed as)
+HOST_BACKENDS = ("cpu", "opencl", "vulkan")  # what the host harness command line accepts by default
+
+
+def one_file(path: Path) -> list[Path]:
+    """Most engines read one file: the model is the path itself."""
+    return [path]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The static facts of one engine (see the module docstring); `package` is filled by the registry."""
+
+    name: str  # `--engine NAME`, the dump's `engine` attribute, the harness's `--engine`
+    suffixes: tuple[str, ...]  # model file suffixes that select this engine under `--engine auto`
+    input_specs: Callable[[Path], InputSpecs]  # the first model file -> its declared inputs (no engine run)
+    model_files: Callable[[Path], list[Path]] = one_file  # a given path -> every file of the model, harness order
+    backends: tuple[str, ...] = HOST_BACKENDS  # backend names its harness accepts (a probe says which work)
+    on_phones: bool = False  # the C++ harness (device_scripts/harness) runs it on ADB devices
+    arm64_wheels: tuple[str, ...] = ()  # aarch64 wheels that let the `arm64` device run its host engine
+    package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
+
+    @property
+    def host_module(self) -> str:
+        """The Python host engine behind the `local` and `arm64` devices (`python -m ...`)."""
+        return f"{self.package}.engine"
+
+    @property
+    def on_arm64(self) -> bool:
+        return bool(self.arm64_wheels)
+
+
+class HostEngine(Protocol):
+    """The functions every `<folder>/engine.py` defines (its `main()` passes them to `harness_main`)."""
+
+    def probe(self) -> dict: ...  # {"harness", "version", "abi", "engines": {name: {"version", "backends": {b: {"ok", "reason"?}}}}}
+
+    def run(self, args) -> None: ...  # harness_cli.HarnessArgs -> a raw dump in args.out, or HarnessExit
+
+    def engine_version(self) -> str: ...
+
+    def main(self) -> int: ...

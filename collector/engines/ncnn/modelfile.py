@@ -1,0 +1,42 @@
+"""What an ncnn model is before any run: a `.param` with its `.bin`, and the inputs its Input layers declare."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from layerdiff.errors import InputError
+from layerdiff.collector.engines.base import InputSpecs, Shape
+
+
+def model_files(path: Path) -> list[Path]:
+    """`.param` then `.bin` (the harness's order), whichever of the two was named."""
+    param = path if path.suffix.lower() != ".bin" else path.with_suffix(".param")
+    weights = param.with_suffix(".bin")
+    for needed in (param, weights):
+        if not needed.is_file():
+            raise InputError(f"{needed}: ncnn needs the .param and the .bin side by side")
+    return [param, weights]
+
+
+def input_specs(param: Path) -> InputSpecs:
+    """ncnn feeds every input as float32."""
+    return {name: (shape, "float32") for name, shape in input_shapes(param).items()}
+
+
+def input_shapes(param: Path) -> dict[str, Shape]:
+    lines = param.read_text(errors="replace").split("\n")
+    if not lines or lines[0].strip() != "7767517":
+        raise InputError(f"{param}: not an ncnn .param file (first line must be 7767517)")
+    shapes: dict[str, Shape] = {}
+    for line in lines[2:]:
+        fields = line.split()
+        if len(fields) < 4 or fields[0] != "Input":
+            continue
+        n_bottom, n_top = int(fields[2]), int(fields[3])
+        top = fields[4 + n_bottom] if n_top else fields[1]
+        params = dict(kv.split("=", 1) for kv in fields[4 + n_bottom + n_top :] if "=" in kv)
+        dims = [int(params.get(k, 0)) for k in ("2", "1", "0")]  # c, h, w
+        declared = [d for d in dims if d > 0]
+        shapes[top] = tuple([1] + declared) if declared else None  # pnnx writes Input layers without a shape
+    if not shapes:
+        raise InputError(f"{param}: no Input layer found; pass --input with an explicit .npy")
+    return shapes
