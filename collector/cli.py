@@ -24,6 +24,7 @@ from layerdiff.collector.sweep.plan import SweepPlan, parse_configs, resolve_dev
 from layerdiff.collector.transport.arm64 import prepare_runtime
 from layerdiff.collector.sweep.progress import SweepProgress, step_progress
 from layerdiff.progress import Steps
+from layerdiff.analyzer.formats.diskspace import exit_now_if_hdf5_failed
 from layerdiff.collector.run.pipeline import check_run_options
 from layerdiff.collector.inputs.bundled import default_model
 from layerdiff.collector.sweep.execute import run_sweep
@@ -267,6 +268,17 @@ def fix_command(
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Console entry point (`_main`); a process whose HDF5 library met a failed write (a disk that
+    filled under it) ends here without the library's exit clean-up, which would crash it."""
+    try:
+        _main(argv)
+    except SystemExit as done:
+        code = done.code
+        exit_now_if_hdf5_failed(code if isinstance(code, int) else int(code is not None))
+        raise
+
+
+def _main(argv: list[str] | None) -> None:
     """Console entry point.
 
     Usage mistakes (unknown option, bad type, missing value, bad choice) are typer's own business:

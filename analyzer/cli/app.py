@@ -159,6 +159,16 @@ _register_extra_commands()
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point (`_main`); a process whose HDF5 library met a failed write ends
+    without the library's exit clean-up, which would crash it (see layerdiff.analyzer.formats.diskspace)."""
+    from layerdiff.analyzer.formats.diskspace import exit_now_if_hdf5_failed
+
+    code = _main(argv)
+    exit_now_if_hdf5_failed(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     """Console-script entry point.
 
     Usage mistakes are typer's (standalone mode: "Usage: ... Error: ...", exit 2); a LayerdiffError

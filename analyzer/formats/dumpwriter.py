@@ -11,7 +11,8 @@ import h5py
 import numpy as np
 
 from layerdiff.analyzer import __version__
-from layerdiff.analyzer.formats.diskspace import as_write_error, writing
+from layerdiff.analyzer.formats.diskspace import (SpaceGuard, as_write_error, is_no_space, note_hdf5_write_failure,
+                                                  quiet_hdf5_release_failures, writing)
 from layerdiff.analyzer.formats.dumpformat import FORMAT_NAME, FORMAT_VERSION, LAYER_COLUMNS, ROOT_DEFAULTS, STRING_DTYPE, partial_path, tensor_key
 from layerdiff.analyzer.formats.tensorstats import TensorStats, tensor_stats
 from layerdiff.analyzer.formats.timestamps import utc_now
@@ -32,7 +33,10 @@ class DumpWriter:
         self._compression = compression
         self._rows: list[dict[str, Any]] = []
         self._attrs = {**ROOT_DEFAULTS, **attrs}
+        self._space = SpaceGuard(self.path, expected_bytes)
+        quiet_hdf5_release_failures()
         with writing(self.path):
+            self._space.reserve(0)
             self._file = h5py.File(self._partial, "w")
         self._tensors = self._file.create_group("tensors")
         self._closed = False
@@ -46,15 +50,24 @@ class DumpWriter:
                 self.close()
             except (OSError, RuntimeError) as err:
                 self._fail(err)
+                raise
         else:
             self.abort()
             if isinstance(exc, (OSError, RuntimeError)):
                 self._fail(exc)
 
     def _fail(self, err: BaseException) -> None:
-        """A full disk or read-only target becomes its one-line error (the partial file is gone)."""
+        """A full disk or read-only target becomes its one-line error (the partial file is gone).
+
+        A refusal of our own space check (`checked`) left HDF5 intact; a write HDF5 itself saw fail
+        did not, and the process must then end without the library's exit clean-up."""
+        checked = getattr(err, "checked", False)
+        if not checked and is_no_space(err):
+            note_hdf5_write_failure()
         self.abort()
-        error = as_write_error(err, self.path, self._expected_bytes)
+        if checked:  # the free space said once the partial file is gone
+            raise self._space.error(err.need) from None
+        error = as_write_error(err, self.path, max(self._expected_bytes, self._space.written))
         if error is not None:
             raise error from None
 
@@ -73,6 +86,7 @@ class DumpWriter:
         self._create_dataset(group, str(len(group)), array, {"name": name, "sha256": sha256})
 
     def set_log(self, stderr: str) -> None:
+        self._check_space(len(stderr.encode("utf-8", "replace")), 0)
         self._file.require_group("log").create_dataset("stderr", data=stderr, dtype=STRING_DTYPE)
 
     def update_attrs(self, attrs: dict[str, Any]) -> None:
@@ -104,6 +118,7 @@ class DumpWriter:
         API (a few C calls): the high-level one spent ~0.7 ms per tensor in Python, which dominated
         writing a model with thousands of small layers."""
         array = np.ascontiguousarray(array) if array.ndim else np.asarray(array)  # 0-d stays 0-d
+        self._check_space(array.nbytes, sum(len(v) for v in attrs.values()) + len(name))
         if self._compression and array.size > 0 and array.ndim > 0:
             ds = group.create_dataset(name, data=array, chunks=True, compression=self._compression)
             for key, value in attrs.items():
@@ -117,8 +132,17 @@ class DumpWriter:
             aid = h5py.h5a.create(dsid, key.encode(), _h5_type(STRING_DTYPE), _SCALAR)
             aid.write(np.array(value, dtype=STRING_DTYPE))
 
+    def _check_space(self, raw: int, strings: int) -> None:
+        """Refuse before HDF5 writes, while the file can still be closed (see SpaceGuard)."""
+        try:
+            self._space.reserve(raw, strings)
+        except OSError as err:
+            err.checked, err.need = True, raw  # ours, not HDF5's: the library is intact
+            raise
+
     def _write_layers(self) -> None:
         table = np.zeros(len(self._rows), dtype=np.dtype(LAYER_COLUMNS))
+        self._check_space(table.nbytes, 0)
         for column, _ in LAYER_COLUMNS:
             table[column] = [row[column] for row in self._rows]
         self._file.create_dataset("layers", data=table)

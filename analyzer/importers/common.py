@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from layerdiff.analyzer.formats.dumpfile import ROOT_DEFAULTS, DumpWriter
-from layerdiff.errors import DumpFormatError, UsageError
+from layerdiff.errors import EXIT_USAGE, DumpFormatError, UsageError
 from layerdiff.analyzer.importers.optypes import op_type_from_name, op_types_from_onnx
 from layerdiff.analyzer.formats.limits import MAX_TENSOR_BYTES, check_tensor_bytes, env_bytes
 
@@ -89,16 +89,37 @@ def check_declared_size(shape: tuple[int, ...], itemsize: int, available: int, w
     return nbytes
 
 
+# The names a user types for the attributes the analysis pairs and labels runs by.
+SET_ALIASES = {"backend": "backend_requested", "precision": "precision_requested", "device": "device_model",
+               "model": "model_name", "input": "input_label"}
+
+
+def settable_keys() -> list[str]:
+    """Attribute names `--set` accepts (the HDF5 root attributes a foreign dump can lack)."""
+    return [k for k in ROOT_DEFAULTS if k not in RESERVED_ATTRS]
+
+
 def parse_set_options(items: list[str] | None) -> dict[str, Any]:
-    """`["backend_requested=opencl", "threads=4"]` -> attributes, typed like the HDF5 root attributes."""
+    """`["backend=opencl", "threads=4"]` -> attributes, typed like the HDF5 root attributes.
+
+    The short names users type (`backend`, `precision`, `device`, `model`, `input`) stand for
+    the attributes they mean (`backend_requested`, ...). A key that is neither is refused (exit 2,
+    before anything is written): it used to be stored as an attribute nothing reads, so a typo
+    (`--set backend=vulkan` before aliases existed) silently changed nothing."""
     out: dict[str, Any] = {}
+    known = settable_keys()
     for item in items or []:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise UsageError(f"--set {item!r}: expected key=value, e.g. --set backend_requested=opencl")
+            raise UsageError(f"--set {item!r}: expected key=value, e.g. --set backend=opencl")
         if key in RESERVED_ATTRS:
             raise UsageError(f"--set {key}: this attribute is written by layerdiff itself and cannot be set")
+        key = SET_ALIASES.get(key.lower(), key)
+        if key not in known:
+            aliases = ", ".join(f"{a} (= {k})" for a, k in SET_ALIASES.items())
+            raise UsageError(f"--set {key}: unknown key; use one of {aliases}, or {', '.join(known)}",
+                             exit_code=EXIT_USAGE)
         out[key] = _typed_value(key, value.strip())
     return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -108,3 +109,37 @@ def test_analyze_into_a_full_disk(tmp_path, small_disk):
     print(f"figure: analyze into a 48 KiB disk: exit 1, '{line[:120]}'")
     ro = small_disk("1m", name="ro", read_only=True)
     assert_one_line_error(cli("analyze", "compare", *map(str, runs), "-o", str(ro / "report")), str(ro / "report"))
+
+
+ONNX_MODEL = REPO / "samples" / "models" / "convnet.onnx"  # its dump size is estimated below 256 KiB: HDF5 starts writing
+
+
+@pytest.mark.parametrize("repeat", [[], ["--repeat", "3"]])
+def test_a_256k_disk_is_one_line_and_exit_1_never_a_crash(small_disk, repeat):
+    """Issue 28: a dump whose estimate fits but whose file does not: the space check refuses before
+    HDF5 sees a write fail (which crashed the process at exit: SIGSEGV, 139)."""
+    out = small_disk("256k") / "runs"
+    proc = cli("collect", "--model", str(ONNX_MODEL), "-i", "random:1", "--no-report", "-o", str(out), *repeat)
+    line = assert_one_line_error(proc, str(out), "no space", "free", "needed")
+    assert ".partial" not in line
+    assert not [p for p in out.rglob("*") if p.name.endswith(".partial")]
+
+
+RACE = """
+import sys
+from layerdiff.analyzer.formats import diskspace
+diskspace.SpaceGuard.reserve = lambda self, raw, strings=0: None  # the disk fills after the check, as another writer would
+from layerdiff.collector.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("repeat", [[], ["--repeat", "3"]])
+def test_a_write_hdf5_sees_fail_still_ends_in_one_line_and_exit_1(small_disk, repeat):
+    """When the disk fills between the check and HDF5's write, the library cannot release its handles
+    and would crash at exit: the process ends without that clean-up, its error said in one line."""
+    out = small_disk("256k") / "runs"
+    proc = subprocess.run([sys.executable, "-c", RACE, "--model", str(ONNX_MODEL), "-i", "random:1", "--no-report",
+                           "-o", str(out), *repeat], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert_one_line_error(proc, str(out), "no space")
