@@ -16,7 +16,7 @@ from layerdiff.analyzer.cli.app import main
 from tests.analyze_dumps import DOWNSTREAM, LAYERS, perturbed, reference_arrays, write_dump
 
 REPO = Path(__file__).resolve().parent.parent
-REPORT_FILES = ("index.html", "summary.csv", "summary.md", "error_by_layer.png", "results.json")
+REPORT_FILES = ("index.html", "summary.csv", "summary.md", "results.json")
 
 
 @pytest.fixture
@@ -37,21 +37,31 @@ def run_cli(capsys, *args):
     return code, out, err
 
 
-def test_subprocess_end_to_end_writes_every_report_file(tmp_path, dumps):
+@pytest.mark.parametrize("png", [False, True])
+def test_subprocess_end_to_end_writes_every_report_file(tmp_path, dumps, png):
+    """The page's charts always; static PNGs (matplotlib) only with --png. The verdict is printed
+    before the page is written (the "Report:" line comes last)."""
     report = tmp_path / "report"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(dumps[0].parent), "-o", str(report)],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(dumps[0].parent), "-o", str(report),
+                           *(["--png"] if png else [])], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "block/conv 2:0" in proc.stdout and "Failure source" in proc.stdout
+    assert proc.stdout.index("Failure source") < proc.stdout.index("Report: ")
     for name in REPORT_FILES:
         assert (report / name).stat().st_size > 0, name
     csv = (report / "summary.csv").read_text()
     assert "block/conv 2:0" in csv and "rel_l2" in csv
     assert "| vulkan/low | compared | fail |" in (report / "summary.md").read_text()
-    assert (report / "error_by_layer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (report / "index.html").read_text()
-    assert "Verdict: FAIL" in html and "data:image/png;base64," in html and "<details>" in html
+    assert "Verdict: FAIL" in html and "<details>" in html
+    assert all(f'id="{chart}"' in html for chart in ("error-chart", "range-chart", "focus-chart"))
+    pngs = sorted(p.name for p in report.glob("*.png"))
+    if png:
+        assert "error_by_layer.png" in pngs and (report / "error_by_layer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert "<img alt='error_by_layer'" in html
+    else:
+        assert pngs == [] and "<img alt=" not in html
 
 
 def test_json_output_schema(tmp_path, dumps, capsys):

@@ -63,6 +63,8 @@ def compare_command(
     rename: List[str] = typer.Option([], "--rename", help="REGEX=REPL applied to layer names of every run (repeatable)"),
     no_builtin_rules: bool = typer.Option(False, "--no-builtin-rules", help="do not apply built-in MNN/ncnn name rules"),
     force: bool = typer.Option(False, "--force", help="write into a non-empty directory that is not a report"),
+    png: bool = typer.Option(False, "--png", help="also draw static PNG figures (print, e-mail); the page's own "
+                             "charts show the same data"),
     set_: List[str] = typer.Option([], "--set", help="[INPUT:]key=value provenance for foreign dumps (e.g. run.npz:backend_requested=opencl)"),
     task: Optional[str] = typer.Option(None, "--task", help="what the outputs are, judged as a user reads them: classification, "
                                        "yolov5, yolov8, picodet, ssd, text-det, segmentation, regression "
@@ -78,13 +80,14 @@ def compare_command(
                       regex=[parse_rename(r) for r in rename], builtin=not no_builtin_rules)
     thresholds = Thresholds(atol=atol, rtol=rtol, warn_rel_l2=warn_rel_l2, fail_rel_l2=fail_rel_l2,
                             min_pass_fraction=min_pass_fraction)
-    analysis = report_paths(inputs, out, force=force, ref=ref, rules=rules, thresholds=thresholds,
-                            set_attrs=per_input_attrs(set_), ref_input=ref_input, steps=Steps("analyze"), task=task)
+    analysis = report_paths(inputs, out, force=force, png=png, ref=ref, rules=rules, thresholds=thresholds,
+                            set_attrs=per_input_attrs(set_), ref_input=ref_input, steps=Steps("analyze"), task=task,
+                            on_analyzed=None if json_out else print_summary)  # the verdict before the page is written
     try:
         if json_out:
             print(console_json(analysis))
         else:
-            print_summary(analysis, out / "index.html")
+            print(f"Report: {out / 'index.html'}", flush=True)
     finally:
         analysis.close()
     err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -129,6 +132,7 @@ def print_summary(analysis, page: Path | None = None) -> None:
     for row in analysis.summary.to_dict("records"):  # the reason beside each verdict, before any finding
         if row["role"] == "compared" and row["verdict"] in ("warn", "fail") and row["verdict_reason"]:
             console.print(f"{row['run']}: {str(row['verdict']).upper()}: {row['verdict_reason']}", markup=False)
+    sys.stdout.flush()
     for finding in analysis.findings[:MAX_CONSOLE_FINDINGS]:
         console.print(f"- {finding.sentence}", markup=False)
     if len(analysis.findings) > MAX_CONSOLE_FINDINGS:

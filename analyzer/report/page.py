@@ -18,16 +18,16 @@ import pandas as pd
 from layerdiff.analyzer.analysis import Analysis, analyze_paths
 from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.report.fixsection import fix_html
-from layerdiff.analyzer.report.interactive import error_chart_parts, layer_table_parts
+from layerdiff.analyzer.report.figures import chart_parts, draw_pngs
+from layerdiff.analyzer.report.interactive import layer_table_parts
 from layerdiff.analyzer.report.outdir import atomic_write_bytes, atomic_write_chunks, prepare_out_dir
 from layerdiff.analyzer.report.results import build_results, dump_chunks, dumps
-from layerdiff.analyzer.report.tables import (LAYER_VIEW, isolation_table, layer_matrix, layer_view, reference_rows, sweep_matrix,
-                             to_html, unmatched_table, write_tables)
+from layerdiff.analyzer.report.tables import (LAYER_VIEW, isolation_table, layer_view, reference_rows, sweep_matrix, to_html,
+                                              unmatched_table, write_tables)
 from layerdiff.analyzer.findings.verdict import worst
 from layerdiff.progress import Steps
 
 SHOWN_PER_KIND = 3
-MAX_RANGE_LINES = 6
 MAX_REASONS = 5  # runs whose verdict reason is listed under the banner
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
@@ -38,18 +38,20 @@ table.data{border-collapse:collapse;font-size:12px;margin:6px 0} table.data td,t
 table.data th{background:#f3f3f3;position:sticky;top:0} table.data td:first-child{text-align:left}
 td.s-pass{background:#e8f5e9}td.s-warn{background:#fff3e0}td.s-fail{background:#ffebee}
 details{margin:6px 0} summary{cursor:pointer;font-weight:600} img{max-width:100%;border:1px solid #eee;margin:6px 0}
+figure{margin:10px 0} figcaption{font-size:13px;color:#444}
 .problems{background:#fff8e1;border-left:4px solid #ffb300;padding:6px 12px} code{background:#f5f5f5;padding:0 3px}
 """
 
 
-def report_paths(paths, out_dir: Path | str, *, force: bool = False,
+def report_paths(paths, out_dir: Path | str, *, force: bool = False, png: bool = False,
                  on_analyzed: Callable[[Analysis], None] | None = None, **analyze_options) -> Analysis:
     """What `analyze` and a finished sweep both do: check the report directory, analyze, write it.
 
     The report directory is checked first so a bad `-o` fails before any dump is read. The
     caller owns (and closes) the returned Analysis, e.g. to print a summary or JSON.
-    `on_analyzed` sees the analysis before the files are drawn and written (a sweep prints its
-    verdict there, so the user reads it without waiting for the plots).
+    `on_analyzed` sees the analysis before the files are drawn and written (`analyze` and a sweep
+    print the verdict there, so the user reads it before anything is drawn); `png` also draws the
+    static PNGs.
     """
     out = prepare_out_dir(out_dir, force=force)
     analysis = analyze_paths(paths, **analyze_options)
@@ -57,95 +59,27 @@ def report_paths(paths, out_dir: Path | str, *, force: bool = False,
         if on_analyzed is not None:
             on_analyzed(analysis)
         with (analyze_options.get("steps") or Steps.quiet()).step("writing the report"):
-            write_report(analysis, out)
+            write_report(analysis, out, png=png)
     except BaseException:
         analysis.close()
         raise
     return analysis
 
 
-def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
-    """Write every report file into `out_dir` (already prepared); returns name -> path."""
+def write_report(analysis: Analysis, out_dir: Path, png: bool = False) -> dict[str, Path]:
+    """Write every report file into `out_dir` (already prepared); returns name -> path.
+
+    The page's charts are drawn by the browser; `png` also draws static PNGs (print, e-mail) and
+    embeds them under the charts (matplotlib: ~1-2 s CPU, so only on request)."""
     comparison = analysis.comparison
     write_tables(out_dir, analysis.summary, comparison, analysis.findings)
-    images = _draw(analysis)
+    images = draw_pngs(analysis) if png else {}
     for name, data in images.items():
         atomic_write_bytes(out_dir / f"{name}.png", data)
     atomic_write_chunks(out_dir / "results.json", dump_chunks(results_document(analysis)))
     atomic_write_chunks(out_dir / "index.html", (part.encode("utf-8") for part in html_parts(analysis, images)))
     names = ["index.html", "summary.csv", "runs.csv", "summary.md", "results.json", *(f"{n}.png" for n in images)]
     return {name: out_dir / name for name in names}
-
-
-def _draw(analysis: Analysis) -> dict[str, bytes]:
-    """Every figure that has data; error_by_layer always exists (empty axes when nothing compared).
-
-    matplotlib is imported here, not with this module: a sweep prints its verdict before drawing."""
-    from layerdiff.analyzer.report.plots import error_by_layer, heatmap, per_input_bars, value_range
-
-    rows = reference_rows(analysis.comparison)
-    measured = rows[rows["status"].isin(["pass", "warn", "fail"])]
-    first = {f.run: f.layer for f in analysis.findings if f.kind == "first_divergence"}
-    images = {"error_by_layer": error_by_layer(measured, first, isolated=isolation_table(analysis.comparison))}
-    matrix = layer_matrix(analysis.comparison)
-    if not matrix.empty:
-        images["heatmap"] = heatmap(matrix)
-    images["value_range"] = value_range(_ranges(analysis))
-    focus = _failure_focus(analysis)
-    if focus is not None:
-        images["failure_source"] = focus
-    compared = analysis.summary[analysis.summary["role"] == "compared"]
-    if compared.groupby("config")["input"].nunique().max() > 1 if len(compared) else False:
-        images["per_input"] = per_input_bars(analysis.summary)
-    return images
-
-
-def _ranges(analysis: Analysis) -> dict[str, pd.DataFrame]:
-    """The reference first, then one run per other configuration (first input), for the range plot."""
-    plan = analysis.comparison.plan
-    chosen = {plan.reference.label: plan.reference.layers}
-    seen = {plan.reference.config}
-    for pair in plan.pairs:
-        run = pair.other
-        if run.config not in seen and run.input_key == plan.reference.input_key and len(chosen) < MAX_RANGE_LINES:
-            seen.add(run.config)
-            chosen[run.label] = run.layers
-    return chosen
-
-
-FOCUS_POINTS = 20000
-
-
-def _failure_focus(analysis: Analysis) -> bytes | None:
-    """Histogram + scatter for the first failure source (else first divergence), sampled from disk.
-
-    Only `FOCUS_POINTS` elements of each tensor are read (`DumpFile.sample`), at the same flat
-    positions in both, so a 256 MB layer costs a few hundred short reads, not a float64 copy."""
-    finding = next((f for kind in ("failure_source", "first_divergence") for f in analysis.findings
-                    if f.kind == kind), None)
-    if finding is None:
-        return None
-    table = analysis.comparison.table
-    row = table[(table["run"] == finding.run) & (table["key"] == finding.layer)
-                & (table["comparison"] == "reference")]
-    if row.empty:
-        return None
-    index = int(row.iloc[0]["pair"])
-    pair = analysis.comparison.plan.pairs[index]
-    matched = analysis.comparison.alignments[index].matched
-    hit = matched[matched["key"] == finding.layer]
-    if hit.empty:
-        return None
-    try:
-        ref = pair.base.dump.sample(int(hit.iloc[0]["base_order"]), FOCUS_POINTS)
-        run = pair.other.dump.sample(int(hit.iloc[0]["other_order"]), FOCUS_POINTS)
-    except Exception:  # a plot is never worth failing the report for
-        return None
-    if ref.size != run.size:
-        return None
-    from layerdiff.analyzer.report.plots import failure_layer
-
-    return failure_layer(ref, run, f"{finding.kind.replace('_', ' ')}: {finding.layer} ({finding.op_type}) in {finding.run}")
 
 
 def render_html(analysis: Analysis, images: dict[str, bytes]) -> str:
@@ -182,9 +116,11 @@ def _sections(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str | It
     yield from ["<h2>Runs</h2>", _runs_html(analysis.summary)]
     yield from _isolation_html(analysis)
     yield from fix_html([run.path for run in analysis.runs])
-    yield "<h2>Plots</h2>"
-    yield _chart_parts(analysis)
-    yield from (_img(name, data) for name, data in images.items())
+    yield "<h2>Charts</h2>"
+    yield chart_parts(analysis)
+    if images:
+        yield "<h3>Static figures (--png)</h3>"
+        yield from (_img(name, data) for name, data in images.items())
     yield "<h2>Details</h2>"
     yield _layers_parts(analysis)
     yield _unmatched_html(analysis)
@@ -271,13 +207,6 @@ def _by_run_and_position(rows: pd.DataFrame) -> pd.DataFrame:
     order (one run's rows usually are: a sorted copy of a 50,000-layer table was ~15 MB)."""
     order = np.lexsort((rows["position"].to_numpy(), pd.factorize(rows["run"], sort=True)[0]))
     return rows if bool((order == np.arange(len(order))).all()) else rows.iloc[order]
-
-
-def _chart_parts(analysis: Analysis) -> Iterator[str]:
-    """The zoomable error-over-depth chart of every measured layer (the PNG below stays for print/e-mail)."""
-    rows = reference_rows(analysis.comparison)
-    measured = rows["status"].isin(["pass", "warn", "fail"])
-    return error_chart_parts(rows.loc[measured, ["run", "key", "position", "rel_l2"]])  # not a copy of every column
 
 
 def _unmatched_html(analysis: Analysis) -> str:

@@ -21,11 +21,12 @@ from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FixedFormatter, FuncFormatter, NullLocator  # noqa: E402
 
+from layerdiff.analyzer.report.buckets import MAX_POINTS, worst_columns, worst_per_bucket  # noqa: E402,F401
+
 STATUS_COLOURS = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828"}
 FLOOR = 1e-12  # where an exactly-zero error sits on a log axis
 MANY_RUNS = 10
 MAX_NAMED_LAYERS = 40
-MAX_POINTS = 1500  # per line; the heatmap's columns likewise
 FP16_MAX, FP16_MIN_NORMAL = 65504.0, 6.1e-5
 DPI = 96  # 11-inch figures are 1056 px wide: the page's width; pixels cost rasterising and PNG encoding
 
@@ -61,36 +62,18 @@ def _layer_ticks(ax, keys: list[str]) -> None:
         ax.set_xlabel("layer (execution order)")
 
 
-def worst_per_bucket(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) sorted by x, reduced to the largest y of each of `limit` equal x-ranges.
-
-    A line through 10,000 layers is wider than the figure in pixels anyway; keeping each bucket's
-    maximum (at its own x) means no spike, and so no failing layer, can disappear from the plot.
-    """
-    order = np.argsort(x, kind="stable")
-    x, y = np.asarray(x)[order], np.asarray(y, dtype=float)[order]
-    if x.size <= limit:
-        return x, y
-    span = float(x[-1] - x[0]) + 1.0
-    bucket = ((x - x[0]) * (limit / span)).astype(np.int64)
-    pick = np.lexsort((-np.nan_to_num(y, nan=-np.inf), bucket))
-    first = pick[np.r_[True, bucket[pick][1:] != bucket[pick][:-1]]]
-    first.sort()
-    return x[first], y[first]
-
-
 def error_by_layer(rows: pd.DataFrame, first: dict[str, str], metric: str = "rel_l2",
-                   isolated: pd.DataFrame | None = None) -> bytes:
+                   isolated: pd.DataFrame | None = None, colours: dict[str, str] | None = None) -> bytes:
     """Error vs depth, one line per run, the first divergence circled; NaN/Inf layers marked at the top.
 
     `isolated` (columns run, key, isolated_<metric>) adds a triangle per isolated layer at the error
     the layer makes alone, in its run's colour, so "broken here" and "inherited" read off the line.
     """
-    return _png(error_by_layer_figure(rows, first, metric, isolated))
+    return _png(error_by_layer_figure(rows, first, metric, isolated, colours))
 
 
 def error_by_layer_figure(rows: pd.DataFrame, first: dict[str, str], metric: str = "rel_l2",
-                   isolated: pd.DataFrame | None = None) -> Figure:
+                          isolated: pd.DataFrame | None = None, colours: dict[str, str] | None = None) -> Figure:
     """Error vs depth, one line per run, the first divergence circled; NaN/Inf layers marked at the top.
 
     `isolated` (columns run, key, isolated_<metric>) adds a triangle per isolated layer at the error
@@ -103,14 +86,14 @@ def error_by_layer_figure(rows: pd.DataFrame, first: dict[str, str], metric: str
     runs = list(dict.fromkeys(rows["run"]))
     many = len(runs) > MANY_RUNS
     top = max(_top_value(rows[metric]), _top_value(_isolated_values(isolated, metric)))
-    colours = {}
+    given, colours = colours or {}, {}
     for run, r in rows.groupby("run", sort=False):
         x = x_of.reindex(r["key"]).to_numpy()
         raw = r[metric].to_numpy(dtype=float)
         y = np.where(np.isfinite(raw), np.clip(raw, FLOOR, None), top)
         bad = ~np.isfinite(raw) | (r["n_nonfinite_mismatch"].fillna(0).to_numpy() > 0)
         line, = ax.plot(*worst_per_bucket(x, y), lw=0.8 if many else 1.5, alpha=0.35 if many else 0.9,
-                        label=None if many else run)
+                        label=None if many else run, color=given.get(run))
         colours[run] = line.get_color()
         if bad.any():
             ax.scatter(x[bad], np.full(int(bad.sum()), top), marker="x", color=line.get_color(), zorder=3)
@@ -128,9 +111,14 @@ def error_by_layer_figure(rows: pd.DataFrame, first: dict[str, str], metric: str
                  + (", triangle: layer run alone on the reference's inputs)" if shown else ")"))
     _layer_ticks(ax, keys)
     ax.grid(True, which="major", alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="upper left")
+    _legend_below(ax)
     return fig
+
+
+def _legend_below(ax) -> None:
+    """The legend under the axes, never over a marker or a line."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
 
 
 def _isolated_values(isolated: pd.DataFrame | None, metric: str) -> pd.Series:
@@ -192,7 +180,7 @@ def heatmap_figure(matrix: pd.DataFrame, title: str = "rel L2 error, runs x laye
                       np.where(np.isnan(values), np.nan, np.inf))
     keys = list(matrix.columns)
     if values.shape[1] > MAX_POINTS:
-        values, keys = _worst_columns(values), []
+        values, keys = worst_columns(values), []
     finite = values[np.isfinite(values)]
     top = float(finite.max()) * 10 if finite.size else 1.0
     values = np.where(np.isposinf(values), max(top, FLOOR * 10), values)
@@ -214,24 +202,16 @@ def heatmap_figure(matrix: pd.DataFrame, title: str = "rel L2 error, runs x laye
     return fig
 
 
-def _worst_columns(values: np.ndarray, limit: int = MAX_POINTS) -> np.ndarray:
-    """Columns merged in `limit` buckets keeping each row's worst value (NaN only if all are NaN)."""
-    edges = np.linspace(0, values.shape[1], limit + 1).astype(np.int64)
-    filled = np.where(np.isnan(values), -np.inf, values)
-    worst = np.maximum.reduceat(filled, edges[:-1], axis=1)
-    return np.where(np.isneginf(worst), np.nan, worst)
-
-
-def value_range(ranges: dict[str, pd.DataFrame]) -> bytes:
+def value_range(ranges: dict[str, pd.DataFrame], colours: dict[str, str] | None = None) -> bytes:
     """Each layer's largest |value| per run against fp16's limits, plus the reference's underflow share.
 
     Every run is drawn in the reference's layer order (sorted by its x), so a run that executes
     layers in another order does not zig-zag.
     """
-    return _png(value_range_figure(ranges))
+    return _png(value_range_figure(ranges, colours))
 
 
-def value_range_figure(ranges: dict[str, pd.DataFrame]) -> Figure:
+def value_range_figure(ranges: dict[str, pd.DataFrame], colours: dict[str, str] | None = None) -> Figure:
     """Each layer's largest |value| per run against fp16's limits, plus the reference's underflow share.
 
     Every run is drawn in the reference's layer order (sorted by its x), so a run that executes
@@ -242,18 +222,19 @@ def value_range_figure(ranges: dict[str, pd.DataFrame]) -> Figure:
     reference_keys = list(next(iter(ranges.values()))["key"])
     x_of = pd.Series(np.arange(len(reference_keys)), index=reference_keys)
     x_of = x_of[~x_of.index.duplicated()]
-    for label, layers in ranges.items():
+    for k, (label, layers) in enumerate(ranges.items()):
         peak = np.maximum(layers["min"].abs(), layers["max"].abs()).to_numpy(float)
         x = x_of.reindex(layers["key"]).to_numpy()
         keep = ~np.isnan(x)
         xs, ys = worst_per_bucket(x[keep].astype(np.int64), np.clip(peak[keep], FLOOR, None))
-        ax.plot(xs, ys, marker="." if len(xs) <= 200 else None, lw=1.2, label=label)
+        ax.plot(xs, ys, marker="." if len(xs) <= 200 else None, lw=max(3.5 - 0.7 * k, 1.0), label=label,
+                ls=("-", "--", ":", "-.")[k % 4], color=(colours or {}).get(label))  # coinciding lines stay visible
     ax.axhline(FP16_MAX, color="#c62828", ls="--", lw=1, label="fp16 max 65504")
     ax.axhline(FP16_MIN_NORMAL, color="#1565c0", ls=":", lw=1, label="fp16 smallest normal 6.1e-5")
     ax.set_yscale("log")
     ax.set_ylabel("max |value| (log)")
     ax.set_title("Value range by layer against fp16 limits")
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     ref = next(iter(ranges.values()))
     share = (ref["n_fp16_underflow"] / ref["numel"].clip(lower=1)).to_numpy(float)
     xs, ys = worst_per_bucket(np.arange(len(share)), share)

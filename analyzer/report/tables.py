@@ -185,7 +185,7 @@ def markdown_chunks(frame: pd.DataFrame, rows: int = CHUNK_ROWS) -> Iterator[str
     if frame.empty:
         yield "_(none)_\n"
         return
-    yield "| " + " | ".join(str(c) for c in frame.columns) + " |\n"
+    yield "| " + " | ".join(_title(c) for c in frame.columns) + " |\n"
     yield "|" + "|".join("---" for _ in frame.columns) + "|\n"
     for start in range(0, len(frame), rows):
         part = frame.iloc[start:start + rows]
@@ -204,17 +204,26 @@ def csv_chunks(frame: pd.DataFrame, rows: int = CHUNK_ROWS) -> Iterator[bytes]:
 def _formatted_column(series: pd.Series, markdown: bool = False) -> list[str]:
     """`format_number` of every cell, a column at a time (`tolist` gives Python scalars in one call,
     so a 10,000-layer table is not formatted through per-cell pandas/numpy access)."""
-    out = [format_number(v) for v in series.tolist()]
+    values = series.tolist()
+    if series.name == "position":  # shown 1-based, as the findings' "#N in execution order"
+        values = [v + 1 if isinstance(v, (int, float)) and v == v else v for v in values]
+    out = [format_number(v) for v in values]
     if markdown and series.dtype.kind not in "iufb":
         out = [t.replace("|", "\\|").replace("\n", " ") for t in out]
     return out
+
+
+def _title(column) -> str:
+    """A column's heading on screen: `position` reads `#` (1-based, like the findings); the CSV and
+    results.json keep the 0-based `position`."""
+    return "#" if column == "position" else str(column)
 
 
 def to_html(frame: pd.DataFrame, css_class: str = "data") -> str:
     """An HTML table with the same number formatting as Markdown; status cells get a class for colour."""
     if frame.empty:
         return "<p><em>(none)</em></p>"
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    head = "".join(f"<th>{html.escape(_title(c))}</th>" for c in frame.columns)
     columns = []
     for column in frame.columns:
         texts = [html.escape(t) for t in _formatted_column(frame[column])]

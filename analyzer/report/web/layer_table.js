@@ -22,6 +22,10 @@
     var column = {data: index, title: field, defaultContent: ""};
     if (!TEXT[field]) { column.render = number; column.className = "dt-right"; column.type = "num"; }
     if (field === "status") column.createdCell = function (td, value) { td.classList.add("s-" + value); };
+    if (field === "position") {  // shown 1-based, as the findings' "#N in execution order" (the data stays 0-based)
+      column.title = "#";
+      column.render = function (value, type) { return type === "display" && typeof value === "number" ? value + 1 : value; };
+    }
     return column;
   });
   var table = new DataTable("#layer-table", {
