@@ -45,6 +45,9 @@ def build_phone_harnesses(devices: list[Device], engine: str, backends: list[str
     """
     from layerdiff.collector.harness.build import HarnessError, harness_for
 
+    if engine == "ggml":
+        _build_ggml(devices)
+        return
     for device in devices:
         try:
             info = device.info()
@@ -57,3 +60,23 @@ def build_phone_harnesses(devices: list[Device], engine: str, backends: list[str
                 harness_for(info.abi, engine, backend)
             except HarnessError:
                 continue
+
+
+def _build_ggml(devices: list[Device]) -> None:
+    """The ggml engine is a C++ binary on the `local` device too: built before the sweep's clock runs
+    (a first build takes minutes), failures left to the runs to report."""
+    from layerdiff.collector.engines.ggml.build import GgmlSpec, ensure_built
+    from layerdiff.collector.harness.build import HarnessError
+
+    targets = set()
+    for device in devices:
+        try:
+            kind = device.info().kind
+        except LayerdiffError:
+            continue
+        targets.add("host" if kind == "local" else None)
+    for target in sorted(t for t in targets if t):
+        try:
+            ensure_built(GgmlSpec(target))
+        except HarnessError:
+            continue

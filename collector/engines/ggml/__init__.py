@@ -1,0 +1,17 @@
+"""collector/engines/ggml: GGUF models through ggml (llama.cpp's graph builders), run by the C++ program
+layerdiff-ggml (device_scripts/ggml) built from llama-cpp-python's sdist; on the host and, as a static
+aarch64 binary under qemu, on the `arm64` device."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from layerdiff.collector.engines.base import Engine, InputSpecs
+
+
+def _input_specs(path: Path) -> InputSpecs:
+    from layerdiff.collector.engines.ggml.models import input_specs
+
+    return input_specs(path)
+
+
+ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vulkan"))

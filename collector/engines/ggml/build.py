@@ -1,0 +1,173 @@
+"""The layerdiff-ggml binary for a target, built on demand from llama-cpp-python's sdist into the cache.
+
+Why like the ncnn harness: llama.cpp + ggml take minutes to compile, so the binary is built once per
+(harness sources, build script, llama.cpp version, target, backends) and reused by every later run,
+test session and CI step. The CMake build directory is keyed without the harness sources, so editing
+device_scripts/ggml recompiles those few files only, never llama.cpp. One builder at a time (file lock).
+
+Cache layout (root: layerdiff's cache, ~/.cache/layerdiff):
+    harness/src/llama.cpp-<version>/          llama.cpp + ggml from the sdist (fetch_source.py)
+    harness/ggml-build-<target>-<options>/    CMake/ninja build tree (incremental)
+    harness/ggml-<target>-<key>/layerdiff-ggml, build.log, builds.txt
+$LAYERDIFF_GGML_BINARY names a prebuilt binary to use as is.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from layerdiff.collector.harness import children
+from layerdiff.collector.harness.build import DEVICE_SCRIPTS, HarnessError, _locked, cache_root
+from layerdiff.collector.harness.buildprogress import BuildReporter, BuildWatcher, default_reporter
+
+LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendor/llama.cpp is built (ggml 0.25.3)
+GGML_DIR = DEVICE_SCRIPTS / "ggml"
+SHARED_SOURCES = ("options", "engine", "npy", "sha256", "json", "dump_writer", "sysutil")  # harness/src, reused
+BUILD_MINUTES = {"host": 8, "aarch64": 10, "android": 12}  # measured on 2 busy cores: host CPU-only 7.3 min
+
+
+@dataclass(frozen=True)
+class GgmlSpec:
+    """What decides the binary: target (host, aarch64, android) and the GPU backends compiled in."""
+
+    target: str = "host"
+    vulkan: bool = False
+    opencl: bool = False
+
+
+def sources_digest() -> str:
+    """sha256 over every file the binary is built from (this repo's side)."""
+    if not (GGML_DIR / "CMakeLists.txt").is_file():
+        raise HarnessError(f"the ggml harness sources are missing from {GGML_DIR}; reinstall layerdiff")
+    digest = hashlib.sha256()
+    files = sorted(p for p in GGML_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".md")
+    harness = DEVICE_SCRIPTS / "harness" / "src"
+    files += [harness / f"{name}{ext}" for name in SHARED_SOURCES for ext in (".cpp", ".h")]
+    files += [harness / "errors.h", harness / "inject_source.h", harness / "engine.h", DEVICE_SCRIPTS / "build_common.sh"]
+    for path in files:
+        digest.update(str(path.relative_to(DEVICE_SCRIPTS)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _options_key(spec: GgmlSpec) -> str:
+    return hashlib.sha256(json.dumps({"llama_cpp_python": LLAMA_CPP_PYTHON, **asdict(spec)}, sort_keys=True)
+                          .encode()).hexdigest()[:16]
+
+
+def binary_dir(spec: GgmlSpec) -> Path:
+    key = hashlib.sha256((sources_digest() + _options_key(spec)).encode()).hexdigest()[:16]
+    return cache_root() / "harness" / f"ggml-{spec.target}-{key}"
+
+
+def build_dir(spec: GgmlSpec) -> Path:
+    return cache_root() / "harness" / f"ggml-build-{spec.target}-{_options_key(spec)}"
+
+
+def source_dir() -> Path:
+    return cache_root() / "harness" / "src" / f"llama.cpp-{LLAMA_CPP_PYTHON}"
+
+
+def build_command(spec: GgmlSpec, out: Path) -> list[str]:
+    """The build script invocation for `spec` (also what an error tells a user to run)."""
+    return ["bash", str(GGML_DIR / "build.sh"), "--src", str(source_dir()), "--out", str(out),
+            "--build-dir", str(build_dir(spec)), "--target", spec.target,
+            "--vulkan", "ON" if spec.vulkan else "OFF", "--opencl", "ON" if spec.opencl else "OFF",
+            "--source-label", f"llama-cpp-python {LLAMA_CPP_PYTHON} sdist"]
+
+
+def _fetch_source() -> None:
+    dest = source_dir().parent
+    fetch = [sys.executable, str(GGML_DIR / "fetch_source.py"), str(dest), "--version", LLAMA_CPP_PYTHON]
+    with _locked(dest.parent / "src.lock"):
+        result = subprocess.run(fetch, capture_output=True, text=True)
+    if result.returncode != 0:
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HarnessError(f"cannot fetch llama.cpp from PyPI ({detail}); run: {shlex.join(fetch)}")
+
+
+def describe(spec: GgmlSpec) -> str:
+    """The first line a user sees: what is built, why, how long."""
+    incremental = (build_dir(spec) / "cmake" / "build.ninja").is_file()
+    minutes = 1 if incremental else BUILD_MINUTES.get(spec.target, 10) * (3 if spec.vulkan else 1)
+    gpu = "".join(f" with {name}" for name, on in (("Vulkan", spec.vulkan), ("OpenCL", spec.opencl)) if on)
+    why = "the harness sources changed" if incremental else f"llama.cpp (llama-cpp-python {LLAMA_CPP_PYTHON}) is not built yet"
+    return f"building the {spec.target} ggml harness{gpu}: {why}; about {minutes} min, once (cached in {binary_dir(spec)})"
+
+
+def ensure_built(spec: GgmlSpec = GgmlSpec(), reporter: BuildReporter | None = None) -> Path:
+    """The cached layerdiff-ggml for `spec`, built first if needed (progress on `reporter`)."""
+    prebuilt = os.environ.get("LAYERDIFF_GGML_BINARY")
+    if prebuilt:
+        if not Path(prebuilt).is_file():
+            raise HarnessError(f"LAYERDIFF_GGML_BINARY={prebuilt} does not name a file: fix or unset it")
+        return Path(prebuilt)
+    out = binary_dir(spec)
+    binary = out / "layerdiff-ggml"
+    if binary.is_file():
+        return binary
+    if spec.target == "android" and not os.environ.get("ANDROID_NDK"):
+        raise HarnessError(f"the android ggml harness needs the Android NDK; set ANDROID_NDK and run: "
+                           f"{shlex.join(build_command(spec, out))}")
+    with _locked(build_dir(spec).with_suffix(".lock")):
+        if binary.is_file():
+            return binary
+        _fetch_source()
+        out.mkdir(parents=True, exist_ok=True)
+        cmd = build_command(spec, out)
+        with open(out / "builds.txt", "a") as history:
+            history.write(shlex.join(cmd) + "\n")
+        ok = _run_build(cmd, out / "build.log", describe(spec), reporter or default_reporter())
+        if not ok or not binary.is_file():
+            raise HarnessError(f"building the ggml harness failed (log: {out / 'build.log'}); run: {shlex.join(cmd)}")
+    return binary
+
+
+def _run_build(cmd: list[str], log: Path, what: str, reporter: BuildReporter) -> bool:
+    """Run the build script into `log`, its steps followed for the reporter; Ctrl-C ends its process group."""
+    watcher = BuildWatcher(reporter)
+    watcher.start(what)
+    ok = False
+    with open(log, "w") as handle:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                                env={**os.environ, "PYTHON": sys.executable}, start_new_session=True)
+        children.register(proc)
+        try:
+            for line in proc.stdout:
+                handle.write(line)
+                watcher.feed(line)
+            ok = proc.wait() == 0
+        finally:
+            children.unregister(proc)
+            if proc.poll() is None:
+                children.end_group(proc)
+            watcher.stop(ok)
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m layerdiff.collector.engines.ggml.build [--target host|aarch64|android] [--vulkan] [--opencl]`:
+    build (or find) layerdiff-ggml and print its path; warms the cache for CI and users."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m layerdiff.collector.engines.ggml.build",
+                                     description=main.__doc__.splitlines()[0])
+    parser.add_argument("--target", default="host", choices=["host", "aarch64", "android"])
+    parser.add_argument("--vulkan", action="store_true")
+    parser.add_argument("--opencl", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        print(ensure_built(GgmlSpec(args.target, args.vulkan, args.opencl)))
+    except HarnessError as err:
+        print(f"layerdiff: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

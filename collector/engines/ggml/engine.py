@@ -1,0 +1,86 @@
+"""The `local` device's ggml engine: the harness command line handed to the layerdiff-ggml binary.
+
+The binary (device_scripts/ggml) runs the model and writes the raw dump itself; this module checks
+the arguments like every host engine (harness_cli), finds the binary (building the CPU one into the
+cache the first time, progress on stderr; `collect` builds it before a sweep starts) and runs it with
+the same arguments, its progress lines and its one error line passed through, its exit code kept.
+A Vulkan or OpenCL binary is never built inside a run (long, needs glslc / the NDK): without a cached
+one the run exits 4 saying what to build.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from layerdiff.collector.engines.ggml import ENGINE
+from layerdiff.collector.engines.harness_cli import EXIT_BACKEND, HarnessArgs, HarnessExit, harness_main
+
+GPU_SPECS = {"vulkan": {"vulkan": True}, "opencl": {"opencl": True}}
+
+
+def binary_for(backend: str) -> Path:
+    """The cached binary that can run `backend` (built here only for the CPU)."""
+    from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir, build_command, ensure_built
+    from layerdiff.collector.harness.build import HarnessError
+    from layerdiff.collector.harness.buildprogress import PlainReporter
+
+    spec = GgmlSpec(**GPU_SPECS.get(backend, {}))
+    try:
+        if backend in GPU_SPECS and not os.environ.get("LAYERDIFF_GGML_BINARY"):
+            binary = binary_dir(spec) / "layerdiff-ggml"
+            if not binary.is_file():
+                raise HarnessError(f"no ggml build with {backend} here; build it once with `python -m "
+                                   f"layerdiff.collector.engines.ggml.build --{backend}` "
+                                   f"({' '.join(build_command(spec, binary.parent))}) or use --backend cpu")
+        return ensure_built(spec, PlainReporter(sys.stderr))
+    except HarnessError as err:
+        raise HarnessExit(EXIT_BACKEND, str(err)) from None
+
+
+def _argv(args: HarnessArgs) -> list[str]:
+    argv = ["--engine", "ggml", "--backend", args.backend, "--precision", args.precision, "--out", str(args.out),
+            "--threads", str(args.threads), "--repeat", str(args.repeat)]
+    argv += [a for model in args.models for a in ("--model", str(model))]
+    argv += [a for name, path in args.inputs.items() for a in ("--input", f"{name}={path}")]
+    if args.layers is not None:
+        argv += ["--layers", args.layers.pattern]
+    if args.max_bytes is not None:
+        argv += ["--max-bytes", str(args.max_bytes)]
+    if args.abort_after is not None:
+        argv += ["--abort-after", str(args.abort_after)]
+    if args.inject is not None:
+        argv += ["--inject", str(args.inject), *[a for t in args.targets for a in ("--target", t)],
+                 *[a for k in args.replace for a in ("--replace", k)]]
+    return argv
+
+
+def run(args: HarnessArgs) -> None:
+    """Run the binary on the checked arguments; it writes the dump, its stdout/stderr are this process's."""
+    binary = binary_for(args.backend)
+    sys.stdout.flush()
+    code = subprocess.run([str(binary), *_argv(args)], check=False).returncode
+    if code < 0:  # killed by a signal (--abort-after): die the same way, so the collector sees the signal
+        os.kill(os.getpid(), -code)
+    if code != 0:  # the binary already said why, in its one `layerdiff-harness:` line
+        sys.exit(code)
+
+
+def probe() -> dict:
+    out = subprocess.run([str(binary_for("cpu")), "--probe"], capture_output=True, text=True, check=False).stdout
+    return json.loads(out)
+
+
+def engine_version() -> str:
+    out = subprocess.run([str(binary_for("cpu")), "--version"], capture_output=True, text=True, check=False).stdout
+    return out.strip()
+
+
+def main() -> int:
+    return harness_main(ENGINE.name, run, probe, engine_version, ENGINE.backends)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

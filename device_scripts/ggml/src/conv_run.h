@@ -1,0 +1,40 @@
+// layerdiff's own op graph in a GGUF file (general.architecture "layerdiff.conv2d"): one
+// ggml_conv_2d, which ggml builds as IM2COL + MUL_MAT, run on a chosen backend with every node dumped.
+// Why: the field report behind seed 004 is ggml's im2col giving NaN/Inf at large sizes in fp16; this
+// re-runs exactly that op pair on the user's own input size without a whole model around it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backends.h"
+#include "dump_writer.h"
+#include "model_input.h"
+#include "run_facts.h"
+
+struct ggml_context;
+struct gguf_context;
+struct ggml_tensor;
+
+namespace ld {
+
+class ConvRun {
+public:
+    ~ConvRun();
+    void open(const std::string& model_path, const std::string& backend, const GgmlPrecision& precision, int threads);
+    RunFacts prepare(ModelInput* input);
+    double run(const ModelInput& input, DumpWriter& out);
+
+private:
+    double compute(const ModelInput& input, DumpWriter* out, class NodeDumper* dumper);
+    gguf_context* gguf_ = nullptr;
+    ggml_context* weights_ = nullptr;   // the GGUF's tensors, on the host
+    ggml_tensor* kernel_ = nullptr;
+    int stride_ = 1, padding_ = 0, dilation_ = 1;
+    std::string backend_;
+    GgmlPrecision precision_;
+    int threads_ = 1;
+    NodeDumper* dumper_ = nullptr;
+};
+
+}  // namespace ld

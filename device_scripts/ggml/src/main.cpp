@@ -1,0 +1,188 @@
+// layerdiff-ggml: runs a GGUF model through ggml (llama.cpp's graph builders, or layerdiff's own
+// convolution graph) on one backend/precision and dumps every graph node in the raw dump format
+// (analyzer/FORMATS.md section 1). It speaks the harness command line (device_scripts/HARNESS_CLI.md)
+// with `--engine ggml`, one `--model FILE.gguf` and one input: tokens=IDS.npy, prompt=TEXT.txt (or a
+// uint8 .npy of its UTF-8 bytes), or x=X.npy (float32) for a convolution graph.
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "backends.h"
+#include "conv_run.h"
+#include "engine.h"
+#include "errors.h"
+#include "ggml.h"
+#include "json.h"
+#include "llama.h"
+#include "llama_run.h"
+#include "node_dump.h"
+#include "options.h"
+#include "sha256.h"
+#include "sysutil.h"
+
+#ifndef LAYERDIFF_HARNESS_VERSION
+#define LAYERDIFF_HARNESS_VERSION "0.0.0"
+#endif
+#ifndef LAYERDIFF_GGML_SOURCE
+#define LAYERDIFF_GGML_SOURCE "unknown"
+#endif
+
+namespace ld {
+namespace {
+
+const char* kName = "layerdiff-ggml";
+int g_last_level = GGML_LOG_LEVEL_NONE;
+
+// ggml and llama.cpp log every load step at INFO; a user needs their warnings and errors only (stderr).
+void quiet_log(ggml_log_level level, const char* text, void*) {
+    if (level != GGML_LOG_LEVEL_CONT) g_last_level = level;
+    if (g_last_level >= GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
+}
+
+[[noreturn]] void bad(const std::string& what) { throw HarnessError(kExitBadArgs, what + " (see layerdiff-ggml --help)"); }
+
+std::string base_name(const std::string& path) {
+    size_t slash = path.rfind('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+void validate(const Options& o) {
+    if (!o.engine.empty() && o.engine != "ggml") bad("this binary runs --engine ggml, not '" + o.engine + "'");
+    if (!known_backend(o.backend)) bad("--backend must be cpu, opencl or vulkan, got '" + o.backend + "'");
+    if (!known_precision(o.precision)) bad("--precision must be low, normal or high, got '" + o.precision + "'");
+    if (o.models.size() != 1) bad("ggml needs exactly one --model FILE.gguf");
+    if (o.inputs.size() != 1) bad("ggml needs one --input: tokens=IDS.npy, prompt=TEXT.txt or x=X.npy");
+    if (!o.inject_dir.empty() || !o.targets.empty() || !o.replace.empty()) {
+        bad("--inject/--target/--replace are not supported by the ggml engine; isolate an op with a "
+            "layerdiff.conv2d GGUF (samples/ggml_models.py) run on the input you want instead");
+    }
+    if (!file_readable(o.inputs[0].second)) bad("cannot read input file " + o.inputs[0].second);
+    if (o.out.empty()) bad("--out DIR is required");
+    if (!dir_absent_or_empty(o.out)) bad("output directory " + o.out + " is not empty: choose a new --out");
+    if (!o.layers.empty()) {
+        try {
+            std::regex check(o.layers, std::regex::ECMAScript);
+        } catch (const std::regex_error&) {
+            bad("--layers '" + o.layers + "' is not a valid regular expression");
+        }
+    }
+}
+
+std::string header_json(const Options& o, const RunFacts& facts, const ModelInput& input, int repeat_index) {
+    uint64_t size = 0;
+    std::string digest = sha256_file(o.models[0], &size);
+    std::string model = json_array({JsonObject().add("file", base_name(o.models[0])).add("sha256", digest)
+                                        .add("bytes", static_cast<int64_t>(size)).str()});
+    std::string inputs = json_array({JsonObject().add("name", input.name).add("file", base_name(input.file))
+                                         .add("sha256", input.sha256).add("shape", input.shape)
+                                         .add("dtype", input.dtype).str()});
+    JsonObject header;
+    header.add("record", "header").add("format", "layerdiff-raw").add("format_version", 1)
+        .add("engine", "ggml").add("engine_version", facts.engine_version)
+        .add("backend_requested", o.backend).add("backends_actual", facts.backends_actual)
+        .add("precision_requested", o.precision).add("precision_effective", facts.precision_effective)
+        .add("threads", o.threads).add_raw("model", model).add_raw("inputs", inputs)
+        .add("harness", std::string(kName) + " " + LAYERDIFF_HARNESS_VERSION)
+        .add("started", iso_utc_now()).add_raw("options", facts.options_json);
+    if (o.repeat > 1) header.add("repeat", repeat_index);
+    return header.str();
+}
+
+DumpLimits limits_from(const Options& o) {
+    DumpLimits limits;
+    if (!o.layers.empty()) {
+        limits.has_filter = true;
+        limits.filter = std::regex(o.layers, std::regex::ECMAScript);
+    }
+    limits.max_bytes = o.max_bytes;
+    limits.abort_after = o.abort_after;
+    return limits;
+}
+
+// Both kinds of graph: open, prepare (tokenize, placement pass), run with a writer.
+template <typename Runner>
+int run_with(Runner& runner, const Options& o, ModelInput& input, const GgmlPrecision& precision) {
+    runner.open(o.models[0], o.backend, precision, o.threads);
+    RunFacts facts = runner.prepare(&input);
+    for (int r = 0; r < o.repeat; ++r) {
+        std::string dir = o.repeat > 1 ? join_path(o.out, "r" + std::to_string(r)) : o.out;
+        DumpWriter writer(dir, limits_from(o), facts.nodes);
+        writer.write_header(header_json(o, facts, input, r));
+        double ms = runner.run(input, writer);
+        writer.write_footer(ms);
+    }
+    return kExitOk;
+}
+
+int run(const Options& o) {
+    validate(o);
+    if (!file_readable(o.models[0])) throw HarnessError(kExitModel, "cannot read model file " + o.models[0] + ": check the path");
+    ModelInput input = load_model_input(o.inputs[0].first, o.inputs[0].second);
+    GgmlPrecision precision = precision_for(o.precision);
+    apply_precision_environment(precision);
+    llama_backend_init();
+    std::string arch = gguf_architecture(o.models[0]);
+    if (arch.rfind("layerdiff.conv2d", 0) == 0) {
+        ConvRun conv;
+        return run_with(conv, o, input, precision);
+    }
+    if (input.name != "tokens" && input.name != "prompt") {
+        bad("a language model takes --input tokens=IDS.npy or --input prompt=TEXT.txt, not '" + input.name + "'");
+    }
+    LlamaRun model;
+    return run_with(model, o, input, precision);
+}
+
+std::string version_line() {
+    return std::string(kName) + " " + LAYERDIFF_HARNESS_VERSION + " (ggml " + ggml_version() + ", " +
+           LAYERDIFF_GGML_SOURCE + ", " + build_abi() + ")";
+}
+
+std::string probe_json() {
+    llama_backend_init();
+    JsonObject engine;
+    engine.add("version", std::string(ggml_version())).add_raw("backends", backends_probe_json());
+    return JsonObject().add("harness", kName).add("version", LAYERDIFF_HARNESS_VERSION).add("abi", build_abi())
+        .add_raw("engines", JsonObject().add_raw("ggml", engine.str()).str()).str();
+}
+
+const char* usage() {
+    return "usage: layerdiff-ggml [--engine ggml] --model FILE.gguf\n"
+           "                      --input tokens=IDS.npy | prompt=TEXT.txt | prompt=UTF8.npy | x=X.npy\n"
+           "                      --backend cpu|opencl|vulkan --precision low|normal|high\n"
+           "                      --out DIR [--threads N] [--layers REGEX] [--max-bytes N] [--repeat N] [--abort-after K]\n"
+           "       layerdiff-ggml --version | --probe\n";
+}
+
+}  // namespace
+}  // namespace ld
+
+int main(int argc, char** argv) {
+    using namespace ld;
+    llama_log_set(quiet_log, nullptr);
+    try {
+        Options o = parse_options(argc, argv);
+        if (o.backend.empty()) o.backend = "cpu";
+        if (o.precision.empty()) o.precision = "high";
+        switch (o.mode) {
+            case Mode::Help: std::fputs(usage(), stdout); return kExitOk;
+            case Mode::Version: std::printf("%s\n", version_line().c_str()); return kExitOk;
+            case Mode::Probe: std::printf("%s\n", probe_json().c_str()); return kExitOk;
+            case Mode::Run: return run(o);
+        }
+    } catch (const HarnessError& err) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "layerdiff-harness: %s\n", err.what());
+        return err.code();
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "layerdiff-harness: out of memory; try --layers or --max-bytes to dump less\n");
+        return kExitRun;
+    } catch (const std::exception& err) {
+        std::fprintf(stderr, "layerdiff-harness: run failed: %s\n", err.what());
+        return kExitRun;
+    }
+    return kExitOk;
+}

@@ -1,0 +1,139 @@
+#include "node_dump.h"
+
+#include <cstring>
+
+#include "errors.h"
+#include "ggml-backend.h"
+#include "ggml.h"
+
+namespace ld {
+
+std::string strip_copy_name(const std::string& name) {
+    size_t first = name.find('#');
+    size_t last = name.rfind('#');
+    if (first == std::string::npos || first == last) return name;
+    return name.substr(first + 1, last - first - 1);
+}
+
+bool NodeDumper::callback(ggml_tensor* t, bool ask, void* user_data) {
+    auto* self = static_cast<NodeDumper*>(user_data);
+    if (ask) return self->ask(t);
+    self->dump(t);
+    return true;  // never stop the graph: every later node still runs
+}
+
+bool NodeDumper::ask(ggml_tensor* t) {
+    // Asking for a node makes the scheduler compute up to it and stop there; nodes the filter drops are
+    // left out so the backend computes them in one go.
+    return writer_ == nullptr || writer_->wants(unique_name(t));
+}
+
+std::string NodeDumper::unique_name(const ggml_tensor* t) {
+    auto found = names_.find(t);
+    if (found != names_.end()) return found->second;
+    std::string base = strip_copy_name(t->name);
+    if (base.empty()) base = std::string(ggml_op_desc(t));
+    int uses = name_uses_[base]++;
+    std::string name = uses == 0 ? base : base + "#" + std::to_string(uses);
+    names_[t] = name;
+    return name;
+}
+
+std::string NodeDumper::edge_name(const ggml_tensor* src) {
+    auto found = names_.find(src);
+    if (found != names_.end()) return found->second;
+    std::string name = strip_copy_name(src->name);  // a weight, an input or a copy of a dumped node
+    return name.empty() ? std::string(ggml_op_desc(src)) : name;
+}
+
+void NodeDumper::dump(ggml_tensor* t) {
+    ++seen_;
+    std::string name = unique_name(t);
+    std::string buffer = t->buffer ? ggml_backend_buffer_name(t->buffer) : "none";
+    if (writer_ == nullptr) {  // placement pass
+        buffers_.insert(buffer);
+        per_buffer_[buffer]++;
+        return;
+    }
+    if (!writer_->wants(name)) return;
+    TensorInfo info;
+    info.op = name;
+    info.name = name;
+    info.op_type = ggml_op_desc(t);
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        if (t->src[i] != nullptr) info.inputs.push_back(edge_name(t->src[i]));
+    }
+    bool host = t->buffer == nullptr || ggml_backend_buffer_is_host(t->buffer);
+    info.memory = host ? "host" : "device";
+    // layout: "ggml/<type>@<buffer>": the node's own ggml type (widened to the dump dtype) and the buffer
+    // (so the backend) that held it; the shape is ggml's ne reversed, so the bytes are C order.
+    info.layout = std::string("ggml/") + ggml_type_name(t->type) + "@" + buffer;
+    std::vector<char> bytes;
+    if (!read_node(t, &bytes, &info.shape, &info.dtype)) {
+        types_[std::string(ggml_type_name(t->type)) + " (not dumped)"]++;
+        return;
+    }
+    types_[ggml_type_name(t->type)]++;
+    writer_->write(info, bytes.data(), bytes.size());
+}
+
+namespace {
+
+// Element (i0..i3) of a host copy of `t` as float.
+float element(const ggml_tensor* t, const char* base, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    const char* p = base + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+    switch (t->type) {
+        case GGML_TYPE_F32: { float v; std::memcpy(&v, p, 4); return v; }
+        case GGML_TYPE_F16: { ggml_fp16_t v; std::memcpy(&v, p, 2); return ggml_fp16_to_fp32(v); }
+        case GGML_TYPE_BF16: { ggml_bf16_t v; std::memcpy(&v, p, 2); return ggml_bf16_to_fp32(v); }
+        default: return 0.0f;
+    }
+}
+
+}  // namespace
+
+bool read_node(const ggml_tensor* t, std::vector<char>* bytes, std::vector<int64_t>* shape, std::string* dtype) {
+    if (t->data == nullptr || t->buffer == nullptr) return false;
+    int dims = ggml_n_dims(t);
+    shape->clear();
+    for (int d = dims - 1; d >= 0; --d) shape->push_back(t->ne[d]);
+    std::vector<char> raw(ggml_nbytes(t));  // the whole extent of a (possibly strided) view
+    ggml_backend_tensor_get(t, raw.data(), 0, raw.size());
+    int64_t n = ggml_nelements(t);
+    if (t->type == GGML_TYPE_I32) {
+        *dtype = "int32";
+        bytes->resize(static_cast<size_t>(n) * 4);
+        auto* out = reinterpret_cast<int32_t*>(bytes->data());
+        for (int64_t i3 = 0; i3 < t->ne[3]; ++i3)
+            for (int64_t i2 = 0; i2 < t->ne[2]; ++i2)
+                for (int64_t i1 = 0; i1 < t->ne[1]; ++i1)
+                    for (int64_t i0 = 0; i0 < t->ne[0]; ++i0)
+                        std::memcpy(out++, raw.data() + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3], 4);
+        return true;
+    }
+    *dtype = "float32";
+    bytes->resize(static_cast<size_t>(n) * 4);
+    auto* out = reinterpret_cast<float*>(bytes->data());
+    bool plain = t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_BF16;
+    if (plain) {
+        for (int64_t i3 = 0; i3 < t->ne[3]; ++i3)
+            for (int64_t i2 = 0; i2 < t->ne[2]; ++i2)
+                for (int64_t i1 = 0; i1 < t->ne[1]; ++i1)
+                    for (int64_t i0 = 0; i0 < t->ne[0]; ++i0) *out++ = element(t, raw.data(), i0, i1, i2, i3);
+        return true;
+    }
+    // quantized (a q8_0 KV cache store): rows are whole blocks, widened with the type's own to_float
+    const ggml_type_traits* traits = ggml_get_type_traits(t->type);
+    if (traits->to_float == nullptr || t->nb[0] != ggml_type_size(t->type) || t->ne[0] % ggml_blck_size(t->type) != 0) {
+        return false;
+    }
+    for (int64_t i3 = 0; i3 < t->ne[3]; ++i3)
+        for (int64_t i2 = 0; i2 < t->ne[2]; ++i2)
+            for (int64_t i1 = 0; i1 < t->ne[1]; ++i1) {
+                traits->to_float(raw.data() + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3], out, t->ne[0]);
+                out += t->ne[0];
+            }
+    return true;
+}
+
+}  // namespace ld

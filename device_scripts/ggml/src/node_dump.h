@@ -1,0 +1,55 @@
+// Dumps every node of a ggml graph as the scheduler computes it (ggml_backend_sched_eval_callback).
+// Why the scheduler's callback: it sees each node right after the backend that owns it computed it,
+// on every backend (a GPU node's output is copied back with ggml_backend_tensor_get), in execution order.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dump_writer.h"
+
+struct ggml_tensor;
+
+namespace ld {
+
+class NodeDumper {
+public:
+    // writer nullptr: a placement pass (every node asked for, its buffer recorded, nothing copied).
+    explicit NodeDumper(DumpWriter* writer) : writer_(writer) {}
+    // The callback ggml calls (user_data = this NodeDumper).
+    static bool callback(ggml_tensor* t, bool ask, void* user_data);
+
+    // Buffer names the dumped nodes lived in ("CPU", "Vulkan0", ...): the backends that really ran them.
+    const std::set<std::string>& buffers() const { return buffers_; }
+    const std::map<std::string, int64_t>& nodes_per_buffer() const { return per_buffer_; }
+    // ggml types of the dumped outputs and how many nodes had each ("f32": 40, "f16": 4).
+    const std::map<std::string, int64_t>& output_types() const { return types_; }
+    int64_t nodes_seen() const { return seen_; }
+    // Before each graph: names restart (the next graph reuses tensor memory), counters stay.
+    void start(DumpWriter* writer) { writer_ = writer; names_.clear(); name_uses_.clear(); }
+
+private:
+    bool ask(ggml_tensor* t);
+    void dump(ggml_tensor* t);
+    std::string unique_name(const ggml_tensor* t);
+    std::string edge_name(const ggml_tensor* src);
+
+    DumpWriter* writer_;
+    std::map<const ggml_tensor*, std::string> names_;  // node -> its unique dump name
+    std::map<std::string, int> name_uses_;             // llama.cpp reuses names (Qcur-0 thrice)
+    std::set<std::string> buffers_;
+    std::map<std::string, int64_t> per_buffer_;
+    std::map<std::string, int64_t> types_;
+    int64_t seen_ = 0;
+};
+
+// The node's output as float32 (or int32 for I32 nodes) in C order of its shape; shape = ne reversed.
+// Returns false for types it cannot widen (the node is then skipped and counted).
+bool read_node(const ggml_tensor* t, std::vector<char>* bytes, std::vector<int64_t>* shape, std::string* dtype);
+
+// llama.cpp's scheduler names the copies it makes for another backend "<backend>#<name>#<n>".
+std::string strip_copy_name(const std::string& name);
+
+}  // namespace ld
