@@ -4,9 +4,9 @@ Why here and not in the collector: samples must prove themselves (ncnn and MNN g
 reference says) without depending on the tool they are meant to test. These runners are small and
 direct: pip `ncnn` (CPU, or Vulkan on Mesa lavapipe) and pymnn (CPU), keyed `<op name>:0`.
 
-Precision settings follow docs/DESIGN.md: high = every fp16/bf16 option off; low = fp16 packed, storage
-and arithmetic on, plus bf16 storage on the CPU (x86 has no fp16 arithmetic, so ncnn uses bf16);
-normal = ncnn's defaults.
+Precision settings are layerdiff.vocabulary's ncnn table, as the collector's: high = every fp16/bf16
+option off; low = fp16 packed, storage and arithmetic on where the backend has fp16 (Vulkan, an fp16
+CPU), bf16 storage on other CPUs (x86 has no fp16 arithmetic, so ncnn uses bf16); normal = ncnn's defaults.
 """
 
 from __future__ import annotations
@@ -16,23 +16,21 @@ from typing import Mapping
 
 import numpy as np
 
-PRECISIONS = ("low", "normal", "high")
-BACKENDS = ("cpu", "vulkan")
+from layerdiff.vocabulary import PRECISIONS, ncnn_cpu_has_fp16, ncnn_precision_flags
+
+BACKENDS = ("cpu", "vulkan")  # the backends pip ncnn has here (MNN's wheel runs on the CPU only)
 
 
 def _ncnn_options(opt, backend: str, precision: str) -> None:
     """Set an ncnn Option for a backend/precision (see module docstring for the mapping)."""
+    import ncnn
+
     opt.use_vulkan_compute = backend == "vulkan"
     opt.num_threads = 1
     opt.lightmode = False
-    if precision == "normal":
-        return
-    low = precision == "low"
-    opt.use_fp16_packed = low
-    opt.use_fp16_storage = low
-    opt.use_fp16_arithmetic = low
-    opt.use_bf16_storage = low and backend == "cpu"
-    opt.use_bf16_packed = low and backend == "cpu"
+    for flag, value in ncnn_precision_flags(precision, fp16=backend == "vulkan" or ncnn_cpu_has_fp16(ncnn)).items():
+        if hasattr(opt, flag):  # pip ncnn has no use_fp16_uniform (Vulkan-only; ncnn clears it with arithmetic)
+            setattr(opt, flag, value)
 
 
 def _blob_shape(mat) -> tuple[int, ...]:

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerdiff.analyzer.align.naming import mnn_file_stem
+from layerdiff.vocabulary import MNN_FORWARD_TYPES, MNN_PRECISION_MODES
 
-FORWARD_TYPES = {0: "cpu", 1: "metal", 2: "cuda", 3: "opencl", 4: "auto", 6: "opengl", 7: "vulkan"}
-PRECISIONS = {0: "normal", 1: "high", 2: "low", 3: "low_bf16"}
+FORWARD_TYPES = MNN_FORWARD_TYPES  # MNNForwardType code -> backend name (layerdiff/vocabulary.py)
+PRECISIONS = MNN_PRECISION_MODES
 MAX_LOG_BYTES = 256 << 20
 
 _DIM4 = re.compile(r"Dimensions: 4, W,H,C,B: (\d+) X (\d+) X (\d+) X (\d+), OP name (.*) : (\d+)\s*$")

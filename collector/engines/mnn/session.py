@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import re
 
+from layerdiff.vocabulary import MNN_FORWARD_CPU_EXTENSION, MNN_FORWARD_TYPES
 from layerdiff.collector.engines.harness_cli import EXIT_MODEL, HarnessArgs, HarnessExit
 from layerdiff.collector.engines.mnn.modelfile import quiet_stdout
 
 BACKEND_NAMES = {"cpu": "CPU", "opencl": "OPENCL", "vulkan": "VULKAN"}
-FORWARD_TYPES = {0: "cpu", 13: "cpu", 3: "opencl", 7: "vulkan", 1: "metal", 2: "cuda", 5: "nn", 6: "opengl"}
+FORWARD_TYPES = MNN_FORWARD_TYPES  # MNNForwardType code -> backend name (layerdiff/vocabulary.py)
 SESSION_INFO_BACKENDS = 2
 
-FORWARD_CPU_EXTENSION = 13  # MNN_FORWARD_CPU_EXTENSION: the Arm82 backend, the CPU computing in fp16
+FORWARD_CPU_EXTENSION = MNN_FORWARD_CPU_EXTENSION  # Arm82 (fp16 at low on fp16 cores) or x86 AVX: see effective_precision
 FEATURES: dict[str, int] = {}
 
 

@@ -39,7 +39,7 @@ from layerdiff.collector.engines.harness_cli import (
     now_ms,
     repeat_dirs,
 )
-from layerdiff.collector.engines.ncnn.options import PRECISION_FLAGS
+from layerdiff.vocabulary import ncnn_cpu_has_fp16, ncnn_precision_flags
 
 NO_VULKAN = (
     "no Vulkan device found; install a Vulkan driver (Debian: apt-get install mesa-vulkan-drivers "
@@ -108,8 +108,9 @@ def configure(opt, args: HarnessArgs) -> None:
     opt.lightmode = True  # memory: live blobs only (see the module docstring)
     opt.num_threads = args.threads
     opt.use_vulkan_compute = args.backend == "vulkan"
-    for flag, value in PRECISION_FLAGS[args.precision].items():
-        if hasattr(opt, flag):  # use_bf16_packed is newer than the aarch64 wheel the arm64 device runs
+    fp16 = args.backend == "vulkan" or ncnn_cpu_has_fp16(_ncnn())
+    for flag, value in ncnn_precision_flags(args.precision, fp16=fp16).items():
+        if hasattr(opt, flag):  # the wheels lack use_fp16_uniform; use_bf16_packed is newer than the aarch64 one
             setattr(opt, flag, value)
 
 

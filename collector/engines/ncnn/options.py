@@ -1,6 +1,6 @@
 """ncnn's precision switches in one place: the Option flags per precision, and the per-layer feature mask.
 
-The flags are what the host engine sets for `--precision`; the feature mask (param key 31 on a
+The flags the host engine sets for `--precision` are layerdiff.vocabulary's; the feature mask (param key 31 on a
 layer's line in the `.param` file) is how one layer opts out of them, which is what `collect fix`
 writes. Both come from ncnn 1.0.20261020: `Option` in src/option.h, and `get_masked_option` in
 src/net.cpp, which clears the options below for a layer whose mask has the bit set (and, while
@@ -12,14 +12,8 @@ from enum import IntFlag
 
 FEATMASK_KEY = 31  # the .param key ncnn reads as Layer::featmask (int; types 0, 1 and 2 are accepted)
 
-# Option flags per precision ("normal" leaves ncnn's defaults: fp16/bf16 where the hardware has them).
-PRECISION_FLAGS: dict[str, dict[str, bool]] = {
-    "high": {"use_fp16_packed": False, "use_fp16_storage": False, "use_fp16_arithmetic": False,
-             "use_bf16_storage": False, "use_bf16_packed": False},
-    "low": {"use_fp16_packed": True, "use_fp16_storage": True, "use_fp16_arithmetic": True,
-            "use_bf16_storage": True},
-    "normal": {},
-}
+# The Option flags per precision are layerdiff/vocabulary.py's `ncnn_precision_flags` (one table for
+# the host engine, the C++ harness and the sample runners).
 
 
 class Feature(IntFlag):
