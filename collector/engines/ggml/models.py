@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import ModelFormatError
 
 CONV_ARCH = "layerdiff.conv2d"
 
@@ -17,7 +17,7 @@ def architecture(path: Path) -> tuple[str, object]:
         field = reader.fields["general.architecture"]
         return field.contents(), reader
     except (KeyError, ValueError, OSError, IndexError) as err:
-        raise LayerdiffError(f"{path}: not a readable GGUF model ({type(err).__name__}: {err})") from None
+        raise ModelFormatError(f"{path}: not a readable GGUF model ({type(err).__name__}: {err})") from None
 
 
 def input_specs(path: Path) -> dict[str, tuple[tuple[int, ...] | None, str]]:
@@ -29,5 +29,5 @@ def input_specs(path: Path) -> dict[str, tuple[tuple[int, ...] | None, str]]:
             if tensor.name == "conv.weight":
                 in_channels = int(tensor.shape[2])  # gguf lists ne: kw, kh, in, out
                 return {"x": ((1, in_channels, -1, -1), "float32")}
-        raise LayerdiffError(f"{path}: a {CONV_ARCH} GGUF without conv.weight")
+        raise ModelFormatError(f"{path}: a {CONV_ARCH} GGUF without conv.weight")
     return {"tokens": ((-1,), "int32")}
