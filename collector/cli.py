@@ -78,6 +78,8 @@ def collect(
     out: Path = typer.Option(Path("runs"), "--out", "-o", help="output directory for the .h5 files"),
     threads: int = typer.Option(1, "--threads"),
     repeat: int = typer.Option(1, "--repeat", help="dump each configuration N times (nondeterminism)"),
+    fresh_process: bool = typer.Option(False, "--fresh-process", help="with --repeat N: run each repeat in a new harness "
+                                       "process (faults that change between processes, not within one)"),
     deadline: float = typer.Option(900.0, "--deadline", help="seconds a run may take on the device"),
     layers: Optional[str] = typer.Option(None, "--layers", help="dump only ops whose name matches this regex"),
     max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="stop dumping past this many bytes"),
@@ -100,7 +102,7 @@ def collect(
         backends=split_list(backend) or ["cpu"], precisions=split_list(precision) or ["high"],
         inputs=input or [], shapes=shape or [], out=out, threads=threads, repeat=repeat, deadline=deadline, layers=layers,
         max_bytes=max_bytes, exclude=split_list(exclude), adb_servers=adb_server or [], keep=keep, force=force,
-        retry_failed=retry_failed, configs=configs,
+        retry_failed=retry_failed, configs=configs, fresh_process=fresh_process,
     )
     for error in input_errors:
         print(f"collect: {error}", file=sys.stderr)
@@ -123,7 +125,8 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
                inputs: list[str], out: Path, threads: int, repeat: int, deadline: float, layers: str | None,
                max_bytes: int | None, exclude: list[str], adb_servers: list[str], keep: bool, force: bool,
                retry_failed: bool = False, preprocess: str | None = None,
-               shapes: list[str] | None = None, configs: list[tuple[str, str]] | None = None) -> tuple[SweepPlan, list[str]]:
+               shapes: list[str] | None = None, configs: list[tuple[str, str]] | None = None,
+               fresh_process: bool = False) -> tuple[SweepPlan, list[str]]:
     """Everything `collect` needs, checked before any device is touched; plus unusable-input lines."""
     check_run_options(threads, repeat, deadline, layers, max_bytes)
     if out.exists() and not out.is_dir():
@@ -141,7 +144,7 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
         devices=resolve_devices(devices, adb_servers, exclude), model=model_files, backends=backends,
         precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
         deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force, retry_failed=retry_failed,
-        configs=list(configs or []),
+        configs=list(configs or []), fresh_process=fresh_process,
     ), input_errors
 
 

@@ -32,6 +32,7 @@ class FindingKind(StrEnum):
     ZERO_COLLAPSE_ORIGIN = "zero_collapse_origin"
     ERROR_GROWTH = "error_growth"
     NONDETERMINISM = "nondeterminism"
+    RUN_SPREAD = "run_spread"  # how far repeats of one configuration land apart (spread.py)
     INPUT_DEPENDENCE = "input_dependence"
     FP16_RISK = "fp16_risk"
     ERROR_CURVE = "error_curve"

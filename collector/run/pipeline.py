@@ -26,6 +26,7 @@ from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, read_
 from layerdiff.collector.transport.devices import Device, DeviceError, ExecResult
 from layerdiff.collector.engines.harness_cli import INPUT_DTYPES
 from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.run.fresh import execute_fresh
 from layerdiff.collector.inputs.modelfiles import ModelFiles, input_dtypes
 from layerdiff.collector.sweep.outdir_lock import FETCH_PREFIX
 
@@ -51,6 +52,7 @@ class RunOptions:
     layers: str | None = None
     max_bytes: int | None = None
     keep: bool = False
+    fresh_process: bool = False  # with repeat > 1: each repeat in its own harness process (collector/run/fresh.py)
 
     def __post_init__(self) -> None:
         check_run_options(self.threads, self.repeat, self.deadline_s, self.layers, self.max_bytes)
@@ -139,8 +141,12 @@ def collect_run(
         check_space(device, spec, run_dir)
         with tempfile.TemporaryDirectory(prefix="layerdiff-inputs-") as tmp:
             argv = _stage(device, spec, run_dir, Path(tmp))
-            result = device.execute(harness.argv + argv, env=harness.env, deadline_s=spec.deadline_s,
-                                    on_stdout_line=_progress_parser(on_progress))
+            if spec.fresh_process and spec.repeat > 1:
+                result = execute_fresh(device, harness.argv, argv, run_dir, spec.repeat, env=harness.env,
+                                       deadline_s=spec.deadline_s, on_stdout_line=_progress_parser(on_progress))
+            else:
+                result = device.execute(harness.argv + argv, env=harness.env, deadline_s=spec.deadline_s,
+                                        on_stdout_line=_progress_parser(on_progress))
         with writing(out_dir, (spec.expected_bytes or 0) * spec.repeat):
             paths, message = _fetch_and_convert(device, spec, run_dir, targets, result, cancel)
     finally:
@@ -250,12 +256,12 @@ def _fetch_and_convert(
                 if not message:
                     message = f"the harness wrote no dump at {remote}"
                 continue
-            written.append(_convert(device, spec, Path(local), target, result, stop))
+            written.append(_convert(device, spec, Path(local), target, result, stop, k))
     return written, message
 
 
 def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: ExecResult,
-             stop: Callable[[], bool] | None = None) -> Path:
+             stop: Callable[[], bool] | None = None, repeat_index: int = 0) -> Path:
     info = device.info()
     vulkan_gpu = getattr(device, "vulkan_gpu", None)  # the local machine names its GPU only when asked
     if spec.backend == "vulkan" and vulkan_gpu is not None and not info.gpu:
@@ -278,6 +284,9 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
             "command": shlex.join(["layerdiff-harness", "--backend", spec.backend, "--precision", spec.precision]),
         },
     }
+    if spec.fresh_process and spec.repeat > 1:  # each process's header says repeat 0: the index is the collector's
+        attrs["repeat"] = repeat_index
+        attrs["provenance"]["fresh_process"] = True
     try:
         raw = read_raw_dump(local)
     except LayerdiffError as err:
