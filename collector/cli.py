@@ -182,7 +182,10 @@ def devices_command(
     if json_out:
         print(json.dumps(devices_json(reports), indent=2))
     else:
-        Console().print(devices_table(reports))
+        console = Console()
+        if not console.is_terminal:  # piped: every column in full (a terminal's width truncated them to 3 letters)
+            console = Console(width=100_000)
+        console.print(devices_table(reports))
 
 
 @app.command("prepare")

@@ -18,25 +18,15 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
-from typer.core import TyperGroup
 
 from layerdiff.errors import LayerdiffError, os_error_line
 from layerdiff.analyzer.report.numbers import format_number
 
-DEFAULT_COMMAND = "compare"
+from layerdiff.analyzer.cli.defaultgroup import DEFAULT_COMMAND, DefaultCommandGroup
 # Modules that contribute sub-commands: "module:function", each function called with `app` to add
 # its commands (e.g. "layerdiff.analyzer.cli.offline:register" adds import / merge / export). The lead wires them.
 COMMAND_PROVIDERS: list[str] = ["layerdiff.analyzer.cli.offline:register", "layerdiff.analyzer.cli.cache:register"]
 MAX_CONSOLE_FINDINGS = 25
-
-
-class DefaultCommandGroup(TyperGroup):
-    """A group that runs `compare` when the first argument is not a sub-command name."""
-
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
-            args = [DEFAULT_COMMAND, *args]
-        return super().parse_args(ctx, args)
 
 
 app = typer.Typer(cls=DefaultCommandGroup, add_completion=False, no_args_is_help=True,

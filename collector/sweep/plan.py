@@ -139,9 +139,20 @@ def probe_backends(device: Device, engine: str) -> tuple[dict[str, dict], str]:
         raise DeviceError(f"{device.serial}: the harness --probe failed ({tail})")
     try:
         probe = json.loads(text)
-        return probe["engines"][engine]["backends"], str(probe.get("version", ""))
+        backends, version = probe["engines"][engine]["backends"], str(probe.get("version", ""))
     except (json.JSONDecodeError, KeyError, TypeError):
         raise DeviceError(f"{device.serial}: the harness --probe printed no {engine} section") from None
+    return _explained(device, backends), version
+
+
+def _explained(device: Device, backends: dict[str, dict]) -> dict[str, dict]:
+    """The harness says why a backend is missing as it sees it; a device that knows better (the
+    emulated arm64 phone: no GPU at all, not a missing driver) says it instead."""
+    explain = getattr(device, "unavailable_reason", None)
+    if explain is None or not isinstance(backends, dict):
+        return backends
+    return {name: ({**cap, "reason": explain(name, str(cap.get("reason", "")))}
+                   if isinstance(cap, dict) and not cap.get("ok") else cap) for name, cap in backends.items()}
 
 
 def estimate_dump_bytes(plan: SweepPlan) -> int | None:

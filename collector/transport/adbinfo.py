@@ -129,31 +129,78 @@ def machine_reports(*, probe: bool = True) -> list[AdbDeviceReport]:
     from layerdiff.collector.transport.devices import LocalDevice
 
     devices: list = [LocalDevice()] + ([Arm64Device()] if shutil.which(QEMU) else [])
-    reports = []
+    reports, probed = [], []
     for device in devices:
         report = AdbDeviceReport(**{**asdict(device.info()), "server": "this machine"})
         report.free_bytes = shutil.disk_usage(tempfile.gettempdir()).free
         if isinstance(device, Arm64Device) and not runtime().ready():
             report.probe_note = "runtime not prepared yet (the first `collect --device arm64` prepares it)"
         elif probe:
-            report.probe, report.probe_note = _probe_engines(device)
+            probed.append((device, report))
         reports.append(report)
+    for (device, report), (document, note) in zip(probed, _probe_all([d for d, _r in probed])):
+        report.probe, report.probe_note = document, note
     return reports
 
 
-def _probe_engines(device) -> tuple[dict | None, str]:
-    """The `--probe` of the host engines a machine device shares with phones, merged into one document."""
-    engines: dict = {}
-    for engine in ARM64_ENGINES:
-        invocation = device.prepare_harness(engine)
-        out: list[str] = []
-        result = device.execute(invocation.argv + ["--probe"], env=invocation.env, deadline_s=120,
-                                on_stdout_line=out.append)
-        document = next((line for line in out if line.strip().startswith("{")), "")
-        if result.exit_status != 0 or not document:
-            return None, f"{engine} --probe failed (status {result.exit_status}): {result.stderr.strip()[-200:]}"
-        engines.update(json.loads(document).get("engines", {}))
-    return {"engines": engines}, ""
+def _probe_all(devices: list) -> list[tuple[dict | None, str]]:
+    """Every device's engines probed at once: each `--probe` is a process (2-3 s, the arm64 ones
+    under qemu), and one after another they made `collect devices` take 12-23 s."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [(device, engine) for device in devices for engine in ARM64_ENGINES]
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+        answers = list(pool.map(lambda job: _probe_engine(*job), jobs))
+    out = []
+    for device in devices:
+        engines: dict = {}
+        mine = [answer for (d, _e), answer in zip(jobs, answers) if d is device]
+        failed = next((note for _doc, note in mine if note), "")
+        for document, _note in mine:
+            engines.update(document or {})
+        out.append((None, failed) if failed else ({"engines": engines}, ""))
+    return out
+
+
+def _probe_engine(device, engine: str) -> tuple[dict | None, str]:
+    """One host engine's `--probe` on a machine device: (its engines section, "") or (None, why not).
+
+    A device that can keep the answer (`probe_cache`: the emulated arm64 core) is asked once per
+    runtime and engine code."""
+    cache = device.probe_cache(engine) if hasattr(device, "probe_cache") else None
+    if cache is not None:
+        try:
+            return json.loads(cache.read_text()), ""
+        except (OSError, ValueError):
+            pass
+    document, note = _run_probe(device, engine)
+    if cache is not None and document is not None:
+        _keep(cache, json.dumps(document))
+    return document, note
+
+
+def _keep(path, text: str) -> None:
+    """Write a cache file atomically; a cache that cannot be written is only slower next time."""
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        partial.write_text(text)
+        os.replace(partial, path)
+    except OSError:
+        pass
+
+
+def _run_probe(device, engine: str) -> tuple[dict | None, str]:
+    invocation = device.prepare_harness(engine)
+    out: list[str] = []
+    result = device.execute(invocation.argv + ["--probe"], env=invocation.env, deadline_s=120,
+                            on_stdout_line=out.append)
+    document = next((line for line in out if line.strip().startswith("{")), "")
+    if result.exit_status != 0 or not document:
+        return None, f"{engine} --probe failed (status {result.exit_status}): {result.stderr.strip()[-200:]}"
+    return json.loads(document).get("engines", {}), ""
 
 
 def devices_json(reports: list[AdbDeviceReport]) -> dict:

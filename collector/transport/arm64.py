@@ -10,8 +10,10 @@ sees the host file system), so staging and fetching are the local device's.
 from __future__ import annotations
 
 import functools
+import hashlib
 import subprocess
 import sys
+from pathlib import Path
 
 from layerdiff.collector.transport.arm64runtime import (DOWNLOAD_MB, PYTHON_VERSION, QEMU, WHEELS, Arm64Runtime, StepSink, check_qemu,
                                    ensure_runtime, runtime, source_dir)
@@ -74,6 +76,20 @@ class Arm64Device(LocalDevice):
             )
         return self._info
 
+    def probe_cache(self, engine: str) -> Path:
+        """Where this core's `--probe` answer for `engine` is kept. Under qemu a probe costs ~10 s, and
+        its answer cannot change while the runtime (immutable once built) and the engine code stay
+        the same, so both are in the file name."""
+        return self.runtime().root / "probes" / f"{self.cpu}-{engine}-{_engine_code_hash()}.json"
+
+    def unavailable_reason(self, backend: str, reason: str) -> str:
+        """Why `backend` cannot run here, true for an emulated phone: qemu-user emulates the CPU
+        only, so no GPU driver of this machine (lavapipe included) can serve the aarch64 engines."""
+        if backend == "cpu":
+            return reason
+        return (f"the emulated arm64 device has no GPU (qemu-user emulates the CPU only, so this machine's "
+                f"drivers cannot serve it); use --backend cpu here, and a phone over adb for {backend}")
+
     def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
         if engine not in ARM_ENGINES:
             raise DeviceError(f"{self.serial}: runs {' and '.join(ARM_ENGINES)} (their aarch64 wheels), not {engine}; "
@@ -82,6 +98,18 @@ class Arm64Device(LocalDevice):
         runtime = self.runtime()
         return HarnessInvocation(argv=runtime.argv(self.cpu) + ["-m", module], env=runtime.env(source_dir()),
                                  description=f"aarch64 {engine} (Python) under qemu -cpu {self.cpu}")
+
+
+@functools.lru_cache(maxsize=1)
+def _engine_code_hash() -> str:
+    """Digest of the engine modules' source (collector/engines/): what a probe runs besides the wheels."""
+    from layerdiff.collector import engines
+
+    digest = hashlib.sha256()
+    root = Path(engines.__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def prepare_runtime(devices: list, step_display) -> None:

@@ -156,12 +156,12 @@ class LocalDevice:
             self._info = DeviceInfo(
                 serial="local",
                 kind="local",
-                model=uname.node,
+                model="local",  # what the user typed (--device local) labels its runs; the host name is provenance
                 soc=_host_cpu_name(),
                 board=f"{uname.system}-{uname.release}-{uname.machine}",  # platform.platform() runs `uname -p`
                 abi=host_abi(),
                 abis=[host_abi()],
-                extra={"python": sys.version.split()[0]},
+                extra={"python": sys.version.split()[0], "hostname": uname.node},
             )
         return self._info
 

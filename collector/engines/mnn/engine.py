@@ -53,7 +53,8 @@ def probe() -> dict:
     mnn_module()
     backends = {"cpu": {"ok": True, "fp16": bool(FEATURES.get("fp16"))}}
     for name in ("opencl", "vulkan"):
-        backends[name] = {"ok": False, "reason": "the MNN wheel from PyPI has no GPU backends (MNN falls back to CPU)"}
+        backends[name] = {"ok": False, "reason": "the MNN wheel from PyPI has no GPU backend: the run would fall back "
+                                                 "to the CPU and repeat --backend cpu (phones run it with the C++ harness)"}
     abi = host_abi()
     return {"harness": "layerdiff-local-mnn", "version": HARNESS_VERSION, "abi": abi,
             "engines": {"mnn": {"version": engine_version(), "backends": backends}}}
