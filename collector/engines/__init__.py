@@ -14,7 +14,7 @@ from dataclasses import replace
 from layerdiff.collector.engines.base import Engine
 from layerdiff.vocabulary import BACKENDS
 
-ENGINE_FOLDERS = ("mnn", "ncnn", "ort", "paddle", "litert", "ggml")  # the registry: one folder name per engine
+ENGINE_FOLDERS = ("mnn", "ncnn", "ort", "paddle", "paddle_lite", "litert", "ggml")  # the registry: one folder name per engine
 
 
 def _declared(folder: str) -> Engine:

@@ -62,6 +62,7 @@ class HarnessSpec:
     vulkan: bool = False
     test_build: bool = False
     ncnn_layers: tuple[str, ...] | None = None
+    paddle_lite_root: str | None = None  # Paddle-Lite inference library (PADDLE_LITE_ROOT): the paddle-lite engine
 
 
 def cache_root() -> Path:
@@ -83,6 +84,8 @@ def spec_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool = 
         raise HarnessError(
             f"the MNN harness for {abi} needs an MNN build: set MNN_ROOT to a directory with include/ and lib/"
         )
+    if engine == "paddle-lite":
+        return _paddle_lite_spec(abi, test_build)
     with_ncnn = engine == "ncnn"
     if abi == host_abi():
         return HarnessSpec("host", with_ncnn, mnn_root if engine == "mnn" else None, with_ncnn, test_build)
@@ -90,6 +93,19 @@ def spec_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool = 
         return HarnessSpec("aarch64", True, None, False, test_build)
     if abi in ("arm64-v8a", "armeabi-v7a"):
         return HarnessSpec(f"android-{abi}", with_ncnn, mnn_root if engine == "mnn" else None, with_ncnn, test_build)
+    raise HarnessError(f"no layerdiff harness build exists for ABI {abi!r} (supported: arm64-v8a, armeabi-v7a, {host_abi()})")
+
+
+def _paddle_lite_spec(abi: str, test_build: bool) -> HarnessSpec:
+    """The paddle-lite harness: no ncnn, linked against the user's Paddle-Lite inference library."""
+    root = os.environ.get("PADDLE_LITE_ROOT") or None
+    if not root:
+        raise HarnessError(f"the paddle-lite harness for {abi} needs Paddle-Lite's inference library for that ABI: "
+                           "set PADDLE_LITE_ROOT to its folder (cxx/include/paddle_api.h, cxx/lib/libpaddle_light_api_shared.so)")
+    if abi == host_abi():
+        return HarnessSpec("host", False, None, False, test_build, paddle_lite_root=root)
+    if abi in ("arm64-v8a", "armeabi-v7a"):
+        return HarnessSpec(f"android-{abi}", False, None, False, test_build, paddle_lite_root=root)
     raise HarnessError(f"no layerdiff harness build exists for ABI {abi!r} (supported: arm64-v8a, armeabi-v7a, {host_abi()})")
 
 
@@ -108,11 +124,15 @@ def _check_device_scripts() -> None:
                            "(pip install --force-reinstall layerdiff) or run from a checkout")
 
 
-def sources_digest() -> str:
-    """sha256 over the harness sources and build scripts: any edit gives a new binary."""
+def sources_digest(paddle_lite: bool = False) -> str:
+    """sha256 over the harness sources and build scripts: any edit gives a new binary.
+
+    The Paddle-Lite engine's own files count only for builds with it, so working on it never
+    invalidates the ncnn and MNN binaries (a 10-minute rebuild each)."""
     _check_device_scripts()
     digest = hashlib.sha256()
-    files = sorted(p for p in (DEVICE_SCRIPTS / "harness").rglob("*") if p.is_file())
+    files = sorted(p for p in (DEVICE_SCRIPTS / "harness").rglob("*")
+                   if p.is_file() and (paddle_lite or not p.name.startswith("paddle_lite")))
     files += sorted(DEVICE_SCRIPTS.glob("build_*.sh")) + sorted((DEVICE_SCRIPTS / "cmake").glob("*"))
     for path in files:
         digest.update(str(path.relative_to(DEVICE_SCRIPTS)).encode() + b"\0")
@@ -123,15 +143,23 @@ def sources_digest() -> str:
 def harness_key(spec: HarnessSpec) -> str:
     """Cache key of a harness binary: sources + spec + the ncnn it links."""
     mnn_lib = _mnn_library_stamp(spec.mnn_root) if spec.mnn_root else None
-    blob = json.dumps({"sources": sources_digest(), "spec": asdict(spec), "ncnn": ncnn_key(spec), "mnn": mnn_lib},
-                      sort_keys=True)
+    recipe = {"sources": sources_digest(bool(spec.paddle_lite_root)), "spec": asdict(spec), "ncnn": ncnn_key(spec), "mnn": mnn_lib}
+    if spec.paddle_lite_root:
+        recipe["paddle_lite"] = _library_stamp(spec.paddle_lite_root, "libpaddle_*") + [os.environ.get("PADDLE_LITE_EXTRA_LIBS", "")]
+    else:
+        del recipe["spec"]["paddle_lite_root"]  # keys of ncnn/MNN builds stay what they were
+    blob = json.dumps(recipe, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _mnn_library_stamp(mnn_root: str) -> list[list]:
     """Names, sizes and mtimes of the MNN libraries, so a rebuilt MNN gives a new key."""
-    root = Path(mnn_root)
-    libs = sorted(p for p in root.rglob("libMNN*") if p.is_file())
+    return _library_stamp(mnn_root, "libMNN*")
+
+
+def _library_stamp(library_root: str, pattern: str) -> list[list]:
+    root = Path(library_root)
+    libs = sorted(p for p in root.rglob(pattern) if p.is_file())
     return [[str(p.relative_to(root)), p.stat().st_size, int(p.stat().st_mtime)] for p in libs]
 
 
@@ -160,6 +188,8 @@ def build_command(spec: HarnessSpec, out_dir: Path | None = None) -> list[str]:
         cmd.append("--no-ncnn")
     if spec.mnn_root:
         cmd += ["--mnn-root", spec.mnn_root]
+    if spec.paddle_lite_root:
+        cmd += ["--paddle-lite-root", spec.paddle_lite_root]
     return cmd
 
 
@@ -220,7 +250,8 @@ def describe_build(spec: HarnessSpec) -> str:
     """What is about to be built, why, and roughly how long it takes (first line a user sees)."""
     ncnn_cached = not spec.with_ncnn or (cache_root() / "harness" / f"ncnn-{spec.target}-{ncnn_key(spec)}"
                                          / ".complete").is_file()
-    engines = " + ".join(e for e, on in (("ncnn " + NCNN_VERSION, spec.with_ncnn), ("MNN", bool(spec.mnn_root))) if on)
+    engines = " + ".join(e for e, on in (("ncnn " + NCNN_VERSION, spec.with_ncnn), ("MNN", bool(spec.mnn_root)),
+                                         ("Paddle-Lite", bool(spec.paddle_lite_root))) if on)
     vulkan = " with Vulkan" if spec.vulkan else ""
     minutes = estimate_minutes(spec.target, vulkan=spec.vulkan, ncnn_cached=ncnn_cached, test_build=spec.test_build)
     why = "ncnn is not built yet for this target" if not ncnn_cached else "no cached binary for these harness sources"

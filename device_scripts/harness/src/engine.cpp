@@ -12,6 +12,9 @@ std::vector<std::string> built_engines() {
 #if LAYERDIFF_WITH_MNN
     names.push_back("mnn");
 #endif
+#if LAYERDIFF_WITH_PADDLE_LITE
+    names.push_back("paddle-lite");
+#endif
     return names;
 }
 
@@ -21,6 +24,9 @@ std::unique_ptr<Engine> make_engine(const std::string& name) {
 #endif
 #if LAYERDIFF_WITH_MNN
     if (name == "mnn") return make_mnn_engine();
+#endif
+#if LAYERDIFF_WITH_PADDLE_LITE
+    if (name == "paddle-lite") return make_paddle_lite_engine();
 #endif
     (void)name;
     return nullptr;
@@ -33,6 +39,9 @@ std::string engine_version(const std::string& name) {
 #if LAYERDIFF_WITH_MNN
     if (name == "mnn") return mnn_version();
 #endif
+#if LAYERDIFF_WITH_PADDLE_LITE
+    if (name == "paddle-lite") return paddle_lite_version();
+#endif
     (void)name;
     return "";
 }
@@ -43,6 +52,9 @@ std::string engine_probe_json(const std::string& name) {
 #endif
 #if LAYERDIFF_WITH_MNN
     if (name == "mnn") return mnn_probe_json();
+#endif
+#if LAYERDIFF_WITH_PADDLE_LITE
+    if (name == "paddle-lite") return paddle_lite_probe_json();
 #endif
     (void)name;
     return "{}";

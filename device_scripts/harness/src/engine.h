@@ -1,4 +1,4 @@
-// The interface every engine (ncnn, MNN) implements, and the factory that knows which engines
+// The interface every engine (ncnn, MNN, Paddle-Lite) implements, and the factory that knows which engines
 // this binary was built with. main() only talks to this interface.
 #pragma once
 
@@ -78,6 +78,11 @@ std::string ncnn_probe_json();
 std::unique_ptr<Engine> make_mnn_engine();
 std::string mnn_version();
 std::string mnn_probe_json();
+#endif
+#if LAYERDIFF_WITH_PADDLE_LITE
+std::unique_ptr<Engine> make_paddle_lite_engine();
+std::string paddle_lite_version();
+std::string paddle_lite_probe_json();
 #endif
 
 // Shared helper: precision word -> nothing; validates the three names.

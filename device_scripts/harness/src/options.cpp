@@ -26,7 +26,7 @@ int64_t parse_int(const std::string& flag, const std::string& text, int64_t min_
 }  // namespace
 
 const char* usage_text() {
-    return "usage: layerdiff-harness --engine ncnn|mnn --model FILE [--model FILE2]\n"
+    return "usage: layerdiff-harness --engine ncnn|mnn|paddle-lite --model FILE [--model FILE2]\n"
            "                         --input NAME=FILE.npy [--input ...]\n"
            "                         --backend cpu|opencl|vulkan --precision low|normal|high\n"
            "                         --out DIR [--threads N] [--layers REGEX] [--max-bytes N]\n"
@@ -70,7 +70,7 @@ Options parse_options(int argc, char** argv) {
 }
 
 void validate_options(const Options& o) {
-    if (o.engine != "ncnn" && o.engine != "mnn") bad("--engine must be ncnn or mnn, got '" + o.engine + "'");
+    if (o.engine != "ncnn" && o.engine != "mnn" && o.engine != "paddle-lite") bad("--engine must be ncnn, mnn or paddle-lite, got '" + o.engine + "'");
     if (!known_backend(o.backend)) bad("--backend must be cpu, opencl or vulkan, got '" + o.backend + "'");
     if (!known_precision(o.precision)) bad("--precision must be low, normal or high, got '" + o.precision + "'");
     size_t want_models = o.engine == "ncnn" ? 2 : 1;

@@ -1,0 +1,20 @@
+"""collector/engines/paddle_lite: Paddle-Lite `.nb` models (from Paddle-Lite's opt) in the C++ harness.
+
+On phones the harness is built against the user's Paddle-Lite inference library (PADDLE_LITE_ROOT)
+with the NDK; the `local` device runs the same C++ engine built for this machine (engine.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from layerdiff.collector.engines.base import Engine, InputSpecs
+
+
+def _input_specs(path: Path) -> InputSpecs:
+    from layerdiff.collector.engines.paddle_lite.nbfile import read_nb
+
+    model = read_nb(path)
+    return {name: (model.var_dims.get(name) or None, model.var_dtypes.get(name, "float32")) for name in model.feeds}
+
+
+ENGINE = Engine("paddle-lite", (".nb",), _input_specs, backends=("cpu", "opencl"), on_phones=True)
