@@ -219,3 +219,43 @@ def test_pose_detection_gpu_graph_is_split_and_its_output_wrong(tmp_path):
     values = {t.name: a for t, a in gpu.iter_arrays()}
     errors = {name: _rel(ref, values[name]) for name, ref in reference.items()}
     assert max(errors.values()) > 0.3, errors  # measured 1 to 2.6: a wrong output, not rounding
+
+
+def _with_signature(source: Path, target: Path) -> None:
+    """The model with a signature whose names are aliases (`pixels`, `out0`, ...), as converters write them."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(bytearray(source.read_bytes()), 0)
+    sub = model.subgraphs[0]
+
+    def entries(indices, prefix):
+        out = []
+        for k, t in enumerate(indices):
+            entry = schema.TensorMapT()
+            entry.name, entry.tensorIndex = (b"pixels" if prefix == "in" else f"{prefix}{k}".encode()), int(t)
+            out.append(entry)
+        return out
+
+    signature = schema.SignatureDefT()
+    signature.signatureKey, signature.subgraphIndex = b"serving_default", 0
+    signature.inputs, signature.outputs = entries(sub.inputs, "in"), entries(sub.outputs, "out")
+    model.signatureDefs = [signature]
+    builder = flatbuffers.Builder(1 << 20)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    target.write_bytes(bytes(builder.Output()))
+
+
+def test_a_signature_with_aliases_is_fed_and_read_by_tensor(tmp_path, face_runs):
+    """Signature names differ from tensor names: the GPU run still feeds `input` and dumps every tensor."""
+    model = tmp_path / "face_sig.tflite"
+    _with_signature(tflite_model("face_detection_short_range"), model)
+    _, graph, x = face_runs["high"]
+    np.save(tmp_path / "x.npy", x)
+    proc = harness("--model", str(model), "--input", f"input={tmp_path / 'x.npy'}", "--backend", "gpu",
+                   "--out", str(tmp_path / "gpu"))
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    dumped = {t.name: a for t, a in read_raw_dump(tmp_path / "gpu").iter_arrays()}
+    reference = plain_outputs(tflite_model("face_detection_short_range"), x)
+    assert set(reference) <= set(dumped) and len(dumped) == 80
+    assert max(_rel(ref, dumped[name]) for name, ref in reference.items()) < 1e-4

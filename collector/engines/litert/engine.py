@@ -120,7 +120,7 @@ def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.n
     effective, why = gpu.effective_precision(placement.adapter, args.precision == "high")
     hidden = [{"key": f"{op_key(graph, op, labels)}:{k}", "name": labels[t], "op_type": op.op_type,
                "why": "not observable on this backend: the GPU accelerator fused it into the next op and never wrote it"}
-              for op in graph.computing_ops() for k, t in enumerate(op.outputs) if t in labels and graph.name(t) in never]
+              for op in graph.computing_ops() for k, t in enumerate(op.outputs) if t in labels and t in never]
     header = base_header(args, engine_version(), inputs)
     header.update({"backends_actual": ["gpu", "cpu"] if placement.split() else ["gpu"], "precision_effective": effective,
                    "not_observable": hidden,
@@ -133,8 +133,8 @@ def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.n
         values, elapsed = runner.run(0, [])
         for op in ops:
             for k, t in enumerate(op.outputs):
-                if t in labels and graph.name(t) not in never:
-                    dump_array(sink, graph, labels, op, k, t, values[graph.name(t)], memory="device")
+                if t in labels and t not in never:
+                    dump_array(sink, graph, labels, op, k, t, values[t], memory="device")
         sink.close(elapsed)
 
 

@@ -164,27 +164,34 @@ def _first(err: BaseException) -> str:
 
 
 class GpuRunner:
-    """One compiled model with its buffers: feed once, run with a sentinel fill, read every output."""
+    """One compiled model with its buffers: feed once, run with a sentinel fill, read every output.
 
-    def __init__(self, model, inputs: dict[str, np.ndarray]) -> None:
+    Outputs and inputs are matched by tensor index (the signature's details carry it), so a model
+    whose signature gives its tensors other names (aliases) is read and fed like one without."""
+
+    def __init__(self, model, graph: Graph, inputs: dict[str, np.ndarray]) -> None:
         self.model = model
         signature = model.get_signature_by_index(0)
         self.key = signature["key"]
         self.output_names = list(signature["outputs"])
         self.details = model.get_output_tensor_details(self.key)
-        input_names = list(signature["inputs"])
-        missing = [n for n in input_names if n not in inputs]
-        unknown = [n for n in inputs if n not in input_names]
-        if unknown or missing:
-            raise HarnessExit(EXIT_RUN, f"model inputs are {', '.join(input_names)}; "
-                                        f"{'no --input for ' + ', '.join(missing) if missing else 'no input ' + unknown[0]}")
         in_details = model.get_input_tensor_details(self.key)
+        input_names = list(signature["inputs"])
+        by_tensor = {name: graph.name(int(in_details[name]["index"])) for name in input_names}
+        given = {alias: inputs.get(alias, inputs.get(by_tensor[alias])) for alias in input_names}
+        missing = [by_tensor[a] for a, v in given.items() if v is None]
+        known = set(input_names) | set(by_tensor.values())
+        unknown = [n for n in inputs if n not in known]
+        if unknown or missing:
+            raise HarnessExit(EXIT_RUN, f"model inputs are {', '.join(by_tensor.values())}; "
+                                        f"{'no --input for ' + ', '.join(missing) if missing else 'no input ' + unknown[0]}")
         self.inputs = model.create_input_buffers(0)
-        for buffer, name in zip(self.inputs, input_names):
-            buffer.write(np.asarray(inputs[name], dtype=in_details[name]["dtype"]).reshape(-1))
+        for buffer, alias in zip(self.inputs, input_names):
+            buffer.write(np.asarray(given[alias], dtype=in_details[alias]["dtype"]).reshape(-1))
         self.outputs = model.create_output_buffers(0)
 
-    def run(self, fill_index: int, log: list[str]) -> tuple[dict[str, np.ndarray], float]:
+    def run(self, fill_index: int, log: list[str]) -> tuple[dict[int, np.ndarray], float]:
+        """Every output's values by tensor index, and the run's time in ms."""
         for buffer, name in zip(self.outputs, self.output_names):
             buffer.write(_fill(self.details[name], fill_index))
         begin = now_ms()
@@ -198,7 +205,8 @@ class GpuRunner:
         for buffer, name in zip(self.outputs, self.output_names):
             detail = self.details[name]
             count = int(np.prod(detail["shape"], dtype=np.int64))
-            values[name] = np.asarray(buffer.read(count, np.dtype(detail["dtype"]))).reshape(detail["shape"])
+            array = np.asarray(buffer.read(count, np.dtype(detail["dtype"]))).reshape(detail["shape"])
+            values[int(detail["index"])] = array
         return values, elapsed
 
 
@@ -209,7 +217,7 @@ def _fill(detail: dict, index: int) -> np.ndarray:
     return np.full(count, value, dtype=dtype)
 
 
-def untouched(values: dict[str, np.ndarray], index: int) -> set[str]:
+def untouched(values: dict[int, np.ndarray], index: int) -> set[int]:
     """Outputs whose whole buffer still holds the sentinel of fill `index`."""
     out = set()
     for name, array in values.items():
@@ -221,7 +229,7 @@ def untouched(values: dict[str, np.ndarray], index: int) -> set[str]:
 
 
 def prepare(data: bytes, graph: Graph, precision: str, threads: int, inputs: dict[str, np.ndarray]):
-    """(runner, placement, not-written tensor names, log text) after two calibration runs."""
+    """(runner, placement, indices of the tensors never written, log text) after two calibration runs."""
     log: list[str] = []
     model = compile_model(with_outputs(data, graph.activations()), precision, threads, log)
     placement = parse_log("".join(log))
@@ -229,7 +237,7 @@ def prepare(data: bytes, graph: Graph, precision: str, threads: int, inputs: dic
     if not placement.adapter:
         raise HarnessExit(EXIT_BACKEND, "LiteRT's WebGPU accelerator found no GPU adapter (Vulkan driver "
                                         f"{vulkan_icd()[0] or 'none'}); use SwiftShader (chromium-common) or set VK_ICD_FILENAMES")
-    runner = GpuRunner(model, inputs)
+    runner = GpuRunner(model, graph, inputs)
     first, _ = runner.run(1, log)
     second, _ = runner.run(0, log)
     never = untouched(first, 1) & untouched(second, 0)
