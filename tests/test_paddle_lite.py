@@ -95,6 +95,8 @@ def test_x86_paddle_lite_aligns_by_name_with_the_paddle_golden(models, golden, t
     assert report.returncode == 0, report.stderr[-2000:]
     run = next(r for r in json.loads(report.stdout)["runs"] if r["role"] == "compared")
     assert run["verdict"] == "pass" and run["summary"]["only_in_run"] <= 1
+    fused = [u for u in run["unmatched"]["only_in_reference"] if u["why"].startswith("fused in the other run")]
+    assert len(fused) >= 80 and len(fused) == len(run["unmatched"]["only_in_reference"])  # conv+bn+act fusion
 
 
 def test_a_nb_for_another_target_is_refused_in_one_line(models, tmp_path):

@@ -254,12 +254,76 @@ class _Unmatched:
         if op_type.lower() in ("input", "data"):
             return "model input: fed to the model, not computed by a layer (the other run has no layer for it)"
         if not self.by_structure:
+            fused = self._fused_into(row)
+            if fused:  # Paddle-Lite's conv+bn+act: the fused kernel writes only the last variable
+                return f"fused in the other run: its value is inside {fused}, the next layer on its path that both runs have"
             return "no layer of this name in the other run (after the built-in and --rename/--name-map rules)"
         if not shape:
             return "its shape is unknown, so structure cannot pair it"
         if _squeezed(shape) not in self._partner_shapes:
             return f"no layer of the other run has shape {list(shape)}"
         return self._between(row, shape)
+
+    def _fused_into(self, row: int) -> str:
+        """The first matched layer this one feeds (graph edges of its own run), when the two runs name
+        layers alike: the op that kept only its last output after fusion. "" without edges or such a layer."""
+        if "inputs" not in self.layers or "name" not in self.layers:
+            return ""
+        graph, keys = self._graph, self._column("key")
+        matched = self._matched_keys
+        seen, frontier = set(), [str(keys[row])]
+        while frontier:
+            following = []
+            for key in frontier:
+                for consumer in graph.consumers.get(key, ()):
+                    if consumer in matched:
+                        return consumer if self._skips(consumer, str(keys[row])) else ""
+                    if consumer not in seen and len(seen) < 64:  # fusion spans a few ops, never the network
+                        seen.add(consumer)
+                        following.append(consumer)
+            frontier = sorted(following, key=graph.position)
+        return ""
+
+    def _skips(self, consumer: str, key: str) -> bool:
+        """Whether the other run's `consumer` reads what fed `key` here (an ancestor), not `key`'s path:
+        the mark of a fused op rather than a layer the other run merely did not dump."""
+        partner_graph = self._partner_graph
+        partner_key = self._partner_key.get(consumer)
+        if partner_key is None or "inputs" not in self.partner:
+            return False
+        feeders = {self._own_key.get(k) for k in partner_graph.producers.get(partner_key, ())}
+        ancestors, frontier = set(), [key]
+        while frontier and len(ancestors) < 64:
+            frontier = [p for k in frontier for p in self._graph.producers.get(k, ()) if p not in ancestors]
+            ancestors.update(frontier)
+        own_matched_ancestors = ancestors & self._matched_keys
+        return bool(feeders & ancestors) or (not partner_graph.producers.get(partner_key) and not own_matched_ancestors)
+
+    @cached_property
+    def _matched_keys(self) -> set[str]:
+        keys = self._column("key")
+        return {str(keys[i]) for i in self.rows}
+
+    @cached_property
+    def _partner_key(self) -> dict[str, str]:
+        keys, partner_keys = self._column("key"), self.partner["key"].to_numpy()
+        return {str(keys[i]): str(partner_keys[j]) for i, j in self.rows.items()}
+
+    @cached_property
+    def _own_key(self) -> dict[str, str]:
+        return {p: k for k, p in self._partner_key.items()}
+
+    @cached_property
+    def _partner_graph(self):
+        from layerdiff.analyzer.align.graph import build_graph
+
+        return build_graph(self.partner)
+
+    @cached_property
+    def _graph(self):
+        from layerdiff.analyzer.align.graph import build_graph
+
+        return build_graph(self.layers)
 
     @cached_property
     def _partner_shapes(self) -> set[tuple[int, ...]]:
