@@ -1,4 +1,4 @@
 """`python -m layerdiff.analyzer.cli`: the `analyze` command."""
 from layerdiff.analyzer.cli.app import main
 
-main()
+raise SystemExit(main())
