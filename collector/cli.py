@@ -58,6 +58,17 @@ def _config_pairs(values: list[str] | None) -> list[str] | None:
     return values
 
 
+def _task_option(value: str | None) -> str | None:
+    """`--task` checked before any device is touched (a usage error, exit 2); returned as analyze reads it."""
+    from layerdiff.analyzer.outputs.task import parse_task
+
+    try:
+        task = parse_task(value)
+    except LayerdiffError as err:
+        raise typer.BadParameter(str(err).removeprefix("--task ")) from None
+    return task.text if task else None
+
+
 @app.callback(invoke_without_command=True)
 @_ctrl_c_is_one_line
 def collect(
@@ -90,6 +101,10 @@ def collect(
     retry_failed: bool = typer.Option(False, "--retry-failed", help="re-run runs the index records as failed"),
     report: Optional[bool] = typer.Option(None, "--report/--no-report",
                                           help="analyze the runs into OUTDIR/report (default: on when several runs)"),
+    task: Optional[str] = typer.Option(None, "--task", callback=_task_option,
+                                       help="what the outputs are, recorded in every run for analyze: classification, "
+                                            "yolov5, yolov8, picodet, ssd, text-det, segmentation, regression "
+                                            "(NAME[:key=value,...])"),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -104,6 +119,8 @@ def collect(
         max_bytes=max_bytes, exclude=split_list(exclude), adb_servers=adb_server or [], keep=keep, force=force,
         retry_failed=retry_failed, configs=configs, fresh_process=fresh_process,
     )
+    if task:
+        plan.extra_attrs["task"] = task
     for error in input_errors:
         print(f"collect: {error}", file=sys.stderr)
     build_phone_harnesses(plan.devices, plan.model.engine, plan.backends)

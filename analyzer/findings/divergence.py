@@ -53,7 +53,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
             verdict, why = pair_verdict(rows, t, judgements.get(index))
             sources = failure_sources(rows, graph, None if verdict == "fail" else (verdict, why))
             found += sources
-            found += first_divergence(rows)
+            found += _capped(first_divergence(rows), verdict)
             zeros = zero_collapse_origin(rows, graph, t, pair.base, pair.other)
             zero_starts.update((f.run, f) for f in zeros)
             found += zeros
@@ -65,6 +65,16 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
     for base in {id(r): r for r in comparison.plan.references.values()}.values():
         found += fp16_risk(base, t)
     return sorted(found, key=lambda f: KIND_ORDER.index(f.kind) if f.kind in KIND_ORDER else 99)
+
+
+def _capped(findings: list[Finding], verdict: str) -> list[Finding]:
+    """A layer finding is never louder than its run's verdict: a failing layer in a run whose outputs
+    keep within tolerance is a warning (a red line under a yellow verdict said the opposite)."""
+    if verdict != "fail":
+        for finding in findings:
+            if finding.severity == Severity.FAIL:
+                finding.severity = Severity.WARN
+    return findings
 
 
 def run_state_findings(run: Run) -> list[Finding]:

@@ -68,6 +68,7 @@ ROOT_DEFAULTS: dict[str, Any] = {
     "infer_ms": math.nan,
     "harness": "",
     "repeat": 0,
+    "task": "",  # what the outputs are (collect --task; analyzer/outputs/task.py), "" when undeclared
     "exit_status": 0,
     "complete": True,
 }

@@ -98,6 +98,7 @@ def compare_boxes(ref: Boxes, run: Boxes, ref_all: Boxes, run_all: Boxes, moved:
         delta = float(run.scores[j] - ref.scores[i])
         if abs(delta) > score_tol:
             changes.scores.append((i, j, delta))
+    changes.moved.sort(key=lambda m: m[2])  # the box that moved most first
     matched_ref, matched_run = {i for i, _, _ in pairs}, {j for _, j, _ in pairs}
     _unmatched(changes, "lost", [i for i in range(len(ref)) if i not in matched_ref], ref, run, run_all, score_tol)
     _unmatched(changes, "gained", [j for j in range(len(run)) if j not in matched_run], run, ref, ref_all, score_tol)

@@ -19,7 +19,7 @@ from layerdiff.analyzer.outputs import classes, detection
 from layerdiff.analyzer.outputs.boxes import BoxChanges, Boxes, compare_boxes
 from layerdiff.analyzer.outputs.segmentation import compare_masks
 from layerdiff.analyzer.outputs.task import Task, task_of
-from layerdiff.errors import InputError
+from layerdiff.errors import InputError, LayerdiffError
 
 MAX_SAID = 3  # boxes described one by one before "..."
 
@@ -64,7 +64,14 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
 
 
 def input_hw(run) -> tuple[int, int] | None:
-    """Height and width of the run's (first 4-d) input, from its input layer's shape."""
+    """Height and width of the run's first image-like input (3 or more axes): from the inputs the dump
+    stores, else from an input layer's shape (ncnn dumps its Input layer)."""
+    try:
+        for _name, array in run.dump.inputs():
+            if array.ndim >= 3:
+                return int(array.shape[-2]), int(array.shape[-1])
+    except (LayerdiffError, OSError, KeyError):
+        pass
     layers = run.layers
     inputs = layers[layers["op_type"].astype(str).str.lower().isin(("input", "data", "placeholder"))]
     for shape in inputs["shape"]:

@@ -39,10 +39,11 @@ class SweepPlan(RunOptions):
     retry_failed: bool = False
     probe: bool = True
     configs: list[tuple[str, str]] = field(default_factory=list)  # (backend, precision) pairs; empty: the cross product
+    extra_attrs: dict = field(default_factory=dict)  # written into every run's root attributes (e.g. the --task)
 
     def specs(self) -> list[RunSpec]:
         pairs = self.configs or [(backend, precision) for backend in self.backends for precision in self.precisions]
-        return [RunSpec(self.model, backend, precision, inputs, **self.run_options())
+        return [RunSpec(self.model, backend, precision, inputs, extra_attrs=dict(self.extra_attrs), **self.run_options())
                 for backend, precision in pairs for inputs in self.inputs]
 
     def device_dir(self, device: Device) -> Path:
