@@ -10,7 +10,7 @@ import pytest
 from layerdiff.analyzer.cli.app import main
 from layerdiff.analyzer.formats.dumpfile import DumpFile, DumpWriter
 from layerdiff.errors import LayerdiffError
-from layerdiff.analyzer.report.export import export_model_explorer, export_polygraphy, layer_metric
+from layerdiff.analyzer.report.export import export_model_explorer, export_polygraphy
 from layerdiff.analyzer.importers import import_any
 from layerdiff.analyzer.runs.merge import merge
 
@@ -63,13 +63,39 @@ def test_merge_refuses_different_models_unless_allowed(tmp_path):
         merge([c], tmp_path / "set")  # also checked against runs already in the set
 
 
-def test_layer_metric_definitions():
-    ref = np.array([3.0, 4.0])
-    assert layer_metric(ref + [0.3, 0.4], ref, "rel_l2") == pytest.approx(0.1)
-    assert layer_metric(ref + [0.1, -0.5], ref, "max_abs") == pytest.approx(0.5)
-    assert layer_metric(np.array([np.nan, 4.0]), ref) == float("inf")
-    assert layer_metric(np.array([np.nan, 4.0]), np.array([np.nan, 4.0])) == 0.0
-    assert layer_metric(np.ones(3), ref) is None
+def test_model_explorer_values_are_the_reports(tmp_path):
+    """The export measures with the analysis the report uses: the same rel_l2/max_abs per aligned layer."""
+    from layerdiff.analyzer.analysis import analyze_paths
+
+    np.savez(tmp_path / "ort.npz", **REF)
+    ref = import_any(tmp_path / "ort.npz", None, tmp_path / "ref.h5")
+    run = mnn_run(tmp_path / "run.h5", scale=1.1)
+    analysis = analyze_paths([run], ref=ref)
+    try:
+        table = analysis.comparison.table.set_index("key")
+    finally:
+        analysis.close()
+    for metric in ("rel_l2", "max_abs"):
+        values = json.loads(export_model_explorer(run, ref, tmp_path / f"{metric}.json", metric=metric).read_text())["results"]
+        assert values and all(values[name]["value"] == pytest.approx(float(table.loc[name + ":0", metric]))
+                              for name in values), (metric, values)
+
+
+def test_model_explorer_export_honours_the_name_map(tmp_path):
+    """A run whose layer names differ from the reference's aligns through --name-map, as in the report."""
+    from layerdiff.analyzer.align.byname import NameRules
+
+    np.savez(tmp_path / "ort.npz", **REF)
+    ref = import_any(tmp_path / "ort.npz", None, tmp_path / "ref.h5")
+    conv = REF["/conv/Conv_output_0"] * 1.1
+    run = write_run(tmp_path / "renamed.h5", {"t_conv": ("conv_renamed", 0, conv),
+                                              "t_tk": ("/tk/TopK_output_1", 0, REF["/tk/TopK_output_1"])})
+    plain = json.loads(export_model_explorer(run, ref, tmp_path / "plain.json").read_text())["results"]
+    assert "/conv/Conv_output_0" not in plain and plain["/tk/TopK_output_1"]["value"] == 0.0
+    rules = NameRules(name_map={"conv_renamed": "/conv/Conv_output_0"})
+    data = json.loads(export_model_explorer(run, ref, tmp_path / "me.json", rules=rules).read_text())["results"]
+    assert data["/conv/Conv_output_0"]["value"] == pytest.approx(0.1, rel=1e-5)
+    assert data["/tk/TopK_output_1"]["value"] == 0.0
 
 
 def test_model_explorer_node_data_keyed_by_reference_tensor_names(tmp_path):

@@ -68,12 +68,20 @@ def export_command(
     key_by: str = typer.Option("reference", "--key-by", help=f"Model Explorer node keys ({', '.join(KEY_BY)})",
                               callback=choices(KEY_BY, "key")),
     runner_name: Optional[str] = typer.Option(None, "--runner-name", help="Polygraphy: runner name to record"),
+    name_map: Optional[Path] = typer.Option(None, "--name-map", help="Model Explorer: CSV or JSON file mapping old -> new layer names (as analyze)"),
+    rename: List[str] = typer.Option([], "--rename", help="Model Explorer: REGEX=REPL applied to layer names (repeatable, as analyze)"),
+    no_builtin_rules: bool = typer.Option(False, "--no-builtin-rules", help="Model Explorer: no built-in MNN/ncnn name rules (as analyze)"),
 ) -> None:
-    """Export a run for Google Model Explorer (per-layer error vs a reference) or Polygraphy."""
+    """Export a run for Google Model Explorer (per-layer error vs a reference, as the report measures
+    it) or Polygraphy."""
     if to == "model-explorer":
+        from layerdiff.analyzer.align.byname import NameRules, load_name_map, parse_rename
+
         if reference is None:
             raise UsageError("--to model-explorer needs --reference REF.h5 (the run to measure against)")
-        path = export_model_explorer(run, reference, output, metric=metric, key_by=key_by)
+        rules = NameRules(name_map=load_name_map(name_map) if name_map else {},
+                          regex=[parse_rename(r) for r in rename], builtin=not no_builtin_rules)
+        path = export_model_explorer(run, reference, output, metric=metric, key_by=key_by, rules=rules)
     elif to == "polygraphy":
         path = export_polygraphy(run, output, runner_name=runner_name)
     else:

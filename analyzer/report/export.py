@@ -9,8 +9,9 @@
 - Polygraphy RunResults JSON (polygraphy/json/serde.py): one runner, one iteration, arrays as base64
   `.npy` in LazyArray wrappers, so `polygraphy run --load-outputs` / `RunResults.load` read it.
 
-The per-layer metric is a small local function for now (max abs diff, relative L2 over aligned
-keys); layerdiff.analyzer.measure.metrics replaces it once it exists.
+The Model Explorer values are the report's own: the run is analyzed against the reference by
+`layerdiff.analyzer.analysis.analyze_paths` (the same alignment, by name with `--name-map`/`--rename`
+or by structure, and the same metrics), so a layer's colour is the number its report row shows.
 """
 from __future__ import annotations
 
@@ -26,10 +27,11 @@ import numpy as np
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import UsageError
-from layerdiff.analyzer.align.naming import canonical_from_key, is_helper
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from layerdiff.analyzer.align.byname import NameRules
 
 METRICS = ("rel_l2", "max_abs")
 KEY_BY = ("reference", "name", "op")
@@ -43,54 +45,37 @@ DEFAULT_THRESHOLDS = [
 ]
 
 
-def layer_metric(run: np.ndarray, ref: np.ndarray, metric: str = "rel_l2") -> float | None:
-    """Error of `run` against `ref` (flattened); inf when they disagree on which values are finite.
+def layer_metrics(run_path: Path | str, ref_path: Path | str, metric: str = "rel_l2",
+                  rules: NameRules | None = None) -> pd.DataFrame:
+    """One row per run layer the analysis aligned with a reference layer and measured: key, name, op,
+    ref_name, value (the report's `metric`; inf where the two disagree on which values are finite)."""
+    from layerdiff.analyzer.analysis import analyze_paths  # the analysis loads pandas: not for `--help`
 
-    None when the element counts differ (not the same tensor). `rel_l2` = ||run-ref|| / ||ref||
-    over values finite in both (||ref|| floored at 1e-12); `max_abs` = max |run-ref| there.
-    """
-    a = np.asarray(run, dtype=np.float64).reshape(-1)
-    b = np.asarray(ref, dtype=np.float64).reshape(-1)
-    if a.size != b.size:
-        return None
-    fa, fb = np.isfinite(a), np.isfinite(b)
-    if not np.array_equal(fa, fb) or not np.array_equal(a[~fa], b[~fb], equal_nan=True):
-        return math.inf
-    diff = a[fa] - b[fb]
-    if diff.size == 0:
-        return 0.0
-    if metric == "max_abs":
-        return float(np.max(np.abs(diff)))
-    if metric == "rel_l2":
-        return float(np.linalg.norm(diff) / max(float(np.linalg.norm(b[fb])), 1e-12))
-    raise UsageError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
-
-
-def layer_metrics(run_path: Path | str, ref_path: Path | str, metric: str = "rel_l2") -> pd.DataFrame:
-    """One row per run layer aligned with a reference layer: key, name, op, ref_name, value."""
     if metric not in METRICS:
         raise UsageError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
-    rows = []
-    with DumpFile(run_path) as run, DumpFile(ref_path) as ref:
-        ref_rows = _by_canonical(ref.layers)
-        for layer in run.layers.itertuples(index=False):
-            match = ref_rows.get(canonical_from_key(layer.key))
-            if match is None or is_helper(layer.op):
-                continue
-            value = layer_metric(run.tensor(int(layer.order)), ref.tensor(int(match.order)), metric)
-            if value is not None:
-                rows.append({"key": layer.key, "name": layer.name, "op": layer.op, "ref_name": match.name, "value": value})
-    import pandas as pd  # here, not at import: `analyze --help` lists this module's options without pandas
-
-    return pd.DataFrame(rows, columns=["key", "name", "op", "ref_name", "value"])
+    analysis = analyze_paths([run_path], ref=ref_path, rules=rules)
+    try:
+        return _aligned_values(analysis, Path(run_path), Path(ref_path), metric)
+    finally:
+        analysis.close()
 
 
-def _by_canonical(layers: pd.DataFrame) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for layer in layers.itertuples(index=False):
-        if not is_helper(layer.op):
-            out.setdefault(canonical_from_key(layer.key), layer)
-    return out
+def _aligned_values(analysis, run_path: Path, ref_path: Path, metric: str) -> pd.DataFrame:
+    import pandas as pd
+
+    run = next(r for r in analysis.runs if r.names(run_path))
+    ref = next(r for r in analysis.runs if r.names(ref_path))
+    table = analysis.comparison.table
+    rows = table[(table["run"] == run.label) & (table["reference"] == ref.label) & table[metric].notna()]
+    run_layers = run.layers.set_index("key")
+    ref_names = ref.layers.set_index("key")["name"]
+    nonfinite = rows["n_nonfinite_mismatch"].fillna(0).to_numpy() > 0
+    return pd.DataFrame({
+        "key": rows["run_key"].to_numpy(), "name": run_layers["name"].reindex(rows["run_key"]).to_numpy(),
+        "op": run_layers["op"].reindex(rows["run_key"]).to_numpy(),
+        "ref_name": ref_names.reindex(rows["key"]).to_numpy(),
+        "value": np.where(nonfinite, math.inf, rows[metric].to_numpy(dtype=float)),
+    }, columns=["key", "name", "op", "ref_name", "value"])
 
 
 def model_explorer_node_data(metrics: pd.DataFrame, key_by: str = "reference",
@@ -112,9 +97,13 @@ def model_explorer_node_data(metrics: pd.DataFrame, key_by: str = "reference",
 
 
 def export_model_explorer(run: Path | str, reference: Path | str, out: Path | str, metric: str = "rel_l2",
-                          key_by: str = "reference", graph_id: str | None = None) -> Path:
-    """Write Model Explorer node data colouring each layer by its error against the reference."""
-    data = model_explorer_node_data(layer_metrics(run, reference, metric), key_by)
+                          key_by: str = "reference", graph_id: str | None = None,
+                          rules: NameRules | None = None) -> Path:
+    """Write Model Explorer node data colouring each layer by its error against the reference,
+    aligned and measured as `analyze RUN --ref REFERENCE` (with the same name `rules`) reports it."""
+    if key_by not in KEY_BY:
+        raise UsageError(f"--key-by {key_by}: choose from {', '.join(KEY_BY)}")
+    data = model_explorer_node_data(layer_metrics(run, reference, metric, rules), key_by)
     if graph_id:
         data = {graph_id: data}  # ModelNodeData: GraphNodeData by graph id
     return _write_text(Path(out), lambda fh: json.dump(data, fh, indent=2, allow_nan=False))

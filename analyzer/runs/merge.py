@@ -7,7 +7,6 @@ runs are copied (temporary name, then rename) and the index is rewritten atomica
 """
 from __future__ import annotations
 
-import csv
 import hashlib
 import os
 import re
@@ -18,14 +17,10 @@ from typing import Any
 
 from layerdiff.errors import InputError, NothingToCompareError
 from layerdiff.analyzer.importers import import_many_results
+from layerdiff.analyzer.formats.index import INDEX_NAME, MERGE_COLUMNS, is_sweep_row, read_rows, write_rows
 from layerdiff.analyzer.importers.hdf5dump import check_readable
 
-INDEX_NAME = "index.csv"
-INDEX_COLUMNS = [
-    "file", "device_serial", "device_model", "backend_requested", "backend_actual", "precision_requested",
-    "precision_effective", "input_label", "input_sha256", "engine", "engine_version", "model_name",
-    "model_sha256", "complete", "source", "file_sha256",
-]
+INDEX_COLUMNS = MERGE_COLUMNS  # the schema is analyzer/formats/index.py's, shared with a sweep's index
 
 
 @dataclass
@@ -49,7 +44,7 @@ def merge(paths: list[Path | str], out_dir: Path | str, allow_model_mismatch: bo
     out_dir.mkdir(parents=True, exist_ok=True)
     result = MergeResult(index=out_dir / INDEX_NAME, errors=errors)
     rows = list(existing)
-    known = {r["file_sha256"] for r in existing}
+    known = {r["file_sha256"] for r in existing if r["file_sha256"]} | _sweep_file_sha256s(out_dir, existing)
     for row, path in incoming:
         if row["file_sha256"] in known:
             result.skipped_duplicates.append(path)
@@ -77,7 +72,7 @@ def check_same_model(rows: list[dict[str, str]], allow_model_mismatch: bool) -> 
     by_model: dict[str, list[str]] = {}
     for row in rows:
         if row.get("model_sha256"):
-            by_model.setdefault(row["model_sha256"], []).append(row.get("source") or row.get("file", "?"))
+            by_model.setdefault(row["model_sha256"], []).append(row.get("source") or row.get("file") or row.get("files") or "?")
     if len(by_model) > 1 and not allow_model_mismatch:
         groups = "; ".join(f"{sha[:12]}: {', '.join(files[:3])}{' ...' if len(files) > 3 else ''}" for sha, files in by_model.items())
         raise InputError(f"runs are of {len(by_model)} different models ({groups}); "
@@ -85,25 +80,22 @@ def check_same_model(rows: list[dict[str, str]], allow_model_mismatch: bool) -> 
 
 
 def read_index(out_dir: Path) -> list[dict[str, str]]:
-    path = out_dir / INDEX_NAME
-    if not path.is_file():
-        return []
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames is None or "file" not in reader.fieldnames:
-            raise InputError(f"{path}: not a layerdiff index (no 'file' column); merge into an empty directory")
-        return [{column: row.get(column) or "" for column in INDEX_COLUMNS} for row in reader]
+    """Every row of the directory's index, a sweep's planned runs included (they stay as they are)."""
+    rows = read_rows(out_dir)
+    if rows is None:
+        raise InputError(f"{out_dir / INDEX_NAME}: not a layerdiff index (neither a sweep's nor a merge's columns); "
+                         "merge into an empty directory")
+    return rows
 
 
 def write_index(out_dir: Path, rows: list[dict[str, str]]) -> Path:
-    path = out_dir / INDEX_NAME
-    partial = out_dir / f".{INDEX_NAME}.partial"
-    with open(partial, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=INDEX_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(partial, path)
-    return path
+    return write_rows(out_dir, rows)
+
+
+def _sweep_file_sha256s(out_dir: Path, rows: list[dict[str, str]]) -> set[str]:
+    """The sha256 of every dump a sweep's rows name, so merging a run the sweep holds adds no copy."""
+    names = {name for row in rows if is_sweep_row(row) for name in row["files"].split(";") if name}
+    return {_file_sha256(out_dir / name) for name in names if (out_dir / name).is_file()}
 
 
 def _unique_target(out_dir: Path, row: dict[str, str]) -> Path:

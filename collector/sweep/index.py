@@ -6,19 +6,16 @@ re-run of the same command can resume from it.
 """
 from __future__ import annotations
 
-import csv
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.diskspace import writing
+from layerdiff.analyzer.formats.index import INDEX_NAME, SWEEP_COLUMNS, is_sweep_row, read_rows, write_rows
 from layerdiff.errors import LayerdiffError
 
-INDEX_NAME = "index.csv"
-COLUMNS = ["serial", "engine", "backend", "precision", "input", "repeat", "status", "reason", "duration_s",
-           "files", "model_sha256", "input_sha256", "harness"]
+COLUMNS = SWEEP_COLUMNS  # the schema is analyzer/formats/index.py's, shared with `analyze merge`
 STATUSES = tuple(status.value for status in RunStatus)
 
 
@@ -69,15 +66,9 @@ class IndexRow:
 
 
 def read_index(out_dir: Path) -> dict[tuple, IndexRow]:
-    """The rows of an existing index by run key; an unreadable index is treated as absent."""
-    path = Path(out_dir) / INDEX_NAME
-    if not path.is_file():
-        return {}
-    try:
-        with open(path, newline="") as fh:
-            rows = [IndexRow.from_csv(r) for r in csv.DictReader(fh)]
-    except (OSError, csv.Error, UnicodeDecodeError):
-        return {}
+    """The sweep rows of an existing index by run key; an unreadable index is treated as absent
+    (rows `analyze merge` added are not runs of this sweep: `Index` carries them through)."""
+    rows = [IndexRow.from_csv(r) for r in read_rows(out_dir) or [] if is_sweep_row(r)]
     return {row.key: row for row in rows}
 
 
@@ -87,6 +78,7 @@ class Index:
     def __init__(self, out_dir: Path, rows: list[IndexRow]) -> None:
         self.path = Path(out_dir) / INDEX_NAME
         self.rows = rows
+        self.merged = [r for r in read_rows(out_dir) or [] if not is_sweep_row(r)]  # kept as they are
         self._lock = threading.Lock()
         self.write_error: LayerdiffError | None = None
         self.save()
@@ -104,18 +96,11 @@ class Index:
     def _write(self) -> None:
         """Replace the file whole; on a full disk the old file stays and the rows stay in memory
         (`write_error` says so, and the next write that fits catches up)."""
-        tmp = self.path.with_name(f".{self.path.name}.partial")
         try:
             with writing(self.path):
-                with open(tmp, "w", newline="") as fh:
-                    writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-                    writer.writeheader()
-                    for row in self.rows:
-                        writer.writerow(row.as_csv())
-                os.replace(tmp, self.path)
+                write_rows(self.path.parent, [row.as_csv() for row in self.rows] + self.merged)
             self.write_error = None
         except LayerdiffError as err:
-            tmp.unlink(missing_ok=True)
             self.write_error = err
 
     def counts(self) -> dict[str, int]:
