@@ -115,3 +115,25 @@ def test_a_nb_for_another_target_is_refused_in_one_line(models, tmp_path):
     for proc in (arm, cl, x86):
         assert "Traceback" not in proc.stderr
     assert not list(tmp_path.rglob("*.h5"))
+
+
+def test_paddle_lite_on_a_standin_phone_through_the_real_adb_server(models, golden, standin, tmp_path):
+    """The phone path: harness (paddle-lite host build) and .nb staged, run and pulled through adb;
+    a .nb for another target is refused on the phone in the same one line."""
+    need_paddle_lite_root()
+    from layerdiff.collector.inputs.inputset import InputSet
+    from layerdiff.collector.inputs.modelfiles import resolve_model
+    from layerdiff.collector.run.pipeline import RunSpec, collect_run
+    from layerdiff.collector.transport.adb import AdbDevice
+
+    inputs = InputSet("x", {"x": np.load(models["input"])}, str(models["input"]))
+    done = collect_run(AdbDevice(standin.serial), RunSpec(resolve_model(models["x86"]), "cpu", "high", inputs,
+                                                          deadline_s=300), tmp_path / "ok")
+    assert done.status == "done", done.message
+    with DumpFile(done.paths[0]) as run, DumpFile(golden) as ref:
+        assert run.attrs["engine"] == "paddle-lite" and run.attrs["device_serial"] == standin.serial
+        probs = run.tensor_by_key("softmax_0.tmp_0:0")
+        np.testing.assert_allclose(probs, ref.tensor_by_key("softmax_0.tmp_0:0"), atol=1e-5)
+    refused = collect_run(AdbDevice(standin.serial), RunSpec(resolve_model(models["arm"]), "cpu", "high", inputs,
+                                                             deadline_s=300), tmp_path / "arm")
+    assert refused.status == "failed" and "cls_arm.nb was optimised for arm" in refused.message
