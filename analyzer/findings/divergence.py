@@ -19,6 +19,7 @@ from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.findings.trends import error_curve, input_dependence
 from layerdiff.analyzer.findings.decisions import output_decision
 from layerdiff.analyzer.findings.unmatched import unmatched_outputs
+from layerdiff.analyzer.findings.layouts import layout_findings
 from layerdiff.analyzer.findings.observability import split_graph
 from layerdiff.analyzer.findings.wording import layer_name, percent
 from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
@@ -49,12 +50,16 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
         if pair.kind == "reference":
             found += unmatched_outputs(pair, comparison.alignments[index], graph, comparison.graph(pair.other))
             found += output_decision(pair, judgements.get(index))
+            layouts = layout_findings(pair, rows)
+            found += layouts
+            mislaid = {f.layer for f in layouts if f.kind == FindingKind.PACKED_ORDER}
             found += saturation(rows, pair.base)
             verdict, why = pair_verdict(rows, t, judgements.get(index))
             sources = failure_sources(rows, graph, None if verdict == "fail" else (verdict, why))
             found += sources
             found += _capped(first_divergence(rows), verdict)
-            zeros = zero_collapse_origin(rows, graph, t, pair.base, pair.other)
+            # values in another order are not zeroed by arithmetic: the packed-order finding says why
+            zeros = [z for z in zero_collapse_origin(rows, graph, t, pair.base, pair.other) if z.layer not in mislaid]
             zero_starts.update((f.run, f) for f in zeros)
             found += zeros
             found += error_growth(rows, {f.layer for f in sources}, t)

@@ -25,9 +25,11 @@ class FindingKind(StrEnum):
     NAN_ORIGIN = "nan_origin"
     INF_ORIGIN = "inf_origin"
     SATURATION = "saturation"
+    PACKED_ORDER = "packed_order"  # a failing layer holding the reference's values in packed order (layouts.py)
     FAILURE_SOURCE = "failure_source"
     FIRST_DIVERGENCE = "first_divergence"
     LAYER_DIVERGENCE = "layer_divergence"
+    LAYOUT_MISMATCH = "layout_mismatch"  # layers not compared: their recorded byte orders differ (layouts.py)
     ISOLATION = "isolation"
     ZERO_COLLAPSE_ORIGIN = "zero_collapse_origin"
     ERROR_GROWTH = "error_growth"

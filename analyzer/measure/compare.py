@@ -20,6 +20,7 @@ import pandas as pd
 from layerdiff.analyzer.align.byname import NameRules, PairAlignment, align_layers
 from layerdiff.analyzer.align.values import ValueErrors
 from layerdiff.analyzer.formats.dumpfile import TensorBuffer
+from layerdiff.analyzer.formats.layouts import bytes_layout, layouts_differ
 from layerdiff.errors import LayerdiffError
 from layerdiff.progress import Steps
 from layerdiff.analyzer.align.graph import LayerGraph, build_graph
@@ -172,6 +173,14 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
     if match["shape_status"] == "mismatch":
         row.update(status="shape_mismatch",
                    reasons=f"shape {list(match['other_shape'])} vs reference {list(match['base_shape'])}")
+        return
+    base_layout = pair.base.stats_by_order().layout(match["base_order"])
+    other_layout = pair.other.stats_by_order().layout(match["other_order"])
+    if layouts_differ(base_layout, other_layout):
+        row.update(status="layout_mismatch",
+                   reasons=f"not compared: the run's bytes are {bytes_layout(other_layout)}, the reference's "
+                           f"{bytes_layout(base_layout)} (recorded layouts differ; comparing them would blame an op "
+                           "for a relabelling)")
         return
     other_tensor, error = _read(pair.other, match["other_order"], buffer)
     if error:

@@ -40,16 +40,24 @@ class LayerStats(Mapping):
     def __init__(self, frame: pd.DataFrame) -> None:
         self._columns = {f: frame[f].to_numpy() for f in STATS_FIELDS}
         self._columns.update({f: frame[f].to_numpy() for f in OPTIONAL_STATS_FIELDS if f in frame})
+        self._layouts = frame["layout"].to_numpy() if "layout" in frame else None
         orders = frame["order"].to_numpy(dtype=np.int64)
         self._rows = np.argsort(orders, kind="stable")
         self._orders = orders[self._rows]
 
-    def __getitem__(self, order: int) -> dict[str, float]:
+    def _row(self, order: int) -> int:
         i = int(np.searchsorted(self._orders, order, side="right")) - 1
         if i < 0 or self._orders[i] != order:
             raise KeyError(order)
-        row = self._rows[i]
+        return int(self._rows[i])
+
+    def __getitem__(self, order: int) -> dict[str, float]:
+        row = self._row(order)
         return {f: column[row].item() for f, column in self._columns.items()}
+
+    def layout(self, order: int) -> str:
+        """The layout the producer recorded for this tensor's bytes ('' when none)."""
+        return "" if self._layouts is None else str(self._layouts[self._row(order)] or "")
 
     def __iter__(self) -> Iterator[int]:
         return (int(o) for o in dict.fromkeys(self._orders.tolist()))

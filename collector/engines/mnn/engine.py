@@ -18,6 +18,8 @@ from layerdiff.vocabulary import host_abi
 from layerdiff.collector.engines.mnn.edges import graph_edges, op_inputs
 from layerdiff.collector.engines.mnn.isolate import isolate
 from layerdiff.collector.engines.mnn.model import MnnOps, read_mnn_ops
+from layerdiff.collector.engines.mnn.tensorformat import dimension_format
+from layerdiff.analyzer.formats.layouts import plain_layout
 from layerdiff.collector.engines.mnn.session import (
     FEATURES,
     create_session,
@@ -66,6 +68,13 @@ def _address(tensor) -> int:
         return _capsule_pointer(tensor.getHost(), None) or 0
     except ValueError:  # pymnn refuses to wrap a null host pointer
         return 0
+
+
+def written_layout(tensor, array: np.ndarray) -> str:
+    """The layout of the bytes dumped (the graph's order: `_host_copy` has MNN convert from its own
+    format), with MNN's own format of the tensor beside it when it can be read: `NCW (MNN NC4HW4)`."""
+    held = dimension_format(tensor)
+    return f"{plain_layout(array.ndim)} (MNN {held})" if held else plain_layout(array.ndim)
 
 
 def _host_copy(MNN, tensor) -> np.ndarray:
@@ -143,8 +152,10 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edg
                 dump_op, name = keys.key(op, index)
                 if (dump_op, index) in replace:
                     _overwrite(MNN, tensor, replace.pop((dump_op, index)), name)
-                sink.add(op=dump_op, op_type=info.getType(), array=_host_copy(MNN, tensor), output_index=index,
-                         name=name, inputs=pending.get(op, []), layout="NCHW", memory=memory, time_ms=elapsed)
+                array = _host_copy(MNN, tensor)
+                sink.add(op=dump_op, op_type=info.getType(), array=array, output_index=index, name=name,
+                         inputs=pending.get(op, []), layout=written_layout(tensor, array), memory=memory,
+                         time_ms=elapsed)
                 producers[address] = name
                 known.add(name)
         except HarnessExit as exc:
@@ -201,9 +212,10 @@ def dump_outputs(MNN, outputs: dict, keys: DumpKeys, producers: dict[int, str], 
                                         "models with control flow (If/Loop) need MNN's Module API, which this engine does not use")
         address = _address(tensor)
         keys.used.add(name)
-        sink.add(op=name, op_type="Output", array=_host_copy(MNN, tensor), output_index=0, name=name,
-                 inputs=[producers[address]] if address in producers else [], layout="NCHW", memory=memory,
-                 time_ms=0.0)
+        array = _host_copy(MNN, tensor)
+        sink.add(op=name, op_type="Output", array=array, output_index=0, name=name,
+                 inputs=[producers[address]] if address in producers else [], layout=written_layout(tensor, array),
+                 memory=memory, time_ms=0.0)
 
 
 class DumpKeys:

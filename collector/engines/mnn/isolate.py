@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from layerdiff.collector.engines.harness_cli import EXIT_ARGS, HarnessArgs, HarnessExit, DumpSink, base_header, load_inject, now_ms, split_key
+from layerdiff.analyzer.formats.layouts import plain_layout
 from layerdiff.collector.engines.mnn.edges import dumped_name
 from layerdiff.collector.engines.mnn.session import (
     BACKEND_NAMES,
@@ -54,7 +55,7 @@ def isolate(MNN, args: HarnessArgs) -> None:
         elapsed = now_ms() - start
         total += elapsed
         sink.add(op=op, op_type="isolated", array=array, output_index=index, name=op, inputs=names,
-                 layout="NCHW", memory="host", time_ms=elapsed)
+                 layout=plain_layout(array.ndim), memory="host", time_ms=elapsed)
     sink.close(total)
 
 

@@ -161,6 +161,11 @@ def _model_pair(models: list[Path]) -> tuple[Path, Path]:
     return param, weights
 
 
+# The graph's order of an unpacked blob by ncnn's dims, as the C++ harness names it (ncnn_engine.cpp
+# blob_shape): ncnn has no batch axis; 1-D and 3-D/4-D blobs get the batch of 1 back.
+BLOB_LAYOUTS = {1: "NC", 2: "HW", 3: "NCHW", 4: "NCDHW"}
+
+
 def nchw_shape(mat_array: np.ndarray) -> tuple[int, ...]:
     """ncnn blobs have no batch axis; put the batch of 1 back (a 2-D h×w blob stays as it is)."""
     if mat_array.ndim in (1, 3, 4):
@@ -174,7 +179,9 @@ def feed(ex, net, inputs: dict[str, np.ndarray], ncnn) -> None:
         if name not in names:
             raise HarnessExit(EXIT_RUN, f"model has no input {name!r}; its inputs are {', '.join(sorted(names))}")
         data = array[0] if array.ndim in (2, 4, 5) and array.shape[0] == 1 else array
-        ex.input(name, ncnn.Mat(np.ascontiguousarray(data, dtype=np.float32)))
+        # a copy ncnn owns: wrapping the numpy buffer, an in-place first layer (LayerNorm) in light mode
+        # wrote into memory ncnn does not own and crashed (SIGSEGV, measured with a pnnx transformer)
+        ex.input(name, ncnn.Mat(np.ascontiguousarray(data, dtype=np.float32)).clone())
 
 
 def dump_layer(ex, layer, blobs, sink: DumpSink, memory: str, failure_hint: str, ncnn=None) -> float:
@@ -193,9 +200,13 @@ def dump_layer(ex, layer, blobs, sink: DumpSink, memory: str, failure_hint: str,
         spent += elapsed
         if status != 0:
             raise HarnessExit(EXIT_RUN, f"layer {layer.name!r} ({layer.type}) failed (ncnn status {status}); {failure_hint}")
+        if not mat.empty() and (mat.elempack != 1 or mat.elemsize != 4):  # extract type 0 unpacks and converts; never dump packed bytes
+            raise HarnessExit(EXIT_RUN, f"layer {layer.name!r} ({layer.type}): ncnn gave elempack {mat.elempack}, "
+                                        f"elemsize {mat.elemsize} after unpacking")
         array = np.asarray(mat, dtype=np.float32)  # a view: written out before the next layer runs
         sink.add(op=layer.name, op_type=layer.type, array=array.reshape(nchw_shape(array)), output_index=index,
-                 name=blobs[top].name, inputs=bottoms, layout="NCHW", memory=memory, time_ms=elapsed)
+                 name=blobs[top].name, inputs=bottoms, layout=BLOB_LAYOUTS.get(mat.dims, "flat"), memory=memory,
+                 time_ms=elapsed)
         del array, mat  # light mode frees the blob once its consumer ran; hold no reference to it
         if drop_host_copy:
             ex.input(blobs[top].name, ncnn.Mat())
@@ -238,7 +249,7 @@ def run_isolated(net, args: HarnessArgs, sink: DumpSink, ncnn) -> float:
             raise HarnessExit(EXIT_ARGS, f"--target {key!r}: the inject dump lacks input tensor(s) {', '.join(missing)}")
         ex = net.create_extractor()
         for name in bottoms:
-            ex.input(name, ncnn.Mat(np.ascontiguousarray(ncnn_dims(injected[name]), dtype=np.float32)))
+            ex.input(name, ncnn.Mat(np.ascontiguousarray(ncnn_dims(injected[name]), dtype=np.float32)).clone())
         total += dump_layer(ex, layer, blobs, sink, memory, "it failed in isolation")
     return total
 

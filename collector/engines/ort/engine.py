@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layerdiff.analyzer.formats.layouts import plain_layout
 from layerdiff.vocabulary import host_abi
 from layerdiff.collector.engines.harness_cli import (
     HARNESS_VERSION,
@@ -174,7 +175,7 @@ def run_once(session_for, feeds: dict, nodes: list[NodeOutputs], sink: DumpSink,
             if array.dtype == np.bool_:
                 array = array.astype(np.uint8)  # masks: compared as 0/1 values
             sink.add(op=node.op, op_type=node.op_type, array=array, output_index=k, name=name,
-                     inputs=node.inputs, layout="NCHW" if array.ndim == 4 else "", memory="host",
+                     inputs=node.inputs, layout=plain_layout(array.ndim), memory="host",
                      time_ms=elapsed / len(group))
         start += len(group)
         count = max(1, int(len(group) * budget / max(fetched, 1)))

@@ -1,0 +1,41 @@
+"""Tensor layouts as dumps record them: which byte orders are the graph's own, and which two can be compared.
+
+Every harness writes a tensor in the logical layout its graph declares: row-major in the graph's own
+axis order, with the engine's packed forms (MNN's NC4HW4, whose packs are 4, 8 or 16 channels
+depending on the CPU; ncnn's elempack) undone before dumping. The names producers write for that
+order depend on the rank and the producer (`NCHW`, `NC`, `HW`, `NCDHW`, `flat`, `graph`, or nothing
+from older dumps and foreign importers); all of them mean the same bytes order. A layout string may
+add, after ` (`, how the engine itself held the tensor (`NCHW (MNN NC4HW4)`): that is provenance,
+not the bytes. Two tensors are compared only when their bytes' orders are the same: a packed or
+channels-last tensor set against a plain one would blame an op for a relabelling.
+"""
+from __future__ import annotations
+
+PLAIN = "graph order"
+# Names that mean "row-major in the graph's own axis order" (by rank, as the harnesses write them).
+PLAIN_NAMES = frozenset({"", "graph", "flat", "c", "nc", "hw", "ncw", "nchw", "ncdhw", "scalar"})
+RANK_NAMES = {0: "scalar", 1: "C", 2: "NC", 3: "NCW", 4: "NCHW", 5: "NCDHW"}
+
+
+def plain_layout(rank: int) -> str:
+    """The name a harness writes for the graph's own order at this rank (`flat` past rank 5)."""
+    return RANK_NAMES.get(rank, "flat")
+
+
+def bytes_layout(label: object) -> str:
+    """The order of the bytes a layout string records: `PLAIN`, or the packed/permuted form's name."""
+    text = str(label or "").split(" (", 1)[0].strip()
+    if text.lower() in PLAIN_NAMES or text.startswith("ggml/"):  # ggml/<type>@<buffer>: provenance, C-order bytes
+        return PLAIN
+    return text
+
+
+def engine_layout(label: object) -> str:
+    """How the engine held the tensor, when the producer recorded it (`MNN NC4HW4`), else ''."""
+    text = str(label or "")
+    return text.split(" (", 1)[1].rstrip(")").strip() if " (" in text else ""
+
+
+def layouts_differ(a: object, b: object) -> bool:
+    """True when the two recorded layouts put the same values in different byte orders."""
+    return bytes_layout(a) != bytes_layout(b)
