@@ -3,14 +3,18 @@ model's own graph (MNN Express) where addresses mislead (in-place work, memory r
 """
 from __future__ import annotations
 
-def graph_edges(model: str) -> dict[str, list[str]]:
-    """The model's own edges: graph tensor → its non-constant input tensors (MNN Express graph)."""
+def load_graph(model: str) -> dict:
+    """The model's main graph as MNN Express variables by tensor name ({} when MNN cannot read it)."""
     import MNN.expr as F
 
     try:
-        graph = F.load_as_dict(model)
+        return F.load_as_dict(model)
     except Exception:  # noqa: BLE001 - pymnn raises bare Exceptions; edges then come from addresses only
         return {}
+
+
+def graph_edges(graph: dict) -> dict[str, list[str]]:
+    """The model's own edges: graph tensor → its non-constant input tensors (from `load_graph`)."""
     return {name: [v.name for v in var.inputs if v.name in graph and v.op_type != "Const"]
             for name, var in graph.items()}
 

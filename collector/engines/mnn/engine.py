@@ -15,9 +15,10 @@ import sys
 import numpy as np
 
 from layerdiff.vocabulary import host_abi
-from layerdiff.collector.engines.mnn.edges import graph_edges, op_inputs
+from layerdiff.collector.engines.mnn.edges import graph_edges, load_graph, op_inputs
 from layerdiff.collector.engines.mnn.isolate import isolate
 from layerdiff.collector.engines.mnn.model import MnnOps, read_mnn_ops
+from layerdiff.collector.engines.mnn.module import control_flow_ops, module_options, run_module
 from layerdiff.collector.engines.mnn.tensorformat import dimension_format
 from layerdiff.analyzer.formats.layouts import plain_layout
 from layerdiff.collector.engines.mnn.session import (
@@ -209,7 +210,7 @@ def dump_outputs(MNN, outputs: dict, keys: DumpKeys, producers: dict[int, str], 
         shape = tuple(tensor.getShape())
         if shape and int(np.prod(shape)) <= 0:
             raise HarnessExit(EXIT_RUN, f"MNN computed no value for model output {name!r} (shape {list(shape)}); "
-                                        "models with control flow (If/Loop) need MNN's Module API, which this engine does not use")
+                                        "the session ran no op that writes it")
         address = _address(tensor)
         keys.used.add(name)
         array = _host_copy(MNN, tensor)
@@ -264,7 +265,10 @@ def run(args: HarnessArgs) -> None:
     if backend_actual != args.backend:
         print(f"layerdiff-harness: MNN fell back from {args.backend} to {backend_actual}", file=sys.stderr)
     memory = "host" if backend_actual == "cpu" else "device"
-    edges = graph_edges(str(args.models[0]))
+    graph = load_graph(str(args.models[0]))
+    if control_flow_ops(graph):
+        return _run_modules(args, graph, inputs, header, memory)
+    edges = graph_edges(graph)
     ops = read_mnn_ops(args.models[0])
     replace = replacements(args)
     if replace:
@@ -273,6 +277,17 @@ def run(args: HarnessArgs) -> None:
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=0)
         infer_ms = run_once(MNN, interpreter, session, inputs, sink, memory, edges, ops, dict(replace))
         sink.close(infer_ms)
+
+
+def _run_modules(args: HarnessArgs, graph: dict, inputs: dict[str, np.ndarray], header: dict, memory: str) -> None:
+    """A model with If/Loop: every main-graph tensor through MNN's Module API (module.py says what is not dumped)."""
+    if args.replace:
+        raise HarnessExit(EXIT_ARGS, "--replace needs MNN's session API, which cannot run models with control flow (If/Loop)")
+    header["options"].update(module_options())
+    header["control_flow"] = control_flow_ops(graph)
+    for k, out in enumerate(repeat_dirs(args)):
+        sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(graph))
+        sink.close(run_module(args, graph, inputs, sink, memory))
 
 
 def main() -> int:
