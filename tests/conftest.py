@@ -69,3 +69,71 @@ def arm64_runs(tmp_path_factory):
         return cache[key]
 
     return run
+
+
+# ---------------------------------------------------------------- harness builds, up front and visible
+# A cold run builds ncnn and the C++ harness for the host (with Vulkan) and for aarch64: minutes each,
+# which inside a test were silent (pytest captures a test's output). They are built here, after
+# collection and before the first test, for the selected tests that use them, with progress lines
+# on pytest's own terminal writer (shown with or without -s). Cached builds cost nothing here.
+HARNESS_USERS = {  # what in a test module's source means it runs that harness
+    "host": ("host_harness", "HOST_SPEC", "standins"),
+    "aarch64": ("aarch64_harness", "AARCH64_SPEC", "standins"),
+}
+
+
+class _TerminalBuildReporter:
+    """BuildReporter (layerdiff.collector.harness.buildprogress) onto pytest's terminal writer."""
+
+    def __init__(self, terminal, every_s: float = 30.0) -> None:
+        from layerdiff.collector.harness.buildprogress import PlainReporter
+
+        self.terminal = terminal
+        self.plain = PlainReporter(stream=self, every_s=every_s)
+
+    def write(self, text: str) -> None:  # PlainReporter prints whole lines here
+        if text.strip():
+            self.terminal.write_line(text.rstrip("\n"), flush=True)
+
+    def flush(self) -> None:
+        pass
+
+    def started(self, what):
+        self.plain.started(what)
+
+    def update(self, status):
+        self.plain.update(status)
+
+    def finished(self, ok, elapsed_s):
+        self.plain.finished(ok, elapsed_s)
+
+
+def _harnesses_needed(items) -> list:
+    from tests.test_harness_support import AARCH64_SPEC, HOST_SPEC
+
+    sources = {}
+    for item in items:
+        path = Path(str(item.fspath))
+        if path not in sources and path.suffix == ".py":
+            sources[path] = path.read_text(errors="replace")
+    specs = {"host": HOST_SPEC, "aarch64": AARCH64_SPEC}
+    return [specs[target] for target, marks in HARNESS_USERS.items()
+            if any(mark in text for text in sources.values() for mark in marks)]
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly or not session.items:
+        return
+    from layerdiff.collector.harness.build import HarnessError, binary_dir, ensure_built
+
+    terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is None:
+        return
+    for spec in _harnesses_needed(session.items):
+        if (binary_dir(spec) / "layerdiff-harness").is_file():
+            continue
+        terminal.write_line("")
+        try:
+            ensure_built(spec, _TerminalBuildReporter(terminal))
+        except HarnessError as err:  # the tests that need it fail with this reason themselves
+            terminal.write_line(f"harness: {err}", red=True, flush=True)

@@ -135,3 +135,43 @@ def test_a_failed_build_reports_and_returns_false(tmp_path):
     recorder = _Recorder()
     assert not harness._run_build(["bash", "-c", "exit 3"], tmp_path / "build.log", HOST_SPEC, recorder)
     assert recorder.events[-1] == ("finished", False)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has ended
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_killed_collector_leaves_no_build_running(tmp_path, how):
+    """A collector killed outright (not Ctrl-C: kill -9, a CI timeout) must not leave its harness
+    build compiling: the guard leading the build's process group ends it (cmake/ninja stand-in:
+    a bash script whose grandchild `sleep` writes its pid)."""
+    import signal
+    import time
+
+    pid_file = tmp_path / "compiler.pid"
+    script = f"sleep 300 & echo $! > {pid_file}; echo 'layerdiff-build-step: ncnn-build x'; wait"
+    collector = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+                 "from layerdiff.collector.harness import build\n"
+                 "from layerdiff.collector.harness.buildprogress import PlainReporter\n"
+                 "from tests.test_harness_support import HOST_SPEC\n"
+                 f"build._run_build(['bash', '-c', {script!r}], __import__('pathlib').Path({str(tmp_path / 'b.log')!r}), "
+                 "HOST_SPEC, PlainReporter())\n")
+    proc = subprocess.Popen([sys.executable, "-c", collector], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "LAYERDIFF_CACHE": str(tmp_path / "cache")})
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.1)
+    compiler = int(pid_file.read_text())
+    assert _alive(compiler)
+    proc.send_signal(getattr(signal, how))
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _alive(compiler) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(compiler), f"the build's compiler {compiler} outlived its collector"

@@ -32,7 +32,11 @@ from tests.test_harness_support import INPUTS, MODELS, REPO, arrays_by_key, chec
 MNN_ROOT = os.environ.get("MNN_ROOT", "")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not os.path.isfile(os.path.join(MNN_ROOT, "include", "MNN", "Interpreter.hpp")),
-    reason="set MNN_ROOT to an MNN build with include/ and lib/ to test the C++ MNN engine",
+    reason=("C++ MNN engine: MNN's C++ library is not on PyPI. Build MNN 3.6.1 (git tag 3.6.1) outside the repo: "
+            "cmake -G Ninja -DCMAKE_BUILD_TYPE=Release -DMNN_VULKAN=ON -DMNN_OPENCL=ON -DMNN_SEP_BUILD=ON "
+            "-DMNN_BUILD_CONVERTER=OFF -DMNN_BUILD_TEST=OFF -DMNN_BUILD_TOOLS=OFF && ninja; put include/MNN and "
+            "libMNN*.so in DIR/{include,lib}; then run: MNN_ROOT=DIR python -m pytest tests/test_harness_mnn.py "
+            "(device_scripts/README.md, section MNN)"),
 )]
 
 

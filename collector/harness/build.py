@@ -268,8 +268,9 @@ def _run_build(cmd: list[str], log: Path, spec: HarnessSpec, reporter: BuildRepo
     with open(log, "w") as handle:
         # its own process group, so an interrupted build takes cmake, ninja and the compilers with it
         # (registered: Ctrl-C during a sweep ends it from the main thread while a worker builds)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                errors="replace", start_new_session=True)
+        # (guarded: if this process is killed outright, the guard ends the group within a second)
+        proc = subprocess.Popen(children.guarded(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, errors="replace", start_new_session=True)
         children.register(proc)
         try:
             for line in proc.stdout:

@@ -63,3 +63,38 @@ def end_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
         pass
     kill_group(proc, signal.SIGKILL)
     proc.wait()
+
+
+# A guard that leads the child's process group and outlives nothing: if the collector that started
+# it dies without ending it (SIGKILL, a crashed terminal, a test timeout killing pytest), the guard
+# sees its parent change and ends the whole group (a harness build's cmake, ninja and compilers
+# otherwise compiled on for ten minutes as orphans). Stdlib only, run with `python -S -c`.
+GUARD = r"""
+import os, signal, subprocess, sys, time
+parent = int(sys.argv[1])
+child = subprocess.Popen(sys.argv[2:])
+def end(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+    deadline = time.monotonic() + 2.0
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGTERM, end)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while True:
+    try:
+        code = child.wait(timeout=0.5)
+        break
+    except subprocess.TimeoutExpired:
+        if os.getppid() != parent:
+            end()
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+def guarded(cmd: list[str]) -> list[str]:
+    """`cmd` run under `GUARD` (start it with start_new_session=True): the group ends with us."""
+    import sys
+
+    return [sys.executable, "-S", "-c", GUARD, str(os.getpid()), *cmd]

@@ -78,7 +78,10 @@ def python(*args: str) -> list[str]:
 
 
 def child_env() -> dict:
+    """This checkout first on the path, and bytecode caching on as in an installed package (pip writes
+    .pyc files; a session with PYTHONDONTWRITEBYTECODE=1 recompiled ~1,000 modules per child, 0.4 s CPU)."""
     env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
