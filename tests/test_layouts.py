@@ -172,3 +172,25 @@ def test_every_mnn_tensor_of_magika_records_its_format(magika):
     formats = [engine_layout(layout) for _, layout in _tensors(magika["mnn"]).values()]
     assert formats and all(f in ("MNN NCHW", "MNN NC4HW4", "MNN NHWC") for f in formats)
     assert json.dumps(sorted(set(formats)))  # recorded for every tensor, none left blank
+
+
+def test_magika_on_an_emulated_arm_core_mislays_by_its_own_pack(magika, tmp_path):
+    """The same fault in MNN's aarch64 build (qemu cortex-a76): its fp32 backend packs by 4, its Arm82
+    fp16 backend (low) by 8; each run's label says what its bytes are, and the analysis names the pack."""
+    from layerdiff.analyzer.measure.storage import storage_evidence
+    from layerdiff.collector.transport.arm64 import Arm64Device
+
+    model = Path(magika["mnn"]).parent.parent / "magika.mnn"
+    with DumpFile(magika["mnn"]) as dump:
+        inputs = dict(dump.inputs())
+    expected = {"high": (4, "fp32"), "low": (8, "fp16")}
+    for precision, (pack, label) in expected.items():
+        outcome = collect_run(Arm64Device("cortex-a76"), RunSpec(resolve_model(model), "cpu", precision,
+                                                                 InputSet("source", inputs, "source")), tmp_path / precision)
+        assert outcome.status == "done", outcome.message
+        with DumpFile(outcome.paths[0]) as dump:
+            assert dump.attrs["precision_effective"] == label
+            assert storage_evidence(dump.tensor(o) for o in dump.layers["order"]).measured() == label
+        analysis = analyze_paths([magika["ort"], outcome.paths[0]], ref=str(magika["ort"]))
+        packed = [f for f in analysis.findings if f.kind == "packed_order"]
+        assert packed and packed[0].numbers["pack"] == pack and "AddV2_1" in packed[0].layer

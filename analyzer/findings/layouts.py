@@ -25,7 +25,10 @@ from layerdiff.errors import LayerdiffError
 
 PACKS = (4, 8, 16)  # NC4HW4 on ARM/SSE, 8 on AVX2/AVX512 fp32, 16 on AVX512 builds
 MAX_CHECKED = 8  # failing layers looked at per pair (the first is nearly always the one)
-PACKED_REL_L2 = 1e-3  # unpacked values this close to the reference are the reference's values
+# Unpacked values this close to the reference are the reference's values: below 5% (an fp16 run's own
+# error: 1.1% measured on the emulated cortex-a76, MNN's Arm82 packs by 8) and 20x below the error as recorded.
+PACKED_REL_L2 = 0.05
+PACKED_GAIN = 20.0
 
 
 def unpack_channels(array: np.ndarray, pack: int) -> np.ndarray | None:
@@ -44,12 +47,13 @@ def packed_order(reference: np.ndarray, run: np.ndarray) -> tuple[int, float] | 
     norm = float(np.linalg.norm(ref))
     if norm == 0 or run.shape != reference.shape:
         return None
+    as_recorded = float(np.linalg.norm(run.astype(np.float64) - ref)) / norm
     for pack in PACKS:
         unpacked = unpack_channels(run, pack)
         if unpacked is None:
             continue
         rel = float(np.linalg.norm(unpacked.astype(np.float64) - ref)) / norm
-        if rel <= PACKED_REL_L2:
+        if rel <= PACKED_REL_L2 and rel * PACKED_GAIN <= as_recorded:
             return pack, rel
     return None
 
