@@ -18,7 +18,8 @@ from layerdiff.analyzer.measure.storage import storage_evidence
 
 LOCAL_CASES = [("convnet.param", backend, precision) for backend in ("cpu", "vulkan")
                for precision in ("high", "normal", "low")] + \
-              [("convnet.mnn", "cpu", precision) for precision in ("high", "normal", "low")]
+              [("convnet.mnn", "cpu", precision) for precision in ("high", "normal", "low")] + \
+              [("convnet.onnx", "cpu", precision) for precision in ("high", "low")]
 
 
 def _label_and_tensors(path) -> tuple[str, dict[str, np.ndarray]]:
@@ -58,7 +59,7 @@ def test_bit_identical_runs_carry_one_label(local_runs):
             continue
         identical_pairs += 1
         assert l1 == l2, f"{p1.name} ({l1}) and {p2.name} ({l2}) hold bit-identical tensors under different labels"
-    assert identical_pairs >= 2  # MNN high/normal/low on x86, ncnn cpu high/normal: the check really ran
+    assert identical_pairs >= 3  # MNN high/normal/low on x86, ncnn cpu high/normal, ORT: the check really ran
 
 
 def test_arm64_labels_agree_with_the_bytes(arm64_runs):
