@@ -16,17 +16,15 @@ from layerdiff.collector.engines import ENGINE_BACKENDS
 from layerdiff.vocabulary import PRECISIONS, backends_help
 from layerdiff.errors import EXIT_SOME_SKIPPED, DeviceError, InputError, Interrupted, LayerdiffError, StorageError, os_error_line
 from layerdiff.collector.inputs.inputset import resolve_inputs
-from layerdiff.collector.inputs.modelfiles import ENGINES, apply_shapes, input_shapes, parse_shapes, resolve_model
+from layerdiff.collector.inputs.modelfiles import ENGINES, input_shapes, resolve_model
 from layerdiff.collector.run.isolate import failing_layers, isolate
 from layerdiff.collector.inputs.preprocess import parse_preprocess
-from layerdiff.collector.harness.prepare import build_phone_harnesses, prepare_devices
-from layerdiff.collector.sweep.plan import SweepPlan, parse_configs, resolve_devices, split_list
-from layerdiff.collector.transport.arm64 import prepare_runtime
+from layerdiff.collector.harness.prepare import prepare_devices
+from layerdiff.collector.sweep.plan import parse_configs, resolve_devices, split_list
 from layerdiff.collector.sweep.progress import SweepProgress, step_progress
 from layerdiff.progress import Steps
 from layerdiff.analyzer.formats.diskspace import exit_now_if_hdf5_failed
-from layerdiff.collector.run.pipeline import check_run_options
-from layerdiff.collector.inputs.bundled import default_model
+from layerdiff.collector.sweep.collect import build_plan, prepare
 from layerdiff.collector.sweep.execute import run_sweep
 
 BACKENDS = ENGINE_BACKENDS  # every backend some registered engine knows (layerdiff/vocabulary.py order)
@@ -123,8 +121,7 @@ def collect(
         plan.extra_attrs["task"] = task
     for error in input_errors:
         print(f"collect: {error}", file=sys.stderr)
-    build_phone_harnesses(plan.devices, plan.model.engine, plan.backends)
-    prepare_runtime(plan.devices, lambda title: step_progress(console, title))
+    prepare(plan, lambda title: step_progress(console, title))
     with SweepProgress(console) as progress:
         result = run_sweep(plan, observer=progress, on_planned=progress.planned)
     progress.summary(result.runs, plan.out_dir, result.interrupted)
@@ -136,33 +133,6 @@ def collect(
         raise typer.Exit(1)
     if any(run.row.status == RunStatus.SKIPPED for run in result.runs):
         raise typer.Exit(EXIT_SOME_SKIPPED)
-
-
-def build_plan(*, devices: list[str], model: Path | None, engine: str, backends: list[str], precisions: list[str],
-               inputs: list[str], out: Path, threads: int, repeat: int, deadline: float, layers: str | None,
-               max_bytes: int | None, exclude: list[str], adb_servers: list[str], keep: bool, force: bool,
-               retry_failed: bool = False, preprocess: str | None = None,
-               shapes: list[str] | None = None, configs: list[tuple[str, str]] | None = None,
-               fresh_process: bool = False) -> tuple[SweepPlan, list[str]]:
-    """Everything `collect` needs, checked before any device is touched; plus unusable-input lines."""
-    check_run_options(threads, repeat, deadline, layers, max_bytes)
-    if out.exists() and not out.is_dir():
-        raise StorageError(f"output {out} is a file; pass a directory to -o")
-    model_files = resolve_model(model or default_model(), engine)
-    model_shapes = apply_shapes(input_shapes(model_files), parse_shapes(shapes or []), model_files)
-    input_sets, input_errors = resolve_inputs(inputs, model_shapes, parse_preprocess(preprocess))
-    if not input_sets:
-        raise InputError(input_errors[0] if len(input_errors) == 1 else
-                             f"none of the {len(input_errors)} inputs is usable; first: {input_errors[0]}")
-    if configs:
-        backends = list(dict.fromkeys(b for b, _ in configs))
-        precisions = list(dict.fromkeys(p for _, p in configs))
-    return SweepPlan(
-        devices=resolve_devices(devices, adb_servers, exclude), model=model_files, backends=backends,
-        precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
-        deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force, retry_failed=retry_failed,
-        configs=list(configs or []), fresh_process=fresh_process,
-    ), input_errors
 
 
 def _sweep_report(out_dir: Path, **options) -> None:

@@ -1,1 +1,36 @@
-"""layerdiff."""
+"""layerdiff: run a model with every layer dumped on several engines, backends and precisions, then
+find where the outputs part and why.
+
+In a notebook (each name loads its part of layerdiff when first used; `import layerdiff` is cheap):
+
+    import layerdiff
+    done = layerdiff.collect("model.onnx", precisions=["high", "low"], inputs=["random:1"], out="runs")
+    with layerdiff.analyze(done.out_dir) as result:     # or paths of dumps, or a sweep directory
+        result.runs        # one row per run: provenance and verdict
+        result.layers      # one row per aligned layer and run: every metric
+        result.findings    # one row per finding: kind, run, layer, sentence, severity
+        result.write_report("report")
+
+Errors are `layerdiff.errors.LayerdiffError` subclasses (layerdiff/errors.py).
+"""
+from __future__ import annotations
+
+_LAZY = {
+    "analyze": ("layerdiff.api", "analyze"),
+    "Results": ("layerdiff.api", "Results"),
+    "collect": ("layerdiff.collector.sweep.collect", "collect"),
+    "Collected": ("layerdiff.collector.sweep.collect", "Collected"),
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    """`layerdiff.analyze` & co. import their module on first use (the CLIs never pay for them)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'layerdiff' has no attribute {name!r}")
+    import importlib
+
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value

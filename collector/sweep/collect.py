@@ -1,0 +1,110 @@
+"""`collect` as a library: plan a sweep from plain values, prepare the devices, run it.
+
+`collect` (collector/cli.py) parses its command line and calls these; `layerdiff.collect(...)` calls
+`collect` below. Everything is checked before any device is touched (one `LayerdiffError` subclass
+naming the bad value), as on the command line.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from layerdiff.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_SKIPPED, InputError, StorageError
+from layerdiff.collector.harness.prepare import build_phone_harnesses
+from layerdiff.collector.inputs.bundled import default_model
+from layerdiff.collector.inputs.inputset import resolve_inputs
+from layerdiff.collector.inputs.modelfiles import apply_shapes, input_shapes, parse_shapes, resolve_model
+from layerdiff.collector.inputs.preprocess import parse_preprocess
+from layerdiff.collector.run.pipeline import check_run_options
+from layerdiff.collector.sweep.execute import SweepResult, run_sweep
+from layerdiff.collector.sweep.plan import SweepPlan, resolve_devices
+from layerdiff.collector.transport.arm64 import prepare_runtime
+from layerdiff.vocabulary import RunStatus
+
+
+def build_plan(*, devices: list[str], model: Path | None, engine: str, backends: list[str], precisions: list[str],
+               inputs: list[str], out: Path, threads: int, repeat: int, deadline: float, layers: str | None,
+               max_bytes: int | None, exclude: list[str], adb_servers: list[str], keep: bool, force: bool,
+               retry_failed: bool = False, preprocess: str | None = None,
+               shapes: list[str] | None = None, configs: list[tuple[str, str]] | None = None,
+               fresh_process: bool = False) -> tuple[SweepPlan, list[str]]:
+    """Everything `collect` needs, checked before any device is touched; plus unusable-input lines."""
+    check_run_options(threads, repeat, deadline, layers, max_bytes)
+    if out.exists() and not out.is_dir():
+        raise StorageError(f"output {out} is a file; pass a directory to -o")
+    model_files = resolve_model(model or default_model(), engine)
+    model_shapes = apply_shapes(input_shapes(model_files), parse_shapes(shapes or []), model_files)
+    input_sets, input_errors = resolve_inputs(inputs, model_shapes, parse_preprocess(preprocess))
+    if not input_sets:
+        raise InputError(input_errors[0] if len(input_errors) == 1 else
+                         f"none of the {len(input_errors)} inputs is usable; first: {input_errors[0]}")
+    if configs:
+        backends = list(dict.fromkeys(b for b, _ in configs))
+        precisions = list(dict.fromkeys(p for _, p in configs))
+    return SweepPlan(
+        devices=resolve_devices(devices, adb_servers, exclude), model=model_files, backends=backends,
+        precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
+        deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force, retry_failed=retry_failed,
+        configs=list(configs or []), fresh_process=fresh_process,
+    ), input_errors
+
+
+def _quiet_step(title: str):
+    return contextlib.nullcontext(lambda text, done, total: None)
+
+
+def prepare(plan: SweepPlan, step_display: Callable = _quiet_step) -> None:
+    """Build the phones' harnesses and the arm64 runtime the plan needs, before any run starts."""
+    build_phone_harnesses(plan.devices, plan.model.engine, plan.backends)
+    prepare_runtime(plan.devices, step_display)
+
+
+@dataclass
+class Collected:
+    """What a `collect` produced: the plan, the sweep (its runs and index), and the unusable inputs."""
+
+    plan: SweepPlan
+    sweep: SweepResult
+    input_errors: list[str]
+
+    @property
+    def out_dir(self) -> Path:
+        return self.plan.out_dir
+
+    @property
+    def paths(self) -> list[Path]:
+        """Every dump the sweep's output holds for its runs (collected now or before)."""
+        return [self.plan.out_dir / name for run in self.sweep.runs for name in run.row.files]
+
+    @property
+    def exit_code(self) -> int:
+        """What the `collect` command exits with for this outcome (README: exit codes)."""
+        if self.sweep.interrupted:
+            return EXIT_INTERRUPTED
+        if self.sweep.failed or self.input_errors:
+            return 1
+        skipped = any(run.row.status == RunStatus.SKIPPED for run in self.sweep.runs)
+        return EXIT_SOME_SKIPPED if skipped else EXIT_OK
+
+
+def collect(model: Path | str | None = None, *, devices: Iterable[str] = ("local",), engine: str = "auto",
+            backends: Iterable[str] = ("cpu",), precisions: Iterable[str] = ("high",),
+            configs: Iterable[tuple[str, str]] = (), inputs: Iterable[str] = (), shapes: Iterable[str] = (),
+            preprocess: str | None = None, out: Path | str = "runs", threads: int = 1, repeat: int = 1,
+            deadline: float = 900.0, layers: str | None = None, max_bytes: int | None = None,
+            exclude: Iterable[str] = (), adb_servers: Iterable[str] = (), keep: bool = False, force: bool = False,
+            retry_failed: bool = False, fresh_process: bool = False, task: str | None = None) -> Collected:
+    """Run `model` with every layer dumped on each device x backend x precision x input, as `collect`
+    does (same files, same index.csv, resumes the same way), without printing progress."""
+    plan, input_errors = build_plan(
+        devices=list(devices), model=Path(model) if model is not None else None, engine=engine,
+        backends=list(backends), precisions=list(precisions), inputs=list(inputs), shapes=list(shapes),
+        preprocess=preprocess, out=Path(out), threads=threads, repeat=repeat, deadline=deadline, layers=layers,
+        max_bytes=max_bytes, exclude=list(exclude), adb_servers=list(adb_servers), keep=keep, force=force,
+        retry_failed=retry_failed, configs=list(configs), fresh_process=fresh_process)
+    if task:  # what the outputs are (analyze --task), recorded in every dump
+        plan.extra_attrs["task"] = task
+    prepare(plan)
+    return Collected(plan, run_sweep(plan), input_errors)
