@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import FixedFormatter, FuncFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullLocator  # noqa: E402
 
 from layerdiff.analyzer.report.buckets import MAX_POINTS, worst_columns, worst_per_bucket  # noqa: E402,F401
 
@@ -39,14 +39,8 @@ def _png(fig: Figure) -> bytes:
             if axis.get_scale() == "log":
                 axis.set_major_formatter(FuncFormatter(_log_label))
                 axis.set_minor_locator(NullLocator())  # unlabelled minor ticks were a third of a figure's drawing
-    named = any(isinstance(axis.get_major_formatter(), FixedFormatter) for ax in fig.axes
-                for axis in (ax.xaxis, ax.yaxis))
-    if not named:  # fixed margins: "tight" draws the figure twice to measure it, a third of the cost
-        fig.subplots_adjust(left=0.08, right=0.97, bottom=0.11, top=0.85 if fig.get_suptitle() else 0.9,
-                            hspace=0.08, wspace=0.22)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight" if named else None,
-                pil_kwargs={"compress_level": 1})
+    buf = io.BytesIO()  # "tight": layer names, run labels and legends outside the axes are never cut
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.15, pil_kwargs={"compress_level": 1})
     return buf.getvalue()
 
 
@@ -103,7 +97,7 @@ def error_by_layer_figure(rows: pd.DataFrame, first: dict[str, str], metric: str
                 ax.scatter([x_of[first[run]]], [y[hit[0]]], s=90, facecolors="none", edgecolors="#c62828",
                            linewidths=2, zorder=4)
     if many:
-        _median_lines(ax, rows, x_of, metric)
+        _median_lines(ax, rows, x_of, metric, colours)
     shown = _isolated_markers(ax, isolated, metric, x_of, colours, top)
     ax.set_yscale("log")
     ax.set_ylabel(f"{metric} vs reference (log)")
@@ -111,14 +105,14 @@ def error_by_layer_figure(rows: pd.DataFrame, first: dict[str, str], metric: str
                  + (", triangle: layer run alone on the reference's inputs)" if shown else ")"))
     _layer_ticks(ax, keys)
     ax.grid(True, which="major", alpha=0.3)
-    _legend_below(ax)
+    _legend_outside(ax)
     return fig
 
 
-def _legend_below(ax) -> None:
-    """The legend under the axes, never over a marker or a line."""
+def _legend_outside(ax) -> None:
+    """The legend right of the axes, never over a marker, a line or the layer names below."""
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
 
 
 def _isolated_values(isolated: pd.DataFrame | None, metric: str) -> pd.Series:
@@ -151,13 +145,14 @@ def _top_value(values: pd.Series) -> float:
     return float(max(finite.max() * 10, 1.0)) if len(finite) else 1.0
 
 
-def _median_lines(ax, rows: pd.DataFrame, x_of: pd.Series, metric: str) -> None:
-    """With many runs: one bold median line per configuration (runs are labelled `config input`)."""
+def _median_lines(ax, rows: pd.DataFrame, x_of: pd.Series, metric: str, colours: dict[str, str]) -> None:
+    """With many runs: one bold median line per configuration (runs are labelled `config input`),
+    in the colour its runs are drawn in."""
     config = rows["run"].str.rsplit(" ", n=1).str[0] if "config" not in rows else rows["config"]
     for name, part in rows.assign(_config=config).groupby("_config"):
         med = part.groupby("key")[metric].median()
         x, y = worst_per_bucket(x_of.reindex(med.index).to_numpy(), np.clip(med.to_numpy(float), FLOOR, None))
-        ax.plot(x, y, lw=2.2, label=f"{name} (median)")
+        ax.plot(x, y, lw=2.2, label=f"{name} (median)", color=colours.get(str(part["run"].iloc[0])))
 
 
 def heatmap(matrix: pd.DataFrame, title: str = "rel L2 error, runs x layers") -> bytes:
@@ -217,9 +212,15 @@ def value_range_figure(ranges: dict[str, pd.DataFrame], colours: dict[str, str] 
     Every run is drawn in the reference's layer order (sorted by its x), so a run that executes
     layers in another order does not zig-zag.
     """
-    fig = Figure(figsize=(11, 6))
-    ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    reference_keys = list(next(iter(ranges.values()))["key"])
+    ref = next(iter(ranges.values()))
+    share = (ref["n_fp16_underflow"] / ref["numel"].clip(lower=1)).to_numpy(float)
+    underflow = bool(share.size) and float(np.nanmax(share)) > 0  # no empty panel when no value is that small
+    fig = Figure(figsize=(11, 6 if underflow else 4.6))
+    if underflow:
+        ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    else:
+        ax, ax2 = fig.subplots(), None
+    reference_keys = list(ref["key"])
     x_of = pd.Series(np.arange(len(reference_keys)), index=reference_keys)
     x_of = x_of[~x_of.index.duplicated()]
     for k, (label, layers) in enumerate(ranges.items()):
@@ -235,8 +236,9 @@ def value_range_figure(ranges: dict[str, pd.DataFrame], colours: dict[str, str] 
     ax.set_ylabel("max |value| (log)")
     ax.set_title("Value range by layer against fp16 limits")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-    ref = next(iter(ranges.values()))
-    share = (ref["n_fp16_underflow"] / ref["numel"].clip(lower=1)).to_numpy(float)
+    if ax2 is None:
+        _layer_ticks(ax, reference_keys)
+        return fig
     xs, ys = worst_per_bucket(np.arange(len(share)), share)
     ax2.fill_between(xs, ys, step="mid", color="#1565c0", alpha=0.8, lw=0)
     ax2.set_ylabel("share in\n(0, 6.1e-5)")
