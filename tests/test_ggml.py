@@ -38,6 +38,10 @@ def test_every_node_named_as_llama_cpp_names_it_in_execution_order(llama_high):
     assert records["Qcur-0"].op_type == "MUL_MAT" and records["kq_soft_max-0"].op_type == "SOFT_MAX"
     assert "attn_norm-0" in records["Qcur-0"].inputs and "blk.0.attn_q.weight" in records["Qcur-0"].inputs
     assert records["l_out-0"].inputs == ["ffn_out-0", "ffn_inp-0"]
+    # the KV cache: what reads the cache is fed by the node that stored into it (data flow, not ggml's pointer)
+    stores = [n for n, r in records.items() if r.op_type == "SET_ROWS"]
+    assert len(stores) == 4 and all(any(n in r.inputs for r in records.values()) for n in stores)
+    assert records["cache_k_l0 (view)#1"].inputs == ["cache_k_l0 (view)"]
     assert header["engine"] == "ggml" and header["backends_actual"] == ["cpu"]
     assert header["precision_effective"].endswith("kv f32") and header["options"]["input_kind"] == "prompt"
     assert header["options"]["tokens"][0] == 1 and header["inputs"][0]["dtype"] == "text"  # <s> + the prompt's pieces

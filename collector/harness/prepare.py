@@ -63,8 +63,9 @@ def build_phone_harnesses(devices: list[Device], engine: str, backends: list[str
 
 
 def _build_ggml(devices: list[Device]) -> None:
-    """The ggml engine is a C++ binary on the `local` device too: built before the sweep's clock runs
-    (a first build takes minutes), failures left to the runs to report."""
+    """The ggml engine is a C++ binary on every device: the host build for `local`, the static aarch64
+    build for `arm64` (qemu); built before the sweep's clock runs (a first build takes minutes),
+    failures left to the runs to report."""
     from layerdiff.collector.engines.ggml.build import GgmlSpec, ensure_built
     from layerdiff.collector.harness.build import HarnessError
 
@@ -74,7 +75,7 @@ def _build_ggml(devices: list[Device]) -> None:
             kind = device.info().kind
         except LayerdiffError:
             continue
-        targets.add("host" if kind == "local" else None)
+        targets.add("aarch64" if kind == "qemu" else "host" if kind == "local" else None)
     for target in sorted(t for t in targets if t):
         try:
             ensure_built(GgmlSpec(target))

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "errors.h"
+#include "ggml-cpu.h"
 #include "gguf.h"
 #include "json.h"
 #include "llama.h"
@@ -99,8 +100,12 @@ RunFacts LlamaRun::prepare(ModelInput* input) {
     facts.backends_actual = backend_words(placement.nodes_per_buffer());
     facts.nodes = placement.nodes_seen();
     std::string kv = ggml_type_name(precision_.kv_type);
+    // An ARMv8.2 build with fp16 vector arithmetic does f16 weights' dot products in fp16 (ggml_vec_dot_f16
+    // accumulates with vfmaq_f16): what a phone's CPU computes, and not what an x86 CPU computes.
+    bool fp16_va = ggml_cpu_has_fp16_va() != 0;
     facts.precision_effective = "weights " + std::string(desc) + ", kv " + kv +
                                 (precision_.flash_attn ? ", flash-attn" : "") +
+                                (fp16_va ? ", cpu fp16 vector arithmetic" : "") +
                                 (backend_ == "vulkan" ? (precision_.vulkan_fp16 ? ", vulkan fp16 allowed" : ", vulkan fp32") : "");
     std::vector<int64_t> ids(input->tokens.begin(), input->tokens.end());
     JsonObject per_buffer;
@@ -111,6 +116,7 @@ RunFacts LlamaRun::prepare(ModelInput* input) {
                              .add("type_k", kv)
                              .add("type_v", kv)
                              .add("flash_attn", precision_.flash_attn)
+                             .add("cpu_fp16_vector_arithmetic", fp16_va)
                              .add("n_gpu_layers", std::string(backend_ == "cpu" ? "0" : "all"))
                              .add("GGML_VK_DISABLE_F16", !precision_.vulkan_fp16)
                              .add("model_desc", std::string(desc))

@@ -39,9 +39,24 @@ std::string NodeDumper::unique_name(const ggml_tensor* t) {
     return name;
 }
 
+namespace {
+
+// The tensor whose memory a view shares (a KV cache view -> the cache itself).
+const ggml_tensor* view_root(const ggml_tensor* t) {
+    while (t->view_src != nullptr) t = t->view_src;
+    return t;
+}
+
+}  // namespace
+
 std::string NodeDumper::edge_name(const ggml_tensor* src) {
     auto found = names_.find(src);
     if (found != names_.end()) return found->second;
+    // A node that reads the KV cache reads what SET_ROWS/CPY wrote into it earlier in this graph: ggml's
+    // src pointer names the cache tensor, the data flow runs through the writer. The edge names the writer,
+    // so the cache stores are not dangling outputs and alignment follows the real data flow.
+    auto writer = last_writer_.find(src);
+    if (writer != last_writer_.end()) return writer->second;
     std::string name = strip_copy_name(src->name);  // a weight, an input or a copy of a dumped node
     return name.empty() ? std::string(ggml_op_desc(src)) : name;
 }
@@ -63,6 +78,7 @@ void NodeDumper::dump(ggml_tensor* t) {
     for (int i = 0; i < GGML_MAX_SRC; ++i) {
         if (t->src[i] != nullptr) info.inputs.push_back(edge_name(t->src[i]));
     }
+    if (t->view_src != nullptr && (t->op == GGML_OP_SET_ROWS || t->op == GGML_OP_CPY)) last_writer_[view_root(t)] = name;
     bool host = t->buffer == nullptr || ggml_backend_buffer_is_host(t->buffer);
     info.memory = host ? "host" : "device";
     // layout: "ggml/<type>@<buffer>": the node's own ggml type (widened to the dump dtype) and the buffer

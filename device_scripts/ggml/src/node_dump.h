@@ -28,7 +28,7 @@ public:
     const std::map<std::string, int64_t>& output_types() const { return types_; }
     int64_t nodes_seen() const { return seen_; }
     // Before each graph: names restart (the next graph reuses tensor memory), counters stay.
-    void start(DumpWriter* writer) { writer_ = writer; names_.clear(); name_uses_.clear(); }
+    void start(DumpWriter* writer) { writer_ = writer; names_.clear(); name_uses_.clear(); last_writer_.clear(); }
 
 private:
     bool ask(ggml_tensor* t);
@@ -39,6 +39,7 @@ private:
     DumpWriter* writer_;
     std::map<const ggml_tensor*, std::string> names_;  // node -> its unique dump name
     std::map<std::string, int> name_uses_;             // llama.cpp reuses names (Qcur-0 thrice)
+    std::map<const ggml_tensor*, std::string> last_writer_;  // a KV cache tensor -> the node that last wrote into it
     std::set<std::string> buffers_;
     std::map<std::string, int64_t> per_buffer_;
     std::map<std::string, int64_t> types_;
