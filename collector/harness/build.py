@@ -124,15 +124,28 @@ def _check_device_scripts() -> None:
                            "(pip install --force-reinstall layerdiff) or run from a checkout")
 
 
-def sources_digest(paddle_lite: bool = False) -> str:
+# Harness source files that belong to one engine (by file name prefix); every other file is common.
+ENGINE_SOURCE_PREFIXES = {"ncnn": "ncnn_", "mnn": "mnn_", "paddle-lite": "paddle_lite"}
+
+
+def spec_engines(spec: HarnessSpec) -> set[str]:
+    return {name for name, on in (("ncnn", spec.with_ncnn), ("mnn", bool(spec.mnn_root)),
+                                  ("paddle-lite", bool(spec.paddle_lite_root))) if on}
+
+
+def sources_digest(engines: set[str] | None = None) -> str:
     """sha256 over the harness sources and build scripts: any edit gives a new binary.
 
-    The Paddle-Lite engine's own files count only for builds with it, so working on it never
-    invalidates the ncnn and MNN binaries (a 10-minute rebuild each)."""
+    An engine's own files (`mnn_*`, `ncnn_*`, `paddle_lite*`) count only for builds with that engine
+    (None: every file), so working on one engine never invalidates the others' binaries (the ncnn
+    build is a 10-minute rebuild)."""
     _check_device_scripts()
     digest = hashlib.sha256()
-    files = sorted(p for p in (DEVICE_SCRIPTS / "harness").rglob("*")
-                   if p.is_file() and (paddle_lite or not p.name.startswith("paddle_lite")))
+    def counts(path: Path) -> bool:
+        owner = next((e for e, prefix in ENGINE_SOURCE_PREFIXES.items() if path.name.startswith(prefix)), None)
+        return owner is None or engines is None or owner in engines
+
+    files = sorted(p for p in (DEVICE_SCRIPTS / "harness").rglob("*") if p.is_file() and counts(p))
     files += sorted(DEVICE_SCRIPTS.glob("build_*.sh")) + sorted((DEVICE_SCRIPTS / "cmake").glob("*"))
     for path in files:
         digest.update(str(path.relative_to(DEVICE_SCRIPTS)).encode() + b"\0")
@@ -143,7 +156,7 @@ def sources_digest(paddle_lite: bool = False) -> str:
 def harness_key(spec: HarnessSpec) -> str:
     """Cache key of a harness binary: sources + spec + the ncnn it links."""
     mnn_lib = _mnn_library_stamp(spec.mnn_root) if spec.mnn_root else None
-    recipe = {"sources": sources_digest(bool(spec.paddle_lite_root)), "spec": asdict(spec), "ncnn": ncnn_key(spec), "mnn": mnn_lib}
+    recipe = {"sources": sources_digest(spec_engines(spec)), "spec": asdict(spec), "ncnn": ncnn_key(spec), "mnn": mnn_lib}
     if spec.paddle_lite_root:
         recipe["paddle_lite"] = _library_stamp(spec.paddle_lite_root, "libpaddle_*") + [os.environ.get("PADDLE_LITE_EXTRA_LIBS", "")]
     else:
