@@ -84,7 +84,8 @@ def layout(tmp_path_factory):
             "mnn": _collect(converted.mnn, "image", "cpu", "high", page, work / "mnn"),
             "ncnn": _collect(converted.ncnn, "in0", "cpu", "high", page, work / "ncnn")}
     runs["moved"] = _as_input_of(_collect(converted.mnn, "image", "cpu", "high", moved, work / "moved"), runs["golden"])
-    names = {key: LAYOUT_OUTPUTS if key != "ncnn" else [f"out{i}" for i in (0, 1, 2, 3, 4, 5, 6, 7)] for key in runs}
+    runs["fp16"] = _collect(converted.ncnn, "in0", "vulkan", "low", page, work / "fp16")  # lavapipe, fp16 storage
+    names = {key: LAYOUT_OUTPUTS if key not in ("ncnn", "fp16") else [f"out{i}" for i in range(8)] for key in runs}
     boxes = {key: _family_boxes(path, names[key], page) for key, path in runs.items()}
     return runs, boxes
 
@@ -137,6 +138,24 @@ def test_moved_table_is_said_as_a_moved_box(layout):
     assert said.numbers["moved"] == len(moved), said.sentence
     assert said.numbers["moved_boxes"][0]["iou"] == pytest.approx(min(ious[i] for i in moved), abs=0.03)
     assert f"{len(moved)} of {len(ious)} box(es) moved (IoU" in said.sentence
+
+
+def test_low_precision_run_is_judged_by_what_its_boxes_do(layout):
+    """fp16 ncnn on Vulkan: whatever its numbers do, the verdict follows the family's boxes: a box the
+    family sees moved, lost or gained is said so (fail); boxes all kept never fail the run."""
+    runs, boxes = layout
+    ious = _box_judgement(boxes["golden"], boxes["fp16"])
+    kept = len(boxes["fp16"][0]) == len(ious) and min(ious) >= 0.9
+    rows, findings = _verdicts([runs["golden"], runs["fp16"]], runs["golden"], "picodet")
+    (row,) = rows.values()
+    said = next(f for f in findings if f.kind == "output_decision")
+    first = next(f for f in findings if f.kind == "first_divergence")  # named as in Netron, and by its tensor
+    assert f" (tensor {first.layer})" in first.sentence, first.sentence
+    if kept:
+        assert row["verdict"] != "fail" and not [f for f in findings if f.kind == "failure_source"], row["verdict_reason"]
+        assert said.numbers["moved"] == said.numbers["lost"] == said.numbers["gained"] == 0, said.sentence
+    else:
+        assert row["verdict"] == "fail" and any(w in said.sentence for w in ("moved", "lost", "gained")), said.sentence
 
 
 def _band_boxes(prob: np.ndarray, lines: int) -> list[tuple[int, int, int, int] | None]:

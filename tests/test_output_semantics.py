@@ -167,3 +167,26 @@ def test_collect_records_the_declared_task_and_refuses_a_bad_one(tmp_path):
     (dump,) = (tmp_path / "runs").glob("*.h5")
     with h5py.File(dump, "r") as f:
         assert f.attrs["task"] == "segmentation"
+
+
+def test_yolov8_ssd_and_segmentation_decode_by_their_conventions():
+    from layerdiff.analyzer.outputs.segmentation import compare_masks
+
+    n, c = 300, 4
+    head = np.zeros((4 + c, n), np.float32)  # YOLOv8 as exported: [4 + C, anchors]
+    head[:4] = 5.0
+    head[:4, 7] = (30, 40, 10, 20)
+    head[4 + 2, 7] = 0.8
+    boxes = decode(parse_task("yolov8"), [head], (64, 64), 0.25)
+    assert boxes.xyxy.tolist() == [[25, 30, 35, 50]] and boxes.classes.tolist() == [2]
+    assert decode(parse_task("yolov8"), [head.T.copy()], (64, 64), 0.25).xyxy.tolist() == [[25, 30, 35, 50]]
+    xyxy = np.array([[0, 0, 10, 10], [1, 1, 11, 11], [40, 40, 50, 60]], np.float32)
+    scores = np.array([[0.9, 0.1], [0.8, 0.1], [0.2, 0.7]], np.float32)
+    ssd = decode(parse_task("ssd"), [xyxy, scores.T.copy()], None, 0.4)  # scores as [C, N]: NMS keeps 2
+    assert ssd.xyxy.tolist() == [[0, 0, 10, 10], [40, 40, 50, 60]] and ssd.classes.tolist() == [0, 1]
+    logits = np.zeros((3, 8, 8), np.float32)
+    logits[1, :4] = 5.0
+    run = logits.copy()
+    run[1, 3] = 0.0  # one row of class 1 becomes class 0 (argmax of equal zeros)
+    mask = compare_masks(logits, run, tolerance=0.01)
+    assert mask.n_changed == 8 and mask.worst_class == 1 and mask.worst_iou == pytest.approx(24 / 32)

@@ -21,7 +21,7 @@ from layerdiff.analyzer.findings.decisions import output_decision
 from layerdiff.analyzer.findings.unmatched import unmatched_outputs
 from layerdiff.analyzer.findings.layouts import layout_findings
 from layerdiff.analyzer.findings.observability import split_graph
-from layerdiff.analyzer.findings.wording import layer_name, percent
+from layerdiff.analyzer.findings.wording import layer_name, percent, with_node_names
 from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
 from layerdiff.analyzer.findings.spread import run_spread
 
@@ -46,6 +46,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
     for index, pair in enumerate(comparison.plan.pairs):
         rows = comparison.pair_rows(index)
         rows = rows[rows["status"] != "not_observable"]  # what the backend never wrote is no evidence (observability.py)
+        rows = with_node_names(rows, pair.base)
         graph = comparison.graph(pair.base)
         if pair.kind == "reference":
             found += unmatched_outputs(pair, comparison.alignments[index], graph, comparison.graph(pair.other))
@@ -132,7 +133,7 @@ def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None) -> l
                    else "it is fed by the model input")
             why = _nonfinite_cause(kind, key, producers, inf, base, numbers)
             out.append(Finding(kind, run.label, key, str(row["op_type"]),
-                               f"{what} origin in {run.label}: layer {key} ({row['op_type']}) is the first with "
+                               f"{what} origin in {run.label}: layer {layer_name(key, row.get('op'))} ({row['op_type']}) is the first with "
                                f"{what} ({counts[key]} of {int(row['numel'])} values) while {fed}{why}.",
                                numbers=numbers))
             break
@@ -312,7 +313,7 @@ def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, b
         else:
             cause = _underflow_cause(base, r.key, t, numbers, other)
         return [Finding("zero_collapse_origin", r.run, r.key, r.op_type,
-                        f"Zero collapse starts in {r.run} at layer {r.key} ({r.op_type}): {percent(r.zero_collapse)} of the "
+                        f"Zero collapse starts in {r.run} at layer {layer_name(r.key, getattr(r, 'op', None))} ({r.op_type}): {percent(r.zero_collapse)} of the "
                         f"reference's non-zero values became 0 ({int(r.n_zero_collapsed)} values) while its inputs "
                         f"kept theirs; {cause}.{_collapse_spread(rows, r.key, numbers)}",
                         severity=Severity.FAIL if r.status == "fail" else Severity.WARN, numbers=numbers)]
@@ -372,7 +373,7 @@ def error_growth(rows: pd.DataFrame, sources: set[str], t: Thresholds) -> list[F
     r = candidates.loc[candidates["growth"].idxmax()]
     worst_in = r["rel_l2"] / r["growth"]
     return [Finding(FindingKind.ERROR_GROWTH, r["run"], r["key"], r["op_type"],
-                    f"Error growth in {r['run']}: layer {r['key']} ({r['op_type']}) amplifies the error {r['growth']:.0f}x, "
+                    f"Error growth in {r['run']}: layer {layer_name(r['key'], r.get('op'))} ({r['op_type']}) amplifies the error {r['growth']:.0f}x, "
                     f"from rel L2 {worst_in:.3g} at its inputs to {r['rel_l2']:.3g} at its output.", severity=Severity.WARN,
                     numbers={"factor": float(r["growth"]), "input_rel_l2": float(worst_in), "rel_l2": float(r["rel_l2"]),
                              "position": int(r["position"])})]
@@ -388,7 +389,7 @@ def nondeterminism(pair, rows: pd.DataFrame) -> list[Finding]:
     r = differing.iloc[0]
     return [Finding(FindingKind.NONDETERMINISM, pair.other.label, r["key"], r["op_type"],
                     f"Nondeterminism: {pair.other.label} and {pair.base.label} ran the same configuration on the same input "
-                    f"but differ at {len(differing)} of {len(rows)} layers, first at {r['key']} ({r['op_type']}) by max abs "
+                    f"but differ at {len(differing)} of {len(rows)} layers, first at {layer_name(r['key'], r.get('op'))} ({r['op_type']}) by max abs "
                     f"{r['max_abs']:.3g}.", severity=Severity.WARN,
                     numbers={"layers_differing": int(len(differing)), "layers_compared": int(len(rows)),
                              "max_abs": float(r["max_abs"]), "other": pair.base.label})]
@@ -403,7 +404,7 @@ def fp16_risk(base: Run, t: Thresholds) -> list[Finding]:
         r = over.iloc[0]
         peak = max(abs(float(r["min"])), abs(float(r["max"])))
         out.append(Finding(FindingKind.FP16_RISK, base.label, str(r["key"]), str(r["op_type"]),
-                           f"fp16 overflow risk in reference {base.label}: layer {r['key']} ({r['op_type']}) reaches {peak:.4g} "
+                           f"fp16 overflow risk in reference {base.label}: layer {layer_name(r['key'], r.get('op'))} ({r['op_type']}) reaches {peak:.4g} "
                            f"(> 65504) in {int(r['n_fp16_overflow'])} values; {len(over)} layer(s) exceed fp16's range.",
                            severity=Severity.WARN, numbers={"peak": peak, "n_overflow": int(r["n_fp16_overflow"]),
                                                       "layers": [str(k) for k in over["key"]][:50]}))
@@ -412,7 +413,7 @@ def fp16_risk(base: Run, t: Thresholds) -> list[Finding]:
     if len(under):
         r = under.iloc[0]
         out.append(Finding(FindingKind.FP16_RISK, base.label, str(r["key"]), str(r["op_type"]),
-                           f"fp16 underflow risk in reference {base.label}: layer {r['key']} ({r['op_type']}) has "
+                           f"fp16 underflow risk in reference {base.label}: layer {layer_name(r['key'], r.get('op'))} ({r['op_type']}) has "
                            f"{percent(share[r.name])} of its values between 0 and 6.1e-5, which fp16 flushes toward 0; "
                            f"{len(under)} layer(s) are above {percent(t.underflow_risk_share)}.",
                            severity="warn", numbers={"share": float(share[r.name]),

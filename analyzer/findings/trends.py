@@ -16,7 +16,7 @@ import pandas as pd
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, MAX_NAMED, Severity
 from layerdiff.analyzer.findings.verdict import Thresholds, worst_output
-from layerdiff.analyzer.findings.wording import percent
+from layerdiff.analyzer.findings.wording import layer_name, percent
 
 MAX_OTHER_OUTPUTS = 4
 VERB = {"pass": "passes", "warn": "warns", "fail": "fails"}
@@ -63,7 +63,7 @@ def _thirds_median(values: pd.Series) -> list[float]:
 
 
 def _at(r) -> str:
-    return f"{r['key']} ({r['op_type']}, #{int(r['position']) + 1})"
+    return f"{layer_name(r['key'], r.get('op'))} ({r['op_type']}, #{int(r['position']) + 1})"
 
 
 def _output_clause(ordered: pd.DataFrame, numbers: dict) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from layerdiff.errors import LayerdiffError
+
 
 def percent(share: float) -> str:
     """'99.9%', '1.39%', '100%': three significant digits, more where fewer would round a share that is
@@ -32,3 +34,15 @@ def layer_name(key: str, op: str | None = None) -> str:
     if not op or op == "nan" or op == key or key.startswith(op + ":") or key.split(":")[0] == op:
         return key
     return f"{op} (tensor {key})"
+
+
+def with_node_names(rows, base):
+    """The rows with `op` the node name the reference's engine recorded (ONNX Runtime goldens key layers
+    by tensor name; their node names are in the raw header's `node_names`), so sentences name both."""
+    try:
+        names = base.dump.provenance.get("raw_header", {}).get("node_names") or {}
+    except (AttributeError, TypeError, ValueError, LayerdiffError):
+        names = {}
+    if not names or "op" not in rows:
+        return rows
+    return rows.assign(op=rows["key"].map(names).fillna(rows["op"]))

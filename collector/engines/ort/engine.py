@@ -52,6 +52,7 @@ class NodeOutputs:
     op_type: str
     outputs: list[str]
     inputs: list[str]
+    node: str = ""  # the node's own name, as Netron shows it (op is its first output, the key MNN shares)
 
 
 def _ort():
@@ -92,8 +93,14 @@ def dumped_nodes(model) -> list[NodeOutputs]:
         if node.op_type == "Constant" or not outputs:
             continue
         inputs = [i for i in node.input if i and i not in weights and i not in constants]
-        nodes.append(NodeOutputs(outputs[0], node.op_type, outputs, inputs))
+        nodes.append(NodeOutputs(outputs[0], node.op_type, outputs, inputs, node.name))
     return nodes
+
+
+def node_names(nodes: list[NodeOutputs]) -> dict[str, str]:
+    """Layer key -> ONNX node name, where the two differ: findings name the node a user finds in Netron
+    (`warp/grid_sample`) beside the tensor (`gs:0`) the key is made of."""
+    return {f"{n.op}:{k}": n.node for n in nodes if n.node and n.node != n.op for k in range(len(n.outputs))}
 
 
 def with_outputs(model, names: list[str]):
@@ -197,7 +204,7 @@ def run(args: HarnessArgs) -> None:
     session = session_for([o for n in nodes for o in n.outputs][:1])
     feeds = feeds_for(session, inputs)
     header = base_header(args, engine_version(), inputs)
-    header.update({"backends_actual": ["cpu"], "precision_effective": "fp32",
+    header.update({"backends_actual": ["cpu"], "precision_effective": "fp32", "node_names": node_names(nodes),
                    "options": {"providers": session.get_providers(), "graph_optimization_level": "ORT_DISABLE_ALL"}})
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(nodes))
