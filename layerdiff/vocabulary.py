@@ -30,6 +30,10 @@ def backends_help(backends: tuple[str, ...] = BACKENDS) -> str:
     return ", ".join(f"{b} ({BACKEND_NOTES[b]})" if b in BACKEND_NOTES else b for b in backends)
 
 
+# Engines whose cpu/high run is a golden (an fp32 framework reference, not a mobile engine): with no
+# --ref the analyzer takes such a run as the reference before any mobile engine's cpu/high run.
+GOLDEN_ENGINES = ("onnxruntime", "paddle")
+
 # Requested precisions from loosest to strictest: `high` is every engine's fp32 reference.
 PRECISIONS = ("low", "normal", "high")
 

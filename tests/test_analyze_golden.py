@@ -68,3 +68,21 @@ def test_several_inputs_need_ref_input_and_say_why_with_the_pairing_key(tmp_path
     code = main([str(tmp_path / "runs"), "--ref", str(golden), "--ref-input", "cow", "-o", str(tmp_path / "rep3")])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and "--ref-input cow" in err and "cat, dog" in err
+
+
+def test_without_ref_the_golden_engines_cpu_high_run_is_the_reference(tmp_path):
+    """A mobile engine's cpu/high run listed first must not become the reference over the golden."""
+    ref = reference_arrays()
+    (tmp_path / "runs").mkdir()
+    write_dump(tmp_path / "runs" / "a_mnn.h5", perturbed(ref, 0.3), engine="mnn")  # wrong, and first
+    write_dump(tmp_path / "runs" / "b_ort.h5", ref, engine="onnxruntime")
+    write_dump(tmp_path / "runs" / "c_ncnn_low.h5", perturbed(ref, 1e-5), precision="low")
+    analysis = analyze_paths([tmp_path / "runs"])
+    try:
+        plan = analysis.comparison.plan
+        assert plan.reference.attrs["engine"] == "onnxruntime"
+        assert "golden (onnxruntime)" in plan.reason
+        verdicts = {row["run"]: row["verdict"] for row in analysis.summary.to_dict("records") if row["role"] == "compared"}
+        assert sorted(verdicts.values()) == ["fail", "pass"], verdicts
+    finally:
+        analysis.close()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerdiff.errors import NothingToCompareError, UsageError
+from layerdiff.vocabulary import GOLDEN_ENGINES
 from layerdiff.analyzer.runs.sources import Run
 
 
@@ -35,8 +36,9 @@ class Plan:
 
 
 def choose_reference(runs: list[Run], ref_path: Path | str | None) -> tuple[Run, str]:
-    """The `--ref` run (its dump or the foreign file it came from), else the first cpu + high run,
-    else the first run; with the reason in words."""
+    """The `--ref` run (its dump or the foreign file it came from), else the first cpu + high run of a
+    golden engine (ONNX Runtime, Paddle: the framework the mobile engines are judged against), else
+    the first cpu + high run, else the first run; with the reason in words."""
     if not runs:
         raise NothingToCompareError("no dumps to analyze")
     if ref_path is not None:
@@ -47,9 +49,14 @@ def choose_reference(runs: list[Run], ref_path: Path | str | None) -> tuple[Run,
             f"--ref {ref_path}: not among the dumps being analyzed (or not a readable dump); "
             "pass it also as an input, or pick one of the files listed"
         )
-    for run in runs:
-        if str(run.attrs.get("backend_requested", "")).lower() == "cpu" and run.precision.lower() == "high":
-            return run, "automatic: the first run with backend cpu and precision high"
+    cpu_high = [run for run in runs if str(run.attrs.get("backend_requested", "")).lower() == "cpu"
+                and run.precision.lower() == "high"]
+    for run in cpu_high:
+        engine = str(run.attrs.get("engine", "")).lower()
+        if engine in GOLDEN_ENGINES:
+            return run, f"automatic: the golden ({engine}) run with backend cpu and precision high"
+    if cpu_high:
+        return cpu_high[0], "automatic: the first run with backend cpu and precision high"
     return runs[0], "automatic: no cpu + high run, so the first run given"
 
 
