@@ -190,3 +190,25 @@ def test_yolov8_ssd_and_segmentation_decode_by_their_conventions():
     run[1, 3] = 0.0  # one row of class 1 becomes class 0 (argmax of equal zeros)
     mask = compare_masks(logits, run, tolerance=0.01)
     assert mask.n_changed == 8 and mask.worst_class == 1 and mask.worst_iou == pytest.approx(24 / 32)
+
+
+def test_declared_classification_judges_logits_and_the_summary_says_top1(tmp_path):
+    """Logits are no recognisable distribution: judged by element error unless --task classification
+    says they are class scores; then a changed clear decision fails and the summary's top-1 says it."""
+    layers = [("data", "Input", [], (1, 3, 8, 8)), ("logits", "InnerProduct", ["data"], (1, 10))]
+    data = np.zeros((1, 3, 8, 8), np.float32)
+    logits = np.linspace(-2, 2, 10, dtype=np.float32).reshape(1, 10)
+    flipped = logits.copy()
+    flipped[0, 0] = 2.5  # the clear best class (2.0) loses to another
+    write_dump(tmp_path / "ref.h5", {"data": data, "logits": logits}, layers=layers)
+    write_dump(tmp_path / "run.h5", {"data": data, "logits": flipped}, layers=layers, backend="vulkan", precision="low")
+    for task, top1 in ((None, None), ("classification", 0.0)):
+        analysis = analyze_paths([tmp_path], task=task)
+        try:
+            (row,) = _summary(analysis).values()
+        finally:
+            analysis.close()
+        if top1 is None:
+            assert math.isnan(row["top1"]) and "top-1" not in row["verdict_reason"]
+        else:
+            assert row["top1"] == top1 and row["verdict"] == "fail" and "top-1 agreement 0%" in row["verdict_reason"]

@@ -99,9 +99,19 @@ def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | N
         "output": "" if out is None else str(out["key"]),
         "output_rel_l2": math.nan if out is None else float(out["rel_l2"]),
         "output_sqnr_db": math.nan if out is None else float(out["sqnr_db"]),
-        "top1": float(scored["top1"].min()) if len(scored) else math.nan,
-        "top5": float(scored["top5"].min()) if len(scored) else math.nan,
+        "top1": _top("top1", scored, judgement),
+        "top5": _top("top5", scored, judgement),
     }
+
+
+def _top(column: str, scored: pd.DataFrame, judgement) -> float:
+    """The lowest top-k agreement among the class-score outputs: recognised ones (the table's column) or,
+    with a declared classification task, the judgement's (logits are class scores only when declared)."""
+    values = [float(v) for v in scored[column]] if len(scored) else []
+    if judgement is not None and judgement.task.startswith("classification"):
+        values += [float(n[column]) for n in judgement.numbers.values() if isinstance(n, dict) and column in n]
+    values = [v for v in values if not math.isnan(v)]
+    return min(values) if values else math.nan
 
 
 def _unmeasured(rows: pd.DataFrame, pair) -> str:
