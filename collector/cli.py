@@ -58,13 +58,12 @@ def _config_pairs(values: list[str] | None) -> list[str] | None:
 
 def _task_option(value: str | None) -> str | None:
     """`--task` checked before any device is touched (a usage error, exit 2); returned as analyze reads it."""
-    from layerdiff.analyzer.outputs.task import parse_task
+    from layerdiff.api import check_task
 
     try:
-        task = parse_task(value)
+        return check_task(value)
     except LayerdiffError as err:
         raise typer.BadParameter(str(err).removeprefix("--task ")) from None
-    return task.text if task else None
 
 
 @app.callback(invoke_without_command=True)
@@ -138,11 +137,10 @@ def collect(
 def _sweep_report(out_dir: Path, **options) -> None:
     """The matrix report of everything in OUTDIR, its verdict printed before the plots are drawn;
     a report that cannot be made never fails the sweep."""
-    from layerdiff.analyzer.cli.app import print_summary
-    from layerdiff.analyzer.report.page import report_paths
+    from layerdiff.api import report_directory
 
     try:
-        report_paths([out_dir], out_dir / "report", on_analyzed=print_summary, steps=Steps("collect"), **options).close()
+        report_directory(out_dir, out_dir / "report", steps=Steps("collect"), **options)
     except LayerdiffError as err:
         print(f"collect: no report: {err}", file=sys.stderr)
         return

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from layerdiff.analyzer.analysis import Analysis
 
-__all__ = ["Results", "analyze"]
+__all__ = ["Results", "analyze", "check_task", "report_directory"]
 PROVENANCE_FIRST = ["run", "file", "source", "engine", "engine_version", "backend_requested", "backend_actual",
                     "precision_requested", "precision_effective", "device_serial", "device_model", "model_name",
                     "model_sha256", "input_label", "input_sha256", "complete"]
@@ -111,3 +111,22 @@ def _scalar(value):
     if callable(item) and getattr(value, "ndim", 1) == 0:
         return item()
     return None
+
+
+def check_task(value: str | None) -> str | None:
+    """A `--task` value as the analysis reads it (None: no task), or a UsageError naming what is wrong.
+    `collect --task` records it in every dump; the analysis decodes the outputs by it."""
+    from layerdiff.analyzer.outputs.task import parse_task
+
+    task = parse_task(value)
+    return task.text if task else None
+
+
+def report_directory(dumps: Path | str, report_dir: Path | str, *, steps=None, **analyze_options) -> Path:
+    """Analyze every dump under `dumps` into `report_dir` as `analyze DUMPS -o REPORT_DIR` does,
+    printing its verdict table and findings before the report is drawn; returns the page."""
+    from layerdiff.analyzer.cli.app import print_summary
+    from layerdiff.analyzer.report.page import report_paths
+
+    report_paths([Path(dumps)], Path(report_dir), on_analyzed=print_summary, steps=steps, **analyze_options).close()
+    return Path(report_dir) / "index.html"

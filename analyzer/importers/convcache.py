@@ -17,6 +17,7 @@ import stat
 import time
 from pathlib import Path
 
+from layerdiff.cache import user_cache_root
 from layerdiff.errors import StorageError
 from layerdiff.analyzer.formats.limits import env_bytes, human_bytes
 
@@ -26,15 +27,6 @@ STALE_PARTIAL_S = 3600  # a half-written entry this old belongs to a process tha
 
 def max_bytes() -> int:
     return env_bytes("LAYERDIFF_CACHE_MAX_BYTES", DEFAULT_MAX_BYTES)
-
-
-def user_cache_root() -> Path:
-    """Root of every layerdiff cache (harness builds, arm64 runtime, conversions, stored results):
-    one place to find, size and delete, following the XDG convention unless $LAYERDIFF_CACHE says."""
-    override = os.environ.get("LAYERDIFF_CACHE")
-    if override:
-        return Path(override)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerdiff"
 
 
 def cache_dir(create: bool = True) -> Path:

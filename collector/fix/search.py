@@ -37,10 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerdiff.vocabulary import RunStatus
-from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.analyzer.analysis import analyze_paths, build_graph
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import DeviceError, UsageError
-from layerdiff.analyzer.align.graph import build_graph
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.engines.harness_cli import split_key
 from layerdiff.collector.engines.ncnn.options import CLOSED_UPSTREAM

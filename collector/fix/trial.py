@@ -20,8 +20,7 @@ from pathlib import Path
 
 from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.dumpfile import DumpFile
-from layerdiff.analyzer.align.graph import build_graph
-from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
+from layerdiff.analyzer.analysis import PairKernel, Tolerances, build_graph
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.engines.ncnn.options import HIGH_PRECISION_MASK
 from layerdiff.collector.inputs.inputset import InputSet

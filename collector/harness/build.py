@@ -6,7 +6,7 @@ and CI step; a change to any of those gives a new key, never a stale binary. ncn
 cached separately (keyed by its version and build options) so editing the harness sources does
 not rebuild ncnn. Concurrent callers serialise on a file lock so only one of them builds.
 
-Cache layout (root: layerdiff.analyzer.importers.convcache.user_cache_root(), i.e. $LAYERDIFF_CACHE, else
+Cache layout (root: layerdiff.cache.user_cache_root(), i.e. $LAYERDIFF_CACHE, else
 $XDG_CACHE_HOME/layerdiff, else ~/.cache/layerdiff):
     harness/src/ncnn-<version>/            the ncnn sdist from PyPI, unpacked
     harness/ncnn-<target>-<key>/           ncnn installed for one target and option set
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from layerdiff.vocabulary import host_abi
-from layerdiff.analyzer.importers.convcache import user_cache_root
+from layerdiff.cache import user_cache_root
 from layerdiff.errors import HarnessError
 from layerdiff.collector.harness import children
 from layerdiff.collector.harness.buildprogress import BuildReporter, BuildWatcher, default_reporter, estimate_minutes
