@@ -75,11 +75,18 @@ def golden(models, tmp_path_factory) -> Path:
     return path
 
 
-def test_x86_paddle_lite_aligns_by_name_with_the_paddle_golden(models, golden, tmp_path):
+@pytest.fixture(scope="module")
+def lite_x86(models, tmp_path_factory) -> Path:
     need_paddle_lite_root()
-    proc = collect(tmp_path, models["x86"], models["input"])
+    out = tmp_path_factory.mktemp("lite")
+    proc = collect(out, models["x86"], models["input"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    [lite] = tmp_path.glob("paddle-lite_*.h5")
+    [lite] = out.glob("paddle-lite_*.h5")
+    return lite
+
+
+def test_x86_paddle_lite_aligns_by_name_with_the_paddle_golden(lite_x86, golden, tmp_path):
+    lite = lite_x86
     with DumpFile(lite) as run, DumpFile(golden) as ref:
         assert run.attrs["engine"] == "paddle-lite" and run.attrs["precision_effective"] == "fp32"
         assert run.attrs["backend_actual"] == "cpu"
@@ -137,3 +144,21 @@ def test_paddle_lite_on_a_standin_phone_through_the_real_adb_server(models, gold
     refused = collect_run(AdbDevice(standin.serial), RunSpec(resolve_model(models["arm"]), "cpu", "high", inputs,
                                                              deadline_s=300), tmp_path / "arm")
     assert refused.status == "failed" and "cls_arm.nb was optimised for arm" in refused.message
+
+
+def test_a_profile_of_real_paddle_lite_values_imports_and_passes_against_the_golden(lite_x86, golden, tmp_path):
+    """Paddle-Lite's precision-profiler files, written from the values Paddle-Lite's x86 predictor really
+    produced (its variables, its op types), import and align by name with the Paddle golden."""
+    from layerdiff.analyzer.importers import import_one
+    from tests.paddle_lite_files import write_precision_profile
+
+    with DumpFile(lite_x86) as run:
+        tensors = [(row.name, row.op_type, run.tensor(row.order)) for row in run.layers.itertuples()]
+        same_input = {"input_sha256": run.attrs["input_sha256"]}
+    profile = write_precision_profile(tmp_path / "PaddleLite_x86", tensors, target="x86")
+    imported = import_one(profile, same_input, out=tmp_path / "profile.h5").path
+    report = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(golden), str(imported), "--ref", str(golden),
+                             "-o", str(tmp_path / "report"), "--json"], capture_output=True, text=True, timeout=600)
+    assert report.returncode == 0, report.stderr[-2000:]
+    run = next(r for r in json.loads(report.stdout)["runs"] if r["role"] == "compared")
+    assert run["verdict"] == "pass" and run["summary"]["layers_compared"] >= 90
