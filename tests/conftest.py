@@ -76,9 +76,11 @@ def arm64_runs(tmp_path_factory):
 # which inside a test were silent (pytest captures a test's output). They are built here, after
 # collection and before the first test, for the selected tests that use them, with progress lines
 # on pytest's own terminal writer (shown with or without -s). Cached builds cost nothing here.
-HARNESS_USERS = {  # what in a test module's source means it runs that harness
+HARNESS_USERS = {  # what in a test module's source means it runs that build
     "host": ("host_harness", "HOST_SPEC", "standins"),
     "aarch64": ("aarch64_harness", "AARCH64_SPEC", "standins"),
+    "ggml-host": ("ggml_binary",),
+    "ggml-aarch64": ('GgmlSpec("aarch64")', 'engine="ggml"'),
 }
 
 
@@ -108,32 +110,43 @@ class _TerminalBuildReporter:
         self.plain.finished(ok, elapsed_s)
 
 
-def _harnesses_needed(items) -> list:
-    from tests.test_harness_support import AARCH64_SPEC, HOST_SPEC
-
+def _builds_needed(items) -> list[str]:
     sources = {}
     for item in items:
         path = Path(str(item.fspath))
         if path not in sources and path.suffix == ".py":
             sources[path] = path.read_text(errors="replace")
-    specs = {"host": HOST_SPEC, "aarch64": AARCH64_SPEC}
-    return [specs[target] for target, marks in HARNESS_USERS.items()
+    return [name for name, marks in HARNESS_USERS.items()
             if any(mark in text for text in sources.values() for mark in marks)]
+
+
+def _build(name: str, reporter) -> None:
+    """Build one of HARNESS_USERS' targets unless it is cached (the builders say nothing then)."""
+    if name.startswith("ggml-"):
+        from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir, ensure_built
+
+        spec = GgmlSpec(name.split("-", 1)[1])
+        if not (binary_dir(spec) / "layerdiff-ggml").is_file():
+            ensure_built(spec, reporter)
+        return
+    from layerdiff.collector.harness.build import binary_dir, ensure_built
+    from tests.test_harness_support import AARCH64_SPEC, HOST_SPEC
+
+    spec = {"host": HOST_SPEC, "aarch64": AARCH64_SPEC}[name]
+    if not (binary_dir(spec) / "layerdiff-harness").is_file():
+        ensure_built(spec, reporter)
 
 
 def pytest_collection_finish(session):
     if session.config.option.collectonly or not session.items:
         return
-    from layerdiff.collector.harness.build import HarnessError, binary_dir, ensure_built
+    from layerdiff.collector.harness.build import HarnessError
 
     terminal = session.config.pluginmanager.get_plugin("terminalreporter")
     if terminal is None:
         return
-    for spec in _harnesses_needed(session.items):
-        if (binary_dir(spec) / "layerdiff-harness").is_file():
-            continue
-        terminal.write_line("")
+    for name in _builds_needed(session.items):
         try:
-            ensure_built(spec, _TerminalBuildReporter(terminal))
+            _build(name, _TerminalBuildReporter(terminal))
         except HarnessError as err:  # the tests that need it fail with this reason themselves
             terminal.write_line(f"harness: {err}", red=True, flush=True)

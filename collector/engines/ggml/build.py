@@ -134,8 +134,9 @@ def _run_build(cmd: list[str], log: Path, what: str, reporter: BuildReporter) ->
     watcher.start(what)
     ok = False
     with open(log, "w") as handle:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                env={**os.environ, "PYTHON": sys.executable}, start_new_session=True)
+        # guarded (layerdiff.collector.harness.children): a collector killed outright takes the build with it
+        proc = subprocess.Popen(children.guarded(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", env={**os.environ, "PYTHON": sys.executable}, start_new_session=True)
         children.register(proc)
         try:
             for line in proc.stdout:
