@@ -3,13 +3,14 @@
 #
 #   build.sh --src LLAMA_CPP_DIR --out DIR --build-dir DIR [--target host|aarch64|android]
 #            [--vulkan ON|OFF] [--opencl ON|OFF] [--abi arm64-v8a] [--jobs N] [--source-label TEXT]
+#            [-- EXTRA CMAKE ARGS]   (e.g. -DOpenCL_INCLUDE_DIR=... -DOpenCL_LIBRARY=.../libOpenCL.so for android)
 #
 # Only the targets the harness links are compiled (ggml-base, ggml-cpu, llama; a GPU backend when
 # asked). host: this machine's CPU (GGML_NATIVE). aarch64: a static Linux binary for ARMv8.2-A with
 # fp16 arithmetic (what phones run; runs under qemu-aarch64), cross-compiled with aarch64-linux-gnu-g++.
 # android: the NDK ($ANDROID_NDK), with OpenCL (Adreno kernels) and/or Vulkan: not exercised here.
 source "$(dirname "${BASH_SOURCE[0]}")/../build_common.sh"
-GG_SRC=""; GG_TARGET="host"; GG_VULKAN="OFF"; GG_OPENCL="OFF"; GG_ABI="arm64-v8a"; GG_LABEL="llama.cpp"
+GG_EXTRA=(); GG_SRC=""; GG_TARGET="host"; GG_VULKAN="OFF"; GG_OPENCL="OFF"; GG_ABI="arm64-v8a"; GG_LABEL="llama.cpp"
 while [ $# -gt 0 ]; do
     case "$1" in
         --src) GG_SRC="$2"; shift 2 ;;
@@ -21,7 +22,8 @@ while [ $# -gt 0 ]; do
         --abi) GG_ABI="$2"; shift 2 ;;
         --jobs) LD_JOBS="$2"; shift 2 ;;
         --source-label) GG_LABEL="$2"; shift 2 ;;
-        -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+        --) shift; GG_EXTRA=("$@"); break ;;
+        -h|--help) sed -n 2,14p "$0"; exit 0 ;;
         *) echo "$(basename "$0"): unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -47,7 +49,7 @@ case "$GG_TARGET" in
     *) echo "build.sh: unknown --target $GG_TARGET (host, aarch64, android)" >&2; exit 2 ;;
 esac
 ld_quiet "$LD_BUILD_DIR/ggml-configure.log" \
-    cmake -S "$LD_SCRIPTS_DIR/ggml" -B "$LD_BUILD_DIR/cmake" "${LD_GENERATOR[@]}" "${flags[@]}"
+    cmake -S "$LD_SCRIPTS_DIR/ggml" -B "$LD_BUILD_DIR/cmake" "${LD_GENERATOR[@]}" "${flags[@]}" "${GG_EXTRA[@]}"
 ld_quiet "$LD_BUILD_DIR/ggml-build.log" cmake --build "$LD_BUILD_DIR/cmake" -j "$LD_JOBS" --target layerdiff-ggml
 cp "$LD_BUILD_DIR/cmake/layerdiff-ggml" "$LD_OUT/layerdiff-ggml.partial"
 mv "$LD_OUT/layerdiff-ggml.partial" "$LD_OUT/layerdiff-ggml"

@@ -32,7 +32,8 @@ def binary_for(backend: str) -> Path:
         if backend in GPU_SPECS and not os.environ.get("LAYERDIFF_GGML_BINARY"):
             binary = binary_dir(spec) / "layerdiff-ggml"
             if not binary.is_file():
-                raise HarnessError(f"no ggml build with {backend} here; build it once with `python -m "
+                needs = " (needs glslc and spirv-headers: apt-get install glslc spirv-headers)" if backend == "vulkan" else ""
+                raise HarnessError(f"no ggml build with {backend} here; build it once{needs} with `python -m "
                                    f"layerdiff.collector.engines.ggml.build --{backend}` "
                                    f"({' '.join(build_command(spec, binary.parent))}) or use --backend cpu")
         return ensure_built(spec, PlainReporter(sys.stderr))

@@ -5,6 +5,10 @@
 #include "errors.h"
 #include "json.h"
 
+#if LAYERDIFF_VULKAN
+#include <vulkan/vulkan.h>
+#endif
+
 namespace ld {
 
 GgmlPrecision precision_for(const std::string& precision) {
@@ -24,6 +28,40 @@ GgmlPrecision precision_for(const std::string& precision) {
 void apply_precision_environment(const GgmlPrecision& p) {
     if (!p.vulkan_fp16) setenv("GGML_VK_DISABLE_F16", "1", 1);
     else unsetenv("GGML_VK_DISABLE_F16");
+}
+
+std::string choose_vulkan_device() {
+#if LAYERDIFF_VULKAN
+    VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO, nullptr, "layerdiff-ggml", 1, nullptr, 0, VK_API_VERSION_1_2};
+    VkInstanceCreateInfo info{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, nullptr, 0, &app, 0, nullptr, 0, nullptr};
+    VkInstance instance = VK_NULL_HANDLE;
+    if (vkCreateInstance(&info, nullptr, &instance) != VK_SUCCESS) return "";
+    uint32_t count = 0;
+    vkEnumeratePhysicalDevices(instance, &count, nullptr);
+    std::vector<VkPhysicalDevice> devices(count);
+    vkEnumeratePhysicalDevices(instance, &count, devices.data());
+    int chosen = -1;
+    std::string name;
+    for (uint32_t pass = 0; pass < 2 && chosen < 0; ++pass) {  // pass 0: a GPU; pass 1: anything
+        for (uint32_t i = 0; i < count && chosen < 0; ++i) {
+            VkPhysicalDeviceProperties props;
+            vkGetPhysicalDeviceProperties(devices[i], &props);
+            bool gpu = props.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU ||
+                       props.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU;
+            if (pass == 1 || gpu) {
+                chosen = static_cast<int>(i);
+                name = props.deviceName;
+            }
+        }
+    }
+    vkDestroyInstance(instance, nullptr);
+    if (chosen >= 0 && getenv("GGML_VK_VISIBLE_DEVICES") == nullptr) {
+        setenv("GGML_VK_VISIBLE_DEVICES", std::to_string(chosen).c_str(), 1);
+    }
+    return name;
+#else
+    return "";
+#endif
 }
 
 std::vector<std::string> built_backends() {

@@ -21,6 +21,10 @@ struct GgmlPrecision {
 GgmlPrecision precision_for(const std::string& precision);
 // Call before any ggml backend starts: the Vulkan backend reads GGML_VK_DISABLE_F16 when it starts.
 void apply_precision_environment(const GgmlPrecision& p);
+// Before ggml's Vulkan backend starts: ggml takes only discrete/integrated GPUs by default and skips a
+// CPU-type device (Mesa's lavapipe), so when GGML_VK_VISIBLE_DEVICES is unset this names the first GPU,
+// else the first device. Returns the chosen device's name ("" when none or not a Vulkan build).
+std::string choose_vulkan_device();
 // The device running --backend (nullptr for cpu); throws HarnessError(kExitBackend) when this build
 // or this machine has none, naming what to do.
 ggml_backend_dev_t device_for(const std::string& backend);

@@ -49,6 +49,7 @@ void LlamaRun::open(const std::string& model_path, const std::string& backend, c
     precision_ = precision;
     threads_ = threads;
     ggml_backend_dev_t device = device_for(backend);
+    device_ = device ? ggml_backend_dev_description(device) : "";
     ggml_backend_dev_t devices[2] = {device, nullptr};  // cpu: an empty list, so nothing is offloaded
     llama_model_params mp = llama_model_default_params();
     mp.devices = devices;
@@ -120,6 +121,7 @@ RunFacts LlamaRun::prepare(ModelInput* input) {
                              .add("n_gpu_layers", std::string(backend_ == "cpu" ? "0" : "all"))
                              .add("GGML_VK_DISABLE_F16", !precision_.vulkan_fp16)
                              .add("model_desc", std::string(desc))
+                             .add("device", device_)
                              .add_raw("nodes_per_buffer", per_buffer.str())
                              .str();
     return facts;

@@ -32,6 +32,7 @@ private:
     llama_model* model_ = nullptr;
     llama_context* ctx_ = nullptr;
     std::string backend_;
+    std::string device_;  // the GPU device's description ("" on the CPU)
     GgmlPrecision precision_;
     int threads_ = 1;
 };

@@ -123,6 +123,7 @@ int run(const Options& o) {
     ModelInput input = load_model_input(o.inputs[0].first, o.inputs[0].second);
     GgmlPrecision precision = precision_for(o.precision);
     apply_precision_environment(precision);
+    if (o.backend == "vulkan") choose_vulkan_device();
     llama_backend_init();
     std::string arch = gguf_architecture(o.models[0]);
     if (arch.rfind("layerdiff.conv2d", 0) == 0) {
@@ -142,6 +143,7 @@ std::string version_line() {
 }
 
 std::string probe_json() {
+    choose_vulkan_device();
     llama_backend_init();
     JsonObject engine;
     engine.add("version", std::string(ggml_version())).add_raw("backends", backends_probe_json());
