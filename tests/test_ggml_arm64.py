@@ -65,3 +65,11 @@ def test_arm64_fp16_matmul_is_what_numpy_says_fp16_accumulation_gives(arm64_bina
     exact = x16.astype(np.float64) @ w.T.astype(np.float64)
     err_arm = np.abs(a["Qcur-0"] - exact).max()
     assert 1e-4 * np.abs(exact).max() < err_arm < 2e-2 * np.abs(exact).max()  # f16 accumulation: real, bounded
+
+
+def test_a_core_without_fp16_is_refused_in_one_line(ggml_samples, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", "arm64:cortex-a53", "--model",
+                           str(ggml_samples["tinyllama"]), "--input", str(ggml_samples["tokens"]), "-o", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "needs ARMv8.2 fp16, which cortex-a53 lacks" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -23,6 +23,7 @@ from layerdiff.collector.transport.devices import DeviceError, DeviceInfo, Harne
 NAME = "arm64"
 ARM_ENGINES = ARM64_ENGINES  # the engines that declare aarch64 wheels (Engine.arm64_wheels; in the runtime's WHEELS)
 DEFAULT_CPU = "cortex-a76"
+ARMV80_CPUS = ("cortex-a35", "cortex-a53", "cortex-a57", "cortex-a72")  # qemu models without fp16 arithmetic
 
 
 def is_arm64_name(name: str) -> bool:
@@ -107,6 +108,9 @@ class Arm64Device(LocalDevice):
         from layerdiff.collector.harness.build import HarnessError
 
         check_qemu()
+        if self.cpu in ARMV80_CPUS:  # measured: cortex-a53 dies with SIGILL in ggml's fp16 kernels
+            raise DeviceError(f"{self.serial}: ggml's aarch64 build needs ARMv8.2 fp16, which {self.cpu} lacks; "
+                              "use --device arm64 (cortex-a76) or arm64:cortex-a55")
         try:
             binary = ensure_built(GgmlSpec("aarch64"))
         except HarnessError as err:
