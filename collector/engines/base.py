@@ -44,6 +44,11 @@ class Engine:
     backends: tuple[str, ...] = HOST_BACKENDS  # backend names its harness accepts (a probe says which work)
     on_phones: bool = False  # the C++ harness (device_scripts/harness) runs it on ADB devices
     arm64_wheels: tuple[str, ...] = ()  # aarch64 wheels that let the `arm64` device run its host engine
+    # An engine whose harness is its own native program (not the Python host engine, not the C++
+    # phone harness) says how to get it: built before a sweep's display starts (devices -> None,
+    # failures left to the runs), and run by the emulated `arm64` device (Arm64Device -> HarnessInvocation).
+    prebuild: Callable[[list], None] | None = None
+    arm64_harness: Callable[[object], object] | None = None
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from layerdiff.errors import LayerdiffError
+from layerdiff.collector.engines import ENGINES
 from layerdiff.collector.transport.devices import Device
 
 
@@ -45,8 +46,9 @@ def build_phone_harnesses(devices: list[Device], engine: str, backends: list[str
     """
     from layerdiff.collector.harness.build import HarnessError, harness_for
 
-    if engine == "ggml":
-        _build_ggml(devices)
+    prebuild = ENGINES[engine].prebuild if engine in ENGINES else None
+    if prebuild is not None:  # the engine's own native harness (e.g. ggml), built by its folder
+        prebuild(devices)
         return
     for device in devices:
         try:
@@ -61,23 +63,3 @@ def build_phone_harnesses(devices: list[Device], engine: str, backends: list[str
             except HarnessError:
                 continue
 
-
-def _build_ggml(devices: list[Device]) -> None:
-    """The ggml engine is a C++ binary on every device: the host build for `local`, the static aarch64
-    build for `arm64` (qemu); built before the sweep's clock runs (a first build takes minutes),
-    failures left to the runs to report."""
-    from layerdiff.collector.engines.ggml.build import GgmlSpec, ensure_built
-    from layerdiff.collector.harness.build import HarnessError
-
-    targets = set()
-    for device in devices:
-        try:
-            kind = device.info().kind
-        except LayerdiffError:
-            continue
-        targets.add("aarch64" if kind == "qemu" else "host" if kind == "local" else None)
-    for target in sorted(t for t in targets if t):
-        try:
-            ensure_built(GgmlSpec(target))
-        except HarnessError:
-            continue

@@ -92,8 +92,9 @@ class Arm64Device(LocalDevice):
                 f"drivers cannot serve it); use --backend cpu here, and a phone over adb for {backend}")
 
     def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
-        if engine == "ggml":
-            return self._ggml_harness()
+        own = ENGINES[engine].arm64_harness if engine in ENGINES else None
+        if own is not None:  # the engine's own native harness (e.g. ggml's static aarch64 binary)
+            return own(self)
         if engine not in ARM_ENGINES:
             raise DeviceError(f"{self.serial}: runs {' and '.join(ARM_ENGINES)} (their aarch64 wheels), not {engine}; "
                               "run the golden on --device local")
@@ -101,22 +102,6 @@ class Arm64Device(LocalDevice):
         runtime = self.runtime()
         return HarnessInvocation(argv=runtime.argv(self.cpu) + ["-m", module], env=runtime.env(source_dir()),
                                  description=f"aarch64 {engine} (Python) under qemu -cpu {self.cpu}")
-
-    def _ggml_harness(self) -> HarnessInvocation:
-        """ggml's static aarch64 binary (ARMv8.2-A + fp16: its fp16 kernels, what phones run) under qemu."""
-        from layerdiff.collector.engines.ggml.build import GgmlSpec, ensure_built
-        from layerdiff.collector.harness.build import HarnessError
-
-        check_qemu()
-        if self.cpu in ARMV80_CPUS:  # measured: cortex-a53 dies with SIGILL in ggml's fp16 kernels
-            raise DeviceError(f"{self.serial}: ggml's aarch64 build needs ARMv8.2 fp16, which {self.cpu} lacks; "
-                              "use --device arm64 (cortex-a76) or arm64:cortex-a55")
-        try:
-            binary = ensure_built(GgmlSpec("aarch64"))
-        except HarnessError as err:
-            raise DeviceError(f"{self.serial}: {err}") from None
-        return HarnessInvocation(argv=[QEMU, "-cpu", self.cpu, str(binary)], env={},
-                                 description=f"aarch64 ggml (static, armv8.2-a+fp16) under qemu -cpu {self.cpu}")
 
 
 @functools.lru_cache(maxsize=1)

@@ -14,4 +14,17 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vulkan"))
+def _prebuild(devices: list) -> None:
+    from layerdiff.collector.engines.ggml.build import prebuild
+
+    prebuild(devices)
+
+
+def _arm64_harness(device):
+    from layerdiff.collector.engines.ggml.build import arm64_harness
+
+    return arm64_harness(device)
+
+
+ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vulkan"), prebuild=_prebuild,
+                arm64_harness=_arm64_harness)

@@ -151,6 +151,45 @@ def _run_build(cmd: list[str], log: Path, what: str, reporter: BuildReporter) ->
     return ok
 
 
+def prebuild(devices: list) -> None:
+    """The ggml engine is a C++ binary on every device: the host build for `local`, the static aarch64
+    build for `arm64` (qemu); built before the sweep's clock runs (a first build takes minutes),
+    failures left to the runs to report."""
+    from layerdiff.errors import LayerdiffError
+
+    targets = set()
+    for device in devices:
+        try:
+            kind = device.info().kind
+        except LayerdiffError:
+            continue
+        targets.add("aarch64" if kind == "qemu" else "host" if kind == "local" else None)
+    for target in sorted(t for t in targets if t):
+        try:
+            ensure_built(GgmlSpec(target))
+        except HarnessError:
+            continue
+
+
+def arm64_harness(device):
+    """ggml's static aarch64 binary (ARMv8.2-A + fp16: its fp16 kernels, what phones run) under qemu."""
+    from layerdiff.errors import DeviceError
+    from layerdiff.collector.transport.arm64 import ARMV80_CPUS
+    from layerdiff.collector.transport.arm64runtime import QEMU, check_qemu
+    from layerdiff.collector.transport.devices import HarnessInvocation
+
+    check_qemu()
+    if device.cpu in ARMV80_CPUS:  # measured: cortex-a53 dies with SIGILL in ggml's fp16 kernels
+        raise DeviceError(f"{device.serial}: ggml's aarch64 build needs ARMv8.2 fp16, which {device.cpu} lacks; "
+                          "use --device arm64 (cortex-a76) or arm64:cortex-a55")
+    try:
+        binary = ensure_built(GgmlSpec("aarch64"))
+    except HarnessError as err:
+        raise DeviceError(f"{device.serial}: {err}") from None
+    return HarnessInvocation(argv=[QEMU, "-cpu", device.cpu, str(binary)], env={},
+                             description=f"aarch64 ggml (static, armv8.2-a+fp16) under qemu -cpu {device.cpu}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m layerdiff.collector.engines.ggml.build [--target host|aarch64|android] [--vulkan] [--opencl]`:
     build (or find) layerdiff-ggml and print its path; warms the cache for CI and users."""
