@@ -76,7 +76,7 @@ def collect(
                                callback=choices(("auto", *ENGINES), "engine")),
     backend: List[str] = typer.Option(None, "--backend", "-b", help=f"{backends_help(BACKENDS)} (comma list or repeated)",
                                       callback=choices(BACKENDS, "backend")),
-    precision: List[str] = typer.Option(None, "--precision", "-p", help="low, normal, high (comma list or repeated)",
+    precision: List[str] = typer.Option(None, "--precision", "-p", help=f"{', '.join(PRECISIONS)} (comma list or repeated)",
                                         callback=choices(PRECISIONS, "precision")),
     config: List[str] = typer.Option(None, "--config", help="backend/precision pairs to run instead of every --backend "
                                      "× --precision, e.g. cpu/high,vulkan/low", callback=_config_pairs),

@@ -22,6 +22,7 @@ class RunStatus(StrEnum):
 # Backends in the order help texts and reports list them. An engine names the ones it knows
 # (collector/engines/<engine>/__init__.py); `collect --backend` accepts every one some engine knows.
 BACKENDS = ("cpu", "opencl", "vulkan", "gpu")
+HARNESS_BACKENDS = BACKENDS[:3]  # what the harness command line (C++ and the Python host engines) accepts by default
 BACKEND_NOTES = {"gpu": "litert: WebGPU"}  # gpu: LiteRT's GPU accelerator (WebGPU over Vulkan on the host)
 
 

@@ -121,3 +121,10 @@ def test_cli_backends_are_the_vocabulary_in_order():
 
     assert cli.BACKENDS == tuple(b for b in v.BACKENDS if b in cli.BACKENDS) and "cpu" in cli.BACKENDS
     assert cli.PRECISIONS == v.PRECISIONS
+
+
+def test_the_cpp_harness_knows_the_harness_backends_in_order():
+    body = _function_body((HARNESS_SRC / "engine.cpp").read_text(), "bool known_backend(")
+    assert tuple(re.findall(r'backend == "(\w+)"', body)) == v.HARNESS_BACKENDS
+    usage = (HARNESS_SRC / "options.cpp").read_text()
+    assert f"--backend {'|'.join(v.HARNESS_BACKENDS)} --precision {'|'.join(v.PRECISIONS)}" in usage

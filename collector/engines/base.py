@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from layerdiff.vocabulary import HARNESS_BACKENDS
+
 Shape = tuple[int, ...] | None  # None: the model does not declare the input's shape (pnnx's ncnn Input)
 InputSpecs = dict[str, tuple[Shape, str]]  # input name -> (shape, numpy dtype name it is fed as)
-HOST_BACKENDS = ("cpu", "opencl", "vulkan")  # what the host harness command line accepts by default
+HOST_BACKENDS = HARNESS_BACKENDS  # what the host harness command line accepts by default
 
 
 def one_file(path: Path) -> list[Path]:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-from layerdiff.vocabulary import host_abi
+from layerdiff.vocabulary import HARNESS_BACKENDS, host_abi
 from layerdiff.cache import user_cache_root
 from layerdiff.errors import HarnessError
 from layerdiff.collector.harness import children
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m layerdiff.collector.harness.build", description=main.__doc__.splitlines()[0])
     parser.add_argument("--abi", default=host_abi())
     parser.add_argument("--engine", default="ncnn", choices=list(PHONE_ENGINES))
-    parser.add_argument("--backend", default="cpu", choices=["cpu", "opencl", "vulkan"])
+    parser.add_argument("--backend", default="cpu", choices=list(HARNESS_BACKENDS))
     parser.add_argument("--test-build", action="store_true", default=None)
     args = parser.parse_args(argv)
     try:
