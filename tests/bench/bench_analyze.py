@@ -93,16 +93,28 @@ print(worst)
 TIGHT_FROM = 1 << 24  # elements per layer from which the tight floor is the one to beat
 
 # The floor of a re-analysis: read the stored table (every results-*.json entry of the cache) into
-# DataFrames, the least a tool that keeps its measurements must do to show them again.
+# DataFrames with numpy, orjson and pandas alone (no layerdiff import), the least a tool that keeps
+# its measurements must do to show them again.
 STORED_FLOOR = """
-import sys
+import base64, sys
 from pathlib import Path
-from layerdiff.analyzer.measure.resultcache import _frame
-import orjson
+import numpy as np, orjson, pandas as pd
+
+def column(cells):
+    if isinstance(cells, dict) and "strings" in cells:
+        codes = np.frombuffer(base64.b64decode(cells["codes"]["base64"]), dtype=cells["codes"]["dtype"])
+        return np.asarray(cells["strings"], dtype=object)[codes]
+    if isinstance(cells, dict):
+        return np.frombuffer(base64.b64decode(cells["base64"]), dtype=cells["dtype"])
+    return cells
+
+def frame(doc):
+    return pd.DataFrame({c: column(v) for c, v in doc["data"].items()}, columns=doc["columns"])
+
 for entry in sorted(Path(sys.argv[1]).glob("results-*.json")):
     doc = orjson.loads(entry.read_bytes())
-    frames = [_frame(a[part]) for a in doc["alignments"] for part in ("matched", "only_base", "only_other")]
-    table = _frame(doc["table"])
+    frames = [frame(a[part]) for a in doc["alignments"] for part in ("matched", "only_base", "only_other")]
+    table = frame(doc["table"])
 print(len(table))
 """
 
