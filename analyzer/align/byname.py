@@ -30,7 +30,7 @@ import pandas as pd
 
 from layerdiff.errors import InputError, UsageError
 from layerdiff.analyzer.align.naming import canonical_from_key
-from layerdiff.analyzer.align.structure import match_by_structure
+from layerdiff.analyzer.align.structure import VALUES_AGREE, VALUES_AGREE_FP32, match_by_structure
 
 # (pattern, replacement, why): applied to op names of still-unmatched layers (step 3 above).
 BUILTIN_RULES: list[tuple[str, str, str]] = [
@@ -156,10 +156,13 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
         pairs.update(_match_builtin(base_keys, other_keys, pairs, builtin_normal))
         pairs.update(_match_builtin(base_keys, other_keys, pairs, canonical_from_key))
     confidence = {i: 1.0 for i in pairs}
-    if rules.builtin and len(pairs) < STRUCTURE_BELOW * min(len(base), len(other)):
+    renamed = len(pairs) < STRUCTURE_BELOW * min(len(base), len(other))
+    if rules.builtin and (renamed or error is not None):
         used = {j for j, _ in pairs.values()}
         found = match_by_structure(base, other, [i for i in range(len(base)) if i not in pairs],
                                    [j for j in range(len(other)) if j not in used], error, fp32, progress)
+        if not renamed:  # names did most: structure only adds leftovers whose values are the same tensor
+            found = _value_confirmed(found, error, fp32)
         pairs.update({i: (j, "structure") for i, (j, _c) in found.items()})
         confidence.update({i: c for i, (_j, c) in found.items()})
     matched = _matched_frame(base, other, pairs, confidence)
@@ -171,6 +174,17 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
     only_other = _unmatched_frame(other, [j for j in range(len(other)) if j not in used_other],
                                   _Unmatched(other, base, {j: i for i, j in rows.items()}, by_structure))
     return PairAlignment(matched=matched, only_base=only_base, only_other=only_other)
+
+
+def _value_confirmed(found: dict[int, tuple[int, float]], error: Callable[[int, int], float] | None,
+                     fp32: bool) -> dict[int, tuple[int, float]]:
+    """The structural matches among name leftovers that values confirm. A converter renames the
+    tensors it makes when it decomposes an op (MNN writes HardSigmoid as two BinaryOps, the second
+    holding the golden's HardSigmoid values): those pair with their golden tensor. The graph edges
+    cannot vouch for a leftover here (most of its neighbours matched by name, outside the structural
+    pass), so a match values do not confirm is left unmatched rather than guessed."""
+    agree = VALUES_AGREE_FP32 if fp32 else VALUES_AGREE
+    return {i: (j, c) for i, (j, c) in found.items() if error is not None and error(i, j) <= agree}
 
 
 def _canonical_keys(layers: pd.DataFrame, rules: NameRules) -> list[str]:
