@@ -79,3 +79,27 @@ def test_large_layer_sample_reads_same_positions(tmp_path):
     assert sa.dtype == np.float64 and 4000 <= sa.size <= 5000
     np.testing.assert_array_equal(sa, sb)
     assert set(np.round(sa, 5)) <= set(np.round(big.reshape(-1).astype(np.float64), 5))
+
+
+def test_page_charts_stay_bounded_and_keep_the_worst_layer():
+    """The page's charts (drawn by the browser) at 10,000 layers x 8 runs: the heatmap keeps at most
+    MAX_POINTS columns with the spike in them, the lines keep every point (WebGL draws them), and a
+    run keeps its configuration's colour in both."""
+    from layerdiff.analyzer.report import charts
+
+    rows = _rows(10_000, runs=8)
+    matrix = rows.pivot_table(index="run", columns="key", values="rel_l2", sort=False)
+    matrix = matrix[[f"l{i}:0" for i in range(10_000)]]
+    traces, layout = charts.heatmap_traces(matrix, {f"l{i}:0": i for i in range(10_000)})
+    z = np.array(traces[0]["z"], dtype=float)
+    assert z.shape == (8, MAX_POINTS) and np.isclose(np.nanmax(z), np.log10(0.5))
+    assert traces[0]["y"] == [f"run{r}" for r in range(8)] and traces[0]["x"][0] == 1  # 1-based like "#N"
+    summary = pd.DataFrame({"run": [f"run{r}" for r in range(8)], "role": ["compared"] * 8,
+                            "config": ["a"] * 4 + ["b"] * 4})
+    colours = charts.run_colours(summary)
+    lines, _ = charts.error_traces(rows, colours, {"run0": "l5000:0"}, configs=charts.run_configs(summary))
+    drawn = [t for t in lines if t["mode"] == "lines"]
+    assert len(drawn) == 8 and {t["line"]["color"] for t in drawn[:4]} != {t["line"]["color"] for t in drawn[4:]}
+    assert all(t["type"] == "scattergl" and len(t["x"]) == 10_000 for t in drawn)
+    circle = next(t for t in lines if t["name"] == "first divergence")
+    assert circle["x"] == [5001] and circle["y"] == [0.5]
