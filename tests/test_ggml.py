@@ -80,6 +80,17 @@ def test_token_ids_give_the_same_graph_as_the_prompt(llama_high, ggml_binary, gg
         np.testing.assert_array_equal(arrays2[name], arrays[name], err_msg=name)
 
 
+def test_tokenize_gives_the_ids_a_prompt_run_records(llama_high, ggml_binary, ggml_samples, tmp_path, monkeypatch):
+    """`collect` feeds ids: the tokenize helper turns a prompt into exactly the ids the harness ran."""
+    from layerdiff.collector.engines.ggml.tokenize import main
+
+    monkeypatch.setenv("LAYERDIFF_GGML_BINARY", str(ggml_binary))
+    text = ggml_samples["prompt"].read_text(encoding="utf-8")
+    assert main([str(ggml_samples["tinyllama"]), f"@{ggml_samples['prompt']}", "-o", str(tmp_path / "ids.npy")]) == 0
+    assert np.load(tmp_path / "ids.npy").tolist() == llama_high[0]["options"]["tokens"] and text.startswith("the quick")
+    assert main([str(tmp_path / "missing.gguf"), "x", "-o", str(tmp_path / "no.npy")]) == 1
+
+
 def test_low_precision_is_a_q8_0_kv_cache_with_flash_attention(llama_high, ggml_binary, ggml_samples, tmp_path):
     proc = run_ggml(ggml_binary, tmp_path / "low", ggml_samples["tinyllama"], f"prompt={ggml_samples['prompt']}",
                     "cpu", "low")
