@@ -72,7 +72,8 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
     paths = list(paths)
     if ref is not None and Path(ref).exists():
         paths.append(Path(ref))  # discovery drops it again when it is already among the inputs
-    sources = open_runs(paths, set_attrs)
+    with (steps or Steps.quiet()).step("reading the inputs (foreign formats are converted once)"):
+        sources = open_runs(paths, set_attrs)
     try:
         _check_enough_runs(sources, ref)
         plan = plan_comparisons(sources.runs, ref, ref_input)

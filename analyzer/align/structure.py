@@ -41,7 +41,7 @@ from typing import Callable
 
 from layerdiff.analyzer.align.edges import EdgeCheck, Matches
 from layerdiff.analyzer.align.opkinds import arithmetic, op_class, type_agreement, weighted  # noqa: F401 (op_class, type_agreement: API)
-from layerdiff.analyzer.align.graph import build_graph
+from layerdiff.analyzer.align.propagate import propagate
 
 # Layers that only copy another layer's tensor: never matched by structure (they would steal matches).
 _COPIES = re.compile(r"^splitncnn_(input)?\d+$")
@@ -208,7 +208,7 @@ def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[
         pairs, confidences = _fill_gaps_by_values(pairs, confidences, quality, local_error, agree)
     pairs, confidences = _match_final_outputs(pairs, confidences, quality)
     result = {base_left[i]: (other_left[j], conf) for (i, j), conf in zip(pairs, confidences)}
-    result.update(_propagate(base, other, base_left, other_left, result, quality, error, agree))
+    result.update(propagate(base, other, base_left, other_left, result, quality, error, agree))
     return result
 
 
@@ -373,41 +373,3 @@ def _fill_gaps_by_values(pairs: list[tuple[int, int]], confidences: list[float],
                 last = best
     merged = sorted(list(zip(pairs, confidences)) + found)
     return [p for p, _c in merged], [c for _p, c in merged]
-
-
-def _propagate(base: pd.DataFrame, other: pd.DataFrame, base_left: list[int], other_left: list[int],
-               done: dict[int, tuple[int, float]], quality: np.ndarray,
-               error: Callable[[int, int], float] | None = None,
-               agree: float = VALUES_AGREE) -> dict[int, tuple[int, float]]:
-    """Leftovers whose nearest matched producers map onto those of exactly one same-shape candidate
-    (whose values agree, when they can be read: a fused op's consumer has the same feeders)."""
-    graph_a, graph_b = build_graph(base), build_graph(other)
-    if not (graph_a.has_edges and graph_b.has_edges):
-        return {}
-    keys_a, keys_b = list(base["key"]), list(other["key"])
-    found: dict[int, tuple[int, float]] = {}
-    for _ in range(4):  # each round can anchor the next layers of a branch
-        pairs = done | found
-        to_b = {keys_a[i]: keys_b[j] for i, (j, _c) in pairs.items()}
-        used_b = {j for j, _c in pairs.values()}
-        known_a, known_b = set(to_b), set(to_b.values())
-        added = 0
-        by_feeders: dict[frozenset, list[tuple[int, int]]] = {}  # the other side's leftovers by nearest matched feeders
-        for jb, j in enumerate(other_left):
-            if j not in used_b:
-                by_feeders.setdefault(frozenset(graph_b.nearest(keys_b[j], known_b)[0]), []).append((jb, j))
-        for ia, i in enumerate(base_left):
-            if i in pairs:
-                continue
-            feeders = frozenset(to_b[k] for k in graph_a.nearest(keys_a[i], known_a)[0])
-            if not feeders:
-                continue
-            candidates = [(jb, j) for jb, j in by_feeders.get(feeders, ()) if j not in used_b and quality[ia, jb] > 0]
-            if len(candidates) == 1 and (error is None or error(i, candidates[0][1]) <= agree):
-                jb, j = candidates[0]
-                found[i] = (j, 0.8 * float(quality[ia, jb]))
-                used_b.add(j)
-                added += 1
-        if not added:
-            break
-    return found
