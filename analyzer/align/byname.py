@@ -147,7 +147,8 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
     if rules.builtin and (renamed or error is not None):
         used = {j for j, _ in pairs.values()}
         found = match_by_structure(base, other, [i for i in range(len(base)) if i not in pairs],
-                                   [j for j in range(len(other)) if j not in used], error, fp32, progress)
+                                   [j for j in range(len(other)) if j not in used], error, fp32, progress,
+                                   use_edges=renamed)
         if not renamed:  # names did most: structure only adds leftovers whose values are the same tensor
             found = _value_confirmed(found, error, fp32)
         pairs.update({i: (j, "structure") for i, (j, _c) in found.items()})

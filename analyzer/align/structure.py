@@ -183,13 +183,16 @@ def _confidences(pairs: list[tuple[int, int]], quality: np.ndarray) -> list[floa
 
 def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[int],
                        other_left: list[int], error: Callable[[int, int], float] | None = None,
-                       fp32: bool = False,
-                       progress: Callable[[int, int], None] | None = None) -> dict[int, tuple[int, float]]:
+                       fp32: bool = False, progress: Callable[[int, int], None] | None = None,
+                       use_edges: bool = True) -> dict[int, tuple[int, float]]:
     """Match the leftover rows `base_left` of `base` with `other_left` of `other`: {base row: (other row, confidence)}.
 
     `error(base row, other row)`, when given, is the rel L2 between the two tensors (inf if unreadable).
     `fp32`: both runs compute in fp32, so values must agree closely (VALUES_AGREE_FP32) and no match
-    is kept that values do not confirm. `progress(done, total)` hears each settled match."""
+    is kept that values do not confirm. `progress(done, total)` hears each settled match.
+    `use_edges=False` when most layers matched by name: edges then only reach the nearest structural
+    match by walking through the name-matched layers (a walk over the graph per candidate), and
+    the caller keeps value-confirmed matches only."""
     agree = VALUES_AGREE_FP32 if fp32 else VALUES_AGREE
     keep = VALUES_AGREE_FP32 if fp32 else KEEP_UNCONFIRMED_ERROR
     base_ops, other_ops = base["op"].to_numpy(), other["op"].to_numpy()
@@ -201,7 +204,7 @@ def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[
     score, quality = _score_matrix(fa, fb)
     pairs = _monotone_alignment(score)
     confidences = _confidences(pairs, quality)
-    edges = EdgeCheck.of(base, other, base_left, other_left, weighted)
+    edges = EdgeCheck.of(base, other, base_left, other_left, weighted) if use_edges else None
     local_error = None if error is None else (lambda i, j: error(base_left[i], other_left[j]))  # noqa: E731
     pairs, confidences = _settle(pairs, confidences, quality, local_error, edges, agree, keep, progress)
     if local_error is not None:
@@ -365,7 +368,7 @@ def _fill_gaps_by_values(pairs: list[tuple[int, int]], confidences: list[float],
     for (a0, b0), (a1, b1) in zip(bounds, bounds[1:]):
         last = a0
         for j in range(b0 + 1, b1):
-            options = [i for i in range(last + 1, a1) if quality[i, j] > 0][:2 * MAX_VALUE_CANDIDATES]
+            options = (np.flatnonzero(quality[last + 1:a1, j] > 0)[:2 * MAX_VALUE_CANDIDATES] + last + 1).tolist()
             errors = {i: error(i, j) for i in options}
             best = min(errors, key=lambda i: (errors[i], -i), default=None)
             if best is not None and errors[best] <= agree:
