@@ -129,10 +129,22 @@ def records(frame: pd.DataFrame, columns: list[str] | None = None) -> list[dict]
 
 
 def _clean_column(series: pd.Series) -> list:
-    values = series.tolist()
+    """A column as JSON-safe Python values, a whole column per numpy step where the dtype allows
+    (per-cell `clean` was most of writing results.json for small layers)."""
     if series.dtype.kind in "iub":
-        return values
-    if series.dtype.kind == "f" and bool(np.isfinite(series.to_numpy(dtype=float)).all()):
+        return series.tolist()
+    if series.dtype.kind == "f":
+        values = series.to_numpy(dtype=float)
+        if bool(np.isfinite(values).all()):
+            return values.tolist()
+        out = values.astype(object)  # Python floats; then NaN -> None, +-inf -> "inf" / "-inf"
+        out[np.isnan(values)] = None
+        out[np.isposinf(values)] = "inf"
+        out[np.isneginf(values)] = "-inf"
+        return out.tolist()
+    values = series.tolist()
+    if pd.api.types.is_string_dtype(series.dtype) and not bool(series.isna().any()) \
+            and all(type(v) is str for v in values):
         return values
     return [clean(v) for v in values]
 
