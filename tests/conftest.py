@@ -77,8 +77,8 @@ def arm64_runs(tmp_path_factory):
 # collection and before the first test, for the selected tests that use them, with progress lines
 # on pytest's own terminal writer (shown with or without -s). Cached builds cost nothing here.
 HARNESS_USERS = {  # what in a test module's source means it runs that build
-    "host": ("host_harness", "HOST_SPEC", "standins"),
-    "aarch64": ("aarch64_harness", "AARCH64_SPEC", "standins"),
+    "host": ("host_harness", "HOST_SPEC", 'HarnessSpec("host"'),
+    "aarch64": ("aarch64_harness", "AARCH64_SPEC", 'HarnessSpec("aarch64"'),
     "ggml-host": ("ggml_binary",),
     "ggml-aarch64": ('GgmlSpec("aarch64")', 'engine="ggml"'),
 }
