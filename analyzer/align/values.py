@@ -24,7 +24,8 @@ import numpy as np
 
 SAMPLE = 4_096  # elements of a tensor's fingerprint (stored as float32: 16 KB a tensor)
 SCREEN = 0.5  # sampled estimates above this are final: the matcher's thresholds are 0.02 .. 0.1
-FULL_CACHE = 6  # full tensors kept per side for exact errors (neighbouring candidates share them)
+FULL_CACHE = 6  # full tensors kept per side for exact errors (neighbouring candidates share them) ...
+FULL_CACHE_BYTES = 256 << 20  # ... within this many bytes per side (always the last two): huge layers stay bounded
 
 
 @dataclass
@@ -90,9 +91,13 @@ class ValueErrors:
         tensor = self._read[side](row)
         flat = None if tensor is None else _flat(tensor)
         cache[row] = flat
-        while len(cache) > FULL_CACHE:
+        while len(cache) > 2 and (len(cache) > FULL_CACHE or _bytes(cache) > FULL_CACHE_BYTES):
             cache.popitem(last=False)
         return flat
+
+
+def _bytes(cache: OrderedDict) -> int:
+    return sum(t.nbytes for t in cache.values() if t is not None)
 
 
 def _flat(tensor: np.ndarray) -> np.ndarray:
