@@ -89,3 +89,31 @@ def expected(golden: pd.DataFrame, ncnn: pd.DataFrame) -> dict[str, str]:
         elif kind == "add":
             out[f"{op}:0"] = f"/b{number}/Add_output_0:0"
     return out
+
+
+def tiled(layers: pd.DataFrame, copies: int) -> tuple[pd.DataFrame, list[int]]:
+    """A real run's `/layers` table repeated `copies` times as one longer model (names suffixed
+    `#k`, each copy fed by the previous copy's last tensor), and per row the row it repeats (its
+    tensor is read from the real dump). Scales a real graph's op, shape and fusion patterns."""
+    parts, source = [], []
+    names = list(layers["name"])
+    last_name = names[-1]
+    for k in range(copies):
+        part = layers.copy()
+        suffix = f"#{k}"
+
+        def rename(cell: str, suffix: str = suffix, k: int = k) -> str:
+            inputs = json.loads(cell) if cell else []
+            known = set(names)
+            out = [f"{n}{suffix}" if n in known else (f"{last_name}#{k - 1}" if k else n) for n in inputs]
+            return json.dumps(out)
+
+        part["op"] = [f"{op}{suffix}" for op in part["op"]]
+        part["name"] = [f"{n}{suffix}" for n in part["name"]]
+        part["key"] = [f"{op}:{i}" for op, i in zip(part["op"], part["output_index"])]
+        part["inputs"] = [rename(c) for c in part["inputs"]]
+        parts.append(part)
+        source.extend(range(len(layers)))
+    frame = pd.concat(parts, ignore_index=True)
+    frame["order"] = range(len(frame))
+    return frame, source
