@@ -70,12 +70,14 @@ def elsewhere(tmp_path) -> Path:
 
 def test_the_wheel_carries_samples_and_everything_to_build_the_harness(dists):
     names = set(zipfile.ZipFile(dists["wheel"]).namelist())
+    assert {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")} == {"layerdiff"}
     for needed in ("samples/models/convnet.param", "samples/models/convnet.bin", "samples/models/convnet.mnn",
                    "samples/inputs/convnet.npy", "device_scripts/harness/CMakeLists.txt",
                    "device_scripts/harness/src/main.cpp", "device_scripts/build_host.sh",
                    "device_scripts/build_aarch64.sh", "device_scripts/build_common.sh",
                    "device_scripts/cmake/aarch64-linux-gnu.toolchain.cmake", "device_scripts/fetch_ncnn_source.py",
                    "analyzer/FORMATS.md"):
+        needed = f"layerdiff/{needed}"  # one top-level import package: every folder lives under layerdiff/
         assert needed in names, needed
 
 
@@ -92,9 +94,10 @@ def test_every_module_imports_with_only_the_declared_dependencies(venv, elsewher
     script = r"""
 import importlib, json, pkgutil
 result = {}
-for package in ("collector", "analyzer", "samples", "device_scripts"):
+for package in ("layerdiff", "layerdiff.collector", "layerdiff.analyzer", "layerdiff.samples", "layerdiff.device_scripts"):
     module = importlib.import_module(package)
-    names = [package] + [m.name for m in pkgutil.walk_packages(module.__path__, package + ".")]
+    names = [package] + [m.name for m in pkgutil.walk_packages(module.__path__, package + ".")
+                         if not m.name.endswith(".__main__")]  # `python -m` entry points run their CLI
     for name in names:
         try:
             importlib.import_module(name)
@@ -108,7 +111,7 @@ print(json.dumps(result))
     modules = json.loads(proc.stdout)
     assert "layerdiff.collector.cli" in modules and "layerdiff.analyzer.cli.app" in modules and "layerdiff.collector.engines.ncnn.engine" in modules
     missing = {name: dep for name, dep in modules.items() if dep}
-    tool_modules = {n: d for n, d in missing.items() if n.split(".")[0] in ("collector", "analyzer")}
+    tool_modules = {n: d for n, d in missing.items() if n.split(".")[:2] in (["layerdiff", "collector"], ["layerdiff", "analyzer"])}
     assert tool_modules == {}, f"the tool imports undeclared packages: {tool_modules}"
     undeclared = {n: d for n, d in missing.items() if d.split(".")[0] not in OPTIONAL_IMPORTS}
     assert undeclared == {}, f"imports that no extra declares: {undeclared}"
@@ -194,4 +197,4 @@ def test_collect_through_adb_builds_the_harness_from_the_installed_package(venv,
     builds = sorted((cache / "harness").glob("*/builds.txt"))
     assert len(builds) == 2
     for log in builds:
-        assert str(site / "device_scripts") in log.read_text()  # built from the installed sources
+        assert str(site / "layerdiff" / "device_scripts") in log.read_text()  # built from the installed sources
