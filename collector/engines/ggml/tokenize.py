@@ -21,7 +21,7 @@ def tokenize(model: Path, text: str) -> list[int]:
     """Token ids of `text` under `model`'s tokenizer (with the BOS token when the model adds one)."""
     from layerdiff.collector.engines.ggml.build import ensure_built
     from layerdiff.collector.harness.buildprogress import PlainReporter
-    from layerdiff.errors import LayerdiffError
+    from layerdiff.errors import InputError
 
     binary = ensure_built(reporter=PlainReporter(sys.stderr))
     with tempfile.TemporaryDirectory(prefix="ggml-tokenize-") as tmp:
@@ -31,7 +31,7 @@ def tokenize(model: Path, text: str) -> list[int]:
                                "--out", str(Path(tmp) / "dump")], capture_output=True, text=True)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-            raise LayerdiffError(last.removeprefix("layerdiff-harness: "))
+            raise InputError(last.removeprefix("layerdiff-harness: "))
         header = json.loads((Path(tmp) / "dump" / "manifest.jsonl").read_text(encoding="utf-8").splitlines()[0])
     return [int(i) for i in header["options"]["tokens"]]
 
