@@ -115,3 +115,18 @@ def test_run_statuses_are_the_index_values(tmp_path):
         assert [r["status"] for r in csv.DictReader(handle)] == ["skipped"]
     assert index.counts()["skipped"] == 1
     assert list(read_index(tmp_path).values())[0].status == RunStatus.SKIPPED
+
+
+def test_every_finding_kind_written_in_the_source_is_a_finding_kind():
+    """Finding() turns its kind into a FindingKind (and refuses others): a literal kind the enum lacks
+    would fail only when that finding is made, so every literal is checked here."""
+    from layerdiff.analyzer.findings.finding import FindingKind
+
+    literals = []
+    for path in (REPO / "analyzer").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding" and node.args \
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                literals.append((f"{path.relative_to(REPO)}:{node.lineno}", node.args[0].value))
+    unknown = [f"{where}: {kind}" for where, kind in literals if kind not in FindingKind._value2member_map_]
+    assert not unknown, unknown
