@@ -9,7 +9,7 @@ Cache layout (root: layerdiff's cache, ~/.cache/layerdiff):
     harness/src/llama.cpp-<version>/          llama.cpp + ggml from the sdist (fetch_source.py)
     harness/ggml-build-<target>-<options>/    CMake/ninja build tree (incremental)
     harness/ggml-<target>-<key>/layerdiff-ggml, build.log, builds.txt
-$LAYERDIFF_GGML_BINARY names a prebuilt host CPU binary to use as is.
+$LAYERDIFF_GGML_BINARY names a prebuilt host binary to use as is (for every backend: its --probe says which it has).
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def describe(spec: GgmlSpec) -> str:
 
 def ensure_built(spec: GgmlSpec = GgmlSpec(), reporter: BuildReporter | None = None) -> Path:
     """The cached layerdiff-ggml for `spec`, built first if needed (progress on `reporter`)."""
-    prebuilt = os.environ.get("LAYERDIFF_GGML_BINARY") if spec == GgmlSpec() else None  # the host CPU build only
+    prebuilt = os.environ.get("LAYERDIFF_GGML_BINARY") if spec.target == "host" else None  # it says which backends it has
     if prebuilt:
         if not Path(prebuilt).is_file():
             raise HarnessError(f"LAYERDIFF_GGML_BINARY={prebuilt} does not name a file: fix or unset it")

@@ -69,9 +69,23 @@ def run(args: HarnessArgs) -> None:
         sys.exit(code)
 
 
+def _cached_gpu_binary(backend: str) -> Path | None:
+    from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir
+
+    binary = binary_dir(GgmlSpec(**GPU_SPECS[backend])) / "layerdiff-ggml"
+    return binary if binary.is_file() else None
+
+
 def probe() -> dict:
-    out = subprocess.run([str(binary_for("cpu")), "--probe"], capture_output=True, text=True, check=False).stdout
-    return json.loads(out)
+    """What runs here: the probe of the Vulkan build when one is cached (it has the CPU too), else the CPU build's."""
+    vulkan = None if os.environ.get("LAYERDIFF_GGML_BINARY") else _cached_gpu_binary("vulkan")
+    binary = vulkan or binary_for("cpu")
+    result = json.loads(subprocess.run([str(binary), "--probe"], capture_output=True, text=True, check=False).stdout)
+    backends = result["engines"]["ggml"]["backends"]
+    if not vulkan and not backends["vulkan"]["ok"] and not os.environ.get("LAYERDIFF_GGML_BINARY"):
+        backends["vulkan"]["reason"] = ("no ggml Vulkan build cached; build it once with `python -m "
+                                        "layerdiff.collector.engines.ggml.build --vulkan` (needs glslc and spirv-headers)")
+    return result
 
 
 def engine_version() -> str:

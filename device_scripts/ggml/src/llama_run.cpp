@@ -22,7 +22,9 @@ std::vector<std::string> backend_words(const std::map<std::string, int64_t>& per
     for (const auto& entry : per_buffer) {
         std::string lower;
         for (char c : entry.first) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        std::string word = lower.rfind("vulkan", 0) == 0 ? "vulkan" : lower.rfind("opencl", 0) == 0 ? "opencl" : "cpu";
+        // "Vulkan_Host" (pinned host memory) holds what the CPU computed for a GPU run (the token embedding)
+        bool host = lower.size() > 5 && lower.compare(lower.size() - 5, 5, "_host") == 0;
+        std::string word = host ? "cpu" : lower.rfind("vulkan", 0) == 0 ? "vulkan" : lower.rfind("opencl", 0) == 0 ? "opencl" : "cpu";
         if (std::find(words.begin(), words.end(), word) == words.end()) words.push_back(word);
     }
     return words;
