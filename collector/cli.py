@@ -71,7 +71,7 @@ def _task_option(value: str | None) -> str | None:
 def collect(
     ctx: typer.Context,
     device: List[str] = typer.Option(None, "--device", "-d", help="local, arm64[:CPU] (emulated ARM core), a serial, all, or a comma list"),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help=".mnn, ncnn .param with its .bin, .onnx (local golden), .pdmodel with its .pdiparams (local Paddle golden), Paddle-Lite .nb, or .tflite (local LiteRT) (default: bundled sample)"),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help=".mnn, ncnn .param with its .bin, .onnx (local golden), .pdmodel with its .pdiparams (local Paddle golden), Paddle-Lite .nb, .tflite (local LiteRT), or .gguf (ggml: llama.cpp; local and arm64) (default: bundled sample)"),
     engine: str = typer.Option("auto", "--engine", help="auto (from the file name), or one of: " + ", ".join(ENGINES),
                                callback=choices(("auto", *ENGINES), "engine")),
     backend: List[str] = typer.Option(None, "--backend", "-b", help=f"{backends_help(BACKENDS)} (comma list or repeated)",
