@@ -48,6 +48,13 @@ case "$GG_TARGET" in
                 -DGGML_OPENCL_USE_ADRENO_KERNELS=ON -DGGML_OPENCL_EMBED_KERNELS=ON) ;;
     *) echo "build.sh: unknown --target $GG_TARGET (host, aarch64, android)" >&2; exit 2 ;;
 esac
+# The build tree is shared by every checkout (llama.cpp compiles once); CMake refuses a tree configured
+# from another checkout's harness folder, so forget only the configuration then (objects stay: the
+# commands that compile llama.cpp do not name the checkout, so ninja keeps them).
+cache_file="$LD_BUILD_DIR/cmake/CMakeCache.txt"
+if [ -f "$cache_file" ] && ! grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$LD_SCRIPTS_DIR/ggml" "$cache_file"; then
+    rm -rf "$cache_file" "$LD_BUILD_DIR/cmake/CMakeFiles"
+fi
 ld_quiet "$LD_BUILD_DIR/ggml-configure.log" \
     cmake -S "$LD_SCRIPTS_DIR/ggml" -B "$LD_BUILD_DIR/cmake" "${LD_GENERATOR[@]}" "${flags[@]}" "${GG_EXTRA[@]}"
 ld_quiet "$LD_BUILD_DIR/ggml-build.log" cmake --build "$LD_BUILD_DIR/cmake" -j "$LD_JOBS" --target layerdiff-ggml
