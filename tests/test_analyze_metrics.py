@@ -80,6 +80,8 @@ def test_nan_and_inf_never_hide():
     assert got["n_nan_new"] == 1 and got["n_posinf_new"] == 1 and got["n_neginf_new"] == 0
     assert math.isinf(got["max_abs"]) and math.isinf(got["mean_abs"]) and math.isinf(got["rel_l2"])
     assert got["sqnr_db"] == -math.inf
+    assert math.isnan(got["cosine"])  # the 8 finite pairs agree exactly: their cosine (1.0) would hide the Inf
+    assert compare(ref2, ref2)["cosine"] == pytest.approx(1.0)  # the same Inf on both sides: equal, cosine defined
     assert got["n_fail"] == 2 and got["pass_fraction"] == pytest.approx(0.8)
     assert got["median_abs"] == 0.0  # 7 of 10 pairs are exact
     lost = compare(run, ref2)  # the reverse: the reference has NaN the run does not

@@ -65,6 +65,15 @@ def test_seed_004_on_ggml_im2col_is_the_inf_origin_at_large_size(ggml_binary, gg
     origin = next(f for f in large["findings"] if f["kind"] == "inf_origin")
     assert origin["layer"] == "conv.im2col:0" and origin["op_type"] == "IM2COL"
     assert "fp16 overflow" in origin["sentence"]
+    # Inf/NaN in the run where the reference is finite: no layer shows the finite remainder's cosine
+    # (0.99999996 on conv.mul_mat:0, 84% non-finite, before the fix), neither in JSON nor on the page
+    broken = [layer for layer in large["layers"] if layer["n_nonfinite_mismatch"]]
+    assert len(broken) == 6 and all(layer["cosine"] is None and layer["rel_l2"] == "inf" for layer in broken)
+    page = (tmp_path / "large" / "rep" / "index.html").read_text()
+    table = json.loads(page.split("id='layer-data'>")[1].split("</script>")[0].replace("<\\/", "</"))
+    column, key = table["columns"].index("cosine"), table["columns"].index("key")
+    shown = {row[key]: row[column] for row in table["rows"] if row[table["columns"].index("run")] == "cpu/normal"}
+    assert shown["conv.mul_mat:0"] == "nan" and shown["conv.reshape#1:0"] == 1.0
     # numpy's judgement: the reference's largest im2col value is the input's largest (padding adds zeros)
     x = np.load(ggml_samples["conv_large"])
     assert origin["numbers"]["reference_peak"] == float(np.abs(x).max()) > 65504

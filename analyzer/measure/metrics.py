@@ -7,7 +7,9 @@ Why it is built this way:
 - A NaN must never hide a failure nor hide in a mean: element pairs whose finiteness differs
   (a NaN or Inf on one side only) count as *infinite* error in max/mean/median/p99 and always fail
   allclose, and make relative L2 infinite and SQNR -inf; pairs that agree (both NaN, same-signed
-  Inf) count as equal. Cosine similarity is over the pairs finite on both sides (NaN if none). Whether a tensor
+  Inf) count as equal. Cosine similarity is over the pairs finite on both sides (NaN if none), and NaN
+  as soon as one pair's finiteness differs: a cosine of the finite remainder read 0.99999996 on a layer
+  whose run was 84% Inf/NaN (ggml seed 004 at x30000), a perfect score for a broken layer. Whether a tensor
   has any non-finite value is known from the precomputed `/layers` stats, so clean tensors take a
   fast path with no per-element finiteness tests.
 - median and p99 of |diff| are exact up to `SAMPLE_MAX` elements; above that they come from a
@@ -282,7 +284,7 @@ def _finish(s: _Sums, n: int) -> dict:
         "max_rel": inf_if_mismatch or s.max_rel,
         "mean_rel": inf_if_mismatch or mean_rel,
         "rel_l2": math.inf if s.n_mismatch else _ratio(math.sqrt(s.dd), ref_norm),
-        "cosine": _cosine(s.aa, s.bb, s.dd) if s.n_finite_pairs else math.nan,
+        "cosine": _cosine(s.aa, s.bb, s.dd) if s.n_finite_pairs and not s.n_mismatch else math.nan,
         "sqnr_db": -math.inf if s.n_mismatch else _sqnr(s.aa, s.dd),
         "pass_fraction": 1.0 - s.n_fail / n if n else 1.0,
         "n_fail": s.n_fail,

@@ -187,11 +187,25 @@ def _isolation_html(analysis: Analysis) -> list[str]:
             "fine alone, so its error in the full run comes from earlier layers.</p>", to_html(table)]
 
 
+def _undefined_cosine(table):
+    """Cosine spelled `nan` (not blank, which reads "not measured") where the run has NaN/Inf that the
+    reference has not: the similarity of such a pair is undefined, and the finite remainder's cosine
+    (0.99999996 on a layer 84% Inf) would have read as a perfect match."""
+    if "cosine" not in table or "n_nonfinite_mismatch" not in table:
+        return table
+    undefined = table["cosine"].isna() & (table["n_nonfinite_mismatch"].fillna(0) > 0)
+    if not bool(undefined.any()):
+        return table
+    table = table.copy()
+    table["cosine"] = table["cosine"].astype(object).where(~undefined, "nan")
+    return table
+
+
 def _layers_parts(analysis: Analysis) -> Iterator[str]:
     """Every layer of every run in one interactive table (layerdiff.analyzer.report.interactive), then repeats."""
     table = reference_rows(analysis.comparison)
     columns = layer_view(table)
-    rows = _by_run_and_position(table[list(dict.fromkeys([*columns, "run", "position"]))])
+    rows = _by_run_and_position(_undefined_cosine(table)[list(dict.fromkeys([*columns, "run", "position"]))])
     bad = int(rows["status"].isin(["fail", "warn"]).sum())
     yield (f"<h3>Layers ({len(rows)} rows, {bad} warn/fail)</h3>"
            "<p>Search, filter by run, op type or status in the panes, click a header to sort.</p>\n")
