@@ -23,6 +23,7 @@ from layerdiff.analyzer.findings.layouts import layout_findings
 from layerdiff.analyzer.findings.observability import split_graph
 from layerdiff.analyzer.findings.wording import layer_name, percent, with_node_names
 from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
+from layerdiff.analyzer.findings.provenance import provenance_findings
 from layerdiff.analyzer.findings.spread import run_spread
 
 __all__ = ["Finding", "KIND_ORDER", "all_findings"]
@@ -67,6 +68,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
             found += error_curve(rows)
         found += nondeterminism(pair, rows)
     found += run_spread(comparison)
+    found += provenance_findings(runs)
     found += input_dependence(comparison, t, zero_starts)
     for base in {id(r): r for r in comparison.plan.references.values()}.values():
         found += fp16_risk(base, t)

@@ -21,6 +21,7 @@ class FindingKind(StrEnum):
     BACKEND_FALLBACK = "backend_fallback"
     SPLIT_GRAPH = "split_graph"  # a GPU accelerator ran part of the graph on the CPU (observability.py)
     OUTPUT_UNMATCHED = "output_unmatched"
+    PRECISION_LABEL = "precision_label"  # a run's precision label disagrees with its bytes (provenance.py)
     OUTPUT_DECISION = "output_decision"
     NAN_ORIGIN = "nan_origin"
     INF_ORIGIN = "inf_origin"

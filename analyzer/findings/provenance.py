@@ -1,0 +1,117 @@
+"""Provenance questions: a run's precision label held against what its bytes show.
+
+`precision_effective` is what the collector read from the engine; the dumped values are the evidence
+(layerdiff.analyzer.measure.storage). A run labelled fp16 whose tensors hold values fp16 cannot
+represent was stored in fp32 (the x86 MNN wheel said fp16 at cpu/high while computing fp32), and two
+runs labelled with different precisions whose every tensor is the same bytes computed the same way:
+either label may be wrong, and every verdict that reads "fp16 vs fp32" then compares something else.
+Neither is a layer failure, so both are `warn` findings worded as a question about the label.
+
+Cheap on purpose: the storage evidence reads a sample (`SAMPLE_ELEMENTS` values of at most
+`SAMPLE_LAYERS` layers spread over execution order), and identity is first decided from the `/layers`
+statistics every dump already holds (min, max, mean, std and the counts, float64 over the whole
+tensor), then confirmed on sampled values; no tensor is ever read whole a second time.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
+from layerdiff.analyzer.measure.storage import MIN_ELEMENTS, StorageEvidence, storage_evidence
+
+SAMPLE_LAYERS = 24
+SAMPLE_ELEMENTS = 2048
+CONFIRM_LAYERS = 8  # identical statistics are confirmed on this many layers' sampled values
+STAT_COLUMNS = ("min", "max", "mean", "std", "n_nan", "n_posinf", "n_neginf", "n_zero")
+DEFINITE = {"fp16", "bf16", "fp32"}  # a "mixed" or "unknown" measurement proves nothing against a label
+
+
+def provenance_findings(runs: list) -> list[Finding]:
+    """Label-vs-bytes questions for every run, then for every pair of runs with identical bytes."""
+    found = [f for run in runs for f in _label_vs_bytes(run)]
+    return found + _identical_under_other_labels(runs)
+
+
+def sampled_evidence(run) -> StorageEvidence:
+    """Storage evidence from a sample of the run's float32 layers (never a full read of big tensors)."""
+    layers = run.layers
+    rows = layers[(layers["dtype"].astype(str) == "float32") & (layers["numel"] >= MIN_ELEMENTS)]
+    if rows.empty:
+        return StorageEvidence(0, 0, 0)
+    picked = rows.iloc[np.unique(np.linspace(0, len(rows) - 1, min(SAMPLE_LAYERS, len(rows))).astype(int))]
+    # float32 widened to float64 by `sample` and narrowed back: exact, so the bit tests still hold
+    return storage_evidence(run.dump.sample(int(o), SAMPLE_ELEMENTS).astype(np.float32) for o in picked["order"])
+
+
+def _label(run) -> str:
+    return str(run.attrs.get("precision_effective") or "")
+
+
+def _label_vs_bytes(run) -> list[Finding]:
+    """A label naming a storage format the sampled bytes definitely are not."""
+    label = _label(run)
+    if not label:
+        return []
+    evidence = sampled_evidence(run)
+    measured = evidence.measured()
+    if measured not in DEFINITE or evidence.agrees(label):
+        return []
+    shown = {"fp16": f"{evidence.fp16_exact} of {evidence.informative} sampled tensors hold only fp16 values",
+             "bf16": f"{evidence.bf16_exact} of {evidence.informative} sampled tensors hold only bf16 values",
+             "fp32": f"only {evidence.fp16_exact} of {evidence.informative} sampled tensors hold only values fp16 "
+                     "can represent"}[measured]
+    return [Finding(FindingKind.PRECISION_LABEL, run.label, "", "",
+                    f"Provenance question for {run.label}: it is labelled precision_effective {label!r}, but its "
+                    f"bytes look like {measured} storage ({shown}). Is the label right? What is compared is what "
+                    f"the bytes hold, so a verdict read as one about {label} may be about {measured} numbers.",
+                    severity=Severity.WARN,
+                    numbers={"label": label, "measured": measured, "informative": evidence.informative,
+                             "fp16_exact": evidence.fp16_exact, "bf16_exact": evidence.bf16_exact})]
+
+
+def _identical_under_other_labels(runs: list) -> list[Finding]:
+    """Pairs of runs labelled with different precisions whose every layer holds the same values."""
+    found = []
+    for a, b in itertools.combinations(runs, 2):
+        if not _label(a) or not _label(b) or _label(a) == _label(b) or not _same_statistics(a, b):
+            continue
+        confirmed = _same_samples(a, b)
+        if confirmed is None:
+            continue
+        found.append(Finding(FindingKind.PRECISION_LABEL, b.label, "", "",
+                             f"Provenance question: {a.label} (labelled {_label(a)!r}) and {b.label} (labelled "
+                             f"{_label(b)!r}) are bit-identical: all {len(a.layers)} layers have the same statistics "
+                             f"and {confirmed} sampled values are the same bits. Two precisions do not compute the "
+                             "same bytes: at least one label is wrong, and comparing the two measures nothing.",
+                             severity=Severity.WARN,
+                             numbers={"runs": [a.label, b.label], "labels": [_label(a), _label(b)],
+                                      "layers": len(a.layers), "sampled_values": confirmed}))
+    return found
+
+
+def _same_statistics(a, b) -> bool:
+    """Same layer keys in the same order with equal whole-tensor statistics (NaN equal to NaN)."""
+    la, lb = a.layers, b.layers
+    if len(la) != len(lb) or len(la) == 0 or list(la["key"]) != list(lb["key"]):
+        return False
+    for column in STAT_COLUMNS:
+        if column in la and column in lb:
+            x, y = la[column].to_numpy(dtype=float), lb[column].to_numpy(dtype=float)
+            if not np.array_equal(x, y, equal_nan=True):
+                return False
+    return True
+
+
+def _same_samples(a, b) -> int | None:
+    """Values compared bit for bit on a few layers spread over the run; None when any differs."""
+    orders_a, orders_b = a.layers["order"].to_numpy(), b.layers["order"].to_numpy()
+    compared = 0
+    for i in np.unique(np.linspace(0, len(orders_a) - 1, min(CONFIRM_LAYERS, len(orders_a))).astype(int)):
+        x = a.dump.sample(int(orders_a[i]), SAMPLE_ELEMENTS)
+        y = b.dump.sample(int(orders_b[i]), SAMPLE_ELEMENTS)
+        if x.shape != y.shape or not np.array_equal(x.view(np.uint64), y.view(np.uint64)):
+            return None
+        compared += x.size
+    return compared
