@@ -80,7 +80,7 @@ def collect(
                                         callback=choices(PRECISIONS, "precision")),
     config: List[str] = typer.Option(None, "--config", help="backend/precision pairs to run instead of every --backend "
                                      "× --precision, e.g. cpu/high,vulkan/low", callback=_config_pairs),
-    input: List[str] = typer.Option(None, "--input", "-i", help=".npy, .npz, image, dir, glob, name=FILE or random[:SEED]; repeatable"),
+    input: List[str] = typer.Option(None, "--input", "-i", help=".npy, .npz, image, dir, glob, name=FILE, prompt=TEXT.txt (ggml) or random[:SEED]; repeatable"),
     shape: List[str] = typer.Option(None, "--shape", help="NAME=1x3x640x640: an input's shape where the model declares none (repeatable)"),
     preprocess: Optional[str] = typer.Option(None, "--preprocess", help="image recipe: resize=224x224,crop=center,... or a .json/.toml file"),
     out: Path = typer.Option(Path("runs"), "--out", "-o", help="output directory for the .h5 files"),
@@ -243,7 +243,8 @@ def fix_command(
     if out.exists() and not out.is_dir():
         raise StorageError(f"output {out} is a file; pass a directory to -o")
     files = resolve_model(model, engine)
-    inputs, errors = resolve_inputs(input or [], input_shapes(files), parse_preprocess(preprocess))
+    inputs, errors = resolve_inputs(input or [], input_shapes(files), parse_preprocess(preprocess),
+                                    ENGINES[files.engine].prompt_input)
     if errors:
         raise InputError(errors[0])
     target = resolve_devices([device], adb_server or [])[0]

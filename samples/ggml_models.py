@@ -133,7 +133,8 @@ def conv_input(size: int = 32, in_ch: int = 8, scale: float = 1.0, seed: int = C
 
 
 def prompt_tokens() -> np.ndarray:
-    """Token ids of <s> + the prompt's letters, for runs that feed ids rather than text."""
+    """Token ids of <s> + the prompt's whole-word pieces, for runs that feed ids rather than text (llama.cpp's
+    SPM tokenizer splits the prompt text finer: a `prompt=` run feeds other ids, which its header records)."""
     tokens, _, _ = _vocab()
     index = {piece: i for i, piece in enumerate(tokens)}
     ids = [1] + [index[f"\u2581{word}"] for word in PROMPT.split()]

@@ -77,3 +77,27 @@ def test_seed_004_on_ggml_im2col_is_the_inf_origin_at_large_size(ggml_binary, gg
     # numpy's judgement: the reference's largest im2col value is the input's largest (padding adds zeros)
     x = np.load(ggml_samples["conv_large"])
     assert origin["numbers"]["reference_peak"] == float(np.abs(x).max()) > 65504
+
+
+def test_collect_a_prompt_runs_it_through_the_models_tokenizer(ggml_binary, ggml_samples, tmp_path, monkeypatch):
+    """`collect --input prompt=FILE.txt`: the run records the prompt and the ids that ran, and its nodes are
+    those of a run fed the ids the model's own tokenizer gives for that prompt (the tokenize helper)."""
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
+    from layerdiff.collector.engines.ggml.tokenize import tokenize
+
+    monkeypatch.setenv("LAYERDIFF_GGML_BINARY", str(ggml_binary))
+    prompt = ggml_samples["prompt"]
+    ids = tokenize(ggml_samples["tinyllama"], prompt.read_text(encoding="utf-8"))
+    np.save(tmp_path / "ids.npy", np.asarray(ids, dtype=np.int32))
+    for folder, inp in (("p", f"prompt={prompt}"), ("t", tmp_path / "ids.npy")):
+        proc = _collect(ggml_binary, tmp_path / folder, ggml_samples["tinyllama"], inp, "high")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    with DumpFile(tmp_path / "p" / "ggml_cpu_high_tinyllama_prompt.h5") as dump:
+        provenance = dump.provenance
+        options = provenance["raw_header"]["options"]
+        assert provenance["input_preprocess"]["prompt"]["prompt"] == prompt.read_text(encoding="utf-8")
+        assert options["input_kind"] == "prompt" and options["tokens"] == ids and len(ids) > 5
+        from_prompt = dump.tensor_by_key("result_output:0")
+    with DumpFile(tmp_path / "t" / "ggml_cpu_high_ids.h5") as dump:
+        assert dump.provenance["raw_header"]["options"]["input_kind"] == "tokens"
+        np.testing.assert_array_equal(from_prompt, dump.tensor_by_key("result_output:0"))

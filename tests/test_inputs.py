@@ -157,3 +157,22 @@ def test_dynamic_batch_and_spatial_dims_take_the_arrays_sizes():
     assert fit_shape((1, 3, 96, 160), (-1, 3, -1, -1)) == (1, 3, 96, 160)
     assert fit_shape((3, 96, 160), (1, 3, -1, -1)) == (1, 3, 96, 160)  # leading 1s still fitted
     assert fit_shape((1, 4, 96, 160), (-1, 3, -1, -1)) is None
+
+
+def test_a_prompt_goes_to_the_engines_text_input_as_its_utf8_bytes(tmp_path):
+    """`prompt=FILE.txt` (ggml): the UTF-8 bytes under `prompt`, the text recorded; bad files are one line each."""
+    good = tmp_path / "hello.txt"
+    good.write_text("Grüße, llama", encoding="utf-8")
+    (tmp_path / "latin1.txt").write_bytes("Grüße".encode("latin-1"))
+    (tmp_path / "blank.txt").write_text("  \n", encoding="utf-8")
+    specs = [f"prompt={good}", f"prompt={tmp_path / 'latin1.txt'}", f"prompt={tmp_path / 'blank.txt'}",
+             f"prompt={tmp_path / 'missing.txt'}"]
+    sets, errors = resolve_inputs(specs, {"tokens": (-1,)}, prompt_input="prompt")
+    assert [s.label for s in sets] == ["hello"]
+    assert bytes(sets[0].arrays["prompt"]).decode("utf-8") == "Grüße, llama"
+    assert sets[0].arrays["prompt"].dtype == np.uint8
+    assert sets[0].preprocess == {"prompt": {"prompt": "Grüße, llama", "file": str(good)}}
+    assert len(errors) == 3 and "not UTF-8" in errors[0] and "empty" in errors[1] and "no such file" in errors[2]
+    # an engine without a text input: `prompt=` is no input name the model has
+    _, errors = resolve_inputs([f"prompt={good}"], {"tokens": (-1,)})
+    assert len(errors) == 1 and "prompt=" in errors[0]

@@ -51,6 +51,10 @@ class Engine:
     # failures left to the runs), and run by the emulated `arm64` device (Arm64Device -> HarnessInvocation).
     prebuild: Callable[[list], None] | None = None
     arm64_harness: Callable[[object], object] | None = None
+    # An engine whose harness tokenizes text itself (ggml: llama.cpp's tokenizer, on the device) names
+    # the input a UTF-8 text file goes to (`--input prompt=FILE.txt`): staged as its uint8 bytes, in
+    # place of the model's declared inputs (the harness records the ids that ran).
+    prompt_input: str | None = None
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     @property

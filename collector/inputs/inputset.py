@@ -2,7 +2,8 @@
 
 `--input` takes `random[:seed]`, a `.npy` (single-input models), a `.npz` (name → array), an image
 (PNG/JPEG/...), a directory or a glob of those (one run each), or `name=FILE` pairs for models with
-several inputs. One bad file must not stop a sweep over a folder of photos, so per-file problems
+several inputs. An engine that tokenizes text itself (ggml) also takes `prompt=FILE.txt`: the
+prompt's UTF-8 bytes go to its harness, which runs them through the model's own tokenizer. One bad file must not stop a sweep over a folder of photos, so per-file problems
 come back as error lines while the other inputs still run; only a spec that names nothing at all,
 or a model that cannot take any input, stops the command.
 """
@@ -39,9 +40,12 @@ class InputSet:
 
 
 def resolve_inputs(
-    specs: list[str], shapes: dict[str, tuple[int, ...] | None], preprocess: Preprocess | None = None
+    specs: list[str], shapes: dict[str, tuple[int, ...] | None], preprocess: Preprocess | None = None,
+    prompt_input: str | None = None,
 ) -> tuple[list[InputSet], list[str]]:
     """Every run's inputs (default: one `random:0`) plus one error line per unusable file.
+
+    `prompt_input`: the engine's text input (Engine.prompt_input); `NAME=FILE` under that name is a prompt.
 
     Arrays keep the dtype and rank their file gives (a 0-d scalar stays 0-d), so the input hash is
     the same whichever engine's model takes them; each run casts them to what its model takes.
@@ -51,6 +55,9 @@ def resolve_inputs(
     pairs: dict[str, str] = {}
     for spec in specs or ["random:0"]:
         pair = _PAIR.match(spec)
+        if pair and prompt_input and pair.group(1) == prompt_input and prompt_input not in shapes:
+            _collect(lambda: [prompt_set(prompt_input, Path(pair.group(2)))], sets, errors)
+            continue
         if pair and not Path(spec).exists() and pair.group(1) in shapes:
             if pair.group(1) in pairs:
                 _collect(lambda: [_paired(pairs, shapes, preprocess)], sets, errors)
@@ -63,6 +70,25 @@ def resolve_inputs(
         _collect(lambda: [_paired(pairs, shapes, preprocess)], sets, errors)
     _unique_labels(sets)
     return sets, errors
+
+
+def prompt_set(name: str, path: Path) -> InputSet:
+    """A prompt as the harness takes it: its UTF-8 bytes (uint8) under the engine's text input.
+
+    Why bytes, not ids: the model's own tokenizer lives in the harness (llama.cpp's, on every device);
+    the run records the text here and the harness's dump header records the ids that ran.
+    """
+    if not path.is_file():
+        raise InputError(f"input {name}={path}: no such file; give a UTF-8 text file with the prompt")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: the prompt is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    if not text.strip():
+        raise InputError(f"{path}: the prompt is empty; write the text to run in it")
+    array = np.frombuffer(data, dtype=np.uint8).copy()
+    return InputSet(path.stem, {name: array}, f"{name}={path}", {name: {"prompt": text, "file": str(path)}})
 
 
 def _collect(make, sets: list[InputSet], errors: list[str]) -> None:

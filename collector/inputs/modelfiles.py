@@ -56,8 +56,10 @@ def input_shapes(model: ModelFiles) -> dict[str, Shape]:
 
 
 def input_dtypes(model: ModelFiles) -> dict[str, str]:
-    """The numpy dtype each model input is fed as (ncnn: always float32)."""
-    return {name: dtype for name, (_, dtype) in input_specs(model).items()}
+    """The numpy dtype each model input is fed as (ncnn: always float32; a prompt: its UTF-8 bytes)."""
+    dtypes = {name: dtype for name, (_, dtype) in input_specs(model).items()}
+    prompt = ENGINES[model.engine].prompt_input
+    return {prompt: "uint8", **dtypes} if prompt else dtypes
 
 
 @functools.lru_cache(maxsize=8)

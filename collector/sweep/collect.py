@@ -15,7 +15,7 @@ from layerdiff.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_SKIPPED, Input
 from layerdiff.collector.harness.prepare import build_phone_harnesses
 from layerdiff.collector.inputs.bundled import default_model
 from layerdiff.collector.inputs.inputset import resolve_inputs
-from layerdiff.collector.inputs.modelfiles import apply_shapes, input_shapes, parse_shapes, resolve_model
+from layerdiff.collector.inputs.modelfiles import ENGINES, apply_shapes, input_shapes, parse_shapes, resolve_model
 from layerdiff.collector.inputs.preprocess import parse_preprocess
 from layerdiff.collector.run.pipeline import check_run_options
 from layerdiff.collector.sweep.execute import SweepResult, run_sweep
@@ -36,7 +36,8 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
         raise StorageError(f"output {out} is a file; pass a directory to -o")
     model_files = resolve_model(model or default_model(), engine)
     model_shapes = apply_shapes(input_shapes(model_files), parse_shapes(shapes or []), model_files)
-    input_sets, input_errors = resolve_inputs(inputs, model_shapes, parse_preprocess(preprocess))
+    input_sets, input_errors = resolve_inputs(inputs, model_shapes, parse_preprocess(preprocess),
+                                              ENGINES[model_files.engine].prompt_input)
     if not input_sets:
         raise InputError(input_errors[0] if len(input_errors) == 1 else
                          f"none of the {len(input_errors)} inputs is usable; first: {input_errors[0]}")

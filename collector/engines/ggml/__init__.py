@@ -27,4 +27,4 @@ def _arm64_harness(device):
 
 
 ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vulkan"), prebuild=_prebuild,
-                arm64_harness=_arm64_harness)
+                arm64_harness=_arm64_harness, prompt_input="prompt")

@@ -1,8 +1,7 @@
 """`python -m layerdiff.collector.engines.ggml.tokenize MODEL.gguf TEXT -o ids.npy`: a prompt as token ids.
 
-Why: `collect` feeds arrays, and a GGUF language model takes token ids; this turns a prompt into the
-ids the model's own tokenizer (llama.cpp's, inside layerdiff-ggml) gives, so `collect --input ids.npy`
-runs exactly that prompt. It runs the harness once on the prompt with nothing dumped (`--layers` that
+Why: `collect --input prompt=TEXT.txt` runs a prompt directly; this writes the ids the model's own
+tokenizer (llama.cpp's, inside layerdiff-ggml) gives it, to feed or edit ids (`collect --input ids.npy`). It runs the harness once on the prompt with nothing dumped (`--layers` that
 no node matches) and reads the ids from the dump header, where every ggml run records them.
 """
 from __future__ import annotations
