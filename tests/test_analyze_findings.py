@@ -182,3 +182,66 @@ def test_incomplete_run_and_backend_fallback(tmp_path, ref_dump):
         assert list(alignment.only_base["key"]) == ["add:1:0", "pool:0", "fc:0", "prob:0"]
     finally:
         analysis.close()
+
+
+# llama.cpp's node names (two transformer blocks, views decorated as ggml decorates them)
+LLAMA_LAYERS = [
+    ("embd", "GET_ROWS", [], (1, 4, 8)),
+    ("attn_norm-0", "RMS_NORM", ["embd"], (1, 4, 8)),
+    ("Qcur-0", "MUL_MAT", ["attn_norm-0"], (1, 4, 8)),
+    ("Qcur-0 (view)", "VIEW", ["Qcur-0"], (1, 4, 8)),
+    ("cache_k_l0 (view)", "SET_ROWS", ["Qcur-0 (view)"], (1, 4, 8)),
+    ("ffn_out-0", "MUL_MAT", ["cache_k_l0 (view)"], (1, 4, 8)),
+    ("attn_norm-1", "RMS_NORM", ["ffn_out-0"], (1, 4, 8)),
+    ("Qcur-1", "MUL_MAT", ["attn_norm-1"], (1, 4, 8)),
+    ("ffn_out-1", "MUL_MAT", ["Qcur-1"], (1, 4, 8)),
+    ("result_output", "MUL_MAT", ["ffn_out-1"], (1, 4, 16)),
+]
+
+
+def test_layer_blocks_only_for_graphs_named_block_by_block():
+    from layerdiff.analyzer.findings.blocks import layer_blocks
+
+    keys = [f"{op}:0" for op, *_ in LLAMA_LAYERS] + ["Qcur-0#1:0", "cache_v_l1 (reshaped) (view)#1:0"]
+    blocks = layer_blocks(keys)
+    assert blocks == {"attn_norm-0:0": 0, "Qcur-0:0": 0, "Qcur-0 (view):0": 0, "cache_k_l0 (view):0": 0,
+                      "ffn_out-0:0": 0, "attn_norm-1:0": 1, "Qcur-1:0": 1, "ffn_out-1:0": 1, "Qcur-0#1:0": 0,
+                      "cache_v_l1 (reshaped) (view)#1:0": 1}
+    assert layer_blocks(["conv1:0", "relu1:0", "block/conv 2:0", "input-1:0", "fc:0"]) == {}  # one `-N` of five
+
+
+def test_findings_and_layer_table_name_the_llama_block(tmp_path):
+    """A divergence born at Qcur-1 is said to be in block 1; the table gets a `block` column after `#`;
+    a graph not named that way (the ncnn-named one) gets neither."""
+    from layerdiff.analyzer.report.tables import layer_view
+
+    rng = np.random.default_rng(0)
+    ref = {op: rng.normal(0, 1, size=shape).astype(np.float32) for op, _, _, shape in LLAMA_LAYERS}
+    run = perturbed(ref, FP16_LIKE, ops=list(ref))
+    for op in ("Qcur-1", "ffn_out-1", "result_output"):
+        run[op] = perturbed(run, 0.5, seed=3, ops=[op])[op]
+    write_dump(tmp_path / "cpu.h5", ref, layers=LLAMA_LAYERS, engine="ggml")
+    write_dump(tmp_path / "vk.h5", run, layers=LLAMA_LAYERS, engine="ggml", backend="vulkan", precision="low")
+    analysis = analyze_paths([tmp_path])
+    try:
+        (first,) = kinds(analysis, "first_divergence")
+        assert first.layer == "Qcur-1:0" and first.numbers["block"] == 1
+        assert first.sentence.startswith("First divergence in vulkan/low in block 1: layer Qcur-1:0 (MUL_MAT)")
+        (source,) = kinds(analysis, "failure_source")
+        assert "Qcur-1:0 (MUL_MAT) in block 1 fails" in source.sentence and source.numbers["block"] == 1
+        table = analysis.comparison.table
+        blocks = dict(zip(table["key"], table["block"]))
+        assert blocks["cache_k_l0 (view):0"] == 0 and blocks["ffn_out-1:0"] == 1 and np.isnan(blocks["embd:0"])
+        assert layer_view(table)[:4] == ["run", "position", "block", "key"]
+    finally:
+        analysis.close()
+    other = tmp_path / "ncnn"
+    other.mkdir()
+    write_dump(other / "ref.h5", reference_arrays())
+    write_dump(other / "vk.h5", broken_from(reference_arrays(), "block/conv 2"), backend="vulkan", precision="low")
+    analysis = analyze_paths([other])
+    try:
+        assert "block" not in analysis.comparison.table and "block" not in layer_view(analysis.comparison.table)
+        assert " in block" not in " ".join(f.sentence for f in analysis.findings)
+    finally:
+        analysis.close()

@@ -21,6 +21,7 @@ from layerdiff.analyzer.findings.decisions import output_decision
 from layerdiff.analyzer.findings.unmatched import unmatched_outputs
 from layerdiff.analyzer.findings.layouts import layout_findings
 from layerdiff.analyzer.findings.observability import split_graph
+from layerdiff.analyzer.findings.blocks import block_clause, layer_blocks
 from layerdiff.analyzer.findings.wording import layer_name, percent, with_node_names
 from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
 from layerdiff.analyzer.findings.provenance import provenance_findings
@@ -123,6 +124,7 @@ def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None) -> l
     layers = run.layers
     nan = dict(zip(layers["key"], layers["n_nan"]))
     inf = dict(zip(layers["key"], layers[["n_posinf", "n_neginf"]].sum(axis=1)))
+    blocks = layer_blocks(layers["key"])
     out = []
     for kind, counts, what in ((FindingKind.NAN_ORIGIN, nan, "NaN"), (FindingKind.INF_ORIGIN, inf, "Inf")):
         for key in graph.order:
@@ -134,8 +136,11 @@ def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None) -> l
             fed = (f"its inputs ({', '.join(producers[:3])}) have no {what}" if producers
                    else "it is fed by the model input")
             why = _nonfinite_cause(kind, key, producers, inf, base, numbers)
+            block = block_clause(blocks.get(key))
+            if block:
+                numbers["block"] = blocks[key]
             out.append(Finding(kind, run.label, key, str(row["op_type"]),
-                               f"{what} origin in {run.label}: layer {layer_name(key, row.get('op'))} ({row['op_type']}) is the first with "
+                               f"{what} origin in {run.label}{block}: layer {layer_name(key, row.get('op'))} ({row['op_type']}) is the first with "
                                f"{what} ({counts[key]} of {int(row['numel'])} values) while {fed}{why}.",
                                numbers=numbers))
             break
@@ -209,8 +214,11 @@ def first_divergence(rows: pd.DataFrame) -> list[Finding]:
         then = (f" The first layer that fails is {layer_name(f['key'], f.get('op'))} ({f['op_type']}), #{int(f['position']) + 1}, "
                 f"rel L2 {f['rel_l2']:.3g} ({f['reasons']}).")
     status = str(r["status"])
+    block = block_clause(r.get("block"))
+    if block:
+        numbers["block"] = int(r["block"])
     return [Finding("first_divergence", r["run"], r["key"], r["op_type"],
-                    f"First divergence in {r['run']}: layer {layer_name(r['key'], r.get('op'))} ({r['op_type']}), #{int(r['position']) + 1} "
+                    f"First divergence in {r['run']}{block}: layer {layer_name(r['key'], r.get('op'))} ({r['op_type']}), #{int(r['position']) + 1} "
                     f"in execution order, {status}s with rel L2 {r['rel_l2']:.3g}, max abs {r['max_abs']:.3g}, "
                     f"SQNR {r['sqnr_db']:.1f} dB ({r['reasons']}).{then}", severity=status, numbers=numbers)]
 
@@ -243,7 +251,10 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str,
         heirs = [k for k in others if k in _downstream(graph, r.key)]
         numbers = {"rel_l2": r.rel_l2, "worst_input_rel_l2": worst_in, "inputs": feeders, "op": op_name.get(r.key, ""),
                    "position": int(r.position), "failing_layers": len(failing), "downstream_failing": heirs}
-        where = f"layer {layer_name(r.key, op_name.get(r.key))} ({r.op_type})"
+        block = block_clause(getattr(r, "block", None))
+        where = f"layer {layer_name(r.key, op_name.get(r.key))} ({r.op_type}){block}"
+        if block:
+            numbers["block"] = int(r.block)
         if output_ok is not None:
             verdict, why = output_ok
             out.append(Finding("layer_divergence", r.run, r.key, r.op_type,

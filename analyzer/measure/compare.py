@@ -29,6 +29,7 @@ from layerdiff.analyzer.outputs.classes import topk_agreement
 from layerdiff.analyzer.runs.reference import Pair, Plan
 from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.findings import observability
+from layerdiff.analyzer.findings.blocks import layer_blocks
 from layerdiff.analyzer.findings.verdict import Thresholds, classify
 
 
@@ -82,6 +83,9 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds, steps: Ste
                          counter.tick)
     comparison.table = observability.mark_unwritten_zeros(rows.frame(), plan.pairs, graphs)
     comparison.table["growth"] = _growth(comparison.table, plan.pairs, graphs)
+    blocks = layer_blocks(comparison.table["key"])
+    if blocks:  # a graph named block by block (llama.cpp's `Qcur-3`): each row says its block
+        comparison.table["block"] = comparison.table["key"].map(blocks).astype(float)
     return comparison
 
 

@@ -86,7 +86,8 @@ def _run_entry(run: Run, comparison: Comparison, findings: list[Finding], summar
                                      **first.numbers}
     if index is not None:
         rows = comparison.pair_rows(index)
-        entry["layers"] = LazyRecords(rows, LAYER_FIELDS + [c for c in ISOLATED_LAYER_FIELDS if c in rows.columns])
+        extra = [c for c in (*ISOLATED_LAYER_FIELDS, "block") if c in rows.columns]  # block: findings/blocks.py
+        entry["layers"] = LazyRecords(rows, LAYER_FIELDS + extra)
         alignment = comparison.alignments[index]
         entry["unmatched"] = {"only_in_reference": records(alignment.only_base),
                               "only_in_run": records(alignment.only_other)}

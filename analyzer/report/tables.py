@@ -124,10 +124,13 @@ def _unmeasured(rows: pd.DataFrame, pair) -> str:
 
 
 def layer_view(table: pd.DataFrame) -> list[str]:
-    """LAYER_VIEW, with `isolated_<metric>` right after `<metric>` when the table has isolated layers."""
+    """LAYER_VIEW, with `isolated_<metric>` right after `<metric>` when the table has isolated layers and
+    `block` after `position` when its graph is named block by block."""
     columns = []
     for column in LAYER_VIEW:
         columns.append(column)
+        if column == "position" and "block" in table.columns:  # llama.cpp's layer N (findings/blocks.py)
+            columns.append("block")
         if ISOLATED_PAIRS.get(column) in table.columns:
             columns.append(ISOLATED_PAIRS[column])
     return columns
