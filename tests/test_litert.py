@@ -215,6 +215,15 @@ def test_pose_detection_gpu_graph_is_split_and_its_output_wrong(tmp_path):
     assert (placement["gpu_ops"], placement["cpu_ops"]) == (108, 183) and placement["ops"] == 291
     assert {r["op_type"] for r in placement["rejected"]} == {"DENSIFY", "DEQUANTIZE"}
     assert any("Densify" in r["reason"] for r in placement["rejected"] if r["op_type"] == "DEQUANTIZE")
+    # op by op: TFLite's partition rule reproduces the logged 108/183; the first PAD (cut off from the rest
+    # by the weights it precedes) and the 182 weight-decoding ops are the CPU's, and the dump says it per tensor
+    per_op = placement["per_op"]
+    assert per_op["derived"] and len(per_op["cpu"]) == 183
+    assert [c["name"] for c in per_op["cpu"] if not c["weight"]] == ["model_1/model/zero_padding2d/Pad"]
+    assert {c["op_type"] for c in per_op["cpu"] if c["weight"]} == {"DENSIFY", "DEQUANTIZE"}
+    host = [t.name for t, _ in gpu.iter_arrays() if t.memory == "host"]
+    assert host == ["model_1/model/zero_padding2d/Pad"]
+    assert {t.memory for t, _ in gpu.iter_arrays() if t.name not in host} == {"device"}
     reference = plain_outputs(tflite_model("pose_detection"), x)
     values = {t.name: a for t, a in gpu.iter_arrays()}
     errors = {name: _rel(ref, values[name]) for name, ref in reference.items()}
@@ -259,3 +268,15 @@ def test_a_signature_with_aliases_is_fed_and_read_by_tensor(tmp_path, face_runs)
     reference = plain_outputs(tflite_model("face_detection_short_range"), x)
     assert set(reference) <= set(dumped) and len(dumped) == 80
     assert max(_rel(ref, dumped[name]) for name, ref in reference.items()) < 1e-4
+
+
+def test_partition_rule_reproduces_the_accelerators_counts_only_where_it_holds():
+    """The per-op list is claimed only when the rule gives the logged counts; otherwise the dump says why."""
+    from layerdiff.collector.engines.litert.placement import per_op
+
+    graph = load_graph(tflite_model("pose_detection").read_bytes())
+    derived = per_op(graph, {"DENSIFY", "DEQUANTIZE"}, 108, 183)
+    assert derived["derived"] and derived["cpu"][0] == 0 and len(derived["cpu"]) == 183
+    wrong = per_op(graph, {"DENSIFY", "DEQUANTIZE"}, 109, 182)
+    assert not wrong["derived"] and "108 GPU / 183 CPU" in wrong["why"] and "cpu" not in wrong
+    assert not per_op(graph, {"DENSIFY"}, None, None)["derived"]

@@ -65,6 +65,8 @@ def test_pose_detection_split_is_named_with_its_first_divergent_tensor(tmp_path)
     findings = {f["kind"]: f for f in results["findings"]}
     split = findings["split_graph"]
     assert "108 operators on the GPU and 183 on the CPU" in split["sentence"] and "DENSIFY" in split["sentence"]
+    assert "On the CPU: layer(s) model_1/model/zero_padding2d/Pad (PAD) and 182 weight-decoding" in split["sentence"]
+    assert split["numbers"]["cpu_layers"] == ["model_1/model/zero_padding2d/Pad"]
     first = findings["first_divergence"]
     assert first["op_type"] == "CONV_2D" and "conv2d_1/" in first["layer"]  # its weights come from the CPU's DENSIFY
     assert not [layer for layer in run["layers"] if layer["status"] == "not_observable"]  # real zeros stay failures

@@ -10,13 +10,14 @@ the buffer was never filled, the computation was right. Such a layer is marked `
 so a real zero collapse (its consumers then diverge too) still fails.
 
 A run whose graph the accelerator split between GPU and CPU (`options.placement.split`) gets a
-`split_graph` finding naming the rejected operator types and the op counts.
+`split_graph` finding naming the rejected operator types, the op counts and, where the engine could
+derive it (`options.placement.per_op`), the first CPU layers by name.
 """
 from __future__ import annotations
 
 import pandas as pd
 
-from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
+from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
 
 NOT_WRITTEN_ZEROS = ("not observable on this backend: read back as all zeros while every op consuming it agrees "
                      "with the reference (the backend never filled this tensor's buffer; its computation is right)")
@@ -69,7 +70,8 @@ def mark_unwritten_zeros(table: pd.DataFrame, pairs, graphs: dict) -> pd.DataFra
 
 
 def split_graph(run) -> list[Finding]:
-    """A graph the accelerator split between GPU and CPU: which operator types it refused, how many ran where."""
+    """A graph the accelerator split between GPU and CPU: which operator types it refused, how many ran where,
+    and (where the engine derived it, FORMATS.md) which operators by name fell back to the CPU."""
     placement = raw_header(run).get("options", {}).get("placement")
     if not isinstance(placement, dict) or not placement.get("split"):
         return []
@@ -77,10 +79,27 @@ def split_graph(run) -> list[Finding]:
     refused = "; ".join(f"{r.get('op_type')}: {r.get('reason')}" for r in rejected) or "no reason given"
     counts = (f"{placement.get('gpu_ops')} operators on the GPU and {placement.get('cpu_ops')} on the CPU "
               f"(of {placement.get('ops')})" if placement.get("gpu_ops") is not None else "part of the graph on the CPU")
+    where, cpu_layers = _cpu_operators(placement.get("per_op"))
+    numbers = {k: placement.get(k) for k in ("gpu_ops", "cpu_ops", "ops", "rejected", "weight_ops", "adapter")}
+    numbers["cpu_layers"] = cpu_layers
     return [Finding(FindingKind.SPLIT_GRAPH, run.label, "", ",".join(str(r.get("op_type")) for r in rejected),
                     f"Split graph in {run.label}: the GPU accelerator ({placement.get('adapter') or 'adapter unknown'}) "
                     f"refused {refused}, so it ran {counts}, tensors crossing between them: its numbers are a "
-                    "GPU+CPU mix, and an error can come from the hand-over as much as from a GPU kernel. Which "
-                    "operators fell back is not reported per operator, only by type.",
-                    severity=Severity.WARN, numbers={k: placement.get(k) for k in ("gpu_ops", "cpu_ops", "ops", "rejected",
-                                                                          "weight_ops", "adapter")})]
+                    f"GPU+CPU mix, and an error can come from the hand-over as much as from a GPU kernel. {where}",
+                    severity=Severity.WARN, numbers=numbers)]
+
+
+def _cpu_operators(per_op) -> tuple[str, list[str] | None]:
+    """The sentence naming the first CPU operators, and every CPU layer's name (None: not known per operator)."""
+    if not isinstance(per_op, dict) or not per_op.get("derived"):
+        why = per_op.get("why") if isinstance(per_op, dict) else ""
+        return f"Which operators fell back is known only by type{' (' + why + ')' if why else ''}.", None
+    cpu = [c for c in per_op.get("cpu") or [] if isinstance(c, dict)]
+    layers = [f"{c.get('name')} ({c.get('op_type')})" for c in cpu if not c.get("weight")]
+    weights = [c for c in cpu if c.get("weight")]
+    types = ", ".join(sorted({str(c.get("op_type")) for c in weights}))
+    parts = ([f"layer(s) {named(layers)}"] if layers else []) + \
+            ([f"{len(weights)} weight-decoding operator(s) ({types})"] if weights else [])
+    return (f"On the CPU: {' and '.join(parts) or 'nothing'}; every other layer ran on the GPU (derived from "
+            "TFLite's partition rule, which reproduces the accelerator's counts).",
+            [c.get("name") for c in cpu if not c.get("weight")])

@@ -128,13 +128,14 @@ def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.n
                                "vulkan_icd_why": icd_why, "enforce_f32": args.precision == "high",
                                "precision_why": why, "placement": placement.as_dict(graph), **graph_summary(graph)}})
     ops = graph.computing_ops()
+    on_cpu = placement.cpu_op_indices(graph)  # per tensor: `memory` host where the CPU computed it (FORMATS.md)
     for r, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": r}, total_ops=len(ops))
         values, elapsed = runner.run(0, [])
         for op in ops:
             for k, t in enumerate(op.outputs):
                 if t in labels and t not in never:
-                    dump_array(sink, graph, labels, op, k, t, values[t], memory="device")
+                    dump_array(sink, graph, labels, op, k, t, values[t], memory="host" if op.index in on_cpu else "device")
         sink.close(elapsed)
 
 

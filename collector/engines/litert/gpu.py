@@ -31,6 +31,7 @@ import numpy as np
 
 from layerdiff.collector.engines.harness_cli import EXIT_BACKEND, EXIT_RUN, HarnessExit, now_ms
 from layerdiff.collector.engines.litert.graph import Graph, with_outputs
+from layerdiff.collector.engines.litert.placement import per_op
 
 SWIFTSHADER_ICDS = ("/usr/lib/chromium/vk_swiftshader_icd.json", "/usr/lib/chromium-browser/vk_swiftshader_icd.json",
                     "/usr/lib64/chromium-browser/vk_swiftshader_icd.json")
@@ -81,11 +82,28 @@ class Placement:
     def split(self) -> bool:
         return self.fully_accelerated is False or bool(self.cpu_ops)
 
+    def cpu_op_indices(self, graph: Graph) -> set[int]:
+        """The operators the CPU ran (empty when the graph is whole on the GPU or no per-op list holds)."""
+        if not self.split():
+            return set()
+        derived = per_op(graph, {r["op_type"] for r in self.rejected}, self.gpu_ops, self.cpu_ops)
+        return set(derived.get("cpu", []))
+
     def as_dict(self, graph: Graph) -> dict:
         return {"adapter": self.adapter, "gpu_ops": self.gpu_ops, "cpu_ops": self.cpu_ops, "ops": len(graph.ops),
                 "weight_ops": len(graph.ops) - len(graph.computing_ops()), "rejected": self.rejected,
-                "fully_accelerated": self.fully_accelerated, "split": self.split(),
-                "per_op": "not reported by the accelerator: only the rejected operator types and the counts"}
+                "fully_accelerated": self.fully_accelerated, "split": self.split(), "per_op": self._per_op(graph)}
+
+    def _per_op(self, graph: Graph) -> dict:
+        """Every CPU operator by name (derived from TFLite's partition rule and checked against the counts)."""
+        if not self.split():
+            return {"derived": True, "cpu": [], "rule": "fully accelerated: every operator on the GPU"}
+        derived = per_op(graph, {r["op_type"] for r in self.rejected}, self.gpu_ops, self.cpu_ops)
+        if derived.get("derived"):
+            computing = {op.index for op in graph.computing_ops()}
+            derived["cpu"] = [{"index": i, "name": graph.name(graph.ops[i].outputs[0]) if graph.ops[i].outputs else "",
+                               "op_type": graph.ops[i].op_type, "weight": i not in computing} for i in derived["cpu"]]
+        return derived
 
 
 def parse_log(text: str) -> Placement:
