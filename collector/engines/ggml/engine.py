@@ -32,7 +32,8 @@ def binary_for(backend: str) -> Path:
         if backend in GPU_SPECS and not os.environ.get("LAYERDIFF_GGML_BINARY"):
             binary = binary_dir(spec) / "layerdiff-ggml"
             if not binary.is_file():
-                needs = " (needs glslc and spirv-headers: apt-get install glslc spirv-headers)" if backend == "vulkan" else ""
+                needs = (" (needs glslc, spirv-headers, libvulkan-dev: apt-get install glslc spirv-headers libvulkan-dev)"
+                         if backend == "vulkan" else "")
                 raise HarnessError(f"no ggml build with {backend} here; build it once{needs} with `python -m "
                                    f"layerdiff.collector.engines.ggml.build --{backend}` "
                                    f"({' '.join(build_command(spec, binary.parent))}) or use --backend cpu")
@@ -84,7 +85,8 @@ def probe() -> dict:
     backends = result["engines"]["ggml"]["backends"]
     if not vulkan and not backends["vulkan"]["ok"] and not os.environ.get("LAYERDIFF_GGML_BINARY"):
         backends["vulkan"]["reason"] = ("no ggml Vulkan build cached; build it once with `python -m "
-                                        "layerdiff.collector.engines.ggml.build --vulkan` (needs glslc and spirv-headers)")
+                                        "layerdiff.collector.engines.ggml.build --vulkan` (needs glslc, spirv-headers, libvulkan-dev: "
+                                        "bash device_scripts/setup_host.sh --ggml-vulkan)")
     return result
 
 
