@@ -53,8 +53,9 @@ def perturbed(arrays: dict[str, np.ndarray], rel: float, seed: int = 1, ops=None
 
 
 def write_dump(path: Path, arrays: dict[str, np.ndarray], layers=None, extra_attrs: dict | None = None,
-               backend: str = "cpu", precision: str = "high", **attrs) -> Path:
-    """One dump of `layers` (default LAYERS, only those present in `arrays`) with provenance attrs."""
+               backend: str = "cpu", precision: str = "high", layouts: dict | None = None, **attrs) -> Path:
+    """One dump of `layers` (default LAYERS, only those present in `arrays`) with provenance attrs
+    (`layouts`: op -> its recorded layout, default NCHW)."""
     header = {"engine": "ncnn", "engine_version": "test", "backend_requested": backend, "backend_actual": backend,
               "precision_requested": precision, "precision_effective": "fp32" if precision == "high" else "fp16",
               "threads": 1, "device_serial": "local", "device_model": "host", "model_name": "net.param",
@@ -64,5 +65,5 @@ def write_dump(path: Path, arrays: dict[str, np.ndarray], layers=None, extra_att
         for order, (op, op_type, inputs, _shape) in enumerate(layers or LAYERS):
             if op in arrays:
                 writer.add_tensor({"order": order, "op": op, "op_type": op_type, "output_index": 0,
-                                   "name": op, "inputs": inputs, "layout": "NCHW"}, arrays[op])
+                                   "name": op, "inputs": inputs, "layout": (layouts or {}).get(op, "NCHW")}, arrays[op])
     return Path(path)

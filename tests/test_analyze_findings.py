@@ -245,3 +245,34 @@ def test_findings_and_layer_table_name_the_llama_block(tmp_path):
         assert " in block" not in " ".join(f.sentence for f in analysis.findings)
     finally:
         analysis.close()
+
+
+def test_llama_cpp_input_layer_on_the_cpu_is_no_fallback_but_other_cpu_nodes_are(tmp_path):
+    """A ggml Vulkan run records vulkan+cpu because llama.cpp always computes its input layer (embd) on the
+    CPU: labelled `vulkan`, said as an info, no backend_fallback. With any other node in CPU memory it
+    stays a fallback (`vulkan->vulkan+cpu`, backend_fallback warn)."""
+    rng = np.random.default_rng(0)
+    ref = {op: rng.normal(0, 1, size=shape).astype(np.float32) for op, _, _, shape in LLAMA_LAYERS}
+    on_gpu = {op: "ggml/f32@Vulkan0" for op, *_ in LLAMA_LAYERS}
+    cases = {"design": {**on_gpu, "embd": "ggml/f32@Vulkan_Host"},
+             "fallback": {**on_gpu, "embd": "ggml/f32@Vulkan_Host", "Qcur-1": "ggml/f32@CPU"}}
+    expected = {"design": "vulkan/low", "fallback": "vulkan->vulkan+cpu/low"}
+    for case, layouts in cases.items():
+        folder = tmp_path / case
+        folder.mkdir()
+        write_dump(folder / "cpu.h5", ref, layers=LLAMA_LAYERS, engine="ggml", layouts={o: "ggml/f32@CPU" for o in ref})
+        write_dump(folder / "vk.h5", perturbed(ref, FP16_LIKE, ops=list(ref)), layers=LLAMA_LAYERS, engine="ggml",
+                   backend="vulkan", precision="low", backend_actual="vulkan+cpu", layouts=layouts)
+        analysis = analyze_paths([folder])
+        try:
+            assert set(analysis.summary["run"]) == {"cpu/high", expected[case]}
+            designed, fallback = kinds(analysis, "cpu_by_design"), kinds(analysis, "backend_fallback")
+            if case == "design":
+                (info,) = designed
+                assert not fallback and info.severity == "info" and info.numbers["cpu_nodes"] == ["embd:0"]
+                assert "Not a fallback" in info.sentence and "Vulkan_Host" in info.sentence
+                assert "9 of 10 nodes ran in vulkan memory" in info.sentence
+            else:
+                assert not designed and len(fallback) == 1 and fallback[0].severity == "warn"
+        finally:
+            analysis.close()

@@ -62,9 +62,14 @@ def test_collect_cpu_and_vulkan_in_one_sweep_analyzed_by_node_name(vulkan_binary
                              str(tmp_path / "rep"), "--json"], capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
     runs = {r["run"]: r for r in json.loads(report.stdout)["runs"]}
-    # llama.cpp keeps the token embedding on the CPU: the runs say so in their labels
-    assert set(runs) == {"cpu/high", "cpu/low", "vulkan->vulkan+cpu/high", "vulkan->vulkan+cpu/low"}
-    vk = runs["vulkan->vulkan+cpu/high"]
+    # llama.cpp keeps the token embedding on the CPU by design: recorded (vulkan+cpu), said, not a fallback
+    assert set(runs) == {"cpu/high", "cpu/low", "vulkan/high", "vulkan/low"}
+    vk = runs["vulkan/high"]
+    assert vk["provenance"]["backend_actual"] == "vulkan+cpu"
+    findings = json.loads(report.stdout)["findings"]
+    assert not [f for f in findings if f["kind"] == "backend_fallback"]
+    designed = [f for f in findings if f["kind"] == "cpu_by_design" and f["run"] == "vulkan/high"]
+    assert len(designed) == 1 and designed[0]["numbers"]["cpu_nodes"] == ["embd:0"]
     assert vk["verdict"] in ("pass", "warn")  # fp32 shaders on f16 weights: within 1e-3 of the CPU
     layers = {layer["key"]: layer for layer in vk["layers"]}
     assert layers["attn_norm-0:0"]["max_abs"] == 0 and len(layers) >= 70

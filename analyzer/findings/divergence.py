@@ -107,12 +107,29 @@ def run_state_findings(run: Run) -> list[Finding]:
     split = split_graph(run)
     out += split
     requested, actual = str(run.attrs.get("backend_requested") or ""), str(run.attrs.get("backend_actual") or "")
-    if requested and actual and requested != actual and not split:
+    if requested and actual and requested != actual and not split and run.cpu_by_design:
+        out.append(_cpu_by_design(run, requested))
+    elif requested and actual and requested != actual and not split:
         out.append(Finding(FindingKind.BACKEND_FALLBACK, run.label, "", "",
                            f"Run {run.label} asked for backend {requested} but really ran on {actual}: "
                            f"its numbers are {actual} numbers.", severity=Severity.WARN,
                            numbers={"backend_requested": requested, "backend_actual": actual}))
     return out
+
+
+def _cpu_by_design(run: Run, requested: str) -> Finding:
+    """llama.cpp's input layer on the CPU in a GPU run: said as what it is, an info, not a fallback."""
+    nodes = run.cpu_by_design
+    buffers = [str(layout).rsplit("@", 1)[-1] for layout in run.layers["layout"]]
+    buffer = buffers[list(run.layers["key"]).index(nodes[0])]
+    on_gpu = sum(b.lower().startswith(requested) and not b.lower().endswith("_host") for b in buffers)
+    return Finding(FindingKind.CPU_BY_DESIGN, run.label, nodes[0], "",
+                   f"Run {run.label} ran on {requested} except llama.cpp's input layer ({named(nodes)}: the "
+                   f"token-embedding lookup), which llama.cpp always computes on the CPU (here in {buffer}); "
+                   f"{on_gpu} of {len(buffers)} nodes ran in {requested} memory. Not a fallback: "
+                   f"the recorded backend is {run.attrs.get('backend_actual')} by design.", severity=Severity.INFO,
+                   numbers={"backend_requested": requested, "backend_actual": run.attrs.get("backend_actual"),
+                            "cpu_nodes": nodes, "buffer": buffer})
 
 
 def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None) -> list[Finding]:

@@ -39,6 +39,7 @@ class FindingKind(StrEnum):
     INPUT_DEPENDENCE = "input_dependence"
     FP16_RISK = "fp16_risk"
     ERROR_CURVE = "error_curve"
+    CPU_BY_DESIGN = "cpu_by_design"  # a GPU run's nodes the engine always computes on the CPU (runs/placement.py)
 
 
 class Severity(StrEnum):

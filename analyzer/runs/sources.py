@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.analyzer.runs.placement import cpu_by_design
 from layerdiff.errors import LayerdiffError
 
 H5_SUFFIXES = {".h5", ".hdf5"}
@@ -77,6 +78,7 @@ class Run:
     source: Path | None = None  # what the user named (a foreign file or directory) when `path` is its import
     input_override: str = ""  # the input key a golden without input hash stands for (`--ref-input`)
     _stats: "LayerStats | None" = field(default=None, repr=False)
+    _by_design: list[str] | None = field(default=None, repr=False)
 
     def stats_by_order(self) -> "LayerStats":
         """Per-layer counts from /layers keyed by order; built once, looked up for every layer."""
@@ -91,6 +93,17 @@ class Run:
     @property
     def backend(self) -> str:
         return str(self.attrs.get("backend_actual") or self.attrs.get("backend_requested") or "")
+
+    @property
+    def cpu_by_design(self) -> list[str]:
+        """Nodes this GPU run computed on the CPU because its engine always does (llama.cpp's input layer):
+        not a fallback (placement.py); [] for every other run."""
+        if self._by_design is None:
+            try:
+                self._by_design = cpu_by_design(self.attrs, self.layers)
+            except LayerdiffError:
+                self._by_design = []
+        return self._by_design
 
     @property
     def precision(self) -> str:
@@ -277,8 +290,8 @@ def _label_fields(run: Run) -> dict[str, str]:
     device = str(run.attrs.get("device_model") or run.attrs.get("device_serial") or "")
     backend = run.backend
     requested = str(run.attrs.get("backend_requested") or "")
-    if requested and backend and requested != backend:
-        backend = f"{requested}->{backend}"
+    if requested and backend and requested != backend:  # `vulkan->cpu`: not what was asked for
+        backend = requested if run.cpu_by_design else f"{requested}->{backend}"
     return {
         "device": device,
         "engine": str(run.attrs.get("engine", "")),
