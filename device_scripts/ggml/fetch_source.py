@@ -12,42 +12,16 @@ Stdlib only, so the build script can run it before anything is installed.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
-import shutil
 import sys
 import tarfile
-import tempfile
-import urllib.request
-from urllib.parse import urljoin
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fetch_sdist import fetch_unpacked  # noqa: E402  (stdlib-only, device_scripts/fetch_sdist.py)
 
 PROJECT = "llama-cpp-python"
 DEFAULT_VERSION = "0.3.36"
-INDEX_JSON = os.environ.get("LAYERDIFF_PYPI_JSON", "https://pypi.org/pypi")
 KEEP = ("CMakeLists.txt", "LICENSE", "cmake/", "include/", "src/", "ggml/", "vendor/", "common/", "licenses/")
-
-
-def sdist_url(version: str) -> tuple[str, str]:
-    """(absolute URL, sha256) of the sdist for `version`, from the project's JSON (`releases` table)."""
-    api = f"{INDEX_JSON}/{PROJECT}/json"
-    with urllib.request.urlopen(api, timeout=120) as reply:
-        meta = json.load(reply)
-    for entry in meta.get("releases", {}).get(version, []):
-        if entry.get("packagetype") == "sdist":
-            return urljoin(api, entry["url"]), entry["digests"]["sha256"]
-    raise SystemExit(f"fetch_source: PyPI lists no sdist for {PROJECT} {version} ({api})")
-
-
-def download(url: str, sha256: str, target: str) -> None:
-    """Download to `target`; refuse a file whose sha256 differs from the index's."""
-    digest = hashlib.sha256()
-    with urllib.request.urlopen(url, timeout=600) as reply, open(target, "wb") as out:
-        while chunk := reply.read(1 << 20):
-            digest.update(chunk)
-            out.write(chunk)
-    if digest.hexdigest() != sha256:
-        raise SystemExit(f"fetch_source: sha256 mismatch for {url}; retry or check the index")
 
 
 def _members(tar: tarfile.TarFile, prefix: str):
@@ -63,27 +37,9 @@ def _members(tar: tarfile.TarFile, prefix: str):
 
 def fetch(dest: str, version: str) -> str:
     """Unpack llama.cpp of llama-cpp-python <version> under `dest` (once, atomically) and return it."""
-    final = os.path.join(dest, f"llama.cpp-{version}")
-    if os.path.isfile(os.path.join(final, "include", "llama.h")):
-        return final
-    os.makedirs(dest, exist_ok=True)
-    url, sha = sdist_url(version)
-    with tempfile.TemporaryDirectory(dir=dest, prefix=".fetch-") as tmp:
-        archive = os.path.join(tmp, "sdist.tar.gz")
-        download(url, sha, archive)
-        prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
-        with tarfile.open(archive) as tar:
-            tar.extractall(tmp, members=_members(tar, prefix), filter="data")
-        unpacked = os.path.join(tmp, "llama.cpp")
-        if not os.path.isfile(os.path.join(unpacked, "include", "llama.h")):
-            raise SystemExit(f"fetch_source: {url} holds no {prefix}include/llama.h")
-        try:
-            os.rename(unpacked, final)
-        except OSError:
-            if not os.path.isdir(final):
-                raise
-            shutil.rmtree(unpacked, ignore_errors=True)
-    return final
+    prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
+    return fetch_unpacked(dest, f"llama.cpp-{version}", os.path.join("include", "llama.h"), PROJECT, version,
+                          "fetch_source", unpacked_name="llama.cpp", members=lambda tar: _members(tar, prefix))
 
 
 def main() -> None:
