@@ -18,6 +18,7 @@ import itertools
 
 import numpy as np
 
+from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
 from layerdiff.analyzer.measure.storage import MIN_ELEMENTS, StorageEvidence, storage_evidence
 
@@ -42,7 +43,17 @@ def sampled_evidence(run) -> StorageEvidence:
         return StorageEvidence(0, 0, 0)
     picked = rows.iloc[np.unique(np.linspace(0, len(rows) - 1, min(SAMPLE_LAYERS, len(rows))).astype(int))]
     # float32 widened to float64 by `sample` and narrowed back: exact, so the bit tests still hold
-    return storage_evidence(run.dump.sample(int(o), SAMPLE_ELEMENTS).astype(np.float32) for o in picked["order"])
+    samples = (_sample(run, int(o)) for o in picked["order"])
+    return storage_evidence(s.astype(np.float32) for s in samples if s is not None)
+
+
+def _sample(run, order: int) -> np.ndarray | None:
+    """A layer's sampled values, or None when the layer cannot be read (over the size limits, damaged):
+    a provenance question is never worth aborting the analysis; the measurement says why per layer."""
+    try:
+        return run.dump.sample(order, SAMPLE_ELEMENTS)
+    except (LayerdiffError, OSError, ValueError):
+        return None
 
 
 def _label(run) -> str:
@@ -109,9 +120,8 @@ def _same_samples(a, b) -> int | None:
     orders_a, orders_b = a.layers["order"].to_numpy(), b.layers["order"].to_numpy()
     compared = 0
     for i in np.unique(np.linspace(0, len(orders_a) - 1, min(CONFIRM_LAYERS, len(orders_a))).astype(int)):
-        x = a.dump.sample(int(orders_a[i]), SAMPLE_ELEMENTS)
-        y = b.dump.sample(int(orders_b[i]), SAMPLE_ELEMENTS)
-        if x.shape != y.shape or not np.array_equal(x.view(np.uint64), y.view(np.uint64)):
+        x, y = _sample(a, int(orders_a[i])), _sample(b, int(orders_b[i]))
+        if x is None or y is None or x.shape != y.shape or not np.array_equal(x.view(np.uint64), y.view(np.uint64)):
             return None
         compared += x.size
     return compared
