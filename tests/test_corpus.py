@@ -183,6 +183,39 @@ def test_correct_fp32_run_against_the_golden_has_no_fail(corpus_run, engine, ste
     assert not fails, fails
 
 
+@pytest.mark.parametrize("stem", ["ocr_det", "ocr_cls"])
+def test_engine_against_engine_fails_no_layer_where_the_outputs_agree(corpus_run, stem):
+    """MNN as the reference of ncnn and ncnn of MNN, every layer paired by structure: Paddle's
+    HardSigmoid is `0.2 x`, `+ 0.5`, ReLU6 in MNN and `1.2 x`, HardSigmoid after pnnx in ncnn; the
+    two scaled tensors were paired (rel L2 5) and blamed as failure sources of a run whose output
+    agrees to 1e-6. Judged here first: the engines' model outputs agree."""
+    from layerdiff.analyzer.analysis import analyze_paths
+
+    runs = {engine: corpus_run(stem, engine) for engine in ("mnn", "ncnn")}
+    outputs = {e: _output(p) for e, p in runs.items()}
+    assert _rel_l2(outputs["mnn"], outputs["ncnn"]) < 1e-4  # numpy: the outputs agree
+    for ref, other in (("mnn", "ncnn"), ("ncnn", "mnn")):
+        analysis = analyze_paths([runs[ref], runs[other]], ref=runs[ref])
+        try:
+            table = analysis.comparison.table
+            failing = [f"{k} ~ {r}: rel L2 {e:.3g}" for k, r, e, s in
+                       zip(table["key"], table["run_key"], table["rel_l2"], table["status"]) if s == "fail"]
+            fails = [f.sentence for f in analysis.findings if f.severity == "fail"]
+            verdicts = set(analysis.summary.loc[analysis.summary["role"] == "compared", "verdict"])
+        finally:
+            analysis.close()
+        assert not failing and not fails and "fail" not in verdicts, (ref, failing, fails)
+
+
+def _output(path: Path) -> np.ndarray:
+    """The model output of a dump (the layer nothing consumes; the last such), without size-1 dims."""
+    with DumpFile(path) as dump:
+        layers = dump.layers
+        consumed = {n for cell in layers["inputs"] for n in json.loads(cell or "[]")}
+        last = [o for o, n in zip(layers["order"], layers["name"]) if n not in consumed][-1]
+        return np.squeeze(dump.tensor(int(last)))
+
+
 def test_reduced_precision_detector_is_judged_by_its_output(corpus, tmp_path):
     """Issue 15 point 8, on a 256x256 page of text: fp16 Vulkan (lavapipe) flushes background
     probabilities to zero and moves a few mask pixels: the run warns, no layer or output fails. bf16

@@ -12,7 +12,7 @@ and `x` on one side and by `hswish` alone on the other.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import pandas as pd
@@ -30,6 +30,7 @@ class EdgeCheck:
     keys_b: list[str]
     weighted_a: set[str]  # keys of the layers that apply learned weights (conv, fc, matmul)
     weighted_b: set[str]
+    _rows: tuple[dict[str, int], dict[str, int]] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, base: pd.DataFrame, other: pd.DataFrame, base_rows: list[int], other_rows: list[int],
@@ -71,6 +72,37 @@ class EdgeCheck:
             feeders_b, weights_b = feeders(self.graph_b, one_b, to_a, self.weighted_b)
             agree += {to_b[k] for k in feeders_a} == feeders_b and weights_a == weights_b
         return agree, 1 + len(consumers)
+
+
+    def consumer_pairs(self, pair: tuple[int, int], matches: "Matches") -> list[tuple[int, int]]:
+        """The matches (row a, row b) of the nearest matched layers that row a of `pair` feeds."""
+        self._index()
+        rows_a, rows_b = self._rows
+        out = []
+        for key in downstream(self.graph_a, self.keys_a[pair[0]], matches.to_b):
+            if key in rows_a and matches.to_b[key] in rows_b:
+                out.append((rows_a[key], rows_b[matches.to_b[key]]))
+        return out
+
+    def _index(self) -> None:
+        if self._rows is None:
+            self._rows = ({k: r for r, k in enumerate(self.keys_a)}, {k: r for r, k in enumerate(self.keys_b)})
+
+    def siblings(self, side: int, row: int, matches: "Matches") -> list[int]:
+        """Rows (of the rows left, on `side` 0 = a, 1 = b) computed from the same nearest matched
+        layers as `row`: the layers downstream of its matched feeders, up to and including the
+        next matched ones. Two parallel branches fed by one tensor are siblings wherever each run put
+        them in its execution order."""
+        graph, keys = (self.graph_a, self.keys_a) if side == 0 else (self.graph_b, self.keys_b)
+        known = matches.to_b if side == 0 else matches.to_a
+        self._index()
+        rows = self._rows[side]
+        found: set[int] = set()
+        for feeder in graph.nearest(keys[row], known)[0]:
+            matched, walked = graph.nearest(feeder, known, up=False)  # a match not yet settled may be wrong
+            found.update(rows[k] for k in matched | walked if k in rows)
+        found.discard(row)
+        return sorted(found, key=lambda r: abs(r - row))
 
 
 class Matches:

@@ -2,8 +2,9 @@
 differently (`layerdiff.analyzer.align.structure`, step 2).
 
 A leftover layer matches the one leftover candidate of the same shape whose nearest matched
-producers are the counterparts of its own (and whose values agree, when they can be read). The
-candidates are grouped by their feeders once per round, so a round is linear in layers.
+producers are the counterparts of its own (and whose values agree, when they can be read: then the
+one whose values agree among a few such candidates, since ncnn's fused Conv+HardSwish leaves the conv
+and its hswish both fed by the same matched layer). The candidates are grouped by their feeders once per round, so a round is linear in layers.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.align.graph import build_graph
+
+MAX_CANDIDATES = 12  # same-feeder candidates whose values are read to find the one that agrees
 
 
 def propagate(base: pd.DataFrame, other: pd.DataFrame, base_left: list[int], other_left: list[int],
@@ -43,6 +46,8 @@ def propagate(base: pd.DataFrame, other: pd.DataFrame, base_left: list[int], oth
             if not feeders:
                 continue
             candidates = [(jb, j) for jb, j in by_feeders.get(feeders, ()) if j not in used_b and quality[ia, jb] > 0]
+            if error is not None and len(candidates) <= MAX_CANDIDATES:  # a fused chain shares its feeders
+                candidates = [(jb, j) for jb, j in candidates if error(i, j) <= agree]
             if len(candidates) == 1 and (error is None or error(i, candidates[0][1]) <= agree):
                 jb, j = candidates[0]
                 found[i] = (j, 0.8 * float(quality[ia, jb]))

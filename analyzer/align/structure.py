@@ -19,7 +19,9 @@ are instead:
    every graph edge agrees with (`layerdiff.analyzer.align.edges`), then op kind and arithmetic, then the later
    tensor. Values only choose: a match every edge agrees with is kept whatever its values, so a
    broken kernel (whose output and every tensor after it agree with nothing) still meets its
-   structural partner and fails there. A guess neither values nor edges confirm is dropped (listed
+   structural partner and fails there, unless values name another partner (a same-shape twin
+   nearby or on a parallel branch) or the error reaches none of the layers it feeds
+   (`layerdiff.analyzer.align.twins`). A guess neither values nor edges confirm is dropped (listed
    unmatched) unless it is the only same-shape candidate on both sides and its error is one of
    precision, not of a different tensor.
 Every match carries a confidence in (0, 1]: shape agreement x op-type agreement, divided by the
@@ -42,6 +44,7 @@ from typing import Callable
 from layerdiff.analyzer.align.edges import EdgeCheck, Matches
 from layerdiff.analyzer.align.opkinds import arithmetic, op_class, type_agreement, weighted  # noqa: F401 (op_class, type_agreement: API)
 from layerdiff.analyzer.align.propagate import propagate
+from layerdiff.analyzer.align.twins import MAX_VALUE_CANDIDATES, consumers_agree, siblings, twin_elsewhere
 
 # Layers that only copy another layer's tensor: never matched by structure (they would steal matches).
 _COPIES = re.compile(r"^splitncnn_(input)?\d+$")
@@ -59,7 +62,6 @@ VALUES_AGREE_FP32 = 0.02  # the same between two fp32 runs: an SE block's conv b
 # op, not of a different tensor (unrelated tensors differ by rel L2 ~1 or more).
 KEEP_UNCONFIRMED = 0.75
 KEEP_UNCONFIRMED_ERROR = 0.1
-MAX_VALUE_CANDIDATES = 12
 # A match every graph edge agrees with is kept without value agreement (a truly wrong layer), at this
 # share of its shape x type quality, when that quality says the op types do not contradict each other.
 STRUCTURE_ONLY = 0.9
@@ -209,7 +211,7 @@ def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[
     pairs, confidences = _settle(pairs, confidences, quality, local_error, edges, agree, keep, progress)
     if local_error is not None:
         pairs, confidences = _fill_gaps_by_values(pairs, confidences, quality, local_error, agree)
-    pairs, confidences = _match_final_outputs(pairs, confidences, quality)
+    pairs, confidences = _match_final_outputs(pairs, confidences, quality, local_error, agree)
     result = {base_left[i]: (other_left[j], conf) for (i, j), conf in zip(pairs, confidences)}
     result.update(propagate(base, other, base_left, other_left, result, quality, error, agree))
     return result
@@ -323,35 +325,32 @@ def _judge_options(k: int, kept: list[tuple[int, int]], current: list[tuple[int,
     for p in options:
         err = error(*p) if error is not None else math.inf
         agreeing, checked = edges.consistency(p, state.matches) if edges is not None else (0, 0)
-        if quality[p] < MIN_CERTAIN_QUALITY or (err > agree and _twin_elsewhere(p, quality, error, agree,
-                                                                                (low_a, high_a), (low_b, high_b))):
+        if quality[p] < MIN_CERTAIN_QUALITY or (err > agree and twin_elsewhere(
+                p, quality, error, agree, (low_a, high_a), (low_b, high_b), siblings(p, edges, state.matches))):
             agreeing = 0  # types contradict each other, or values name another partner: edges cannot carry it
+        elif err > agree and agreeing == checked > 0 and consumers_agree(p, error, edges, state.matches, agree):
+            agreeing = 0  # the error goes nowhere: two decompositions' different inner tensors, not a broken op
         out[p] = _Verdict(err, err <= agree, agreeing, checked, round(float(quality[p]), 6), p[0] + p[1])
     return out
 
 
-def _twin_elsewhere(pair: tuple[int, int], quality: np.ndarray, error: Callable[[int, int], float] | None,
-                    agree: float, span_a: tuple[int, int], span_b: tuple[int, int]) -> bool:
-    """Whether either tensor of `pair` has the values of another same-shape tensor around it (its
-    neighbouring matches included): then values, not a broken op, say where it belongs (a Conv
-    without its bias beside the Add that applies it; an fc with its bias and the Reshape after it)."""
-    if error is None:
-        return False
-    i, j = pair
-    rows_a = [a for a in range(max(span_a[0] - 1, 0), min(span_a[1] + 1, quality.shape[0])) if a != i]
-    rows_b = [b for b in range(max(span_b[0] - 1, 0), min(span_b[1] + 1, quality.shape[1])) if b != j]
-    return (any(quality[a, j] > 0 and error(a, j) <= agree for a in rows_a[:MAX_VALUE_CANDIDATES])
-            or any(quality[i, b] > 0 and error(i, b) <= agree for b in rows_b[:MAX_VALUE_CANDIDATES]))
-
-
-def _match_final_outputs(pairs: list[tuple[int, int]], confidences: list[float],
-                         quality: np.ndarray) -> tuple[list[tuple[int, int]], list[float]]:
+def _match_final_outputs(pairs: list[tuple[int, int]], confidences: list[float], quality: np.ndarray,
+                         error: Callable[[int, int], float] | None = None,
+                         agree: float = VALUES_AGREE) -> tuple[list[tuple[int, int]], list[float]]:
     """The last tensor of both runs is the model output: pair them when both are left and shapes agree.
 
     A low-precision run's output may be too far from the golden for values to confirm it, yet it is
-    the tensor the verdict most depends on; being last on both sides is evidence enough."""
+    the tensor the verdict most depends on; being last on both sides is evidence enough. When the
+    other run's last tensor went to the op whose copy is the reference's output (MNN writes the
+    model output as an `Output` copy of the Softmax; ncnn's Softmax is its last layer), the copy
+    takes it over if its values are as close: otherwise the reference's output is never compared."""
     n, m = quality.shape
     if not n or not m or quality[n - 1, m - 1] <= 0:
+        return pairs, confidences
+    if pairs and pairs[-1][1] == m - 1 and pairs[-1][0] < n - 1 and error is not None:
+        err = error(n - 1, m - 1)
+        if err <= agree and err <= error(pairs[-1][0], m - 1):
+            return pairs[:-1] + [(n - 1, m - 1)], confidences[:-1] + [confidences[-1]]
         return pairs, confidences
     if not pairs or any(i == n - 1 or j == m - 1 for i, j in pairs):  # unrelated runs share no output either
         return pairs, confidences
