@@ -51,6 +51,9 @@ class Engine:
     # failures left to the runs), and run by the emulated `arm64` device (Arm64Device -> HarnessInvocation).
     prebuild: Callable[[list], None] | None = None
     arm64_harness: Callable[[object], object] | None = None
+    # ... and on an ADB phone (with on_phones): (phone ABI, backend) -> its binary, built or cached,
+    # staged and run by the phone path in place of the C++ phone harness (HarnessError: one line why not).
+    phone_harness: Callable[[str, str], Path] | None = None
     # An engine whose harness tokenizes text itself (ggml: llama.cpp's tokenizer, on the device) names
     # the input a UTF-8 text file goes to (`--input prompt=FILE.txt`): staged as its uint8 bytes, in
     # place of the model's declared inputs (the harness records the ids that ran).

@@ -317,6 +317,9 @@ def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool
     test_build None reads $LAYERDIFF_HARNESS_TEST_BUILD ("1": the faster CI build of ncnn, which
     is what the test suite builds anyway, so a CI run never builds both variants).
     """
+    own = ENGINES[engine].phone_harness if engine in ENGINES else None
+    if own is not None:  # the engine's own native program for phones (e.g. ggml's layerdiff-ggml)
+        return own(abi, backend)
     override = prebuilt_override(abi)
     if override:
         return override

@@ -1,6 +1,7 @@
 """collector/engines/ggml: GGUF models through ggml (llama.cpp's graph builders), run by the C++ program
 layerdiff-ggml (device_scripts/ggml) built from llama-cpp-python's sdist; on the host and, as a static
-aarch64 binary under qemu, on the `arm64` device."""
+aarch64 binary under qemu, on the `arm64` device, and on ADB phones (the binary for the phone's ABI,
+staged and run by the phone path: build.phone_harness)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,5 +27,11 @@ def _arm64_harness(device):
     return arm64_harness(device)
 
 
+def _phone_harness(abi: str, backend: str) -> Path:
+    from layerdiff.collector.engines.ggml.build import phone_harness
+
+    return phone_harness(abi, backend)
+
+
 ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vulkan"), prebuild=_prebuild,
-                arm64_harness=_arm64_harness, prompt_input="prompt")
+                arm64_harness=_arm64_harness, prompt_input="prompt", on_phones=True, phone_harness=_phone_harness)

@@ -181,22 +181,54 @@ def _run_build(cmd: list[str], log: Path, what: str, reporter: BuildReporter) ->
     return ok
 
 
+def phone_spec(abi: str, backend: str) -> GgmlSpec:
+    """The build a phone with `abi` runs `backend` with: an arm64 phone's CPU gets the static aarch64 binary
+    (no NDK; the armv8.2-a+fp16 kernels the `arm64` device runs), its Vulkan / OpenCL (Adreno) the NDK
+    build; a phone (stand-in) with this machine's ABI gets the host build."""
+    from layerdiff.vocabulary import host_abi
+
+    gpu = {"vulkan": backend == "vulkan", "opencl": backend == "opencl"}
+    if abi == host_abi():
+        return GgmlSpec("host", **gpu)
+    if abi == "arm64-v8a":
+        return GgmlSpec("android", **gpu) if backend != "cpu" else GgmlSpec("aarch64")
+    raise HarnessError(f"no layerdiff-ggml build exists for ABI {abi!r} (ggml's phone builds: arm64-v8a, "
+                       f"{host_abi()}; its fp16 kernels need ARMv8.2)")
+
+
+def phone_harness(abi: str, backend: str) -> Path:
+    """layerdiff-ggml for a phone: cached, or built here for the CPU; a GPU build is never started inside a
+    run (long; the android one needs $ANDROID_NDK): without one, one line saying what to set and run."""
+    spec = phone_spec(abi, backend)
+    if spec.target == "android" and not os.environ.get("ANDROID_NDK"):
+        raise HarnessError(f"ggml's {backend} on an {abi} phone needs the Android NDK build of layerdiff-ggml: "
+                           f"set ANDROID_NDK and run: {shlex.join(build_command(spec, binary_dir(spec)))}")
+    binary = binary_dir(spec) / "layerdiff-ggml"
+    if (spec.vulkan or spec.opencl) and not binary.is_file() and not (spec.target == "host" and os.environ.get("LAYERDIFF_GGML_BINARY")):
+        flag = f"--target {spec.target} --{backend}"
+        raise HarnessError(f"no ggml build with {backend} for {abi} here; build it once with `python -m "
+                           f"layerdiff.collector.engines.ggml.build {flag}` or use --backend cpu")
+    return ensure_built(spec)
+
+
 def prebuild(devices: list) -> None:
     """The ggml engine is a C++ binary on every device: the host build for `local`, the static aarch64
-    build for `arm64` (qemu); built before the sweep's clock runs (a first build takes minutes),
-    failures left to the runs to report."""
+    build for `arm64` (qemu), a phone's CPU build for its ABI; built before the sweep's clock runs (a
+    first build takes minutes), failures left to the runs to report."""
     from layerdiff.errors import LayerdiffError
 
-    targets = set()
+    specs = set()
     for device in devices:
         try:
-            kind = device.info().kind
-        except LayerdiffError:
+            info = device.info()
+            kind = info.kind
+            specs.add(GgmlSpec("aarch64") if kind == "qemu" else GgmlSpec() if kind == "local"
+                      else phone_spec(info.abi, "cpu") if kind == "adb" and info.abi else None)
+        except LayerdiffError:  # HarnessError included: an ABI without a build is reported by its runs
             continue
-        targets.add("aarch64" if kind == "qemu" else "host" if kind == "local" else None)
-    for target in sorted(t for t in targets if t):
+    for spec in sorted((s for s in specs if s), key=lambda s: s.target):
         try:
-            ensure_built(GgmlSpec(target))
+            ensure_built(spec)
         except HarnessError:
             continue
 

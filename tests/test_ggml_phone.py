@@ -1,0 +1,61 @@
+"""The ggml engine on a phone: layerdiff-ggml for the phone's ABI staged with the GGUF model, run and its dump
+pulled through the real adb server, on the device stand-in (the host build: a stand-in has this machine's ABI).
+The Android NDK build (arm64 phones' Vulkan / Adreno OpenCL) is never run here: without $ANDROID_NDK it is
+refused in one line naming what to set."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.ggml_support import ggml_binary, ggml_samples  # noqa: F401
+
+
+def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_tinyllama_on_a_standin_phone_dumps_every_node_and_passes_against_local(ggml_binary, ggml_samples,
+                                                                                  standin, tmp_path):
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
+
+    model, tokens = str(ggml_samples["tinyllama"]), str(ggml_samples["tokens"])
+    runs = {}
+    for device in ("local", standin.serial):
+        out = tmp_path / device.replace(":", "_")
+        proc = _cli("layerdiff.collector.cli", "--device", device, "--model", model, "--input", tokens,
+                    "--backend", "cpu", "--precision", "high", "-o", str(out), "--no-report")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        [runs[device]] = out.glob("ggml_cpu_high_*.h5")
+    with DumpFile(runs["local"]) as here, DumpFile(runs[standin.serial]) as phone:
+        assert phone.attrs["engine"] == "ggml" and phone.attrs["device_serial"] == standin.serial
+        assert phone.attrs["abi"] == here.attrs["abi"] and bool(phone.attrs["complete"])
+        assert list(phone.layers["key"]) == list(here.layers["key"])  # every node, in execution order
+        assert {"attn_norm-0:0", "Qcur-0:0", "ffn_out-1:0", "result_output:0"} <= set(phone.layers["key"])
+    both = tmp_path / "both"
+    both.mkdir()
+    (both / "local.h5").symlink_to(runs["local"])
+    (both / "phone.h5").symlink_to(runs[standin.serial])
+    proc = _cli("layerdiff.analyzer.cli.app", str(both), "-o", str(tmp_path / "rep"), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    [phone_run] = [r for r in doc["runs"] if r["role"] == "compared"]
+    assert phone_run["provenance"]["device_serial"] == standin.serial and phone_run["reference"] == "local"
+    compared = [layer for layer in phone_run["layers"] if layer.get("status") in ("pass", "warn", "fail")]
+    # the same host build on the same inputs: every node compared, every value identical (judged, not just passed)
+    assert len(compared) >= 50 and all(layer["status"] == "pass" and layer["max_abs"] == 0 for layer in compared)
+    assert phone_run["verdict"] == "pass"
+
+
+@pytest.mark.skipif(bool(os.environ.get("ANDROID_NDK")), reason="with an NDK the android build would start")
+@pytest.mark.parametrize("backend", ["vulkan", "opencl"])
+def test_an_arm64_phones_gpu_without_the_ndk_is_one_line_naming_android_ndk(backend):
+    from layerdiff.collector.harness.build import HarnessError, harness_for
+
+    with pytest.raises(HarnessError) as err:
+        harness_for("arm64-v8a", "ggml", backend)
+    line = str(err.value)
+    assert "\n" not in line and "set ANDROID_NDK" in line and "--target android" in line and f"--{backend} ON" in line
