@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+
+from pathlib import Path
 
 import pytest
 
@@ -18,18 +21,21 @@ def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout)
 
 
+def _collect(device: str, model, tokens, out) -> Path:
+    proc = _cli("layerdiff.collector.cli", "--device", device, "--model", str(model), "--input", str(tokens),
+                "--backend", "cpu", "--precision", "high", "-o", str(out), "--no-report")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [run] = out.glob("ggml_cpu_high_*.h5")
+    return run
+
+
 def test_tinyllama_on_a_standin_phone_dumps_every_node_and_passes_against_local(ggml_binary, ggml_samples,
                                                                                   standin, tmp_path):
     from layerdiff.analyzer.formats.dumpfile import DumpFile
 
     model, tokens = str(ggml_samples["tinyllama"]), str(ggml_samples["tokens"])
-    runs = {}
-    for device in ("local", standin.serial):
-        out = tmp_path / device.replace(":", "_")
-        proc = _cli("layerdiff.collector.cli", "--device", device, "--model", model, "--input", tokens,
-                    "--backend", "cpu", "--precision", "high", "-o", str(out), "--no-report")
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        [runs[device]] = out.glob("ggml_cpu_high_*.h5")
+    runs = {device: _collect(device, model, tokens, tmp_path / device.replace(":", "_"))
+            for device in ("local", standin.serial)}
     with DumpFile(runs["local"]) as here, DumpFile(runs[standin.serial]) as phone:
         assert phone.attrs["engine"] == "ggml" and phone.attrs["device_serial"] == standin.serial
         assert phone.attrs["abi"] == here.attrs["abi"] and bool(phone.attrs["complete"])
@@ -59,3 +65,27 @@ def test_an_arm64_phones_gpu_without_the_ndk_is_one_line_naming_android_ndk(back
         harness_for("arm64-v8a", "ggml", backend)
     line = str(err.value)
     assert "\n" not in line and "set ANDROID_NDK" in line and "--target android" in line and f"--{backend} ON" in line
+
+
+@pytest.mark.skipif(not (shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-g++")),
+                    reason="needs qemu-user and g++-aarch64-linux-gnu (apt) to build and run the aarch64 build")
+def test_an_arm64_phones_cpu_runs_the_static_aarch64_build_with_its_fp16_kernels(ggml_binary, ggml_samples,
+                                                                                 standins, tmp_path):
+    """An arm64-v8a stand-in (a cortex-a76 under qemu) gets the static aarch64 layerdiff-ggml: node for node
+    the `arm64` device's run of the same build and CPU, the same fp16 arithmetic, identical values."""
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
+
+    phone = standins.start(abi="arm64-v8a", qemu_cpu="cortex-a76")
+    model, tokens = ggml_samples["tinyllama"], ggml_samples["tokens"]
+    on_phone = _collect(phone.serial, model, tokens, tmp_path / "runs" / "phone")
+    emulated = _collect("arm64", model, tokens, tmp_path / "runs" / "arm64")
+    with DumpFile(on_phone) as a, DumpFile(emulated) as b:
+        assert a.attrs["abi"] == "arm64-v8a" and a.attrs["device_serial"] == phone.serial
+        assert "cpu fp16 vector arithmetic" in a.attrs["precision_effective"]
+        assert list(a.layers["key"]) == list(b.layers["key"]) and len(a.layers["key"]) >= 50
+    proc = _cli("layerdiff.analyzer.cli.app", str(tmp_path / "runs"), "--ref", str(emulated), "-o",
+                str(tmp_path / "rep"), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [run] = [r for r in json.loads(proc.stdout)["runs"] if r["role"] == "compared"]
+    compared = [layer for layer in run["layers"] if layer.get("status") in ("pass", "warn", "fail")]
+    assert len(compared) >= 50 and all(layer["max_abs"] == 0 for layer in compared) and run["verdict"] == "pass"
