@@ -89,3 +89,25 @@ def test_an_arm64_phones_cpu_runs_the_static_aarch64_build_with_its_fp16_kernels
     [run] = [r for r in json.loads(proc.stdout)["runs"] if r["role"] == "compared"]
     compared = [layer for layer in run["layers"] if layer.get("status") in ("pass", "warn", "fail")]
     assert len(compared) >= 50 and all(layer["max_abs"] == 0 for layer in compared) and run["verdict"] == "pass"
+
+
+def test_a_prompt_is_tokenized_on_the_phone_by_the_models_tokenizer(ggml_binary, ggml_samples, standin, tmp_path):
+    """`--input prompt=FILE.txt` on a phone: its bytes are staged, the harness there tokenizes them, and the run
+    records the ids that ran: those the model's tokenizer gives (the tokenize helper, run here)."""
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
+    from layerdiff.collector.engines.ggml.tokenize import tokenize
+
+    prompt = ggml_samples["prompt"]
+    run = _collect(standin.serial, ggml_samples["tinyllama"], f"prompt={prompt}", tmp_path / "p")
+    with DumpFile(run) as dump:
+        options = dump.provenance["raw_header"]["options"]
+        assert dump.attrs["device_serial"] == standin.serial and options["input_kind"] == "prompt"
+        assert options["tokens"] == tokenize(ggml_samples["tinyllama"], prompt.read_text(encoding="utf-8"))
+
+
+def test_an_abi_without_a_ggml_build_is_one_line():
+    from layerdiff.collector.harness.build import HarnessError, harness_for
+
+    with pytest.raises(HarnessError) as err:
+        harness_for("armeabi-v7a", "ggml", "cpu")
+    assert "\n" not in str(err.value) and "'armeabi-v7a'" in str(err.value) and "arm64-v8a" in str(err.value)
