@@ -121,7 +121,7 @@ def test_a_build_says_what_why_and_how_long_then_follows_ninja(tmp_path, monkeyp
     script = (f"echo 'layerdiff-build-step: ncnn-build {step_log}'; "
               f"for i in 1 2 3; do echo \"[$i/40] Building CXX object\" >> {step_log}; sleep 0.4; done")
     recorder = _Recorder()
-    ok = harness._run_build(["bash", "-c", script], tmp_path / "build.log", HOST_SPEC, recorder)
+    ok = harness.run_build_script(["bash", "-c", script], tmp_path / "build.log", harness.describe_build(HOST_SPEC), recorder)
     assert ok and recorder.events[-1] == ("finished", True)
     kind, what = recorder.events[0]
     assert kind == "started" and "host harness" in what and "with Vulkan" in what and "about" in what
@@ -133,7 +133,7 @@ def test_a_build_says_what_why_and_how_long_then_follows_ninja(tmp_path, monkeyp
 
 def test_a_failed_build_reports_and_returns_false(tmp_path):
     recorder = _Recorder()
-    assert not harness._run_build(["bash", "-c", "exit 3"], tmp_path / "build.log", HOST_SPEC, recorder)
+    assert not harness.run_build_script(["bash", "-c", "exit 3"], tmp_path / "build.log", harness.describe_build(HOST_SPEC), recorder)
     assert recorder.events[-1] == ("finished", False)
 
 
@@ -159,8 +159,8 @@ def test_a_killed_collector_leaves_no_build_running(tmp_path, how):
                  "from layerdiff.collector.harness import build\n"
                  "from layerdiff.collector.harness.buildprogress import PlainReporter\n"
                  "from tests.test_harness_support import HOST_SPEC\n"
-                 f"build._run_build(['bash', '-c', {script!r}], __import__('pathlib').Path({str(tmp_path / 'b.log')!r}), "
-                 "HOST_SPEC, PlainReporter())\n")
+                 f"build.run_build_script(['bash', '-c', {script!r}], __import__('pathlib').Path({str(tmp_path / 'b.log')!r}), "
+                 "'test build', PlainReporter())\n")
     proc = subprocess.Popen([sys.executable, "-c", collector], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "LAYERDIFF_CACHE": str(tmp_path / "cache")})
     deadline = time.monotonic() + 60

@@ -252,7 +252,7 @@ def ensure_built(spec: HarnessSpec, reporter: BuildReporter | None = None) -> Pa
         cmd = build_command(spec)
         with open(out / "builds.txt", "a") as history:  # one line per build run: audit trail
             history.write(shlex.join(cmd) + "\n")
-        ok = _run_build(cmd, out / "build.log", spec, reporter or default_reporter())
+        ok = run_build_script(cmd, out / "build.log", describe_build(spec), reporter or default_reporter())
         if not ok or not binary.is_file():
             raise HarnessError(f"building the {spec.target} harness failed (log: {out / 'build.log'}); "
                                f"run: {shlex.join(cmd)}")
@@ -272,10 +272,11 @@ def describe_build(spec: HarnessSpec) -> str:
             f"once (cached in {binary_dir(spec)})")
 
 
-def _run_build(cmd: list[str], log: Path, spec: HarnessSpec, reporter: BuildReporter) -> bool:
-    """Run the build script with its output in `log`, following its steps for the reporter."""
+def run_build_script(cmd: list[str], log: Path, what: str, reporter: BuildReporter) -> bool:
+    """Run a build script with its output in `log`, following its steps for the reporter (`what`: the
+    first line a user sees). Used by every native build: the C++ harness here, ggml's in its folder."""
     watcher = BuildWatcher(reporter)
-    watcher.start(describe_build(spec))
+    watcher.start(what)
     ok = False
     env = {**os.environ, "PYTHON": sys.executable}
     with open(log, "w") as handle:

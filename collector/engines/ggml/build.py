@@ -23,9 +23,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from layerdiff.collector.harness import children
-from layerdiff.collector.harness.build import DEVICE_SCRIPTS, HarnessError, _locked, cache_root
-from layerdiff.collector.harness.buildprogress import BuildReporter, BuildWatcher, default_reporter
+from layerdiff.collector.harness.build import DEVICE_SCRIPTS, HarnessError, _locked, cache_root, run_build_script
+from layerdiff.collector.harness.buildprogress import BuildReporter, default_reporter
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendor/llama.cpp is built (ggml 0.25.3)
 GGML_DIR = DEVICE_SCRIPTS / "ggml"
@@ -152,33 +151,10 @@ def ensure_built(spec: GgmlSpec = GgmlSpec(), reporter: BuildReporter | None = N
         cmd = build_command(spec, out)
         with open(out / "builds.txt", "a") as history:
             history.write(shlex.join(cmd) + "\n")
-        ok = _run_build(cmd, out / "build.log", describe(spec), reporter or default_reporter())
+        ok = run_build_script(cmd, out / "build.log", describe(spec), reporter or default_reporter())
         if not ok or not binary.is_file():
             raise HarnessError(f"building the ggml harness failed (log: {out / 'build.log'}); run: {shlex.join(cmd)}")
     return binary
-
-
-def _run_build(cmd: list[str], log: Path, what: str, reporter: BuildReporter) -> bool:
-    """Run the build script into `log`, its steps followed for the reporter; Ctrl-C ends its process group."""
-    watcher = BuildWatcher(reporter)
-    watcher.start(what)
-    ok = False
-    with open(log, "w") as handle:
-        # guarded (layerdiff.collector.harness.children): a collector killed outright takes the build with it
-        proc = subprocess.Popen(children.guarded(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", env={**os.environ, "PYTHON": sys.executable}, start_new_session=True)
-        children.register(proc)
-        try:
-            for line in proc.stdout:
-                handle.write(line)
-                watcher.feed(line)
-            ok = proc.wait() == 0
-        finally:
-            children.unregister(proc)
-            if proc.poll() is None:
-                children.end_group(proc)
-            watcher.stop(ok)
-    return ok
 
 
 def phone_spec(abi: str, backend: str) -> GgmlSpec:
