@@ -214,6 +214,25 @@ class DumpSink:
         self.writer.close(infer_ms=infer_ms, status=status)
 
 
+def native_argv(engine: str, args: HarnessArgs) -> list[str]:
+    """The checked arguments as a native harness's command line (device_scripts/HARNESS_CLI.md): what an
+    engine whose runs are a compiled program (ggml, the C++ paddle-lite engine) hands that program."""
+    argv = ["--engine", engine, "--backend", args.backend, "--precision", args.precision, "--out", str(args.out),
+            "--threads", str(args.threads), "--repeat", str(args.repeat)]
+    argv += [a for model in args.models for a in ("--model", str(model))]
+    argv += [a for name, path in args.inputs.items() for a in ("--input", f"{name}={path}")]
+    if args.layers is not None:
+        argv += ["--layers", args.layers.pattern]
+    if args.max_bytes is not None:
+        argv += ["--max-bytes", str(args.max_bytes)]
+    if args.abort_after is not None:
+        argv += ["--abort-after", str(args.abort_after)]
+    if args.inject is not None:
+        argv += ["--inject", str(args.inject), *[a for t in args.targets for a in ("--target", t)],
+                 *[a for k in args.replace for a in ("--replace", k)]]
+    return argv
+
+
 def repeat_dirs(args: HarnessArgs) -> list[Path]:
     if args.repeat == 1:
         return [args.out]

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from layerdiff.collector.engines.ggml import ENGINE
-from layerdiff.collector.engines.harness_cli import EXIT_BACKEND, HarnessArgs, HarnessExit, harness_main
+from layerdiff.collector.engines.harness_cli import EXIT_BACKEND, HarnessArgs, HarnessExit, harness_main, native_argv
 
 GPU_SPECS = {"vulkan": {"vulkan": True}, "opencl": {"opencl": True}}
 
@@ -42,28 +42,11 @@ def binary_for(backend: str) -> Path:
         raise HarnessExit(EXIT_BACKEND, str(err)) from None
 
 
-def _argv(args: HarnessArgs) -> list[str]:
-    argv = ["--engine", "ggml", "--backend", args.backend, "--precision", args.precision, "--out", str(args.out),
-            "--threads", str(args.threads), "--repeat", str(args.repeat)]
-    argv += [a for model in args.models for a in ("--model", str(model))]
-    argv += [a for name, path in args.inputs.items() for a in ("--input", f"{name}={path}")]
-    if args.layers is not None:
-        argv += ["--layers", args.layers.pattern]
-    if args.max_bytes is not None:
-        argv += ["--max-bytes", str(args.max_bytes)]
-    if args.abort_after is not None:
-        argv += ["--abort-after", str(args.abort_after)]
-    if args.inject is not None:
-        argv += ["--inject", str(args.inject), *[a for t in args.targets for a in ("--target", t)],
-                 *[a for k in args.replace for a in ("--replace", k)]]
-    return argv
-
-
 def run(args: HarnessArgs) -> None:
     """Run the binary on the checked arguments; it writes the dump, its stdout/stderr are this process's."""
     binary = binary_for(args.backend)
     sys.stdout.flush()
-    code = subprocess.run([str(binary), *_argv(args)], check=False).returncode
+    code = subprocess.run([str(binary), *native_argv("ggml", args)], check=False).returncode
     if code < 0:  # killed by a signal (--abort-after): die the same way, so the collector sees the signal
         os.kill(os.getpid(), -code)
     if code != 0:  # the binary already said why, in its one `layerdiff-harness:` line

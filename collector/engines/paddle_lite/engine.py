@@ -13,7 +13,8 @@ import os
 import subprocess
 import sys
 
-from layerdiff.collector.engines.harness_cli import EXIT_ARGS, EXIT_BACKEND, HARNESS_VERSION, HarnessExit, harness_main
+from layerdiff.collector.engines.harness_cli import (EXIT_ARGS, EXIT_BACKEND, HARNESS_VERSION, HarnessExit, harness_main,
+                                                     native_argv)
 
 UNAVAILABLE = ("Paddle-Lite unavailable here: PADDLE_LITE_ROOT is not set, and PyPI's paddlelite (no Python 3.11 wheel; "
                "its library ships without the C++ headers) cannot dump every variable; set PADDLE_LITE_ROOT to a Paddle-Lite "
@@ -52,16 +53,9 @@ def probe() -> dict:
 
 def run(args) -> None:
     """The run, through the C++ harness: the same command line, its raw dump, its exit code and message."""
-    argv = ["--engine", "paddle-lite", "--backend", args.backend, "--precision", args.precision, "--out", str(args.out),
-            "--threads", str(args.threads), "--repeat", str(args.repeat)]
-    argv += [a for m in args.models for a in ("--model", str(m))]
-    argv += [a for name, f in args.inputs.items() for a in ("--input", f"{name}={f}")]
-    if args.layers is not None:
-        argv += ["--layers", args.layers.pattern]
-    if args.max_bytes is not None:
-        argv += ["--max-bytes", str(args.max_bytes)]
     if args.inject is not None:
         raise HarnessExit(EXIT_ARGS, "--inject is not supported by the paddle-lite engine")
+    argv = native_argv("paddle-lite", args)
     sys.stdout.flush()  # the harness's progress lines go straight to the collector
     proc = subprocess.run([str(harness_binary()), *argv], stdout=None, stderr=subprocess.PIPE, text=True, check=False)
     if proc.returncode:
