@@ -85,7 +85,7 @@ def test_changed_analyzer_code_is_measured_again(tmp_path):
     copy = tmp_path / "code"  # a copy of the analyzer package, fingerprinted by a child that imports the copy
     shutil.copytree(Path(resultcache.__file__).parents[1], copy / "analyzer", ignore=shutil.ignore_patterns("__pycache__"))
     code = ("import importlib.util, sys; from pathlib import Path; "
-            "spec = importlib.util.spec_from_file_location('rc', Path('analyzer/measure/resultcache.py').resolve()); "
+            "spec = importlib.util.spec_from_file_location('rc', Path('analyzer/measure/fingerprint.py').resolve()); "
             "rc = importlib.util.module_from_spec(spec); spec.loader.exec_module(rc); print(rc.code_fingerprint())")
     probe = [sys.executable, "-c", code]
 
