@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from layerdiff.analyzer.report import stored
-from tests.analyze_dumps import perturbed, reference_arrays, write_dump
+from tests.analyze_dumps import cpu_and_vulkan_runs, perturbed, reference_arrays, write_dump
 
 
 @pytest.fixture()
@@ -24,12 +24,7 @@ def env(tmp_path) -> dict[str, str]:
 
 @pytest.fixture()
 def runs(tmp_path) -> Path:
-    folder = tmp_path / "runs"
-    folder.mkdir()
-    ref = reference_arrays(seed=1)
-    write_dump(folder / "cpu.h5", ref)
-    write_dump(folder / "vk.h5", perturbed(ref, 1e-3, seed=2), backend="vulkan", precision="low")
-    return folder
+    return cpu_and_vulkan_runs(tmp_path / "runs")
 
 
 def analyze(env: dict, *args: str, importtime: bool = False) -> subprocess.CompletedProcess:
