@@ -26,6 +26,7 @@ from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
+from layerdiff.analyzer.findings.observability import raw_header
 from layerdiff.analyzer.measure.metrics import PairKernel
 from layerdiff.analyzer.formats.rawdump import sha256_file
 from layerdiff.analyzer.runs.reference import Plan
@@ -44,8 +45,8 @@ ATTACHED_COLUMNS = ["isolated_status", "isolated_rel_l2", "isolated_max_abs", "i
                     "isolated_reasons", "isolated_file"]
 TABLE_COLUMNS = ["run", "pair", "position", "key", "op_type", "status", "rel_l2", "max_abs", "sqnr_db",
                  "isolated_status", "isolated_reasons", *(f"isolated_{m}" for m in ISOLATED_METRICS),
-                 "isolated_nonfinite_new", "reference_peak", "isolation", "isolated_file", "isolated_reference",
-                 "isolated_setting"]
+                 "isolated_nonfinite_new", "reference_peak", "isolated_fed_overflow", "isolated_fed", "isolation",
+                 "isolated_file", "isolated_reference", "isolated_setting"]
 
 
 @dataclass
@@ -222,7 +223,24 @@ def _measure_layer(iso: Run, reference: Run, layer: dict, kernel: PairKernel, th
     row.update({f"isolated_{m}": metrics[m] for m in ISOLATED_METRICS})
     row["isolated_nonfinite_new"] = int(metrics["n_nan_new"] + metrics["n_posinf_new"] + metrics["n_neginf_new"])
     row["reference_peak"] = max(abs(float(ref_row["min"])), abs(float(ref_row["max"])))
+    row["isolated_fed_overflow"], row["isolated_fed"] = fed_overflow(iso, key)
     return row
+
+
+def fed_overflow(iso: Run, key: str) -> tuple[int, str]:
+    """Reference values the layer's own input type could not hold, as the harness counted them.
+
+    Why: ggml's harness feeds an isolated node its inputs in the type the node reads them at this
+    precision (f16 where the graph makes them f16), so a reference value above 65504 enters as Inf and
+    the NaN that follows is the input's type, not the node's kernel. Returns (count, a clause naming them).
+    """
+    isolation = raw_header(iso).get("isolation")
+    fed = isolation.get("fed") if isinstance(isolation, dict) else None
+    entries = (fed.get(key.removesuffix(":0")) or fed.get(key) or []) if isinstance(fed, dict) else []
+    lost = [e for e in entries if isinstance(e, dict) and isinstance(e.get("overflow"), (int, float)) and e["overflow"] > 0]
+    clauses = [f"{e.get('src')} as {e.get('type')} ({int(e['overflow'])} of its {int(e.get('values') or 0)} reference "
+               f"values, up to {float(e.get('reference_peak') or 0):.4g}, are beyond that type's range)" for e in lost]
+    return sum(int(e["overflow"]) for e in lost), "; ".join(clauses)
 
 
 def _unmeasured(row: dict, status: str, problem: str, problems: list[str]) -> dict:
@@ -237,13 +255,14 @@ def _add_cumulative(row: dict, run_label: str, pair_index: int, cumulative: dict
     if cumulative is not None:
         row.update({k: cumulative[k] for k in ("position", "status", "rel_l2", "max_abs", "sqnr_db")})
     if row["isolated_status"] in MEASURED:
-        row["isolation"] = blame(row["isolated_status"], row["status"])
+        row["isolation"] = blame(row["isolated_status"], row["status"], int(row.get("isolated_fed_overflow") or 0))
 
 
-def blame(isolated_status: str, cumulative_status: str) -> str:
-    """`kernel`: off even alone; `upstream`: clean alone but off in the full run; `clean`: fine both ways."""
+def blame(isolated_status: str, cumulative_status: str, fed_overflow: int = 0) -> str:
+    """`kernel`: off even alone; `input_type`: off alone only because its input's type cannot hold the
+    reference's values (fed_overflow of them); `upstream`: clean alone but off in the full run; `clean`."""
     if isolated_status in ("warn", "fail"):
-        return "kernel"
+        return "input_type" if fed_overflow > 0 else "kernel"
     return "upstream" if cumulative_status in ("warn", "fail") else "clean"
 
 
@@ -275,6 +294,13 @@ def isolation_finding(r: dict) -> Finding:
         sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s, so the kernel itself is off by "
                     f"{size} at this precision{why}; {cumulative}.")
         severity = r["isolated_status"]
+    elif r["isolation"] == "input_type":
+        nonfinite = int(r["isolated_n_nonfinite_mismatch"] or 0)
+        size = f"{nonfinite} NaN/Inf values" if nonfinite else f"rel L2 {_g(r['isolated_rel_l2'])}"
+        sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s ({size}), but not by its own "
+                    f"kernel: it reads {r['isolated_fed']}, the type its input has at this precision, so those values "
+                    f"enter as Inf; the cause is that input's type (where it is made), not this op; {cumulative}.")
+        severity = Severity.INFO
     elif r["isolation"] == "upstream":
         sentence = (f"Isolation in {r['run']}: {alone} passes (rel L2 {_g(r['isolated_rel_l2'])}, max abs "
                     f"{_g(r['isolated_max_abs'])}), so this layer is fine given correct inputs; the error comes from "
@@ -287,7 +313,8 @@ def isolation_finding(r: dict) -> Finding:
     numbers = {"verdict": r["isolation"], "isolated_status": r["isolated_status"],
                **{f"isolated_{m}": r[f"isolated_{m}"] for m in ISOLATED_METRICS},
                "cumulative_status": r["status"], "cumulative_rel_l2": r["rel_l2"], "cumulative_max_abs": r["max_abs"],
-               "position": r["position"], "isolated_file": r["isolated_file"], "reference": r["isolated_reference"]}
+               "position": r["position"], "isolated_file": r["isolated_file"], "reference": r["isolated_reference"],
+               "fed_overflow": int(r.get("isolated_fed_overflow") or 0)}
     return Finding(FindingKind.ISOLATION, r["run"], r["key"], r["op_type"], sentence, severity=severity, numbers=numbers)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import InputError, NothingToCompareError, UsageError
 from layerdiff.analyzer.formats.rawdump import RawDumpWriter, sha256_file
+from layerdiff.collector.engines import ENGINES
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
@@ -53,8 +54,13 @@ def _through_rasters(names: list[str], by_name: dict) -> list[str]:
     return resolved
 
 
-def write_inject_dump(ref: DumpFile, targets: dict[str, list[str]], out_dir: Path) -> Path:
-    """A raw dump holding only the reference tensors the targets consume, plus the target map."""
+def write_inject_dump(ref: DumpFile, targets: dict[str, list[str]], out_dir: Path, *,
+                      weights_in_model: bool = False) -> Path:
+    """A raw dump holding only the reference tensors the targets consume, plus the target map.
+
+    `weights_in_model` (ggml): a target's edges also name the weights it reads, which are in the model,
+    not in the reference; names the reference has neither as a layer nor as an input are left to the
+    harness (it refuses, naming the input, if one of them was not a weight after all)."""
     needed = list(dict.fromkeys(name for names in targets.values() for name in names))
     layers = ref.layers.set_index("name", drop=False)
     model_inputs = dict(ref.inputs())
@@ -66,6 +72,8 @@ def write_inject_dump(ref: DumpFile, targets: dict[str, list[str]], out_dir: Pat
             array, op, op_type = ref.tensor(int(row["order"])), row["op"], row["op_type"]
         elif name in model_inputs:
             array, op, op_type = model_inputs[name], name, "Input"
+        elif weights_in_model:
+            continue
         else:
             raise InputError(f"{ref.path}: the reference has no tensor {name!r} that a target consumes")
         writer.add(op=op, op_type=op_type, array=array, name=name)
@@ -83,10 +91,15 @@ def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref
         if ref.attrs.get("model_sha256") and ref.attrs["model_sha256"] != model.sha256:
             raise InputError(f"{ref_path} was made with another model than {model.name}; isolate against its own reference")
         targets = target_inputs(ref, keys)
+        rebuilds = ENGINES[model.engine].isolate_rebuilds_graph
+        arrays = dict(ref.inputs()) if rebuilds else {}  # the graph is rebuilt on the reference's own input
+        if rebuilds and not arrays:
+            raise InputError(f"{ref_path}: the reference keeps no model input, and {model.engine} rebuilds the graph "
+                             "on it; isolate against a dump that `collect` made")
         with tempfile.TemporaryDirectory(prefix="layerdiff-inject-") as tmp:
-            inject = write_inject_dump(ref, targets, Path(tmp) / "inject")
+            inject = write_inject_dump(ref, targets, Path(tmp) / "inject", weights_in_model=rebuilds)
             spec = RunSpec(
-                model, backend, precision, InputSet(Path(ref_path).stem, {}, str(ref_path)), threads=threads,
+                model, backend, precision, InputSet(Path(ref_path).stem, arrays, str(ref_path)), threads=threads,
                 deadline_s=deadline_s, prefix=ISOLATE_PREFIX,
                 extra_args=["--inject", "{run_dir}/inject"] + [a for key in targets for a in ("--target", key)],
                 placed_files={f"inject/{f.name}": f for f in sorted(inject.iterdir())},
