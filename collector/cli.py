@@ -201,7 +201,7 @@ def isolate_command(
     backend: str = typer.Option(..., "--backend", "-b", callback=choices(BACKENDS, "backend")),
     precision: str = typer.Option(..., "--precision", "-p", callback=choices(PRECISIONS, "precision")),
     ref: Path = typer.Option(..., "--ref", help="the reference run's HDF5 (its tensors feed the layers)"),
-    layer: List[str] = typer.Option(None, "--layer", "-l", help="layer key to isolate, e.g. block3/conv:0 (repeatable)"),
+    layer: List[str] = typer.Option(None, "--layer", "-l", help="layer key to isolate, e.g. block3/conv:0; ggml also FIRST..LAST, those layers as one sub-graph (repeatable)"),
     failing_from: Optional[Path] = typer.Option(None, "--failing-from", help="a report dir: isolate every layer it flagged"),
     out: Path = typer.Option(Path("runs"), "--out", "-o"),
     adb_server: List[str] = typer.Option(None, "--adb-server"),

@@ -51,13 +51,15 @@ def _numpy_im2col(x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def seed004(ggml_binary, ggml_samples, tmp_path_factory):
-    """Per size: the folder with cpu/high + cpu/normal runs and IM2COL, MUL_MAT isolated at cpu/normal."""
+    """Per size: the folder with cpu/high + cpu/normal runs and IM2COL, MUL_MAT and the convolution built on the
+    IM2COL (IM2COL .. the output, one sub-graph) isolated at cpu/normal."""
     folders = {}
     for size in ("small", "large"):
         out = tmp_path_factory.mktemp(f"seed004-{size}")
         _collect(ggml_binary, out, ggml_samples["conv2d"], ggml_samples[f"conv_{size}"], "high,normal")
         ref = out / f"ggml_cpu_high_conv2d_{size}.h5"
-        proc = _isolate(ggml_binary, out, ggml_samples["conv2d"], ref, "normal", "conv.im2col:0", "conv.mul_mat:0")
+        proc = _isolate(ggml_binary, out, ggml_samples["conv2d"], ref, "normal", "conv.im2col:0", "conv.mul_mat:0",
+                        "conv.im2col:0..conv.out:0")
         assert proc.returncode == 0, proc.stderr[-2000:]
         folders[size] = out
     return folders
@@ -72,9 +74,16 @@ def test_large_im2col_alone_overflows_exactly_where_numpy_says_f16_cannot_hold_i
     assert overflow > 1000
     [iso] = seed004["large"].glob("isolated_ggml_cpu_normal_*.h5")
     with DumpFile(iso) as dump:
-        assert dump.attrs["mode"] == "isolate" and list(dump.layers["key"]) == ["conv.im2col:0", "conv.mul_mat:0"]
+        assert dump.attrs["mode"] == "isolate"
+        assert list(dump.layers["key"]) == ["conv.im2col:0", "conv.mul_mat:0", "conv.out:0"]
         im2col = dump.tensor_by_key("conv.im2col:0").reshape(cols.shape)
         fed = dump.provenance["raw_header"]["isolation"]["fed"]
+        ranges = dump.provenance["raw_header"]["isolation"]["ranges"]
+        conv = dump.tensor_by_key("conv.out:0")
+    with DumpFile(seed004["large"] / "ggml_cpu_normal_conv2d_large.h5") as normal:
+        # the whole convolution alone, fed the reference's input: exactly the full normal run, NaN for NaN
+        np.testing.assert_array_equal(conv, normal.tensor_by_key("conv.out:0"))
+    assert ranges["conv.out"][0] == "conv.im2col" and "conv.mul_mat" in ranges["conv.out"]
     assert int((~np.isfinite(im2col)).sum()) == overflow
     finite = np.isfinite(im2col)
     np.testing.assert_array_equal(im2col[finite], cols[finite].astype(np.float16).astype(np.float32))
@@ -93,6 +102,9 @@ def test_large_im2col_alone_overflows_exactly_where_numpy_says_f16_cannot_hold_i
     mul_mat = findings["conv.mul_mat:0"]
     assert mul_mat["numbers"]["verdict"] == "input_type" and mul_mat["numbers"]["fed_overflow"] == overflow
     assert "conv.reshape as f16" in mul_mat["sentence"] and "not this op" in mul_mat["sentence"]
+    whole = findings["conv.out:0"]
+    assert whole["numbers"]["verdict"] == "kernel" and whole["numbers"]["range"].startswith("conv.im2col .. conv.out")
+    assert "sub-graph" in whole["sentence"] and "from conv.im2col on" in whole["sentence"]
 
 
 def test_small_im2col_and_mul_mat_pass_alone(seed004, ggml_samples, ggml_binary):
@@ -106,13 +118,15 @@ def test_small_im2col_and_mul_mat_pass_alone(seed004, ggml_samples, ggml_binary)
     with DumpFile(iso) as dump:
         im2col = dump.tensor_by_key("conv.im2col:0").reshape(cols.shape)
         mul_mat = dump.tensor_by_key("conv.mul_mat:0")
+        conv = dump.tensor_by_key("conv.out:0")
     np.testing.assert_array_equal(im2col, cols.astype(np.float16).astype(np.float32))
     # numpy: the f16 im2col times the kernel (ggml's CPU rounds the f32 kernel to f16 for the f16 dot product)
     kernel = w.reshape(w.shape[0], -1).astype(np.float16).astype(np.float64)  # [out, in*3*3]
     expected = kernel @ cols.astype(np.float16).astype(np.float64).T  # ggml: [out, H*W]
     assert np.abs(mul_mat.reshape(expected.shape) - expected).max() < 1e-5 * np.abs(expected).max()
+    np.testing.assert_array_equal(conv.reshape(expected.shape), mul_mat.reshape(expected.shape))  # [out, H, W]
     findings = _findings(ggml_binary, seed004["small"])
-    for key in ("conv.im2col:0", "conv.mul_mat:0"):
+    for key in ("conv.im2col:0", "conv.mul_mat:0", "conv.out:0"):
         assert findings[key]["numbers"]["verdict"] == "clean", findings[key]["sentence"]
         assert findings[key]["numbers"]["isolated_status"] == "pass"
 
@@ -131,7 +145,8 @@ def test_a_llama_mul_mat_alone_is_fed_the_reference_and_its_weight_from_the_mode
     from layerdiff.analyzer.formats.dumpfile import DumpFile
 
     ref = llama_runs / "ggml_cpu_high_tinyllama_tokens.h5"
-    proc = _isolate(ggml_binary, llama_runs, ggml_samples["tinyllama"], ref, "low", "Qcur-0:0", "ffn_out-0:0")
+    proc = _isolate(ggml_binary, llama_runs, ggml_samples["tinyllama"], ref, "low", "Qcur-0:0", "ffn_out-0:0",
+                    "ffn_inp-0:0..ffn_swiglu-0:0")
     assert proc.returncode == 0, proc.stderr[-2000:]
     [iso] = llama_runs.glob("isolated_ggml_cpu_low_*.h5")
     w = gguf_weights(ggml_samples["tinyllama"])
@@ -144,6 +159,13 @@ def test_a_llama_mul_mat_alone_is_fed_the_reference_and_its_weight_from_the_mode
         assert fed["Qcur-0"][0]["buffer"] == fed["ffn_out-0"][0]["buffer"]
         for key in ("Qcur-0:0", "ffn_out-0:0"):
             np.testing.assert_array_equal(dump.tensor_by_key(key), reference.tensor_by_key(key))
+        # layer 0's residual add, norm, gate/up and SwiGLU as one sub-graph, fed the reference's attention output:
+        # the reference's own ffn_swiglu-0 again, bit for bit (the same kernels on the same inputs)
+        ranged = dump.provenance["raw_header"]["isolation"]["ranges"]["ffn_swiglu-0"]
+        assert ranged[0] == "ffn_inp-0" and {"ffn_norm-0", "ffn_gate-0", "ffn_up-0"} <= set(ranged)
+        fed_range = {f["src"]: f["from"] for f in fed["ffn_swiglu-0"]}
+        assert fed_range["attn_out-0"] == "inject" and fed_range["blk.0.ffn_gate.weight"] == "gguf"
+        np.testing.assert_array_equal(dump.tensor_by_key("ffn_swiglu-0:0"), reference.tensor_by_key("ffn_swiglu-0:0"))
         # numpy: the reference's attn_norm-0 (f16-rounded, ggml's vec_dot_type) times the GGUF's weight
         norm = reference.tensor_by_key("attn_norm-0:0")
         q = norm.astype(np.float16).astype(np.float64) @ w["blk.0.attn_q.weight"].astype(np.float64).T
@@ -164,10 +186,13 @@ def test_nodes_that_compute_nothing_alone_are_refused_in_one_line(llama_runs, gg
         types = dict(zip(dump.layers["key"], dump.layers["op_type"]))
     reshape = next(k for k, t in types.items() if t == "RESHAPE")
     store = next(k for k, t in types.items() if t == "SET_ROWS")
-    for key, words in ((reshape, "is a view of another tensor"), (store, "writes into another tensor in place")):
+    through_cache = "Kcur-0:0..kq-0:0"  # a sub-graph with the K cache store inside: it writes into the cache
+    assert {"Kcur-0:0", "kq-0:0"} <= set(types)
+    for key, words in ((reshape, "is a view of another tensor"), (store, "writes into another tensor in place"),
+                       (through_cache, "writes into another tensor in place")):
         proc = _isolate(ggml_binary, tmp_path / "o", ggml_samples["tinyllama"], ref, "high", key)
         last = proc.stderr.strip().splitlines()[-1]
-        assert proc.returncode == 1 and words in last and key.removesuffix(":0") in last, proc.stderr[-1000:]
+        assert proc.returncode == 1 and words in last and key.split("..")[0].removesuffix(":0") in last, proc.stderr[-1000:]
         assert "Traceback" not in proc.stderr
     assert not list((tmp_path / "o").glob("*.h5"))
 
@@ -185,3 +210,20 @@ def test_the_harness_takes_inject_and_target_only_together(ggml_binary, ggml_sam
     proc = subprocess.run(base + ["--out", str(tmp_path / "o2"), "--inject", str(missing), "--target", "conv.mul_mat"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "conv.reshape is not in the inject dump" in proc.stderr, proc.stderr
+
+
+def test_two_targets_ending_at_one_node_and_ranges_elsewhere_are_refused(ggml_binary, ggml_samples, tmp_path):
+    from layerdiff.collector.inputs.modelfiles import resolve_model
+    from layerdiff.collector.run.isolate import isolate
+    from layerdiff.collector.transport.devices import LocalDevice
+    from layerdiff.errors import UsageError
+    from tests.conftest import MODELS
+
+    proc = subprocess.run([str(ggml_binary), "--engine", "ggml", "--model", str(ggml_samples["conv2d"]),
+                           "--input", f"x={ggml_samples['conv_small']}", "--out", str(tmp_path / "o"), "--inject",
+                           str(tmp_path), "--target", "conv.out", "--target", "conv.im2col..conv.out"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "both end at node conv.out" in proc.stderr, proc.stderr
+    with pytest.raises(UsageError, match="FIRST..LAST .* needs an engine that rebuilds graphs"):  # ncnn: layer by layer
+        isolate(LocalDevice(), resolve_model(MODELS / "convnet.param"), "cpu", "low", tmp_path / "none.h5",
+                ["stem/conv:0..block1/add:0"], tmp_path)

@@ -45,7 +45,7 @@ ATTACHED_COLUMNS = ["isolated_status", "isolated_rel_l2", "isolated_max_abs", "i
                     "isolated_reasons", "isolated_file"]
 TABLE_COLUMNS = ["run", "pair", "position", "key", "op_type", "status", "rel_l2", "max_abs", "sqnr_db",
                  "isolated_status", "isolated_reasons", *(f"isolated_{m}" for m in ISOLATED_METRICS),
-                 "isolated_nonfinite_new", "reference_peak", "isolated_fed_overflow", "isolated_fed", "isolation",
+                 "isolated_nonfinite_new", "reference_peak", "isolated_fed_overflow", "isolated_fed", "isolated_range", "isolation",
                  "isolated_file", "isolated_reference", "isolated_setting"]
 
 
@@ -224,7 +224,19 @@ def _measure_layer(iso: Run, reference: Run, layer: dict, kernel: PairKernel, th
     row["isolated_nonfinite_new"] = int(metrics["n_nan_new"] + metrics["n_posinf_new"] + metrics["n_neginf_new"])
     row["reference_peak"] = max(abs(float(ref_row["min"])), abs(float(ref_row["max"])))
     row["isolated_fed_overflow"], row["isolated_fed"] = fed_overflow(iso, key)
+    row["isolated_range"] = isolated_range(iso, key)
     return row
+
+
+def isolated_range(iso: Run, key: str) -> str:
+    """'' for a layer run alone; for the output of a sub-graph isolated as one piece (ggml's FIRST..LAST), its
+    nodes: 'conv.im2col .. conv.out (7 nodes)'."""
+    isolation = raw_header(iso).get("isolation")
+    ranges = isolation.get("ranges") if isinstance(isolation, dict) else None
+    nodes = ranges.get(key.removesuffix(":0")) if isinstance(ranges, dict) else None
+    if not isinstance(nodes, list) or len(nodes) < 2:
+        return ""
+    return f"{nodes[0]} .. {nodes[-1]} ({len(nodes)} nodes)"
 
 
 def fed_overflow(iso: Run, key: str) -> tuple[int, str]:
@@ -283,7 +295,9 @@ def attach_isolated(table: pd.DataFrame, isolation: Isolation) -> None:
 
 def isolation_finding(r: dict) -> Finding:
     """One sentence per isolated layer: the kernel is off, or the layer is fine given correct inputs."""
-    alone = (f"layer {r['key']} ({r['op_type']}) run alone on {r['isolated_setting']} with the reference's own inputs")
+    subgraph = r.get("isolated_range") or ""
+    what = f"the sub-graph {subgraph}, output {r['key']} ({r['op_type']})," if subgraph else f"layer {r['key']} ({r['op_type']})"
+    alone = f"{what} run alone on {r['isolated_setting']} with the reference's own inputs"
     cumulative = (f"in the full run it {r['status']}s with rel L2 {_g(r['rel_l2'])}" if r["status"] in MEASURED
                   else "the full run did not compare it")
     if r["isolation"] == "kernel":
@@ -291,7 +305,10 @@ def isolation_finding(r: dict) -> Finding:
         size = (f"{nonfinite} NaN/Inf values" if nonfinite else
                 f"rel L2 {_g(r['isolated_rel_l2'])} (max abs {_g(r['isolated_max_abs'])})")
         why = _cause(r) or (f" ({r['isolated_reasons']})" if r["isolated_reasons"] else "")
-        sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s, so the kernel itself is off by "
+        if subgraph:  # its output's range says nothing about which node made the error
+            why = f"; isolate its nodes one by one, from {subgraph.split(' ')[0]} on, to name the op"
+        kernel = "a kernel inside it is" if subgraph else "the kernel itself is"
+        sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s, so {kernel} off by "
                     f"{size} at this precision{why}; {cumulative}.")
         severity = r["isolated_status"]
     elif r["isolation"] == "input_type":
@@ -314,7 +331,7 @@ def isolation_finding(r: dict) -> Finding:
                **{f"isolated_{m}": r[f"isolated_{m}"] for m in ISOLATED_METRICS},
                "cumulative_status": r["status"], "cumulative_rel_l2": r["rel_l2"], "cumulative_max_abs": r["max_abs"],
                "position": r["position"], "isolated_file": r["isolated_file"], "reference": r["isolated_reference"],
-               "fed_overflow": int(r.get("isolated_fed_overflow") or 0)}
+               "fed_overflow": int(r.get("isolated_fed_overflow") or 0), "range": r.get("isolated_range") or ""}
     return Finding(FindingKind.ISOLATION, r["run"], r["key"], r["op_type"], sentence, severity=severity, numbers=numbers)
 
 

@@ -22,6 +22,7 @@ from layerdiff.collector.sweep.outdir_lock import OutdirLock
 from layerdiff.collector.run.pipeline import RunOutcome, RunSpec, check_run_options, collect_run
 
 ISOLATE_PREFIX = "isolated_"
+RANGE = ".."  # --layer FIRST..LAST: the layers between, isolated as one sub-graph (ggml)
 
 
 def target_inputs(ref: DumpFile, keys: list[str]) -> dict[str, list[str]]:
@@ -35,12 +36,33 @@ def target_inputs(ref: DumpFile, keys: list[str]) -> dict[str, list[str]]:
     by_name = {row.name: row for row in layers.itertuples()}
     out: dict[str, list[str]] = {}
     for key in keys:
-        row = by_key.get(key) or by_key.get(f"{key}:0")
-        if row is None:
-            raise InputError(f"{ref.path}: no layer {key!r} in the reference; `analyze inspect {ref.path}` lists them")
+        if RANGE in key:
+            first, last = (_row(ref, by_key, side) for side in key.split(RANGE, 1))
+            out[f"{first.key}{RANGE}{last.key}"] = range_inputs(layers, first.order, last.order, key, ref.path)
+            continue
+        row = _row(ref, by_key, key)
         direct = json.loads(row.inputs)
         out[row.key] = list(dict.fromkeys(direct + _through_rasters(direct, by_name)))
     return out
+
+
+def _row(ref: DumpFile, by_key: dict, key: str):
+    row = by_key.get(key) or by_key.get(f"{key}:0")
+    if row is None:
+        raise InputError(f"{ref.path}: no layer {key!r} in the reference; `analyze inspect {ref.path}` lists them")
+    return row
+
+
+def range_inputs(layers, first: int, last: int, key: str, path: Path) -> list[str]:
+    """What the layers first..last (execution order) read from outside the range: a sub-graph such as the
+    convolution ggml builds on an IM2COL (IM2COL, reshapes, MUL_MAT, ...) isolated as one piece."""
+    if last < first:
+        raise InputError(f"{path}: --layer {key}: the range's last layer runs before its first; name it FIRST..LAST "
+                         "in execution order")
+    inside = layers[(layers["order"] >= first) & (layers["order"] <= last)]
+    made = set(inside["name"])
+    needed = [name for inputs in inside["inputs"] for name in json.loads(inputs) if name not in made]
+    return list(dict.fromkeys(needed))
 
 
 def _through_rasters(names: list[str], by_name: dict) -> list[str]:
@@ -87,11 +109,14 @@ def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref
     check_run_options(threads, 1, deadline_s, None, None)
     if not keys:
         raise UsageError("no layer to isolate; pass --layer KEY (or --failing-from REPORT_DIR)")
+    rebuilds = ENGINES[model.engine].isolate_rebuilds_graph
+    if not rebuilds and any(RANGE in key for key in keys):
+        raise UsageError(f"--layer FIRST..LAST (a sub-graph) needs an engine that rebuilds graphs (ggml), not "
+                         f"{model.engine}; name the layers one by one")
     with DumpFile(ref_path) as ref:
         if ref.attrs.get("model_sha256") and ref.attrs["model_sha256"] != model.sha256:
             raise InputError(f"{ref_path} was made with another model than {model.name}; isolate against its own reference")
         targets = target_inputs(ref, keys)
-        rebuilds = ENGINES[model.engine].isolate_rebuilds_graph
         arrays = dict(ref.inputs()) if rebuilds else {}  # the graph is rebuilt on the reference's own input
         if rebuilds and not arrays:
             raise InputError(f"{ref_path}: the reference keeps no model input, and {model.engine} rebuilds the graph "

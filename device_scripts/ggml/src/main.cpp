@@ -126,45 +126,44 @@ int run_with(Runner& runner, const Options& o, ModelInput& input, const GgmlPrec
 // targets are recorded; then each runs alone (node_isolate.h) and only those outputs are dumped.
 template <typename Runner>
 int isolate_with(Runner& runner, const Options& o, ModelInput& input, const GgmlPrecision& precision) {
-    InjectSource source(o.inject_dir);
-    std::vector<std::string> names;
+    std::vector<IsolationTarget> targets;
+    std::map<std::string, std::string> outputs;  // each output node once: the dump keys tensors by name
     for (const std::string& key : o.targets) {
-        std::string op;
-        int index = 0;
-        split_tensor_key(key, &op, &index);
-        if (index != 0) bad("--target " + key + ": a ggml node has one output (:0)");
-        names.push_back(op);
+        targets.push_back(parse_target(key));
+        auto taken = outputs.emplace(targets.back().last, key);
+        if (!taken.second) bad("--target " + key + " and --target " + taken.first->second + " both end at node " +
+                               targets.back().last + "; isolate them in separate runs");
     }
-    NodeRecorder recorder(names, o.models[0]);
+    InjectSource source(o.inject_dir);  // after the targets: the arguments first, then the files
+    NodeRecorder recorder(targets, o.models[0]);
     runner.open(o.models[0], o.backend, precision, o.threads);
     RunFacts facts = runner.prepare(&input, &recorder);
     std::vector<IsolatedNode> nodes;
     std::map<std::string, int64_t> per_buffer;
     double total = 0;
-    for (const std::string& name : names) {
-        nodes.push_back(run_isolated(recorder.recipe(name), source, o.backend, o.threads));
+    for (size_t i = 0; i < recorder.size(); ++i) {
+        nodes.push_back(run_isolated(recorder.target(i), source, o.backend, o.threads));
         per_buffer[nodes.back().buffer]++;
         total += nodes.back().ms;
     }
     facts.backends_actual = backend_words(per_buffer);
-    DumpWriter writer(o.out, limits_from(o), static_cast<int64_t>(names.size()));
+    DumpWriter writer(o.out, limits_from(o), static_cast<int64_t>(nodes.size()));
     std::vector<std::string> quoted;
     for (const std::string& key : o.targets) quoted.push_back(json_quote(key));
-    std::string header = header_json(o, facts, input, 0, {{"mode", json_quote("isolate")}, {"targets", json_array(quoted)},
-                                                           {"inject", json_quote(base_name(o.inject_dir))},
-                                                           {"isolation", isolation_json(nodes, names)}});
-    writer.write_header(header);
-    for (size_t i = 0; i < nodes.size(); ++i) {
+    writer.write_header(header_json(o, facts, input, 0, {{"mode", json_quote("isolate")}, {"targets", json_array(quoted)},
+                                                         {"inject", json_quote(base_name(o.inject_dir))},
+                                                         {"isolation", isolation_json(nodes)}}));
+    for (const IsolatedNode& node : nodes) {
         TensorInfo info;
-        info.op = info.name = names[i];
-        info.op_type = recorder.recipe(names[i]).op_desc;
-        info.inputs = nodes[i].inputs;
-        info.shape = nodes[i].shape;
-        info.dtype = nodes[i].dtype;
-        info.layout = "ggml/" + nodes[i].type + "@" + nodes[i].buffer;
-        info.memory = nodes[i].buffer.find("CPU") == 0 || nodes[i].buffer.find("_Host") != std::string::npos ? "host" : "device";
-        info.time_ms = nodes[i].ms;
-        writer.write(info, nodes[i].bytes.data(), nodes[i].bytes.size());
+        info.op = info.name = node.name;
+        info.op_type = node.op_desc;
+        info.inputs = node.inputs;
+        info.shape = node.shape;
+        info.dtype = node.dtype;
+        info.layout = "ggml/" + node.type + "@" + node.buffer;
+        info.memory = node.buffer.rfind("CPU", 0) == 0 || node.buffer.find("_Host") != std::string::npos ? "host" : "device";
+        info.time_ms = node.ms;
+        writer.write(info, node.bytes.data(), node.bytes.size());
     }
     writer.write_footer(total);
     return kExitOk;
@@ -210,7 +209,7 @@ const char* usage() {
            "                      --input tokens=IDS.npy | prompt=TEXT.txt | prompt=UTF8.npy | x=X.npy\n"
            "                      --backend cpu|opencl|vulkan --precision low|normal|high\n"
            "                      --out DIR [--threads N] [--layers REGEX] [--max-bytes N] [--repeat N] [--abort-after K]\n"
-           "                      [--inject DIR --target NODE [--target NODE ...]]   (the input: the reference run's own)\n"
+           "                      [--inject DIR --target NODE|FIRST..LAST ...]   (the input: the reference run's own)\n"
            "       layerdiff-ggml --version | --probe\n";
 }
 

@@ -19,68 +19,10 @@
 namespace ld {
 namespace {
 
-bool is_view_op(ggml_op op) {
-    return op == GGML_OP_VIEW || op == GGML_OP_RESHAPE || op == GGML_OP_PERMUTE || op == GGML_OP_TRANSPOSE;
-}
-
 std::string shape_text(const int64_t* ne) {
     std::string out = "[";
     for (int d = GGML_MAX_DIMS - 1; d >= 0; --d) out += std::to_string(ne[d]) + (d ? ", " : "]");
     return out;
-}
-
-// Why `t` cannot run alone ("" when it can): views and in-place writes compute nothing of their own.
-std::string refusal_for(const ggml_tensor* t, const std::string& name) {
-    std::string op = ggml_op_desc(t);
-    if (t->view_src != nullptr && is_view_op(t->op)) {
-        return "node " + name + " (" + op + ") is a view of another tensor and computes nothing; isolate the node that reads it";
-    }
-    if (t->view_src != nullptr) {
-        return "node " + name + " (" + op + ") writes into another tensor in place (" + std::string(t->view_src->name) +
-               "); isolate the node that reads what it wrote";
-    }
-    if (!ggml_is_contiguous(t)) return "node " + name + " (" + op + ") has a strided output that a one-node graph cannot reproduce";
-    return "";
-}
-
-// The CPU backend's "extra" buffers hold weights rearranged for this CPU and cannot be read back (ggml leaves
-// their get_tensor unset): a weight there is taken from the GGUF file instead, anything else is refused.
-bool unreadable_buffer(const ggml_backend_buffer_t buffer) {
-    std::string name = ggml_backend_buffer_name(buffer);
-    for (const char* extra : {"REPACK", "AMX", "KLEIDIAI", "IME"}) {
-        if (name.find(extra) != std::string::npos) return true;
-    }
-    return false;
-}
-
-// A src as the isolated graph gets it: a graph node's from the inject dump; a weight's bytes from the GGUF
-// (the stored type and layout, whatever buffer the run moved it to); another leaf's bytes as the run held them.
-NodeSource source_of(const ggml_tensor* src, int slot, const std::string& edge, bool made_by_node,
-                     const GgufTensors& gguf, std::string* refusal) {
-    NodeSource s;
-    s.slot = slot;
-    s.name = edge;
-    s.from = made_by_node ? "inject" : "run";
-    s.type = src->type;
-    std::memcpy(s.ne, src->ne, sizeof s.ne);
-    if (made_by_node) {
-        if (src->type == GGML_TYPE_I32 || src->type == GGML_TYPE_I64) {
-            *refusal = "it reads " + edge + ", an integer tensor another node made, which an inject dump (float32) cannot carry";
-        }
-        return s;
-    }
-    if (gguf.read(edge, src->type, ggml_nbytes(src), &s.bytes)) {
-        s.from = "gguf";
-        s.buft = src->buffer ? ggml_backend_buffer_get_type(src->buffer) : nullptr;
-        return s;
-    }
-    if (src->buffer == nullptr || src->data == nullptr || !ggml_is_contiguous(src) || unreadable_buffer(src->buffer)) {
-        *refusal = "its input " + edge + " is neither a graph node, a weight of the GGUF, nor a readable tensor of the run";
-        return s;
-    }
-    s.bytes.resize(ggml_nbytes(src));
-    ggml_backend_tensor_get(const_cast<ggml_tensor*>(src), s.bytes.data(), 0, s.bytes.size());
-    return s;
 }
 
 int64_t elements(const int64_t* ne) {
@@ -147,122 +89,103 @@ using Context = std::unique_ptr<ggml_context, void (*)(ggml_context*)>;
 
 }  // namespace
 
-GgufTensors::GgufTensors(const std::string& path) : path_(path) {
-    gguf_init_params params{true, nullptr};
-    gguf_ = gguf_init_from_file(path.c_str(), params);
-}
+namespace {
 
-GgufTensors::~GgufTensors() {
-    if (gguf_) gguf_free(gguf_);
-}
-
-bool GgufTensors::read(const std::string& name, ggml_type type, size_t nbytes, std::vector<char>* out) const {
-    int64_t id = gguf_ == nullptr ? -1 : gguf_find_tensor(gguf_, name.c_str());
-    if (id < 0 || gguf_get_tensor_type(gguf_, id) != type || gguf_get_tensor_size(gguf_, id) != nbytes) return false;
-    out->resize(nbytes);
-    FILE* file = std::fopen(path_.c_str(), "rb");
-    long offset = static_cast<long>(gguf_get_data_offset(gguf_) + gguf_get_tensor_offset(gguf_, id));
-    bool ok = file && std::fseek(file, offset, SEEK_SET) == 0 && std::fread(out->data(), 1, nbytes, file) == nbytes;
-    if (file) std::fclose(file);
-    if (!ok) throw HarnessError(kExitModel, path_ + ": cannot read tensor " + name + " (truncated GGUF?)");
-    return true;
-}
-
-NodeRecorder::NodeRecorder(const std::vector<std::string>& names, const std::string& model_path) : gguf_(model_path) {
-    for (const std::string& name : names) {
-        recipes_[name].name = name;
-        seen_[name] = false;
-    }
-}
-
-void NodeRecorder::record(const ggml_tensor* t, const std::string& name, const std::vector<std::string>& edges,
-                          const std::vector<bool>& made_by_node) {
-    NodeRecipe& r = recipes_[name];
-    seen_[name] = true;
-    r.op = t->op;
-    r.op_desc = ggml_op_desc(t);
-    std::memcpy(r.op_params, t->op_params, sizeof r.op_params);
-    r.type = t->type;
-    std::memcpy(r.ne, t->ne, sizeof r.ne);
-    r.refusal = refusal_for(t, name);
-    size_t k = 0;
-    for (int i = 0; i < GGML_MAX_SRC && r.refusal.empty(); ++i) {
-        if (t->src[i] == nullptr) continue;
-        std::string why;
-        r.srcs.push_back(source_of(t->src[i], i, edges[k], made_by_node[k], gguf_, &why));
-        ++k;
-        if (!why.empty()) r.refusal = "node " + name + " (" + ggml_op_desc(t) + ") cannot run alone: " + why;
-    }
-}
-
-const NodeRecipe& NodeRecorder::recipe(const std::string& name) const {
-    auto found = recipes_.find(name);
-    if (found == recipes_.end() || !seen_.at(name)) {
-        throw HarnessError(kExitBadArgs, "--target " + name + ": no node of that name in this model's graph on this input; "
-                                         "`analyze inspect` on the reference lists the node names");
-    }
-    if (!found->second.refusal.empty()) throw HarnessError(kExitBadArgs, "--target " + name + ": " + found->second.refusal);
-    return found->second;
-}
-
-IsolatedNode run_isolated(const NodeRecipe& r, const InjectSource& source, const std::string& backend, int threads) {
-    Backends backends(backend, threads);
-    ggml_init_params ip{ggml_tensor_overhead() * (GGML_MAX_SRC + 2) + ggml_graph_overhead(), nullptr, true};
-    std::map<ggml_backend_buffer_type_t, Context> leaves;  // by buffer type: the weights where the run held them
-    Context nodes(ggml_init(ip), ggml_free);  // the node: the scheduler places it on the backend that can run it
-    ggml_tensor* dst = ggml_new_tensor(nodes.get(), r.type, GGML_MAX_DIMS, r.ne);
-    IsolatedNode out;
-    std::vector<std::pair<ggml_tensor*, std::vector<char>>> fills;
-    for (const NodeSource& s : r.srcs) {
-        ggml_backend_buffer_type_t buft = s.buft ? s.buft : ggml_backend_get_default_buffer_type(backends.list.front());
-        if (!leaves.count(buft)) leaves.emplace(buft, Context(ggml_init(ip), ggml_free));
-        ggml_tensor* leaf = ggml_new_tensor(leaves.at(buft).get(), s.type, GGML_MAX_DIMS, s.ne);
+// The outside sources of a target, each once, as leaves (weights in the buffer type the run held them in).
+class Leaves {
+public:
+    Leaves(ggml_backend_buffer_type_t fallback, size_t bytes) : fallback_(fallback), bytes_(bytes) {}
+    ~Leaves() { for (ggml_backend_buffer_t b : buffers_) ggml_backend_buffer_free(b); }
+    ggml_tensor* get(const NodeSource& s, const InjectSource& source, const std::string& key, IsolatedNode* out) {
+        auto found = by_name_.find(s.name);
+        if (found != by_name_.end()) return found->second;
+        ggml_backend_buffer_type_t buft = s.buft ? s.buft : fallback_;
+        if (!contexts_.count(buft)) contexts_.emplace(buft, Context(ggml_init({bytes_, nullptr, true}), ggml_free));
+        ggml_tensor* leaf = ggml_new_tensor(contexts_.at(buft).get(), s.type, GGML_MAX_DIMS, s.ne);
         ggml_set_name(leaf, s.name.c_str());
         ggml_set_input(leaf);
-        dst->src[s.slot] = leaf;
         FedSource fed;
         fed.name = s.name;
         fed.from = s.from;
         fed.type = ggml_type_name(s.type);
         fed.buffer = ggml_backend_buft_name(buft);
         fed.values = elements(s.ne);
-        fills.emplace_back(leaf, s.from == "inject" ? injected(s, source, r.name, &fed) : s.bytes);
-        out.inputs.push_back(s.name);
-        out.fed.push_back(fed);
+        fills_.emplace_back(leaf, s.from == "inject" ? injected(s, source, key, &fed) : s.bytes);
+        out->inputs.push_back(s.name);
+        out->fed.push_back(fed);
+        by_name_[s.name] = leaf;
+        return leaf;
     }
-    dst->op = r.op;
-    std::memcpy(dst->op_params, r.op_params, sizeof r.op_params);
-    ggml_set_name(dst, r.name.c_str());
+    void allocate_and_fill() {
+        for (const auto& entry : contexts_) buffers_.push_back(ggml_backend_alloc_ctx_tensors_from_buft(entry.second.get(), entry.first));
+        for (const auto& fill : fills_) ggml_backend_tensor_set(fill.first, fill.second.data(), 0, fill.second.size());
+    }
+
+private:
+    ggml_backend_buffer_type_t fallback_;
+    size_t bytes_;
+    std::map<ggml_backend_buffer_type_t, Context> contexts_;
+    std::map<std::string, ggml_tensor*> by_name_;
+    std::vector<std::pair<ggml_tensor*, std::vector<char>>> fills_;
+    std::vector<ggml_backend_buffer_t> buffers_;
+};
+
+// One recorded node in `ctx`: a view of its (rebuilt) src[0] with the run's strides, or a new tensor; then the
+// run's op, op_params and srcs.
+ggml_tensor* rebuild(ggml_context* ctx, const NodeRecipe& r, const std::vector<ggml_tensor*>& srcs) {
+    ggml_tensor* t = r.view ? ggml_view_4d(ctx, srcs[0], r.ne[0], r.ne[1], r.ne[2], r.ne[3], r.nb[1], r.nb[2], r.nb[3], r.offset)
+                            : ggml_new_tensor(ctx, r.type, GGML_MAX_DIMS, r.ne);
+    t->op = r.op;
+    std::memcpy(t->op_params, r.op_params, sizeof r.op_params);
+    for (int i = 0; i < GGML_MAX_SRC; ++i) t->src[i] = nullptr;
+    for (size_t i = 0; i < r.srcs.size(); ++i) t->src[r.srcs[i].slot] = srcs[i];
+    ggml_set_name(t, r.name.c_str());
+    return t;
+}
+
+}  // namespace
+
+IsolatedNode run_isolated(const IsolationTarget& target, const InjectSource& source, const std::string& backend, int threads) {
+    Backends backends(backend, threads);
+    size_t bytes = ggml_tensor_overhead() * (target.nodes.size() * (GGML_MAX_SRC + 1) + 2) + ggml_graph_overhead();
+    Leaves leaves(ggml_backend_get_default_buffer_type(backends.list.front()), bytes);
+    Context nodes(ggml_init({bytes, nullptr, true}), ggml_free);  // the scheduler places them on the backend that can run them
+    IsolatedNode out;
+    std::vector<ggml_tensor*> built;
+    for (const NodeRecipe& r : target.nodes) {
+        std::vector<ggml_tensor*> srcs;
+        for (const NodeSource& s : r.srcs) srcs.push_back(s.from == "graph" ? built.at(s.node) : leaves.get(s, source, target.key, &out));
+        built.push_back(rebuild(nodes.get(), r, srcs));
+        out.range.push_back(r.name);
+    }
+    ggml_tensor* dst = built.back();
     ggml_set_output(dst);
     ggml_cgraph* graph = ggml_new_graph(nodes.get());
     ggml_build_forward_expand(graph, dst);
-    std::vector<ggml_backend_buffer_t> buffers;
-    for (const auto& entry : leaves) buffers.push_back(ggml_backend_alloc_ctx_tensors_from_buft(entry.second.get(), entry.first));
-    for (const auto& fill : fills) ggml_backend_tensor_set(fill.first, fill.second.data(), 0, fill.second.size());
+    leaves.allocate_and_fill();
     ggml_backend_sched_t sched = ggml_backend_sched_new(backends.list.data(), nullptr, static_cast<int>(backends.list.size()),
                                                         GGML_DEFAULT_GRAPH_SIZE, false, true);
     double start = monotonic_ms();
     ggml_status status = ggml_backend_sched_graph_compute(sched, graph);
     out.ms = monotonic_ms() - start;
     bool read = status == GGML_STATUS_SUCCESS && read_node(dst, &out.bytes, &out.shape, &out.dtype);
-    out.type = ggml_type_name(r.type);
+    out.name = target.nodes.back().name;
+    out.op_desc = target.nodes.back().op_desc;
+    out.type = ggml_type_name(dst->type);
     out.buffer = dst->buffer ? ggml_backend_buffer_name(dst->buffer) : "none";
     ggml_backend_sched_free(sched);
-    for (ggml_backend_buffer_t buffer : buffers) {
-        if (buffer) ggml_backend_buffer_free(buffer);
-    }
     if (!read) {
-        throw HarnessError(kExitRun, "--target " + r.name + ": ggml could not compute " + ggml_op_name(r.op) + " alone on --backend " +
-                                         backend + " (status " + std::to_string(static_cast<int>(status)) + ")");
+        throw HarnessError(kExitRun, "--target " + target.key + ": ggml could not compute it alone on --backend " + backend +
+                                         " (status " + std::to_string(static_cast<int>(status)) + ")");
     }
     return out;
 }
 
-std::string isolation_json(const std::vector<IsolatedNode>& nodes, const std::vector<std::string>& names) {
-    JsonObject fed;
-    for (size_t i = 0; i < nodes.size(); ++i) {
+std::string isolation_json(const std::vector<IsolatedNode>& nodes) {
+    JsonObject fed, ranges;
+    for (const IsolatedNode& node : nodes) {
         std::vector<std::string> items;
-        for (const FedSource& s : nodes[i].fed) {
+        for (const FedSource& s : node.fed) {
             JsonObject item;
             item.add("src", s.name).add("from", s.from).add("type", s.type).add("buffer", s.buffer).add("values", s.values);
             if (s.from == "inject") {
@@ -270,13 +193,16 @@ std::string isolation_json(const std::vector<IsolatedNode>& nodes, const std::ve
             }
             items.push_back(item.str());
         }
-        fed.add_raw(names[i], json_array(items));
+        fed.add_raw(node.name, json_array(items));
+        if (node.range.size() > 1) ranges.add(node.name, node.range);
     }
     return JsonObject()
-        .add("how", std::string("one-node graph rebuilt from the run's own graph on the reference's input (op, op_params, "
-                                "types, shapes); inputs made by graph nodes from the inject dump, converted to the type "
-                                "the node reads at this precision; weights from the GGUF, other leaves as the run held them"))
+        .add("how", std::string("the target's nodes rebuilt from the run's own graph on the reference's input (op, op_params, "
+                                "types, shapes, view strides); inputs made by other graph nodes from the inject dump, "
+                                "converted to the type the node reads at this precision; weights from the GGUF in the "
+                                "buffer type the run used, other leaves as the run held them"))
         .add_raw("fed", fed.str())
+        .add_raw("ranges", ranges.str())
         .str();
 }
 
