@@ -298,7 +298,8 @@ def isolation_finding(r: dict) -> Finding:
     subgraph = r.get("isolated_range") or ""
     what = f"the sub-graph {subgraph}, output {r['key']} ({r['op_type']})," if subgraph else f"layer {r['key']} ({r['op_type']})"
     alone = f"{what} run alone on {r['isolated_setting']} with the reference's own inputs"
-    cumulative = (f"in the full run it {r['status']}s with rel L2 {_g(r['rel_l2'])}" if r["status"] in MEASURED
+    verb = "passes" if r["status"] == "pass" else f"{r['status']}s"
+    cumulative = (f"in the full run it {verb} with rel L2 {_g(r['rel_l2'])}" if r["status"] in MEASURED
                   else "the full run did not compare it")
     if r["isolation"] == "kernel":
         nonfinite = int(r["isolated_n_nonfinite_mismatch"] or 0)
@@ -320,7 +321,7 @@ def isolation_finding(r: dict) -> Finding:
         severity = Severity.INFO
     elif r["isolation"] == "upstream":
         sentence = (f"Isolation in {r['run']}: {alone} passes (rel L2 {_g(r['isolated_rel_l2'])}, max abs "
-                    f"{_g(r['isolated_max_abs'])}), so this layer is fine given correct inputs; the error comes from "
+                    f"{_g(r['isolated_max_abs'])}), so this {'sub-graph' if subgraph else 'layer'} is fine given correct inputs; the error comes from "
                     f"upstream ({cumulative}).")
         severity = Severity.INFO
     else:
