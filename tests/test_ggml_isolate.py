@@ -227,3 +227,16 @@ def test_two_targets_ending_at_one_node_and_ranges_elsewhere_are_refused(ggml_bi
     with pytest.raises(UsageError, match="FIRST..LAST .* needs an engine that rebuilds graphs"):  # ncnn: layer by layer
         isolate(LocalDevice(), resolve_model(MODELS / "convnet.param"), "cpu", "low", tmp_path / "none.h5",
                 ["stem/conv:0..block1/add:0"], tmp_path)
+
+
+def test_failing_from_a_report_leaves_out_what_ggml_cannot_run_alone(llama_runs, ggml_binary, ggml_samples, tmp_path):
+    """cpu/low of tinyllama first departs at the K cache store (SET_ROWS, in place): `--failing-from` says it
+    leaves that out rather than failing on it; with nothing else flagged, one line asks for --layer."""
+    proc = _cli(ggml_binary, llama_runs / "ggml_cpu_high_tinyllama_tokens.h5", llama_runs / "ggml_cpu_low_tinyllama_tokens.h5",
+                "-o", tmp_path / "rep", analyze=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _cli(ggml_binary, "isolate", "--model", ggml_samples["tinyllama"], "--backend", "cpu", "--precision", "low",
+                "--ref", llama_runs / "ggml_cpu_high_tinyllama_tokens.h5", "--failing-from", tmp_path / "rep",
+                "-o", tmp_path / "iso")
+    assert "leaving out cache_k_l0 (view):0 (SET_ROWS)" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 1 and "no layer to isolate" in proc.stderr.strip().splitlines()[-1]

@@ -63,6 +63,9 @@ class Engine:
     # run's own input with `--inject` (the graph's shapes follow from it), and reads the weights a node takes
     # from the model: only the activations the targets read travel in the inject dump.
     isolate_rebuilds_graph: bool = False
+    # Op types its isolation refuses (ggml: views compute nothing, KV cache stores write in place):
+    # `collect isolate --failing-from` leaves layers of these types out, saying so, instead of failing.
+    not_isolatable: tuple[str, ...] = ()
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     @property

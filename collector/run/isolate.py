@@ -136,6 +136,17 @@ def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref
                 return collect_run(device, spec, out_dir, force=force)
 
 
+def isolatable(ref_path: Path, keys: list[str], refused: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(kept, left out): `keys` without the layers whose op type in the reference the engine cannot run alone
+    (`Engine.not_isolatable`); left out as 'key (OP_TYPE)' for the one line that says so."""
+    if not refused:
+        return keys, []
+    with DumpFile(ref_path) as ref:
+        types = dict(zip(ref.layers["key"], ref.layers["op_type"]))
+    dropped = [f"{key} ({types[key]})" for key in keys if types.get(key) in refused]
+    return [key for key in keys if types.get(key) not in refused], dropped
+
+
 def failing_layers(report_dir: Path, backend: str, precision: str) -> list[str]:
     """Layers the analyzer's report (`results.json`) flagged in runs of this backend and precision."""
     path = Path(report_dir) / "results.json"
