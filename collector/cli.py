@@ -17,7 +17,7 @@ from layerdiff.vocabulary import PRECISIONS, backends_help
 from layerdiff.errors import EXIT_SOME_SKIPPED, DeviceError, InputError, Interrupted, LayerdiffError, StorageError, os_error_line
 from layerdiff.collector.inputs.inputset import resolve_inputs
 from layerdiff.collector.inputs.modelfiles import ENGINES, input_shapes, resolve_model
-from layerdiff.collector.run.isolate import failing_layers, isolate
+from layerdiff.collector.run.isolate import failing_layers, isolatable, isolate
 from layerdiff.collector.inputs.preprocess import parse_preprocess
 from layerdiff.collector.harness.prepare import prepare_devices
 from layerdiff.collector.sweep.plan import parse_configs, resolve_devices, split_list
@@ -201,7 +201,7 @@ def isolate_command(
     backend: str = typer.Option(..., "--backend", "-b", callback=choices(BACKENDS, "backend")),
     precision: str = typer.Option(..., "--precision", "-p", callback=choices(PRECISIONS, "precision")),
     ref: Path = typer.Option(..., "--ref", help="the reference run's HDF5 (its tensors feed the layers)"),
-    layer: List[str] = typer.Option(None, "--layer", "-l", help="layer key to isolate, e.g. block3/conv:0 (repeatable)"),
+    layer: List[str] = typer.Option(None, "--layer", "-l", help="layer key to isolate, e.g. block3/conv:0; ggml also FIRST..LAST, those layers as one sub-graph (repeatable)"),
     failing_from: Optional[Path] = typer.Option(None, "--failing-from", help="a report dir: isolate every layer it flagged"),
     out: Path = typer.Option(Path("runs"), "--out", "-o"),
     adb_server: List[str] = typer.Option(None, "--adb-server"),
@@ -210,11 +210,16 @@ def isolate_command(
 ) -> None:
     """Re-run single layers on a backend, fed with the reference run's own input tensors."""
     keys = list(layer or [])
+    files = resolve_model(model, engine)
     if failing_from is not None:
-        keys += [k for k in failing_layers(failing_from, backend, precision) if k not in keys]
+        flagged, dropped = isolatable(ref, failing_layers(failing_from, backend, precision),
+                                      ENGINES[files.engine].not_isolatable)
+        if dropped:
+            print(f"isolate: leaving out {', '.join(dropped)}: {files.engine} cannot run these alone (a view computes "
+                  "nothing, a store writes in place); their consumers show the same error", file=sys.stderr)
+        keys += [k for k in flagged if k not in keys]
     target = resolve_devices([device], adb_server or [])[0]
-    outcome = isolate(target, resolve_model(model, engine), backend, precision, ref, keys, out,
-                      force=force, deadline_s=deadline)
+    outcome = isolate(target, files, backend, precision, ref, keys, out, force=force, deadline_s=deadline)
     paths = ", ".join(str(p) for p in outcome.paths)
     if outcome.status == RunStatus.FAILED:
         raise DeviceError(f"{target.serial}: isolation failed: {outcome.message}")

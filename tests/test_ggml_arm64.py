@@ -73,3 +73,39 @@ def test_a_core_without_fp16_is_refused_in_one_line(ggml_samples, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "needs ARMv8.2 fp16, which cortex-a53 lacks" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_seed_004_isolated_on_the_emulated_phone_cpu(arm64_binary, ggml_binary, ggml_samples, tmp_path):
+    """`collect isolate --device arm64`: the aarch64 build under qemu rebuilds IM2COL and MUL_MAT from its own
+    graph; fed the ARM cpu/high reference, IM2COL's f16 output overflows exactly where numpy says (ARM's fp16
+    conversion rounds as x86's does) and MUL_MAT's f16 input is named, as on the x86 CPU."""
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
+
+    out = tmp_path / "runs"
+    env = {**os.environ, "LAYERDIFF_GGML_BINARY": str(ggml_binary)}
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", "arm64", "--model",
+                           str(ggml_samples["conv2d"]), "--input", str(ggml_samples["conv_large"]), "--backend", "cpu",
+                           "--precision", "high,normal", "-o", str(out), "--no-report"],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "isolate", "--device", "arm64", "--model",
+                           str(ggml_samples["conv2d"]), "--backend", "cpu", "--precision", "normal", "--ref",
+                           str(out / "ggml_cpu_high_conv2d_large.h5"), "--layer", "conv.im2col:0", "--layer",
+                           "conv.mul_mat:0", "-o", str(out)], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    x = np.load(ggml_samples["conv_large"])
+    xp = np.pad(x[0].astype(np.float64), ((0, 0), (1, 1), (1, 1)))
+    cols = np.stack([xp[:, ky:ky + 32, kx:kx + 32] for ky in range(3) for kx in range(3)], axis=1)
+    with np.errstate(over="ignore"):
+        overflow = int(np.isinf(cols.astype(np.float16)).sum())
+    [iso] = out.glob("isolated_*.h5")
+    with DumpFile(iso) as dump:
+        assert dump.attrs["abi"] == "arm64-v8a"
+        assert int((~np.isfinite(dump.tensor_by_key("conv.im2col:0"))).sum()) == overflow > 1000
+        assert dump.provenance["raw_header"]["isolation"]["fed"]["conv.mul_mat"][0]["overflow"] == overflow
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(out), "-o", str(tmp_path / "rep"),
+                           "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = next(r for r in json.loads(proc.stdout)["runs"] if r["run"].endswith("cpu/normal"))
+    verdicts = {f["layer"]: f["numbers"]["verdict"] for f in run["findings"] if f["kind"] == "isolation"}
+    assert verdicts == {"conv.im2col:0": "kernel", "conv.mul_mat:0": "input_type"}

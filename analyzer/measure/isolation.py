@@ -26,6 +26,7 @@ from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
+from layerdiff.analyzer.findings.observability import raw_header
 from layerdiff.analyzer.measure.metrics import PairKernel
 from layerdiff.analyzer.formats.rawdump import sha256_file
 from layerdiff.analyzer.runs.reference import Plan
@@ -44,8 +45,8 @@ ATTACHED_COLUMNS = ["isolated_status", "isolated_rel_l2", "isolated_max_abs", "i
                     "isolated_reasons", "isolated_file"]
 TABLE_COLUMNS = ["run", "pair", "position", "key", "op_type", "status", "rel_l2", "max_abs", "sqnr_db",
                  "isolated_status", "isolated_reasons", *(f"isolated_{m}" for m in ISOLATED_METRICS),
-                 "isolated_nonfinite_new", "reference_peak", "isolation", "isolated_file", "isolated_reference",
-                 "isolated_setting"]
+                 "isolated_nonfinite_new", "reference_peak", "isolated_fed_overflow", "isolated_fed", "isolated_range", "isolation",
+                 "isolated_file", "isolated_reference", "isolated_setting"]
 
 
 @dataclass
@@ -222,7 +223,36 @@ def _measure_layer(iso: Run, reference: Run, layer: dict, kernel: PairKernel, th
     row.update({f"isolated_{m}": metrics[m] for m in ISOLATED_METRICS})
     row["isolated_nonfinite_new"] = int(metrics["n_nan_new"] + metrics["n_posinf_new"] + metrics["n_neginf_new"])
     row["reference_peak"] = max(abs(float(ref_row["min"])), abs(float(ref_row["max"])))
+    row["isolated_fed_overflow"], row["isolated_fed"] = fed_overflow(iso, key)
+    row["isolated_range"] = isolated_range(iso, key)
     return row
+
+
+def isolated_range(iso: Run, key: str) -> str:
+    """'' for a layer run alone; for the output of a sub-graph isolated as one piece (ggml's FIRST..LAST), its
+    nodes: 'conv.im2col .. conv.out (7 nodes)'."""
+    isolation = raw_header(iso).get("isolation")
+    ranges = isolation.get("ranges") if isinstance(isolation, dict) else None
+    nodes = ranges.get(key.removesuffix(":0")) if isinstance(ranges, dict) else None
+    if not isinstance(nodes, list) or len(nodes) < 2:
+        return ""
+    return f"{nodes[0]} .. {nodes[-1]} ({len(nodes)} nodes)"
+
+
+def fed_overflow(iso: Run, key: str) -> tuple[int, str]:
+    """Reference values the layer's own input type could not hold, as the harness counted them.
+
+    Why: ggml's harness feeds an isolated node its inputs in the type the node reads them at this
+    precision (f16 where the graph makes them f16), so a reference value above 65504 enters as Inf and
+    the NaN that follows is the input's type, not the node's kernel. Returns (count, a clause naming them).
+    """
+    isolation = raw_header(iso).get("isolation")
+    fed = isolation.get("fed") if isinstance(isolation, dict) else None
+    entries = (fed.get(key.removesuffix(":0")) or fed.get(key) or []) if isinstance(fed, dict) else []
+    lost = [e for e in entries if isinstance(e, dict) and isinstance(e.get("overflow"), (int, float)) and e["overflow"] > 0]
+    clauses = [f"{e.get('src')} as {e.get('type')} ({int(e['overflow'])} of its {int(e.get('values') or 0)} reference "
+               f"values, up to {float(e.get('reference_peak') or 0):.4g}, are beyond that type's range)" for e in lost]
+    return sum(int(e["overflow"]) for e in lost), "; ".join(clauses)
 
 
 def _unmeasured(row: dict, status: str, problem: str, problems: list[str]) -> dict:
@@ -237,13 +267,14 @@ def _add_cumulative(row: dict, run_label: str, pair_index: int, cumulative: dict
     if cumulative is not None:
         row.update({k: cumulative[k] for k in ("position", "status", "rel_l2", "max_abs", "sqnr_db")})
     if row["isolated_status"] in MEASURED:
-        row["isolation"] = blame(row["isolated_status"], row["status"])
+        row["isolation"] = blame(row["isolated_status"], row["status"], int(row.get("isolated_fed_overflow") or 0))
 
 
-def blame(isolated_status: str, cumulative_status: str) -> str:
-    """`kernel`: off even alone; `upstream`: clean alone but off in the full run; `clean`: fine both ways."""
+def blame(isolated_status: str, cumulative_status: str, fed_overflow: int = 0) -> str:
+    """`kernel`: off even alone; `input_type`: off alone only because its input's type cannot hold the
+    reference's values (fed_overflow of them); `upstream`: clean alone but off in the full run; `clean`."""
     if isolated_status in ("warn", "fail"):
-        return "kernel"
+        return "input_type" if fed_overflow > 0 else "kernel"
     return "upstream" if cumulative_status in ("warn", "fail") else "clean"
 
 
@@ -264,20 +295,33 @@ def attach_isolated(table: pd.DataFrame, isolation: Isolation) -> None:
 
 def isolation_finding(r: dict) -> Finding:
     """One sentence per isolated layer: the kernel is off, or the layer is fine given correct inputs."""
-    alone = (f"layer {r['key']} ({r['op_type']}) run alone on {r['isolated_setting']} with the reference's own inputs")
-    cumulative = (f"in the full run it {r['status']}s with rel L2 {_g(r['rel_l2'])}" if r["status"] in MEASURED
+    subgraph = r.get("isolated_range") or ""
+    what = f"the sub-graph {subgraph}, output {r['key']} ({r['op_type']})," if subgraph else f"layer {r['key']} ({r['op_type']})"
+    alone = f"{what} run alone on {r['isolated_setting']} with the reference's own inputs"
+    verb = "passes" if r["status"] == "pass" else f"{r['status']}s"
+    cumulative = (f"in the full run it {verb} with rel L2 {_g(r['rel_l2'])}" if r["status"] in MEASURED
                   else "the full run did not compare it")
     if r["isolation"] == "kernel":
         nonfinite = int(r["isolated_n_nonfinite_mismatch"] or 0)
         size = (f"{nonfinite} NaN/Inf values" if nonfinite else
                 f"rel L2 {_g(r['isolated_rel_l2'])} (max abs {_g(r['isolated_max_abs'])})")
         why = _cause(r) or (f" ({r['isolated_reasons']})" if r["isolated_reasons"] else "")
-        sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s, so the kernel itself is off by "
+        if subgraph:  # its output's range says nothing about which node made the error
+            why = f"; isolate its nodes one by one, from {subgraph.split(' ')[0]} on, to name the op"
+        kernel = "a kernel inside it is" if subgraph else "the kernel itself is"
+        sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s, so {kernel} off by "
                     f"{size} at this precision{why}; {cumulative}.")
         severity = r["isolated_status"]
+    elif r["isolation"] == "input_type":
+        nonfinite = int(r["isolated_n_nonfinite_mismatch"] or 0)
+        size = f"{nonfinite} NaN/Inf values" if nonfinite else f"rel L2 {_g(r['isolated_rel_l2'])}"
+        sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s ({size}), but not by its own "
+                    f"kernel: it reads {r['isolated_fed']}, the type its input has at this precision, so those values "
+                    f"enter as Inf; the cause is that input's type (where it is made), not this op; {cumulative}.")
+        severity = Severity.INFO
     elif r["isolation"] == "upstream":
         sentence = (f"Isolation in {r['run']}: {alone} passes (rel L2 {_g(r['isolated_rel_l2'])}, max abs "
-                    f"{_g(r['isolated_max_abs'])}), so this layer is fine given correct inputs; the error comes from "
+                    f"{_g(r['isolated_max_abs'])}), so this {'sub-graph' if subgraph else 'layer'} is fine given correct inputs; the error comes from "
                     f"upstream ({cumulative}).")
         severity = Severity.INFO
     else:
@@ -287,7 +331,8 @@ def isolation_finding(r: dict) -> Finding:
     numbers = {"verdict": r["isolation"], "isolated_status": r["isolated_status"],
                **{f"isolated_{m}": r[f"isolated_{m}"] for m in ISOLATED_METRICS},
                "cumulative_status": r["status"], "cumulative_rel_l2": r["rel_l2"], "cumulative_max_abs": r["max_abs"],
-               "position": r["position"], "isolated_file": r["isolated_file"], "reference": r["isolated_reference"]}
+               "position": r["position"], "isolated_file": r["isolated_file"], "reference": r["isolated_reference"],
+               "fed_overflow": int(r.get("isolated_fed_overflow") or 0), "range": r.get("isolated_range") or ""}
     return Finding(FindingKind.ISOLATION, r["run"], r["key"], r["op_type"], sentence, severity=severity, numbers=numbers)
 
 

@@ -58,6 +58,14 @@ class Engine:
     # the input a UTF-8 text file goes to (`--input prompt=FILE.txt`): staged as its uint8 bytes, in
     # place of the model's declared inputs (the harness records the ids that ran).
     prompt_input: str | None = None
+    # An engine whose isolation rebuilds the target node from the model's own graph (ggml: graphs are built
+    # in code, so the harness builds the whole graph once and cuts the node out) is given the reference
+    # run's own input with `--inject` (the graph's shapes follow from it), and reads the weights a node takes
+    # from the model: only the activations the targets read travel in the inject dump.
+    isolate_rebuilds_graph: bool = False
+    # Op types its isolation refuses (ggml: views compute nothing, KV cache stores write in place):
+    # `collect isolate --failing-from` leaves layers of these types out, saying so, instead of failing.
+    not_isolatable: tuple[str, ...] = ()
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     @property

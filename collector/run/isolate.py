@@ -14,6 +14,7 @@ from pathlib import Path
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import InputError, NothingToCompareError, UsageError
 from layerdiff.analyzer.formats.rawdump import RawDumpWriter, sha256_file
+from layerdiff.collector.engines import ENGINES
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
@@ -21,6 +22,7 @@ from layerdiff.collector.sweep.outdir_lock import OutdirLock
 from layerdiff.collector.run.pipeline import RunOutcome, RunSpec, check_run_options, collect_run
 
 ISOLATE_PREFIX = "isolated_"
+RANGE = ".."  # --layer FIRST..LAST: the layers between, isolated as one sub-graph (ggml)
 
 
 def target_inputs(ref: DumpFile, keys: list[str]) -> dict[str, list[str]]:
@@ -34,12 +36,33 @@ def target_inputs(ref: DumpFile, keys: list[str]) -> dict[str, list[str]]:
     by_name = {row.name: row for row in layers.itertuples()}
     out: dict[str, list[str]] = {}
     for key in keys:
-        row = by_key.get(key) or by_key.get(f"{key}:0")
-        if row is None:
-            raise InputError(f"{ref.path}: no layer {key!r} in the reference; `analyze inspect {ref.path}` lists them")
+        if RANGE in key:
+            first, last = (_row(ref, by_key, side) for side in key.split(RANGE, 1))
+            out[f"{first.key}{RANGE}{last.key}"] = range_inputs(layers, first.order, last.order, key, ref.path)
+            continue
+        row = _row(ref, by_key, key)
         direct = json.loads(row.inputs)
         out[row.key] = list(dict.fromkeys(direct + _through_rasters(direct, by_name)))
     return out
+
+
+def _row(ref: DumpFile, by_key: dict, key: str):
+    row = by_key.get(key) or by_key.get(f"{key}:0")
+    if row is None:
+        raise InputError(f"{ref.path}: no layer {key!r} in the reference; `analyze inspect {ref.path}` lists them")
+    return row
+
+
+def range_inputs(layers, first: int, last: int, key: str, path: Path) -> list[str]:
+    """What the layers first..last (execution order) read from outside the range: a sub-graph such as the
+    convolution ggml builds on an IM2COL (IM2COL, reshapes, MUL_MAT, ...) isolated as one piece."""
+    if last < first:
+        raise InputError(f"{path}: --layer {key}: the range's last layer runs before its first; name it FIRST..LAST "
+                         "in execution order")
+    inside = layers[(layers["order"] >= first) & (layers["order"] <= last)]
+    made = set(inside["name"])
+    needed = [name for inputs in inside["inputs"] for name in json.loads(inputs) if name not in made]
+    return list(dict.fromkeys(needed))
 
 
 def _through_rasters(names: list[str], by_name: dict) -> list[str]:
@@ -53,8 +76,13 @@ def _through_rasters(names: list[str], by_name: dict) -> list[str]:
     return resolved
 
 
-def write_inject_dump(ref: DumpFile, targets: dict[str, list[str]], out_dir: Path) -> Path:
-    """A raw dump holding only the reference tensors the targets consume, plus the target map."""
+def write_inject_dump(ref: DumpFile, targets: dict[str, list[str]], out_dir: Path, *,
+                      weights_in_model: bool = False) -> Path:
+    """A raw dump holding only the reference tensors the targets consume, plus the target map.
+
+    `weights_in_model` (ggml): a target's edges also name the weights it reads, which are in the model,
+    not in the reference; names the reference has neither as a layer nor as an input are left to the
+    harness (it refuses, naming the input, if one of them was not a weight after all)."""
     needed = list(dict.fromkeys(name for names in targets.values() for name in names))
     layers = ref.layers.set_index("name", drop=False)
     model_inputs = dict(ref.inputs())
@@ -66,6 +94,8 @@ def write_inject_dump(ref: DumpFile, targets: dict[str, list[str]], out_dir: Pat
             array, op, op_type = ref.tensor(int(row["order"])), row["op"], row["op_type"]
         elif name in model_inputs:
             array, op, op_type = model_inputs[name], name, "Input"
+        elif weights_in_model:
+            continue
         else:
             raise InputError(f"{ref.path}: the reference has no tensor {name!r} that a target consumes")
         writer.add(op=op, op_type=op_type, array=array, name=name)
@@ -79,14 +109,22 @@ def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref
     check_run_options(threads, 1, deadline_s, None, None)
     if not keys:
         raise UsageError("no layer to isolate; pass --layer KEY (or --failing-from REPORT_DIR)")
+    rebuilds = ENGINES[model.engine].isolate_rebuilds_graph
+    if not rebuilds and any(RANGE in key for key in keys):
+        raise UsageError(f"--layer FIRST..LAST (a sub-graph) needs an engine that rebuilds graphs (ggml), not "
+                         f"{model.engine}; name the layers one by one")
     with DumpFile(ref_path) as ref:
         if ref.attrs.get("model_sha256") and ref.attrs["model_sha256"] != model.sha256:
             raise InputError(f"{ref_path} was made with another model than {model.name}; isolate against its own reference")
         targets = target_inputs(ref, keys)
+        arrays = dict(ref.inputs()) if rebuilds else {}  # the graph is rebuilt on the reference's own input
+        if rebuilds and not arrays:
+            raise InputError(f"{ref_path}: the reference keeps no model input, and {model.engine} rebuilds the graph "
+                             "on it; isolate against a dump that `collect` made")
         with tempfile.TemporaryDirectory(prefix="layerdiff-inject-") as tmp:
-            inject = write_inject_dump(ref, targets, Path(tmp) / "inject")
+            inject = write_inject_dump(ref, targets, Path(tmp) / "inject", weights_in_model=rebuilds)
             spec = RunSpec(
-                model, backend, precision, InputSet(Path(ref_path).stem, {}, str(ref_path)), threads=threads,
+                model, backend, precision, InputSet(Path(ref_path).stem, arrays, str(ref_path)), threads=threads,
                 deadline_s=deadline_s, prefix=ISOLATE_PREFIX,
                 extra_args=["--inject", "{run_dir}/inject"] + [a for key in targets for a in ("--target", key)],
                 placed_files={f"inject/{f.name}": f for f in sorted(inject.iterdir())},
@@ -96,6 +134,17 @@ def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref
             )
             with OutdirLock(out_dir):
                 return collect_run(device, spec, out_dir, force=force)
+
+
+def isolatable(ref_path: Path, keys: list[str], refused: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(kept, left out): `keys` without the layers whose op type in the reference the engine cannot run alone
+    (`Engine.not_isolatable`); left out as 'key (OP_TYPE)' for the one line that says so."""
+    if not refused:
+        return keys, []
+    with DumpFile(ref_path) as ref:
+        types = dict(zip(ref.layers["key"], ref.layers["op_type"]))
+    dropped = [f"{key} ({types[key]})" for key in keys if types.get(key) in refused]
+    return [key for key in keys if types.get(key) not in refused], dropped
 
 
 def failing_layers(report_dir: Path, backend: str, precision: str) -> list[str]:

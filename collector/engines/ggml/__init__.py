@@ -34,4 +34,6 @@ def _phone_harness(abi: str, backend: str) -> Path:
 
 
 ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vulkan"), prebuild=_prebuild,
-                arm64_harness=_arm64_harness, prompt_input="prompt", on_phones=True, phone_harness=_phone_harness)
+                arm64_harness=_arm64_harness, prompt_input="prompt", on_phones=True, phone_harness=_phone_harness,
+                isolate_rebuilds_graph=True,
+                not_isolatable=("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"))

@@ -28,7 +28,8 @@ from layerdiff.collector.harness.buildprogress import BuildReporter, default_rep
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendor/llama.cpp is built (ggml 0.25.3)
 GGML_DIR = DEVICE_SCRIPTS / "ggml"
-SHARED_SOURCES = ("options", "engine", "npy", "sha256", "json", "dump_writer", "sysutil")  # harness/src, reused
+SHARED_SOURCES = ("options", "engine", "npy", "sha256", "json", "json_read", "inject_source", "dump_writer",
+                  "sysutil")  # harness/src, reused
 BUILD_MINUTES = {"host": 8, "aarch64": 10, "android": 12}  # measured on 2 busy cores: host CPU-only 7.3 min
 # What ggml's Vulkan CMake needs beyond a compiler (Debian package -> what it provides): checked before a
 # --vulkan build starts, so a missing one is one line naming the packages, not a CMake trace minutes in.
@@ -54,7 +55,7 @@ def sources_digest() -> str:
     files = sorted(p for p in GGML_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".md")
     harness = DEVICE_SCRIPTS / "harness" / "src"
     files += [harness / f"{name}{ext}" for name in SHARED_SOURCES for ext in (".cpp", ".h")]
-    files += [harness / "errors.h", harness / "inject_source.h", harness / "engine.h", DEVICE_SCRIPTS / "build_common.sh"]
+    files += [harness / "errors.h", DEVICE_SCRIPTS / "build_common.sh"]
     for path in files:
         digest.update(str(path.relative_to(DEVICE_SCRIPTS)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()

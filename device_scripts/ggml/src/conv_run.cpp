@@ -77,13 +77,14 @@ void ConvRun::open(const std::string& model_path, const std::string& backend, co
     dilation_ = int_key(gguf_, "layerdiff.conv2d.dilation", 1);
 }
 
-RunFacts ConvRun::prepare(ModelInput* input) {
+RunFacts ConvRun::prepare(ModelInput* input, NodeRecorder* recorder) {
     if (input->name != "x" || input->values.empty() || input->shape.size() != 4 || input->shape[0] != 1 ||
         input->shape[1] != kernel_->ne[2]) {
         throw HarnessError(kExitRun, "the convolution graph takes one float32 input x of shape [1, " +
                                          std::to_string(kernel_->ne[2]) + ", H, W] (from " + input->file + ")");
     }
     dumper_ = new NodeDumper(nullptr);
+    dumper_->set_recorder(recorder);
     compute(*input, nullptr, dumper_);  // placement pass: the backends the scheduler really used
     RunFacts facts;
     facts.engine_version = std::string("ggml ") + ggml_version() + " (" + LAYERDIFF_GGML_SOURCE + ")";

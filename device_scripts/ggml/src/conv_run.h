@@ -22,7 +22,8 @@ class ConvRun {
 public:
     ~ConvRun();
     void open(const std::string& model_path, const std::string& backend, const GgmlPrecision& precision, int threads);
-    RunFacts prepare(ModelInput* input);
+    // `recorder` (--inject): the target nodes are recorded during the placement pass.
+    RunFacts prepare(ModelInput* input, class NodeRecorder* recorder = nullptr);
     double run(const ModelInput& input, DumpWriter& out);
 
 private:

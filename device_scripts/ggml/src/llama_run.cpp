@@ -62,7 +62,7 @@ void LlamaRun::open(const std::string& model_path, const std::string& backend, c
     }
 }
 
-RunFacts LlamaRun::prepare(ModelInput* input) {
+RunFacts LlamaRun::prepare(ModelInput* input, NodeRecorder* recorder) {
     const llama_vocab* vocab = llama_model_get_vocab(model_);
     if (input->name == "prompt") {
         int n = -llama_tokenize(vocab, input->text.data(), static_cast<int32_t>(input->text.size()), nullptr, 0, true, true);
@@ -86,6 +86,7 @@ RunFacts LlamaRun::prepare(ModelInput* input) {
     cp.cb_eval = NodeDumper::callback;
     cp.no_perf = true;
     dumper_.reset(new NodeDumper(nullptr));
+    dumper_->set_recorder(recorder);
     cp.cb_eval_user_data = dumper_.get();
     ctx_ = llama_init_from_model(model_, cp);
     if (ctx_ == nullptr) {
@@ -94,6 +95,7 @@ RunFacts LlamaRun::prepare(ModelInput* input) {
     }
     decode(*input, nullptr);  // placement pass: which backends the scheduler really used, and how many nodes
     const NodeDumper& placement = *dumper_;
+    dumper_->set_recorder(nullptr);
     llama_memory_clear(llama_get_memory(ctx_), true);
 
     char desc[256];

@@ -22,8 +22,9 @@ public:
     // Loads the model for the backend/precision. Throws HarnessError: kExitModel, kExitBackend.
     void open(const std::string& model_path, const std::string& backend, const GgmlPrecision& precision, int threads);
     // Tokenizes a prompt (the model's tokenizer) and checks ids; then a placement pass that dumps
-    // nothing tells which backends the nodes run on. Throws HarnessError(kExitRun/kExitBadArgs).
-    RunFacts prepare(ModelInput* input);
+    // nothing tells which backends the nodes run on (and, with a `recorder` (--inject), records the
+    // target nodes). Throws HarnessError(kExitRun/kExitBadArgs).
+    RunFacts prepare(ModelInput* input, class NodeRecorder* recorder = nullptr);
     double run(const ModelInput& input, DumpWriter& out);
 
 private:

@@ -5,6 +5,7 @@
 // uint8 .npy of its UTF-8 bytes), or x=X.npy (float32) for a convolution graph.
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <memory>
 #include <new>
 #include <string>
@@ -19,6 +20,7 @@
 #include "llama.h"
 #include "llama_run.h"
 #include "node_dump.h"
+#include "node_isolate.h"
 #include "options.h"
 #include "sha256.h"
 #include "sysutil.h"
@@ -54,11 +56,11 @@ void validate(const Options& o) {
     if (!known_backend(o.backend)) bad("--backend must be cpu, opencl or vulkan, got '" + o.backend + "'");
     if (!known_precision(o.precision)) bad("--precision must be low, normal or high, got '" + o.precision + "'");
     if (o.models.size() != 1) bad("ggml needs exactly one --model FILE.gguf");
-    if (o.inputs.size() != 1) bad("ggml needs one --input: tokens=IDS.npy, prompt=TEXT.txt or x=X.npy");
-    if (!o.inject_dir.empty() || !o.targets.empty() || !o.replace.empty()) {
-        bad("--inject/--target/--replace are not supported by the ggml engine; isolate an op with a "
-            "layerdiff.conv2d GGUF (samples/ggml_models.py) run on the input you want instead");
+    if (o.inputs.size() != 1) {
+        bad("ggml needs one --input: tokens=IDS.npy, prompt=TEXT.txt or x=X.npy (with --inject: the reference run's own input)");
     }
+    if (!o.replace.empty()) bad("--replace is not supported by the ggml engine; isolate the node with --inject DIR --target KEY");
+    if (o.inject_dir.empty() != o.targets.empty()) bad("--inject DIR and --target KEY go together");
     if (!file_readable(o.inputs[0].second)) bad("cannot read input file " + o.inputs[0].second);
     if (o.out.empty()) bad("--out DIR is required");
     if (!dir_absent_or_empty(o.out)) bad("output directory " + o.out + " is not empty: choose a new --out");
@@ -71,7 +73,9 @@ void validate(const Options& o) {
     }
 }
 
-std::string header_json(const Options& o, const RunFacts& facts, const ModelInput& input, int repeat_index) {
+// `extra`: more header fields, values already JSON (an isolation's mode, targets, inject, isolation).
+std::string header_json(const Options& o, const RunFacts& facts, const ModelInput& input, int repeat_index,
+                        const std::vector<std::pair<std::string, std::string>>& extra = {}) {
     uint64_t size = 0;
     std::string digest = sha256_file(o.models[0], &size);
     std::string model = json_array({JsonObject().add("file", base_name(o.models[0])).add("sha256", digest)
@@ -88,6 +92,7 @@ std::string header_json(const Options& o, const RunFacts& facts, const ModelInpu
         .add("harness", std::string(kName) + " " + LAYERDIFF_HARNESS_VERSION)
         .add("started", iso_utc_now()).add_raw("options", facts.options_json);
     if (o.repeat > 1) header.add("repeat", repeat_index);
+    for (const auto& field : extra) header.add_raw(field.first, field.second);
     return header.str();
 }
 
@@ -117,6 +122,53 @@ int run_with(Runner& runner, const Options& o, ModelInput& input, const GgmlPrec
     return kExitOk;
 }
 
+// --inject DIR --target KEY: the whole graph runs once on the reference's input (nothing dumped) while the
+// targets are recorded; then each runs alone (node_isolate.h) and only those outputs are dumped.
+template <typename Runner>
+int isolate_with(Runner& runner, const Options& o, ModelInput& input, const GgmlPrecision& precision) {
+    std::vector<IsolationTarget> targets;
+    std::map<std::string, std::string> outputs;  // each output node once: the dump keys tensors by name
+    for (const std::string& key : o.targets) {
+        targets.push_back(parse_target(key));
+        auto taken = outputs.emplace(targets.back().last, key);
+        if (!taken.second) bad("--target " + key + " and --target " + taken.first->second + " both end at node " +
+                               targets.back().last + "; isolate them in separate runs");
+    }
+    InjectSource source(o.inject_dir);  // after the targets: the arguments first, then the files
+    NodeRecorder recorder(targets, o.models[0]);
+    runner.open(o.models[0], o.backend, precision, o.threads);
+    RunFacts facts = runner.prepare(&input, &recorder);
+    std::vector<IsolatedNode> nodes;
+    std::map<std::string, int64_t> per_buffer;
+    double total = 0;
+    for (size_t i = 0; i < recorder.size(); ++i) {
+        nodes.push_back(run_isolated(recorder.target(i), source, o.backend, o.threads));
+        per_buffer[nodes.back().buffer]++;
+        total += nodes.back().ms;
+    }
+    facts.backends_actual = backend_words(per_buffer);
+    DumpWriter writer(o.out, limits_from(o), static_cast<int64_t>(nodes.size()));
+    std::vector<std::string> quoted;
+    for (const std::string& key : o.targets) quoted.push_back(json_quote(key));
+    writer.write_header(header_json(o, facts, input, 0, {{"mode", json_quote("isolate")}, {"targets", json_array(quoted)},
+                                                         {"inject", json_quote(base_name(o.inject_dir))},
+                                                         {"isolation", isolation_json(nodes)}}));
+    for (const IsolatedNode& node : nodes) {
+        TensorInfo info;
+        info.op = info.name = node.name;
+        info.op_type = node.op_desc;
+        info.inputs = node.inputs;
+        info.shape = node.shape;
+        info.dtype = node.dtype;
+        info.layout = "ggml/" + node.type + "@" + node.buffer;
+        info.memory = node.buffer.rfind("CPU", 0) == 0 || node.buffer.find("_Host") != std::string::npos ? "host" : "device";
+        info.time_ms = node.ms;
+        writer.write(info, node.bytes.data(), node.bytes.size());
+    }
+    writer.write_footer(total);
+    return kExitOk;
+}
+
 int run(const Options& o) {
     validate(o);
     if (!file_readable(o.models[0])) throw HarnessError(kExitModel, "cannot read model file " + o.models[0] + ": check the path");
@@ -126,15 +178,16 @@ int run(const Options& o) {
     if (o.backend == "vulkan") choose_vulkan_device();
     llama_backend_init();
     std::string arch = gguf_architecture(o.models[0]);
+    bool isolating = !o.inject_dir.empty();
     if (arch.rfind("layerdiff.conv2d", 0) == 0) {
         ConvRun conv;
-        return run_with(conv, o, input, precision);
+        return isolating ? isolate_with(conv, o, input, precision) : run_with(conv, o, input, precision);
     }
     if (input.name != "tokens" && input.name != "prompt") {
         bad("a language model takes --input tokens=IDS.npy or --input prompt=TEXT.txt, not '" + input.name + "'");
     }
     LlamaRun model;
-    return run_with(model, o, input, precision);
+    return isolating ? isolate_with(model, o, input, precision) : run_with(model, o, input, precision);
 }
 
 std::string version_line() {
@@ -156,6 +209,7 @@ const char* usage() {
            "                      --input tokens=IDS.npy | prompt=TEXT.txt | prompt=UTF8.npy | x=X.npy\n"
            "                      --backend cpu|opencl|vulkan --precision low|normal|high\n"
            "                      --out DIR [--threads N] [--layers REGEX] [--max-bytes N] [--repeat N] [--abort-after K]\n"
+           "                      [--inject DIR --target NODE|FIRST..LAST ...]   (the input: the reference run's own)\n"
            "       layerdiff-ggml --version | --probe\n";
 }
 

@@ -5,6 +5,7 @@
 #include "errors.h"
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "node_isolate.h"
 
 namespace ld {
 
@@ -65,6 +66,9 @@ void NodeDumper::dump(ggml_tensor* t) {
     ++seen_;
     std::string name = unique_name(t);
     std::string buffer = t->buffer ? ggml_backend_buffer_name(t->buffer) : "none";
+    if (recorder_ != nullptr && recorder_->wants(name)) record(t, name);
+    bool stores = t->view_src != nullptr && (t->op == GGML_OP_SET_ROWS || t->op == GGML_OP_CPY);
+    if (stores && (writer_ == nullptr || writer_->wants(name))) last_writer_[view_root(t)] = name;
     if (writer_ == nullptr) {  // placement pass
         buffers_.insert(buffer);
         per_buffer_[buffer]++;
@@ -78,7 +82,6 @@ void NodeDumper::dump(ggml_tensor* t) {
     for (int i = 0; i < GGML_MAX_SRC; ++i) {
         if (t->src[i] != nullptr) info.inputs.push_back(edge_name(t->src[i]));
     }
-    if (t->view_src != nullptr && (t->op == GGML_OP_SET_ROWS || t->op == GGML_OP_CPY)) last_writer_[view_root(t)] = name;
     bool host = t->buffer == nullptr || ggml_backend_buffer_is_host(t->buffer);
     info.memory = host ? "host" : "device";
     // layout: "ggml/<type>@<buffer>": the node's own ggml type (widened to the dump dtype) and the buffer
@@ -91,6 +94,25 @@ void NodeDumper::dump(ggml_tensor* t) {
     }
     types_[ggml_type_name(t->type)]++;
     writer_->write(info, bytes.data(), bytes.size());
+}
+
+// A src made by a graph node (its value can come from the reference), not a weight or model input: an op,
+// a KV cache some node stored into, or the scheduler's copy of a node for another backend.
+bool NodeDumper::made_by_node(const ggml_tensor* src) const {
+    if (src->op != GGML_OP_NONE || names_.count(src) || last_writer_.count(src)) return true;
+    std::string base = strip_copy_name(src->name);
+    return base != src->name && name_uses_.count(base) != 0;
+}
+
+void NodeDumper::record(const ggml_tensor* t, const std::string& name) {
+    std::vector<std::string> edges;
+    std::vector<bool> made;
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        if (t->src[i] == nullptr) continue;
+        edges.push_back(edge_name(t->src[i]));
+        made.push_back(made_by_node(t->src[i]));
+    }
+    recorder_->record(t, name, edges, made);
 }
 
 namespace {

@@ -14,6 +14,8 @@ struct ggml_tensor;
 
 namespace ld {
 
+class NodeRecorder;
+
 class NodeDumper {
 public:
     // writer nullptr: a placement pass (every node asked for, its buffer recorded, nothing copied).
@@ -29,14 +31,19 @@ public:
     int64_t nodes_seen() const { return seen_; }
     // Before each graph: names restart (the next graph reuses tensor memory), counters stay.
     void start(DumpWriter* writer) { writer_ = writer; names_.clear(); name_uses_.clear(); last_writer_.clear(); }
+    // --inject: while the graph runs (placement pass), hand the target nodes to `recorder` as they are computed.
+    void set_recorder(NodeRecorder* recorder) { recorder_ = recorder; }
 
 private:
     bool ask(ggml_tensor* t);
     void dump(ggml_tensor* t);
     std::string unique_name(const ggml_tensor* t);
     std::string edge_name(const ggml_tensor* src);
+    bool made_by_node(const ggml_tensor* src) const;
+    void record(const ggml_tensor* t, const std::string& name);
 
     DumpWriter* writer_;
+    NodeRecorder* recorder_ = nullptr;
     std::map<const ggml_tensor*, std::string> names_;  // node -> its unique dump name
     std::map<std::string, int> name_uses_;             // llama.cpp reuses names (Qcur-0 thrice)
     std::map<const ggml_tensor*, std::string> last_writer_;  // a KV cache tensor -> the node that last wrote into it
