@@ -71,7 +71,7 @@ def _mismatched(pair: Pair, rows: pd.DataFrame) -> list[Finding]:
     return [Finding(FindingKind.LAYOUT_MISMATCH, pair.other.label, first["key"], first["op_type"],
                     f"{len(hit)} layer(s) of {pair.other.label} were not compared with {pair.base.label} because "
                     f"their recorded layouts differ ({named(list(hit['key']))}: {first['reasons']}); a difference "
-                    "of byte order says nothing about an op, so no verdict or blame is drawn from them.",
+                    "of byte order or basis says nothing about an op, so no verdict or blame is drawn from them.",
                     severity=Severity.WARN, numbers={"layers": int(len(hit)), "position": int(first["position"])})]
 
 

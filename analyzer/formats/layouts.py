@@ -7,7 +7,10 @@ order depend on the rank and the producer (`NCHW`, `NC`, `HW`, `NCDHW`, `flat`, 
 from older dumps and foreign importers); all of them mean the same bytes order. A layout string may
 add, after ` (`, how the engine itself held the tensor (`NCHW (MNN NC4HW4)`): that is provenance,
 not the bytes. Two tensors are compared only when their bytes' orders are the same: a packed or
-channels-last tensor set against a plain one would blame an op for a relabelling.
+channels-last tensor set against a plain one would blame an op for a relabelling. The ggml harness
+records `ggml/<type>@<buffer>` (provenance: C-order bytes) and, before it, a representation llama.cpp
+uses in some configurations only: `rotated basis` (a quantized KV cache stores K and V, and attention
+computes, multiplied by a rotation) and `V cache transposed` (no flash attention).
 """
 from __future__ import annotations
 

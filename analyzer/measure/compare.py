@@ -182,9 +182,9 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
     other_layout = pair.other.stats_by_order().layout(match["other_order"])
     if layouts_differ(base_layout, other_layout):
         row.update(status="layout_mismatch",
-                   reasons=f"not compared: the run's bytes are {bytes_layout(other_layout)}, the reference's "
-                           f"{bytes_layout(base_layout)} (recorded layouts differ; comparing them would blame an op "
-                           "for a relabelling)")
+                   reasons=f"not compared: the run holds these values as {bytes_layout(other_layout)}, the "
+                           f"reference as {bytes_layout(base_layout)} (recorded layouts differ; comparing them would "
+                           "blame an op for a relabelling)")
         return
     other_tensor, error = _read(pair.other, match["other_order"], buffer)
     if error:

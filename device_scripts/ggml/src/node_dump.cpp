@@ -1,5 +1,6 @@
 #include "node_dump.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "errors.h"
@@ -25,19 +26,11 @@ bool NodeDumper::callback(ggml_tensor* t, bool ask, void* user_data) {
 
 bool NodeDumper::ask(ggml_tensor* t) {
     // Asking for a node makes the scheduler compute up to it and stop there; nodes the filter drops are
-    // left out so the backend computes them in one go.
-    return writer_ == nullptr || writer_->wants(unique_name(t));
-}
-
-std::string NodeDumper::unique_name(const ggml_tensor* t) {
-    auto found = names_.find(t);
-    if (found != names_.end()) return found->second;
-    std::string base = strip_copy_name(t->name);
-    if (base.empty()) base = std::string(ggml_op_desc(t));
-    int uses = name_uses_[base]++;
-    std::string name = uses == 0 ? base : base + "#" + std::to_string(uses);
-    names_[t] = name;
-    return name;
+    // left out so the backend computes them in one go. The scheduler asks for every node in order, so
+    // what depends on the graph alone (the name, the representation) is settled here for each of them.
+    std::string name = unique_name(t);
+    track_representation(t);
+    return writer_ == nullptr || writer_->wants(name);
 }
 
 namespace {
@@ -48,7 +41,110 @@ const ggml_tensor* view_root(const ggml_tensor* t) {
     return t;
 }
 
+// ggml's own name for a node nobody named: "node_<its index in the graph>" (or "leaf_<n>"). The index
+// differs between two graphs of one model (flash attention on or off, a rotated KV cache), so two
+// unrelated nodes would share a name and be compared as one.
+bool graph_index_name(const std::string& name) {
+    for (const char* prefix : {"node_", "leaf_"}) {
+        size_t n = std::strlen(prefix);
+        if (name.size() > n && name.compare(0, n, prefix) == 0 &&
+            name.find_first_not_of("0123456789", n) == std::string::npos) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// A structural name longer than this becomes the op and a hash of it (still the same in every graph
+// where the node has the same inputs).
+constexpr size_t kMaxNameLength = 160;
+
+std::string bounded(const std::string& name, const ggml_tensor* t) {
+    if (name.size() <= kMaxNameLength) return name;
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : name) hash = (hash ^ c) * 1099511628211ull;
+    char text[32];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
+    return std::string(ggml_op_desc(t)) + "(~" + text + ")";
+}
+
+// llama.cpp's quantized KV cache stores K and V multiplied by a rotation (graph inputs attn_inp_k_rot,
+// attn_inp_v_rot) and multiplies again where attention is done; these leaves are the rotations.
+bool rotation_leaf(const ggml_tensor* t) {
+    if (t == nullptr || t->op != GGML_OP_NONE) return false;
+    std::string name = t->name;
+    return name.size() > 4 && name.compare(name.size() - 4, 4, "_rot") == 0;
+}
+
 }  // namespace
+
+std::string NodeDumper::unique_name(const ggml_tensor* t) {
+    auto found = names_.find(t);
+    if (found != names_.end()) return found->second;
+    std::string base = given_name(t);
+    int uses = name_uses_[base]++;
+    std::string name = uses == 0 ? base : base + "#" + std::to_string(uses);
+    names_[t] = name;
+    ggml_names_[t->name] = name;
+    return name;
+}
+
+std::string NodeDumper::given_name(const ggml_tensor* t) {
+    std::string base = strip_copy_name(t->name);
+    if (base.empty() || graph_index_name(base)) {
+        // named by what it computes from what: OP(input, input, ...), the same in every graph that
+        // computes it from the same inputs
+        std::string text = std::string(ggml_op_desc(t)) + "(";
+        bool first = true;
+        for (int i = 0; i < GGML_MAX_SRC; ++i) {
+            if (t->src[i] == nullptr) continue;
+            text += (first ? "" : ",") + edge_name(t->src[i]);
+            first = false;
+        }
+        return bounded(text + ")", t);
+    }
+    // "%s (reshaped)" of a then unnamed parent: " (reshaped)"; the parent is src[0] of a view/reshape/permute
+    if (base[0] == ' ' && t->src[0] != nullptr) return bounded(edge_name(t->src[0]) + base, t);
+    return base;
+}
+
+bool NodeDumper::rotated(const ggml_tensor* t) const {
+    auto found = rotated_.find(t);
+    if (found != rotated_.end()) return found->second;
+    return rotated_roots_.count(view_root(t)) != 0;  // the KV cache itself, read through a view
+}
+
+void NodeDumper::track_representation(const ggml_tensor* t) {
+    if (rotated_.count(t)) return;
+    auto rot = [&](int i) { return t->src[i] != nullptr && rotated(t->src[i]); };
+    bool out = false;
+    bool stores = t->view_src != nullptr && (t->op == GGML_OP_SET_ROWS || t->op == GGML_OP_CPY);
+    if (stores) {
+        const ggml_tensor* root = view_root(t);
+        out = rot(0);
+        if (out) rotated_roots_.insert(root); else rotated_roots_.erase(root);
+        // without flash attention llama.cpp keeps V transposed: one element per row ([TAG_V_CACHE_VARIABLE])
+        if (t->op == GGML_OP_SET_ROWS && t->ne[0] == 1 && std::string(root->name).rfind("cache_v", 0) == 0) {
+            transposed_v_roots_.insert(root);
+        }
+    } else if (t->op == GGML_OP_MUL_MAT) {
+        if (rotation_leaf(t->src[0])) out = !rot(1);
+        else if (rotation_leaf(t->src[1])) out = !rot(0);
+        else out = rot(0) != rot(1);  // Q R against K R: the rotation cancels in Q K^T
+    } else if (t->op == GGML_OP_FLASH_ATTN_EXT) {
+        out = rot(2);  // softmax(Q R (K R)^T) (V R) = (softmax(Q K^T) V) R
+    } else {
+        for (int i = 0; i < GGML_MAX_SRC; ++i) out = out || rot(i);
+    }
+    rotated_[t] = out;
+}
+
+std::string NodeDumper::representation(const ggml_tensor* t) const {
+    std::string tags;
+    if (rotated(t)) tags = "rotated basis";
+    if (t->view_src != nullptr && transposed_v_roots_.count(view_root(t))) tags += (tags.empty() ? "" : ", ") + std::string("V cache transposed");
+    return tags;
+}
 
 std::string NodeDumper::edge_name(const ggml_tensor* src) {
     auto found = names_.find(src);
@@ -59,6 +155,10 @@ std::string NodeDumper::edge_name(const ggml_tensor* src) {
     auto writer = last_writer_.find(src);
     if (writer != last_writer_.end()) return writer->second;
     std::string name = strip_copy_name(src->name);  // a weight, an input or a copy of a dumped node
+    if (graph_index_name(name) || (!name.empty() && name[0] == ' ')) {  // a copy of a node named structurally
+        auto original = ggml_names_.find(name);
+        if (original != ggml_names_.end()) return original->second;
+    }
     return name.empty() ? std::string(ggml_op_desc(src)) : name;
 }
 
@@ -87,6 +187,11 @@ void NodeDumper::dump(ggml_tensor* t) {
     // layout: "ggml/<type>@<buffer>": the node's own ggml type (widened to the dump dtype) and the buffer
     // (so the backend) that held it; the shape is ggml's ne reversed, so the bytes are C order.
     info.layout = std::string("ggml/") + ggml_type_name(t->type) + "@" + buffer;
+    // Values llama.cpp holds in another representation in some configurations (a rotated basis for a
+    // quantized KV cache, a transposed V cache without flash attention) say so first: the analyzer
+    // compares a node only with one held the same way ("rotated basis (ggml/q8_0@CPU)").
+    std::string held = representation(t);
+    if (!held.empty()) info.layout = held + " (" + info.layout + ")";
     std::vector<char> bytes;
     if (!read_node(t, &bytes, &info.shape, &info.dtype)) {
         types_[std::string(ggml_type_name(t->type)) + " (not dumped)"]++;

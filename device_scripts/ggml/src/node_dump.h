@@ -30,7 +30,11 @@ public:
     const std::map<std::string, int64_t>& output_types() const { return types_; }
     int64_t nodes_seen() const { return seen_; }
     // Before each graph: names restart (the next graph reuses tensor memory), counters stay.
-    void start(DumpWriter* writer) { writer_ = writer; names_.clear(); name_uses_.clear(); last_writer_.clear(); }
+    void start(DumpWriter* writer) {
+        writer_ = writer;
+        names_.clear(); name_uses_.clear(); ggml_names_.clear(); last_writer_.clear();
+        rotated_.clear(); rotated_roots_.clear(); transposed_v_roots_.clear();
+    }
     // --inject: while the graph runs (placement pass), hand the target nodes to `recorder` as they are computed.
     void set_recorder(NodeRecorder* recorder) { recorder_ = recorder; }
 
@@ -38,7 +42,12 @@ private:
     bool ask(ggml_tensor* t);
     void dump(ggml_tensor* t);
     std::string unique_name(const ggml_tensor* t);
+    std::string given_name(const ggml_tensor* t);
     std::string edge_name(const ggml_tensor* src);
+    // Which representation a node's values are in (see representation()), settled as nodes are asked for.
+    void track_representation(const ggml_tensor* t);
+    bool rotated(const ggml_tensor* t) const;
+    std::string representation(const ggml_tensor* t) const;
     bool made_by_node(const ggml_tensor* src) const;
     void record(const ggml_tensor* t, const std::string& name);
 
@@ -46,6 +55,10 @@ private:
     NodeRecorder* recorder_ = nullptr;
     std::map<const ggml_tensor*, std::string> names_;  // node -> its unique dump name
     std::map<std::string, int> name_uses_;             // llama.cpp reuses names (Qcur-0 thrice)
+    std::map<std::string, std::string> ggml_names_;    // ggml's name of a node -> its dump name (copies)
+    std::map<const ggml_tensor*, bool> rotated_;       // node -> holds its values in a rotated basis
+    std::set<const ggml_tensor*> rotated_roots_;       // KV caches whose content is stored rotated
+    std::set<const ggml_tensor*> transposed_v_roots_;  // V caches stored transposed (no flash attention)
     std::map<const ggml_tensor*, std::string> last_writer_;  // a KV cache tensor -> the node that last wrote into it
     std::set<std::string> buffers_;
     std::map<std::string, int64_t> per_buffer_;
