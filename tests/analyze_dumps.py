@@ -67,3 +67,12 @@ def write_dump(path: Path, arrays: dict[str, np.ndarray], layers=None, extra_att
                 writer.add_tensor({"order": order, "op": op, "op_type": op_type, "output_index": 0,
                                    "name": op, "inputs": inputs, "layout": (layouts or {}).get(op, "NCHW")}, arrays[op])
     return Path(path)
+
+
+def cpu_and_vulkan_runs(folder: Path, rel: float = 1e-3) -> Path:
+    """A folder with a cpu/high run and a vulkan/low run `rel` off it (fp16-like noise): two runs that pass."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ref = reference_arrays(seed=1)
+    write_dump(folder / "cpu.h5", ref)
+    write_dump(folder / "vk.h5", perturbed(ref, rel, seed=2), backend="vulkan", precision="low")
+    return folder

@@ -16,7 +16,7 @@ import layerdiff.analyzer.analysis as analysis_module
 from layerdiff.analyzer.measure import resultcache
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.formats.dumpfile import DumpFile, DumpWriter, TensorBuffer
-from tests.analyze_dumps import perturbed, reference_arrays, write_dump
+from tests.analyze_dumps import cpu_and_vulkan_runs, perturbed, reference_arrays, write_dump
 
 
 @pytest.fixture()
@@ -28,12 +28,7 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture()
 def runs(tmp_path, cache):
-    folder = tmp_path / "runs"
-    folder.mkdir()
-    ref = reference_arrays(seed=1)
-    write_dump(folder / "cpu.h5", ref)
-    write_dump(folder / "vk.h5", perturbed(ref, 1e-3, seed=2), backend="vulkan", precision="low")
-    return folder
+    return cpu_and_vulkan_runs(tmp_path / "runs")
 
 
 def _results(analysis) -> dict:
@@ -85,7 +80,7 @@ def test_changed_analyzer_code_is_measured_again(tmp_path):
     copy = tmp_path / "code"  # a copy of the analyzer package, fingerprinted by a child that imports the copy
     shutil.copytree(Path(resultcache.__file__).parents[1], copy / "analyzer", ignore=shutil.ignore_patterns("__pycache__"))
     code = ("import importlib.util, sys; from pathlib import Path; "
-            "spec = importlib.util.spec_from_file_location('rc', Path('analyzer/measure/resultcache.py').resolve()); "
+            "spec = importlib.util.spec_from_file_location('rc', Path('analyzer/measure/fingerprint.py').resolve()); "
             "rc = importlib.util.module_from_spec(spec); spec.loader.exec_module(rc); print(rc.code_fingerprint())")
     probe = [sys.executable, "-c", code]
 

@@ -57,21 +57,37 @@ def compare_command(
                              "charts show the same data"),
     set_: List[str] = typer.Option([], "--set", help="[INPUT:]key=value provenance for foreign dumps (e.g. run.npz:backend_requested=opencl)"),
     task: Optional[str] = typer.Option(None, "--task", help="what the outputs are, judged as a user reads them: classification, "
-                                       "yolov5, yolov8, picodet, ssd, text-det, segmentation, regression "
+                                       "yolov5, yolov8, picodet, ssd, text-det, segmentation, language-model, regression "
                                        "(NAME[:key=value,...], e.g. picodet:conf=0.5; default: what collect --task recorded)"),
 ) -> None:
     """Align the runs by layer, measure every layer against the reference, write the report."""
+    from layerdiff.analyzer.findings.thresholds import Thresholds
+
+    thresholds = Thresholds(atol=atol, rtol=rtol, warn_rel_l2=warn_rel_l2, fail_rel_l2=fail_rel_l2,
+                            min_pass_fraction=min_pass_fraction)
+    set_attrs = per_input_attrs(set_)
+    if name_map is None and not rename:  # the same analysis asked again: its stored report, nothing imported
+        from layerdiff.analyzer.report import stored
+
+        entry = stored.find(stored.key_for(inputs, png=png, ref=ref, ref_input=ref_input, set_attrs=set_attrs,
+                                           task=task, thresholds=thresholds, builtin_rules=not no_builtin_rules))
+        if entry is not None:
+            page = stored.replay(entry, out, force=force)
+            if json_out:
+                sys.stdout.write(entry.results_json.read_text(encoding="utf-8") + "\n")
+            else:
+                print_view(entry.view)
+                print(f"Report: {page}", flush=True)
+            _report_problems(entry.view["problems"])
+            return
     from layerdiff.analyzer.align.byname import NameRules, load_name_map, parse_rename
     from layerdiff.analyzer.report.page import console_json, report_paths
-    from layerdiff.analyzer.findings.verdict import Thresholds
     from layerdiff.progress import Steps
 
     rules = NameRules(name_map=load_name_map(name_map) if name_map else {},
                       regex=[parse_rename(r) for r in rename], builtin=not no_builtin_rules)
-    thresholds = Thresholds(atol=atol, rtol=rtol, warn_rel_l2=warn_rel_l2, fail_rel_l2=fail_rel_l2,
-                            min_pass_fraction=min_pass_fraction)
     analysis = report_paths(inputs, out, force=force, png=png, ref=ref, rules=rules, thresholds=thresholds,
-                            set_attrs=per_input_attrs(set_), ref_input=ref_input, steps=Steps("analyze"), task=task,
+                            set_attrs=set_attrs, ref_input=ref_input, steps=Steps("analyze"), task=task,
                             on_analyzed=None if json_out else print_summary)  # the verdict before the page is written
     try:
         if json_out:
@@ -80,10 +96,15 @@ def compare_command(
             print(f"Report: {out / 'index.html'}", flush=True)
     finally:
         analysis.close()
+    _report_problems(analysis.problems)
+
+
+def _report_problems(problems: list[str]) -> None:
+    """Each input or layer that could not be used, one line on stderr; then exit 2 (report written)."""
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    for problem in analysis.problems:
+    for problem in problems:
         err.print(f"analyze: {problem}", markup=False)
-    if analysis.problems:
+    if problems:
         raise typer.Exit(2)
 
 
@@ -102,31 +123,37 @@ def per_input_attrs(items: list[str]) -> dict[str, dict]:
 def print_summary(analysis, page: Path | None = None) -> None:
     """The console view: one row per compared run, then the findings as sentences (and the report
     page, when it is written; a finished sweep prints this too)."""
+    from layerdiff.analyzer.report.stored import console_view
+
+    print_view(console_view(analysis), page)
+
+
+def print_view(view: dict, page: Path | None = None) -> None:
+    """Print a console view (`layerdiff.analyzer.report.stored.console_view`): a fresh analysis's or a
+    stored report's, the same way."""
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:
         console = Console(highlight=False, soft_wrap=True, width=160)
-    plan = analysis.comparison.plan
-    console.print(f"Reference: [bold]{plan.reference.label}[/] ({plan.reason})", markup=True)
+    console.print(f"Reference: [bold]{view['reference']}[/] ({view['reason']})", markup=True)
     table = Table(show_lines=False)
     for column in ("run", "verdict", "fail", "warn", "first divergence", "op", "output", "output rel L2", "top-1"):
         table.add_column(column)
     colours = {"pass": "green", "warn": "yellow", "fail": "red"}
-    for row in analysis.summary.to_dict("records"):
-        if row["role"] != "compared":
-            continue
+    for row in view["rows"]:
         verdict = str(row["verdict"])
         table.add_row(str(row["run"]), f"[{colours.get(verdict, 'white')}]{verdict}[/]", format_number(row["n_fail"]),
                       format_number(row["n_warn"]), str(row["first_divergence"]), str(row["first_divergence_op"]),
                       str(row["output"]), format_number(row["output_rel_l2"]), format_number(row["top1"]))
     console.print(table)
-    for row in analysis.summary.to_dict("records"):  # the reason beside each verdict, before any finding
-        if row["role"] == "compared" and row["verdict"] in ("warn", "fail") and row["verdict_reason"]:
+    for row in view["rows"]:  # the reason beside each verdict, before any finding
+        if row["verdict"] in ("warn", "fail") and row["verdict_reason"]:
             console.print(f"{row['run']}: {str(row['verdict']).upper()}: {row['verdict_reason']}", markup=False)
     sys.stdout.flush()
-    for finding in analysis.findings[:MAX_CONSOLE_FINDINGS]:
-        console.print(f"- {finding.sentence}", markup=False)
-    if len(analysis.findings) > MAX_CONSOLE_FINDINGS:
-        console.print(f"... and {len(analysis.findings) - MAX_CONSOLE_FINDINGS} more findings in the report", markup=False)
+    findings = view["findings"]
+    for sentence in findings[:MAX_CONSOLE_FINDINGS]:
+        console.print(f"- {sentence}", markup=False)
+    if len(findings) > MAX_CONSOLE_FINDINGS:
+        console.print(f"... and {len(findings) - MAX_CONSOLE_FINDINGS} more findings in the report", markup=False)
     if page is not None:
         console.print(f"Report: {page}", markup=False)
 

@@ -7,7 +7,7 @@ from layerdiff.analyzer.importers import convcache
 from layerdiff.analyzer.formats.limits import human_bytes
 
 cache_app = typer.Typer(add_completion=False, rich_markup_mode=None,
-                        help="The layerdiff cache (conversions, stored measurements): `analyze cache` reports its size, "
+                        help="The layerdiff cache (conversions, stored measurements, finished reports): `analyze cache` reports its size, "
                         "`analyze cache clean` empties it.")
 
 
@@ -20,7 +20,7 @@ def cache_command(ctx: typer.Context) -> None:
 
 @cache_app.command("clean")
 def clean_command() -> None:
-    """Remove every cached conversion, extracted archive and stored measurement."""
+    """Remove every cached conversion, extracted archive, stored measurement and finished report."""
     count, size = convcache.clean()
     print(f"{convcache.cache_dir(create=False)}: removed {count} entries ({human_bytes(size)})")
 

@@ -8,12 +8,10 @@ zero fails. Every number can be changed on the command line.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-
 import pandas as pd
 
 from layerdiff.analyzer.findings.wording import percent
-from layerdiff.analyzer.measure.metrics import Tolerances
+from layerdiff.analyzer.findings.thresholds import Thresholds  # noqa: F401 (the public place it was always imported from)
 
 STATUS_ORDER = {"pass": 0, "warn": 1, "fail": 2}
 # A zero collapse needs this many values that mattered gone to 0: one zero in a 2-value tensor is 50%.
@@ -26,28 +24,6 @@ def collapsed(share: float, count, limit: float) -> bool:
         return share > limit and int(count) >= MIN_ZERO_COLLAPSED
     except (TypeError, ValueError):
         return False
-
-
-@dataclass
-class Thresholds:
-    """Every threshold a layer's status depends on (CLI: --atol --rtol --warn-rel-l2 ...)."""
-
-    atol: float = 1e-3  # allclose: an element fails when |diff| > atol ...
-    rtol: float = 1e-2  # ... and |diff| / |ref| > rtol (Polygraphy semantics)
-    warn_rel_l2: float = 1e-2  # relative L2 error above this warns (SQNR below 40 dB)
-    fail_rel_l2: float = 1e-1  # ... above this fails (SQNR below 20 dB)
-    min_pass_fraction: float = 0.99  # fewer allclose-passing elements than this warns
-    warn_zero_collapse: float = 0.05  # share of the reference's non-zeros that became 0: warn
-    fail_zero_collapse: float = 0.5  # ... fail
-    underflow_risk_share: float = 0.1  # fp16 risk: share of values in (0, 6.1e-5)
-    growth_factor: float = 10.0  # error growth finding: output error / worst input error
-
-    @property
-    def tolerances(self) -> Tolerances:
-        return Tolerances(atol=self.atol, rtol=self.rtol)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def classify(row: dict, t: Thresholds) -> tuple[str, str]:

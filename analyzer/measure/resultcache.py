@@ -20,7 +20,6 @@ owned by someone else) is never an error: the analysis just is not stored.
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import json
 import math
@@ -39,6 +38,7 @@ from layerdiff.analyzer.align.graph import build_graph
 from layerdiff.analyzer.report.outdir import atomic_write_chunks
 from layerdiff.analyzer.runs.reference import Plan
 from layerdiff.analyzer.findings.verdict import Thresholds
+from layerdiff.analyzer.measure.fingerprint import code_fingerprint
 
 PREFIX = "results-"
 FORMAT = 3  # 1: a JSON file per folder of dumps (.layerdiff-cache/); 2: entries of the user's cache; 3: numeric columns as bytes
@@ -60,16 +60,6 @@ def cache_key(plan: Plan, rules: NameRules, thresholds: Thresholds) -> str:
         "thresholds": thresholds.as_dict(),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-@functools.lru_cache(maxsize=1)
-def code_fingerprint() -> str:
-    """A hash of every analyzer source file: what produced a stored measurement (~1 ms)."""
-    package = Path(__file__).resolve().parents[1]  # the whole analyzer package, every room
-    digest = hashlib.sha256()
-    for source in sorted(package.rglob("*.py")):
-        digest.update(source.relative_to(package).as_posix().encode() + b"\0" + source.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def entry_path(key: str) -> Path | None:

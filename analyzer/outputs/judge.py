@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from layerdiff.analyzer.findings.wording import percent
-from layerdiff.analyzer.outputs import classes, detection
+from layerdiff.analyzer.outputs import classes, detection, nexttoken
 from layerdiff.analyzer.outputs.boxes import BoxChanges, Boxes, compare_boxes
 from layerdiff.analyzer.outputs.segmentation import compare_masks
-from layerdiff.analyzer.outputs.task import Task, task_of
+from layerdiff.analyzer.outputs.task import LANGUAGE_MODEL, Task, parse_task, task_of
 from layerdiff.errors import InputError, LayerdiffError
 
 MAX_SAID = 3  # boxes described one by one before "..."
@@ -35,9 +35,17 @@ class OutputJudgement:
     numbers: dict = field(default_factory=dict)
 
 
-def pair_task(pair, declared: Task | None) -> Task | None:
-    """The task a pair is judged by: the declared one, else what the reference's or the run's file records."""
-    return declared or task_of(pair.base.attrs) or task_of(pair.other.attrs)
+def pair_task(pair, declared: Task | None, output_keys: list[str] = ()) -> Task | None:
+    """The task a pair is judged by: the declared one, else what the reference's or the run's file records,
+    else a language model's when both runs are ggml graphs with llama.cpp's logits output."""
+    return declared or task_of(pair.base.attrs) or task_of(pair.other.attrs) or _recognised(pair, output_keys)
+
+
+def _recognised(pair, output_keys: list[str]) -> Task | None:
+    """llama.cpp names its logits `result_output` in every architecture: no need to be told."""
+    ggml = all(str(run.attrs.get("engine", "")) == "ggml" for run in (pair.base, pair.other))
+    logits = any(str(key).split(":", 1)[0] == nexttoken.LOGITS_OUTPUT for key in output_keys)
+    return parse_task(LANGUAGE_MODEL) if ggml and logits else None
 
 
 def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of) -> OutputJudgement:
@@ -58,6 +66,8 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
             return _detections(pair, task, ref, run, names)
         if task.name == "segmentation":
             return _masks(task, ref, run, names, tolerance_of)
+        if task.name == LANGUAGE_MODEL:
+            return _next_tokens(task, ref, run, names, tolerance_of)
         return _classes(task, ref, run, names, tolerance_of)
     except (InputError, ValueError, IndexError) as err:
         return OutputJudgement(task.text, "error", f"the outputs do not decode as {task.text}: {err}", names)
@@ -149,6 +159,26 @@ def _masks(task: Task, ref, run, names, tolerance_of) -> OutputJudgement:
                             "tie_changed": m.n_tie_changed, "worst_iou": m.worst_iou, "worst_class": m.worst_class})
 
 
+def _next_tokens(task: Task, ref, run, names, tolerance_of) -> OutputJudgement:
+    """Logits: fail when a clear next token changes or the mean KL divergence passes kld_fail; warn at a
+    near-tie flip or above kld_warn."""
+    i = nexttoken.logits_output(names, ref)
+    if i is None:
+        return OutputJudgement(task.text, "error", "no single output holds next-token logits (name it result_output "
+                               "or keep one output with a vocabulary axis)", names)
+    if ref[i].size != run[i].size:
+        raise ValueError(f"{names[i]} has {ref[i].size} values in the reference and {run[i].size} in the run")
+    c = nexttoken.compare_logits(ref[i], run[i], tolerance_of(ref[i]))
+    warn, fail = float(task.get("kld_warn")), float(task.get("kld_fail"))
+    if c["flips"] or not c["kld_mean"] <= fail:
+        status = "fail"
+    elif c["tie_flips"] or c["kld_mean"] > warn:
+        status = "warn"
+    else:
+        status = "pass"
+    return OutputJudgement(task.text, status, nexttoken.sentence(names[i], c, warn), [names[i]], c)
+
+
 def _classes(task: Task, ref, run, names, tolerance_of) -> OutputJudgement:
     """Declared class scores: every output with a class axis, top-1 over its deciding positions."""
     said, numbers, status = [], {}, "pass"
@@ -174,10 +204,12 @@ def judge_all(comparison, declared: Task | None, thresholds) -> dict[int, Output
 
     judgements = {}
     for index, pair in enumerate(comparison.plan.pairs):
-        task = pair_task(pair, declared)
-        if pair.kind != "reference" or task is None:
+        if pair.kind != "reference":
             continue
         keys = comparison.graph(pair.base).outputs()
+        task = pair_task(pair, declared, keys)
+        if task is None:
+            continue
         judgement = judge_pair(pair, comparison.alignments[index], keys, task,
                                lambda ref: decision_tolerance(ref, thresholds))
         if judgement.status != "none":

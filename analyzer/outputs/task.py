@@ -10,11 +10,15 @@ names are the families whose outputs a user reads as decisions rather than numbe
   ssd             decoded boxes [N, 4] (x0, y0, x1, y1) and scores [N, C]
   text-det        a DB text-probability map [H, W]: boxes of the regions above `thresh`
   segmentation    per-pixel class scores [C, H, W] (argmax), or one probability map [H, W]
+  language-model  next-token logits [positions, vocabulary]: the next token kept, and the KL divergence
+                  of the run's distribution from the reference's (llama.cpp's own quantisation yardstick);
+                  a ggml run's `result_output` is read this way without being told
   regression      every element is the result: the scale-aware element error, no decision
 
 Options every detector takes: conf (score threshold), iou (NMS IoU), moved (a matched box whose IoU
 is below this moved), score_tol (a score change beyond it is reported). picodet also takes
-strides=8/16/32/64 and reg_max; text-det takes thresh and min_area.
+strides=8/16/32/64 and reg_max; text-det takes thresh and min_area. language-model takes kld_warn and
+kld_fail (mean KL divergence in nats above which the run warns / fails).
 """
 from __future__ import annotations
 
@@ -23,15 +27,20 @@ from dataclasses import dataclass, field
 from layerdiff.errors import UsageError
 
 DETECTORS = ("yolov5", "yolov8", "picodet", "ssd", "text-det")
-TASKS = ("classification", *DETECTORS, "segmentation", "regression")
+LANGUAGE_MODEL = "language-model"
+TASKS = ("classification", *DETECTORS, "segmentation", LANGUAGE_MODEL, "regression")
 ALIASES = {"elements": "regression", "detection-yolov5": "yolov5", "detection-yolov8": "yolov8",
-           "boxes": "ssd", "db": "text-det", "classifier": "classification"}
+           "boxes": "ssd", "db": "text-det", "classifier": "classification", "lm": LANGUAGE_MODEL,
+           "llm": LANGUAGE_MODEL, "next-token": LANGUAGE_MODEL}
 DEFAULTS = {
     "yolov5": {"conf": 0.25, "iou": 0.45},
     "yolov8": {"conf": 0.25, "iou": 0.45},
     "picodet": {"conf": 0.4, "iou": 0.5, "strides": "8/16/32/64", "reg_max": 7},
     "ssd": {"conf": 0.4, "iou": 0.5},
     "text-det": {"thresh": 0.3, "conf": 0.5, "min_area": 3},
+    # mean KL divergence (nats) per position: llama.cpp's q8_0 weights sit near 1e-3, 4-bit ones near 1e-2
+    # to 5e-2 (its perplexity tool's --kl-divergence tables); a tenth of a nat is a different model
+    LANGUAGE_MODEL: {"kld_warn": 0.01, "kld_fail": 0.1},
 }
 COMMON = {"moved": 0.9, "score_tol": 0.05}
 
@@ -65,7 +74,7 @@ def parse_task(text: str | None) -> Task | None:
     name = ALIASES.get(name.lower(), name.lower())
     if name not in TASKS:
         raise UsageError(f"--task {text}: unknown task {name!r}; one of: {', '.join(TASKS)}")
-    known = {**COMMON, **DEFAULTS.get(name, {})} if name in DETECTORS else {}
+    known = {**COMMON, **DEFAULTS.get(name, {})} if name in DETECTORS else dict(DEFAULTS.get(name, {}))
     options = {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, sep, value = item.partition("=")
@@ -87,7 +96,7 @@ def _value(text: str, key: str, value: str, default):
 
 
 def _default(name: str, key: str):
-    return {**COMMON, **DEFAULTS.get(name, {})}.get(key)
+    return {**(COMMON if name in DETECTORS else {}), **DEFAULTS.get(name, {})}.get(key)
 
 
 def task_of(attrs: dict) -> Task | None:

@@ -20,6 +20,7 @@ from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.report.fixsection import fix_html
 from layerdiff.analyzer.report.figures import chart_parts, draw_pngs
 from layerdiff.analyzer.report.interactive import layer_table_parts
+from layerdiff.analyzer.report import stored
 from layerdiff.analyzer.report.outdir import atomic_write_bytes, atomic_write_chunks, prepare_out_dir
 from layerdiff.analyzer.report.results import build_results, dump_chunks, dumps
 from layerdiff.analyzer.report.tables import (LAYER_VIEW, isolation_table, layer_view, reference_rows, sweep_matrix, to_html,
@@ -28,6 +29,8 @@ from layerdiff.analyzer.findings.verdict import worst
 from layerdiff.progress import Steps
 
 SHOWN_PER_KIND = 3
+# analyze_paths options a stored report is keyed by (steps only shows progress)
+STORED_KEY_OPTIONS = ("ref", "ref_input", "set_attrs", "task", "thresholds", "rules")
 MAX_REASONS = 5  # runs whose verdict reason is listed under the banner
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
@@ -54,12 +57,15 @@ def report_paths(paths, out_dir: Path | str, *, force: bool = False, png: bool =
     static PNGs.
     """
     out = prepare_out_dir(out_dir, force=force)
+    paths = list(paths)
+    key = stored.report_key(paths, png=png, **{k: v for k, v in analyze_options.items() if k in STORED_KEY_OPTIONS})
     analysis = analyze_paths(paths, **analyze_options)
     try:
         if on_analyzed is not None:
             on_analyzed(analysis)
         with (analyze_options.get("steps") or Steps.quiet()).step("writing the report"):
-            write_report(analysis, out, png=png)
+            written = write_report(analysis, out, png=png)
+        stored.store(key, out, written, stored.console_view(analysis))
     except BaseException:
         analysis.close()
         raise

@@ -16,11 +16,10 @@ import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.analyzer.runs.discovery import H5_SUFFIXES, RAW_MANIFEST, discover  # noqa: F401 (API)
 from layerdiff.analyzer.runs.placement import cpu_by_design
 from layerdiff.errors import LayerdiffError
 
-H5_SUFFIXES = {".h5", ".hdf5"}
-RAW_MANIFEST = "manifest.jsonl"
 # Attributes that make two runs "the same configuration" (everything except input and repetition).
 CONFIG_FIELDS = ("device_serial", "device_model", "engine", "backend_requested", "precision_requested",
                  "threads", "model_sha256")
@@ -170,45 +169,6 @@ class SourceSet:
     def close(self) -> None:
         for run in self.runs + self.isolated:
             run.dump.close()
-
-
-def discover(paths: Iterable[Path | str]) -> tuple[list[tuple[Path, Path]], list[str]]:
-    """Expand the user's arguments into (candidate dump, argument it came from), in order, no duplicates.
-
-    Directories are searched recursively for dumps of every format the importers know (layerdiff
-    `.h5`, raw dump directories, `.npz`, MNN text dumps, Polygraphy JSON, zips); files given
-    explicitly are taken whatever their suffix (the importers decide what they are).
-    """
-    found: list[tuple[Path, Path]] = []
-    problems: list[str] = []
-    for raw in paths:
-        path = Path(raw)
-        if not path.exists():
-            problems.append(f"{path}: no such file or directory")
-        elif path.is_dir():
-            candidates = _scan_dir(path)
-            if not candidates:
-                problems.append(f"{path}: no dumps inside (layerdiff .h5, raw dump directories or other tools' dumps)")
-            found.extend((c, path) for c in candidates)
-        else:
-            found.append((path, path))
-    unique: dict[Path, Path] = {}
-    for candidate, origin in found:
-        unique.setdefault(candidate.resolve(), origin)
-    return list(unique.items()), problems
-
-
-def _scan_dir(root: Path) -> list[Path]:
-    if (root / RAW_MANIFEST).is_file():
-        return [root]
-    # every .h5 is a candidate even when unreadable, so a damaged file is reported, not silently skipped
-    hits = sorted(p for p in root.rglob("*") if p.suffix.lower() in H5_SUFFIXES and p.is_file()
-                  and not p.name.startswith("."))
-    try:
-        from layerdiff.analyzer.importers import find_dumps
-    except ImportError:  # the importers are optional: plain layerdiff dumps still work
-        return hits + sorted(p.parent for p in root.rglob(RAW_MANIFEST))
-    return list(dict.fromkeys(hits + find_dumps(root)))
 
 
 def open_runs(paths: Iterable[Path | str], set_attrs: dict[str, dict[str, Any]] | None = None) -> SourceSet:

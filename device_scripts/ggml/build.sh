@@ -36,7 +36,16 @@ LD_BUILD_DIR="$(cd "$LD_BUILD_DIR" && pwd)"; LD_OUT="$(cd "$LD_OUT" && pwd)"
 flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_SRC="$GG_SRC" -DLAYERDIFF_GGML_SOURCE="$GG_LABEL"
        -DGGML_VULKAN="$GG_VULKAN" -DGGML_OPENCL="$GG_OPENCL")
 case "$GG_TARGET" in
-    host) flags+=(-DGGML_NATIVE=ON) ;;
+    host)
+        flags+=(-DGGML_NATIVE=ON)
+        # ...without ggml's AMX kernels: CPUs in sandboxes (gVisor, some VMs) report AMX and grant
+        # arch_prctl(XTILEDATA) yet trap the instructions (SIGILL in tinygemm_kernel_amx at the first
+        # quantized mul_mat of a real model, seen here); phones have no AMX. Explicit -mno-* flags win
+        # over -march=native whatever their order.
+        if [ "$(uname -m)" = "x86_64" ]; then
+            no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+            flags+=("-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
+        fi ;;
     aarch64)
         flags+=(-DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64
                 -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++

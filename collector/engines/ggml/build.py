@@ -61,9 +61,16 @@ def sources_digest() -> str:
     return digest.hexdigest()
 
 
+# The compiler flags build.sh gives a target beyond the spec (host: no AMX kernels): part of the build
+# tree's key, so a tree compiled with other flags is never half recompiled from another checkout.
+TARGET_FLAGS = {"host": "native-no-amx"}
+
+
 def _options_key(spec: GgmlSpec) -> str:
-    return hashlib.sha256(json.dumps({"llama_cpp_python": LLAMA_CPP_PYTHON, **asdict(spec)}, sort_keys=True)
-                          .encode()).hexdigest()[:16]
+    options = {"llama_cpp_python": LLAMA_CPP_PYTHON, **asdict(spec)}
+    if spec.target in TARGET_FLAGS:
+        options["flags"] = TARGET_FLAGS[spec.target]
+    return hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def binary_dir(spec: GgmlSpec) -> Path:
