@@ -57,7 +57,8 @@ def test_dumped_values_are_the_nodes_outputs(llama_high, ggml_samples):
     np.testing.assert_array_equal(a["embd"], w["token_embd.weight"][tokens])
     np.testing.assert_allclose(a["attn_norm-0"], rms_norm(a["embd"]) * w["blk.0.attn_norm.weight"], rtol=1e-5, atol=1e-6)
     # f16 weights: the plain CPU kernel rounds the activations to f16 first (ggml's vec_dot_type); on a CPU with
-    # AMX ggml keeps f16 weights in its AMX buffer, whose kernel keeps them f32 (measured here: 1.2e-7 vs 2.5e-4)
+    # AMX (in a build with ggml's AMX kernels) ggml keeps f16 weights in its AMX buffer, whose kernel keeps them
+    # f32 (measured on this Xeon before the host build dropped them: 1.2e-7 against f32 activations, 2.5e-4 against f16)
     assert f16_weight_matmul_error(a["attn_norm-0"], w["blk.0.attn_q.weight"], a["Qcur-0"]) < 1e-5
     gate, up = a["ffn_gate-0"], a["ffn_up-0"]
     np.testing.assert_allclose(a["ffn_swiglu-0"], gate / (1 + np.exp(-gate)) * up, rtol=1e-4, atol=1e-6)
