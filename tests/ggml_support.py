@@ -50,3 +50,15 @@ def gguf_weights(model: Path) -> dict[str, np.ndarray]:
     reader = gguf.GGUFReader(model)
     return {t.name: np.asarray(t.data, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
             for t in reader.tensors}
+
+
+def f16_weight_matmul_error(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> float:
+    """max |out - x @ w.T| / max |x @ w.T| for an f16 weight `w`, against the closer of the two kernels ggml's CPU
+    runs it with: the plain one rounds the activations to f16 first (its vec_dot_type), the AMX buffer's (a build
+    with ggml's AMX kernels on a CPU with AMX, where ggml keeps f16 weights) keeps them f32. Both accumulate in f32."""
+    w64 = w.astype(np.float64)
+    errors = []
+    for acts in (x.astype(np.float16).astype(np.float64), x.astype(np.float64)):
+        exact = acts @ w64.T
+        errors.append(float(np.abs(out.reshape(exact.shape) - exact).max() / np.abs(exact).max()))
+    return min(errors)

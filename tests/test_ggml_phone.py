@@ -111,3 +111,27 @@ def test_an_abi_without_a_ggml_build_is_one_line():
     with pytest.raises(HarnessError) as err:
         harness_for("armeabi-v7a", "ggml", "cpu")
     assert "\n" not in str(err.value) and "'armeabi-v7a'" in str(err.value) and "arm64-v8a" in str(err.value)
+
+
+def test_isolation_on_a_standin_phone_stages_the_reference_input_and_inject_dump(ggml_binary, ggml_samples, standin,
+                                                                                 tmp_path):
+    """`collect isolate --device SERIAL`: the reference's input and the inject dump go to the phone with the GGUF;
+    IM2COL alone at normal overflows there exactly as numpy says f16 cannot hold the im2col values."""
+    import numpy as np
+
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
+
+    model, large = str(ggml_samples["conv2d"]), str(ggml_samples["conv_large"])
+    ref = _collect(standin.serial, model, large, tmp_path / "runs")
+    proc = _cli("layerdiff.collector.cli", "isolate", "--device", standin.serial, "--model", model, "--backend", "cpu",
+                "--precision", "normal", "--ref", str(ref), "--layer", "conv.im2col:0", "-o", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    x = np.load(large)[0].astype(np.float64)
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1)))
+    cols = np.stack([xp[:, ky:ky + 32, kx:kx + 32] for ky in range(3) for kx in range(3)], axis=1)
+    with np.errstate(over="ignore"):
+        overflow = int(np.isinf(cols.astype(np.float16)).sum())
+    [iso] = (tmp_path / "runs").glob("isolated_*.h5")
+    with DumpFile(iso) as dump:
+        assert dump.attrs["device_serial"] == standin.serial and dump.attrs["mode"] == "isolate"
+        assert int((~np.isfinite(dump.tensor_by_key("conv.im2col:0"))).sum()) == overflow > 1000
