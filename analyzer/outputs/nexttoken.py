@@ -88,8 +88,12 @@ def sentence(name: str, c: dict, kld_warn: float) -> str:
     last = (f"token {c['top1_reference']} at the last" if c["top1_reference"] == c["top1_run"]
             else f"the last position's token {c['top1_reference']} became {c['top1_run']}")
     kept = c["decided"] - c["flips"]
-    text = (f"{name}: next token kept at {kept} of {c['decided']} deciding position(s) ({last}); "
-            f"mean KL divergence {c['kld_mean']:.3g} nats (max {c['kld_max']:.3g}; warns above {kld_warn:g})")
+    if c["decided"]:
+        tokens = f"next token kept at {kept} of {c['decided']} deciding position(s) ({last})"
+    else:  # a flat distribution (an untrained model, a near tie everywhere): no clear next token to keep
+        tokens = (f"no position has a clear next token (the reference's two best logits are within the output's "
+                  f"tolerance at each of the {c['positions']} position(s); {last})")
+    text = f"{name}: {tokens}; mean KL divergence {c['kld_mean']:.3g} nats (max {c['kld_max']:.3g}; warns above {kld_warn:g})"
     if c["tie_flips"]:
         text += f"; {c['tie_flips']} flip(s) at near ties"
     return text
