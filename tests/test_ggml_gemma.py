@@ -106,3 +106,34 @@ def test_rotated_and_transposed_kv_caches_are_not_compared_and_never_blamed(runs
     assert blamed and not [b for b in blamed if b.startswith(("cache_", "kqv_out"))], blamed  # attention's output projection
     normal = results["cpu/normal"]
     assert not [f for f in normal["findings"] if f["kind"] == "layout_mismatch"]
+
+
+def test_the_phone_cpu_path_of_the_real_model(runs, tmp_path):
+    """--device arm64: llama.cpp's static aarch64 build (ARMv8.2 fp16, its own quantized dot products) under
+    qemu; analyzed against the x86 cpu/high run, judged against numpy's reading of the two logit vectors."""
+    from layerdiff.collector.engines.ggml.build import GgmlSpec, ensure_built
+    from layerdiff.collector.harness.buildprogress import PlainReporter
+
+    ensure_built(GgmlSpec("aarch64"), PlainReporter())
+    model, prompt = runs.parent / gemma.MODEL_NAME, runs.parent / "prompt.txt"
+    arm = tmp_path / "arm64"
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", "arm64", "--model", str(model),
+                           "--precision", "high", "--input", f"prompt={prompt}", "-o", str(arm), "--no-report"],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ref = runs / "ggml_cpu_high_prompt.h5"
+    report = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(arm), str(ref), "--ref", str(ref),
+                             "-o", str(tmp_path / "report"), "--json"], capture_output=True, text=True, timeout=600)
+    assert report.returncode == 0, report.stderr[-2000:]
+    (run,) = [r for r in json.loads(report.stdout)["runs"] if r["role"] == "compared"]
+    dump = DumpFile(arm / "ggml_cpu_high_prompt.h5")
+    try:
+        arm_logits = dump.tensor_by_key("result_output:0").astype(np.float64).reshape(-1)
+        assert "fp16" in str(dump.attrs.get("precision_effective", ""))  # the phone's fp16 vector arithmetic
+    finally:
+        dump.close()
+    ref_token, run_token, kld = numpy_reading(logits(runs, "high"), arm_logits)
+    (decided,) = [f for f in run["findings"] if f["kind"] == "output_decision"]
+    assert decided["numbers"]["kld_mean"] == pytest.approx(kld, rel=1e-6, abs=1e-12)
+    assert ref_token == run_token == decided["numbers"]["top1_run"] and kld < 0.1
+    assert run["verdict"] in ("pass", "warn")
