@@ -212,3 +212,12 @@ def test_usage_errors_follow_the_click_convention(tmp_path, args, expected):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "Error:" in proc.stderr and expected in proc.stderr, proc.stderr
+
+
+def test_nothing_to_analyze_leaves_no_empty_report_directory(tmp_path, capsys):
+    """A sweep of failed runs (no dump) asked for its report: one line, exit 1, and no empty report folder."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    code, _out, err = run_cli(capsys, runs, "-o", runs / "report")
+    assert code == 1 and "no dumps inside" in err
+    assert not (runs / "report").exists()

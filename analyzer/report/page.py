@@ -56,10 +56,16 @@ def report_paths(paths, out_dir: Path | str, *, force: bool = False, png: bool =
     print the verdict there, so the user reads it before anything is drawn); `png` also draws the
     static PNGs.
     """
+    existed = Path(out_dir).exists()
     out = prepare_out_dir(out_dir, force=force)
     paths = list(paths)
     key = stored.report_key(paths, png=png, **{k: v for k, v in analyze_options.items() if k in STORED_KEY_OPTIONS})
-    analysis = analyze_paths(paths, **analyze_options)
+    try:
+        analysis = analyze_paths(paths, **analyze_options)
+    except BaseException:
+        if not existed and not any(out.iterdir()):
+            out.rmdir()  # nothing to report: no empty report directory left behind
+        raise
     try:
         if on_analyzed is not None:
             on_analyzed(analysis)
