@@ -137,3 +137,36 @@ def test_the_phone_cpu_path_of_the_real_model(runs, tmp_path):
     assert decided["numbers"]["kld_mean"] == pytest.approx(kld, rel=1e-6, abs=1e-12)
     assert ref_token == run_token == decided["numbers"]["top1_run"] and kld < 0.1
     assert run["verdict"] in ("pass", "warn")
+
+
+def test_vulkan_on_lavapipe_with_a_rotated_kv_cache(runs, tmp_path):
+    """ggml's Vulkan backend (where a Vulkan build is cached; not in CI's cold run) on the real model: the
+    rotation is found through the scheduler's copies of attn_inp_k_rot, the tied output layer on the CPU is
+    by design, and the next token and KL divergence are numpy's."""
+    from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir
+
+    if not (binary_dir(GgmlSpec(vulkan=True)) / "layerdiff-ggml").is_file():
+        pytest.skip("no Vulkan build of layerdiff-ggml cached (python -m layerdiff.collector.engines.ggml.build --vulkan)")
+    model, prompt = runs.parent / gemma.MODEL_NAME, runs.parent / "prompt.txt"
+    vk = tmp_path / "vulkan"
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", "local", "--model", str(model),
+                           "--backend", "vulkan", "--precision", "low", "--input", f"prompt={prompt}", "-o", str(vk),
+                           "--no-report"], capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ref = runs / "ggml_cpu_high_prompt.h5"
+    report = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(vk), str(ref), "--ref", str(ref),
+                             "-o", str(tmp_path / "report"), "--json"], capture_output=True, text=True, timeout=600)
+    assert report.returncode == 0, report.stderr[-2000:]
+    (run,) = [r for r in json.loads(report.stdout)["runs"] if r["role"] == "compared"]
+    kinds = {f["kind"]: f for f in run["findings"]}
+    assert "cpu_by_design" in kinds and "backend_fallback" not in kinds
+    assert "rotated basis" in kinds["layout_mismatch"]["sentence"]
+    assert "failure_source" not in kinds and run["verdict"] in ("pass", "warn")
+    dump = DumpFile(vk / "ggml_vulkan_low_prompt.h5")
+    try:
+        vk_logits = dump.tensor_by_key("result_output:0").astype(np.float64).reshape(-1)
+    finally:
+        dump.close()
+    ref_token, run_token, kld = numpy_reading(logits(runs, "high"), vk_logits)
+    assert kinds["output_decision"]["numbers"]["kld_mean"] == pytest.approx(kld, rel=1e-6, abs=1e-12)
+    assert ref_token == run_token and kld < 0.1

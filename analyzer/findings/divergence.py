@@ -16,6 +16,7 @@ from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
 from layerdiff.analyzer.align.graph import LayerGraph
 from layerdiff.analyzer.runs.sources import Run
+from layerdiff.analyzer.runs.placement import TIED_OUTPUT, node_buffer
 from layerdiff.analyzer.findings.trends import error_curve, input_dependence
 from layerdiff.analyzer.findings.decisions import output_decision
 from layerdiff.analyzer.findings.unmatched import unmatched_outputs
@@ -120,12 +121,18 @@ def run_state_findings(run: Run) -> list[Finding]:
 def _cpu_by_design(run: Run, requested: str) -> Finding:
     """llama.cpp's input layer on the CPU in a GPU run: said as what it is, an info, not a fallback."""
     nodes = run.cpu_by_design
-    buffers = [str(layout).rsplit("@", 1)[-1] for layout in run.layers["layout"]]
+    buffers = [node_buffer(layout) or "" for layout in run.layers["layout"]]
     buffer = buffers[list(run.layers["key"]).index(nodes[0])]
     on_gpu = sum(b.lower().startswith(requested) and not b.lower().endswith("_host") for b in buffers)
+    tied = [n for n in nodes if n.startswith(TIED_OUTPUT)]
+    layer = [n for n in nodes if n not in tied]
+    what = f"llama.cpp's input layer ({named(layer)}: the token-embedding lookup)" if layer else ""
+    if tied:
+        what += (" and " if what else "") + (f"its output layer ({named(tied)}: the logits, computed with the same "
+                                              "table, tied embeddings)")
     return Finding(FindingKind.CPU_BY_DESIGN, run.label, nodes[0], "",
-                   f"Run {run.label} ran on {requested} except llama.cpp's input layer ({named(nodes)}: the "
-                   f"token-embedding lookup), which llama.cpp always computes on the CPU (here in {buffer}); "
+                   f"Run {run.label} ran on {requested} except {what}: llama.cpp keeps the token-embedding table in "
+                   f"CPU memory and computes what reads it there (here in {buffer}); "
                    f"{on_gpu} of {len(buffers)} nodes ran in {requested} memory. Not a fallback: "
                    f"the recorded backend is {run.attrs.get('backend_actual')} by design.", severity=Severity.INFO,
                    numbers={"backend_requested": requested, "backend_actual": run.attrs.get("backend_actual"),

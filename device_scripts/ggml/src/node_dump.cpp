@@ -72,7 +72,7 @@ std::string bounded(const std::string& name, const ggml_tensor* t) {
 // attn_inp_v_rot) and multiplies again where attention is done; these leaves are the rotations.
 bool rotation_leaf(const ggml_tensor* t) {
     if (t == nullptr || t->op != GGML_OP_NONE) return false;
-    std::string name = t->name;
+    std::string name = strip_copy_name(t->name);  // on a GPU the scheduler's copy: "Vulkan0#attn_inp_k_rot#0"
     return name.size() > 4 && name.compare(name.size() - 4, 4, "_rot") == 0;
 }
 
@@ -111,6 +111,11 @@ std::string NodeDumper::given_name(const ggml_tensor* t) {
 bool NodeDumper::rotated(const ggml_tensor* t) const {
     auto found = rotated_.find(t);
     if (found != rotated_.end()) return found->second;
+    std::string base = strip_copy_name(t->name);
+    if (base != t->name) {  // the scheduler's copy of a node for another backend: as its original
+        auto original = rotated_by_name_.find(base);
+        if (original != rotated_by_name_.end()) return original->second;
+    }
     return rotated_roots_.count(view_root(t)) != 0;  // the KV cache itself, read through a view
 }
 
@@ -137,6 +142,7 @@ void NodeDumper::track_representation(const ggml_tensor* t) {
         for (int i = 0; i < GGML_MAX_SRC; ++i) out = out || rot(i);
     }
     rotated_[t] = out;
+    rotated_by_name_[t->name] = out;
 }
 
 std::string NodeDumper::representation(const ggml_tensor* t) const {

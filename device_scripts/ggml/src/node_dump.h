@@ -33,7 +33,7 @@ public:
     void start(DumpWriter* writer) {
         writer_ = writer;
         names_.clear(); name_uses_.clear(); ggml_names_.clear(); last_writer_.clear();
-        rotated_.clear(); rotated_roots_.clear(); transposed_v_roots_.clear();
+        rotated_.clear(); rotated_by_name_.clear(); rotated_roots_.clear(); transposed_v_roots_.clear();
     }
     // --inject: while the graph runs (placement pass), hand the target nodes to `recorder` as they are computed.
     void set_recorder(NodeRecorder* recorder) { recorder_ = recorder; }
@@ -57,6 +57,7 @@ private:
     std::map<std::string, int> name_uses_;             // llama.cpp reuses names (Qcur-0 thrice)
     std::map<std::string, std::string> ggml_names_;    // ggml's name of a node -> its dump name (copies)
     std::map<const ggml_tensor*, bool> rotated_;       // node -> holds its values in a rotated basis
+    std::map<std::string, bool> rotated_by_name_;      // the same by ggml's name (the scheduler's copies)
     std::set<const ggml_tensor*> rotated_roots_;       // KV caches whose content is stored rotated
     std::set<const ggml_tensor*> transposed_v_roots_;  // V caches stored transposed (no flash attention)
     std::map<const ggml_tensor*, std::string> last_writer_;  // a KV cache tensor -> the node that last wrote into it
