@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -148,38 +149,55 @@ def test_low_is_recorded_as_fp32_and_computes_as_high(harness, shim, tmp_path):
     assert ours.keys() == reference.keys() and all(np.array_equal(ours[k], reference[k]) for k in ours)
 
 
-def wide_input(tmp_path: Path) -> Path:
-    """convnet's input 16,400 wide: its first layers need OpenCL images wider than PoCL's 16,384 pixels."""
-    data = np.random.default_rng(33).standard_normal((1, 3, 8, 16400)).astype(np.float32)
-    path = tmp_path / "wide.npy"
-    np.save(path, data)
-    return path
+def band_model(folder: Path) -> tuple[Path, Path]:
+    """A model with an op MNN's OpenCL backend has no kernel for (MatrixBandPart, CPU only in MNN 3.6.1)
+    between two it has, written with pymnn's Express API (the MNN wheel, a layerdiff dependency)."""
+    import MNN.expr as F
+
+    x = F.placeholder([1, 4, 8, 8], F.NCHW, F.float)
+    x.name = "data"
+    scaled = F.relu(x * F.const(np.array([2.0], np.float32), [1]))
+    scaled.name = "scale_relu"
+    band = F.matrix_band_part(scaled, F.scalar(-1), F.scalar(0))
+    band.name = "band"
+    out = F.sigmoid(band)
+    out.name = "out"
+    model, data = folder / "band.mnn", folder / "band.npy"
+    F.save([out], str(model))
+    np.save(data, np.random.default_rng(33).standard_normal((1, 4, 8, 8)).astype(np.float32))
+    return model, data
 
 
-def test_ops_mnn_gives_to_its_cpu_are_recorded_and_found(harness, shim, tmp_path):
-    """In image memory MNN hands an op whose image exceeds the device's limit to its CPU backup: the
-    header's placement names those ops, their tensors are host memory, backends_actual adds cpu, and the
-    values still agree with cpu/high (the hand-over copies are right)."""
-    data = wide_input(tmp_path)
-    dump = run_mnn(harness, "convnet", "opencl", "high", tmp_path / "ocl",
-                   shim_env(shim, LAYERDIFF_MNN_OPENCL_MEMORY="image"), data=data)
+def run_model(harness: Path, model: Path, data: Path, backend: str, out: Path, env: dict | None = None) -> RawDump:
+    cmd = [str(harness), "--engine", "mnn", "--model", str(model), "--input", f"data={data}", "--backend", backend,
+           "--precision", "high", "--out", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env or dict(os.environ))
+    assert result.returncode == 0, f"harness failed ({result.returncode}): {result.stderr[-3000:]}"
+    return check_well_formed(HarnessRun(result.returncode, result.stdout, result.stderr, out))
+
+
+@pytest.mark.parametrize("memory", ["buffer", "image"])
+def test_ops_mnn_gives_to_its_cpu_are_recorded_and_found(harness, shim, tmp_path, memory):
+    """An op without an OpenCL kernel runs on MNN's CPU backup: the header's placement names it, its tensor
+    is host memory while its neighbours are OpenCL memory, backends_actual adds cpu, the values still agree
+    with cpu/high (the hand-over copies are right), and the analyzer's split_graph finding names the op."""
+    model, data = band_model(tmp_path)
+    dump = run_model(harness, model, data, "opencl", tmp_path / "ocl", shim_env(shim, LAYERDIFF_MNN_OPENCL_MEMORY=memory))
     placement = dump.header["options"]["placement"]
-    cpu_ops = [op["name"] for op in placement["per_op"]["cpu"]]
-    assert placement["split"] is True and cpu_ops and placement["gpu_ops"] > 0
+    assert [(op["name"], op["op_type"]) for op in placement["per_op"]["cpu"]] == [("band", "MatrixBandPart")]
+    assert placement["split"] is True and placement["gpu_ops"] >= 2 and placement["rejected"][0]["op_type"] == "MatrixBandPart"
     assert dump.header["backends_actual"] == ["opencl", "cpu"]
-    memory = {t.op: t.memory for t in dump.tensors if t.op_type != "Output"}
-    assert {memory[op] for op in cpu_ops if op in memory} == {"host"} and "device" in memory.values()
-    reference = arrays_by_key(run_mnn(harness, "convnet", "cpu", "high", tmp_path / "cpu", data=data))
+    memory_of = {t.op: t.memory for t in dump.tensors}
+    assert memory_of["band"] == "host" and memory_of["scale_relu"] == "device" and memory_of["out"] == "device"
+    reference = arrays_by_key(run_model(harness, model, data, "cpu", tmp_path / "cpu"))
+    assert arrays_by_key(dump).keys() == reference.keys()
     assert max_scaled_diff(arrays_by_key(dump), reference) <= TOLERANCE
     from layerdiff.analyzer.findings.observability import split_graph
 
-    class _Run:  # what split_graph reads of a run: its label and the raw header kept in the provenance
-        label = "opencl/high"
-        dump = type("D", (), {"provenance": {"raw_header": dump.header}})()
-
-    [finding] = split_graph(_Run())
-    assert finding.kind.value == "split_graph" and cpu_ops[0] in finding.message
-    print(f"\nFIGURES fallback: cpu ops {cpu_ops} of {placement['ops']}: {finding.message}")
+    run = SimpleNamespace(label="opencl/high", dump=SimpleNamespace(provenance={"raw_header": dump.header}))
+    [finding] = split_graph(run)  # what it reads of a run: the label and the raw header the HDF5 provenance keeps
+    assert finding.kind.value == "split_graph" and "band (MatrixBandPart)" in finding.sentence
+    print(f"\nFIGURES fallback {memory}: {placement['cpu_ops']} of {placement['ops']} ops on the CPU: {finding.sentence}")
 
 
 def standin_harness(harness: Path, shim: Path, folder: Path) -> Path:

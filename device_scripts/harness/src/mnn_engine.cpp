@@ -7,7 +7,8 @@
 // the after-callback records which op produced each tensor, the before-callback looks the
 // op's inputs up, corrected by the model's graph where addresses mislead (mnn_edges.h). MNN falls
 // back to the CPU silently when a GPU backend is missing, so the header's backends_actual, threads
-// and precision_effective are read from the session (mnn_backend.h), never from the request.
+// and precision_effective are read from the session (mnn_backend.h), never from the request; ops
+// MNN hands to its CPU backup inside a GPU session are observed before the run (mnn_placement.h).
 // With --inject no session is made: mnn_isolate.cpp cuts each target out of the graph instead.
 #include <cstring>
 #include <map>
@@ -79,6 +80,7 @@ public:
         feed_inputs(inputs);
         if (facts_.backends_actual.front() == "cpu") return;  // a CPU session has nothing to fall back from
         MnnPlacement placement = mnn_placement(net_, session_, ops_);
+        if (!placement.read) return;  // nothing to record; the run itself will fail and say why
         if (placement.all_cpu()) facts_.backends_actual = {"cpu"};
         if (placement.split()) facts_.backends_actual.push_back("cpu");
         facts_.options_json = JsonObject(options_).add_raw("placement", mnn_placement_json(placement, adapter_).str()).str();

@@ -12,8 +12,8 @@ namespace {
 // A GPU backend keeps a tensor in device memory (deviceId set, no host pointer); the CPU writes host memory.
 bool on_host(const MNN::Tensor* t) { return t->host<void>() != nullptr || t->deviceId() == 0; }
 
-const char* const kCpuReason = "MNN's GPU backend made no execution for it (no kernel for this op type or these "
-                               "inputs on this device), so MNN ran it on its CPU backup backend";
+const char* const kCpuReason = "MNN's GPU backend has no execution for this op type or its inputs on this device "
+                               "(MNN's CPU backup backend runs it)";
 
 }  // namespace
 
@@ -40,7 +40,7 @@ MnnPlacement mnn_placement(MNN::Interpreter* net, MNN::Session* session, const M
         return true;
     };
     StdoutToStderr quiet;  // nothing of MNN's chatter on our stdout
-    net->runSessionWithCallBackInfo(session, skip, look, true);
+    placement.read = net->runSessionWithCallBackInfo(session, skip, look, true) == MNN::NO_ERROR;
     return placement;
 }
 

@@ -29,6 +29,7 @@ struct MnnPlacedOp {
 };
 
 struct MnnPlacement {
+    bool read = false;                // MNN went through the session (false: e.g. it could not resize it)
     int ops = 0;                      // ops with at least one non-empty output
     std::vector<MnnPlacedOp> cpu;     // those whose outputs are host tensors: run by the CPU backup
     bool split() const { return ops > 0 && !cpu.empty() && static_cast<int>(cpu.size()) < ops; }
