@@ -6,7 +6,10 @@
 #   bash device_scripts/setup_host.sh --ggml-vulkan   # + what ggml's Vulkan build needs (compilers, glslc,
 #                                              # spirv-headers, Vulkan headers); the build itself stays on demand:
 #                                              # python -m layerdiff.collector.engines.ggml.build --vulkan
-# (flags combine: --test --ggml-vulkan)
+#   bash device_scripts/setup_host.sh --pocl   # + Debian's PoCL (a CPU OpenCL) and gcc for the loader shim that
+#                                              # lets MNN see it: MNN's OpenCL kernels run here when MNN_ROOT
+#                                              # names an MNN build with MNN_OPENCL=ON (tests/test_harness_mnn_opencl.py)
+# (flags combine: --test --ggml-vulkan --pocl)
 # Safe to re-run: apt is only asked for packages that are missing.
 set -euo pipefail
 
@@ -20,6 +23,9 @@ test_packages=(g++ make cmake ninja-build libvulkan-dev g++-aarch64-linux-gnu ch
 # ggml's Vulkan backend: glslc compiles its shaders, spirv-headers is a CMake package it requires
 # (collector/engines/ggml/build.py checks for them before it starts and names the missing ones)
 ggml_vulkan_packages=(g++ make cmake ninja-build libvulkan-dev glslc spirv-headers)
+# OpenCL on the CPU: the ICD loader, PoCL, clinfo to see it; gcc builds tests/fixtures/opencl_shim at test time.
+# Not part of --test: only useful with an MNN OpenCL build (MNN_ROOT), which CI does not have.
+pocl_packages=(ocl-icd-libopencl1 pocl-opencl-icd clinfo gcc)
 
 packages=("${base_packages[@]}")
 extras="."
@@ -28,7 +34,8 @@ for arg in "$@"; do
     case "$arg" in
         --test) packages+=("${test_packages[@]}"); extras=".[test,paddle]"; testing=1 ;;
         --ggml-vulkan) packages+=("${ggml_vulkan_packages[@]}") ;;
-        *) echo "setup_host: unknown option $arg (use --test and/or --ggml-vulkan)" >&2; exit 2 ;;
+        --pocl) packages+=("${pocl_packages[@]}") ;;
+        *) echo "setup_host: unknown option $arg (use --test, --ggml-vulkan and/or --pocl)" >&2; exit 2 ;;
     esac
 done
 if ! command -v python3 >/dev/null || ! python3 -m pip --version >/dev/null 2>&1; then

@@ -11,7 +11,9 @@ so a real zero collapse (its consumers then diverge too) still fails.
 
 A run whose graph the accelerator split between GPU and CPU (`options.placement.split`) gets a
 `split_graph` finding naming the rejected operator types, the op counts and, where the engine could
-derive it (`options.placement.per_op`), the first CPU layers by name.
+derive it (`options.placement.per_op`), the first CPU layers by name. LiteRT's GPU accelerator derives
+its per-op list from TFLite's partition rule; the C++ harness's MNN engine observes it (an op whose
+outputs are host tensors in a GPU session ran on MNN's CPU backup) and says so in `per_op.how`.
 """
 from __future__ import annotations
 
@@ -100,6 +102,6 @@ def _cpu_operators(per_op) -> tuple[str, list[str] | None]:
     types = ", ".join(sorted({str(c.get("op_type")) for c in weights}))
     parts = ([f"layer(s) {named(layers)}"] if layers else []) + \
             ([f"{len(weights)} weight-decoding operator(s) ({types})"] if weights else [])
-    return (f"On the CPU: {' and '.join(parts) or 'nothing'}; every other layer ran on the GPU (derived from "
-            "TFLite's partition rule, which reproduces the accelerator's counts).",
+    how = per_op.get("how") or "derived from TFLite's partition rule, which reproduces the accelerator's counts"
+    return (f"On the CPU: {' and '.join(parts) or 'nothing'}; every other layer ran on the GPU ({how}).",
             [c.get("name") for c in cpu if not c.get("weight")])

@@ -291,8 +291,20 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
         raw = read_raw_dump(local)
     except LayerdiffError as err:
         raise DumpFormatError(f"{device.serial}: {spec.stem}: the harness's dump is unusable ({err})") from None
+    opencl = opencl_device_name(raw.header)
+    if opencl:  # the device that computed, not the phone's display GPU (a CPU OpenCL such as PoCL, too)
+        attrs["gpu"] = opencl
     return convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
                             stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
+
+
+def opencl_device_name(header: dict) -> str:
+    """`name (platform)` of the OpenCL device the harness says its run used (options.opencl_device), else ""."""
+    options = header.get("options")
+    found = options.get("opencl_device") if isinstance(options, dict) else None
+    if not isinstance(found, dict) or not found.get("name"):
+        return ""
+    return f"{found['name']} ({found.get('platform') or 'platform unknown'})"
 
 
 def _cleanup(device: Device, run_dir: str) -> None:

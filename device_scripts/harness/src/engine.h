@@ -37,6 +37,10 @@ public:
     // Loads the model for config.backend/precision. Throws HarnessError: kExitModel when the
     // model does not load, kExitBackend when the backend is unavailable.
     virtual void open(const RunConfig& config) = 0;
+    // Called once after open() (not for --inject isolation), with the inputs every run will be fed:
+    // an engine whose facts depend on the input shapes (MNN: which ops its GPU backend hands to the
+    // CPU) settles them here, before the header is written. Throws like run().
+    virtual void prepare(const std::vector<NpyArray>& inputs) { (void)inputs; }
     virtual EngineFacts facts() const = 0;
     virtual int op_count() const = 0;  // ops the engine will run (0 if unknown)
     // Runs once, dumping every wanted tensor into `out`; returns inference time in ms.

@@ -129,6 +129,7 @@ int run(const Options& o) {
     config.threads = o.threads;
     config.isolate = !o.inject_dir.empty() && o.replace.empty();
     engine->open(config);
+    if (!config.isolate) engine->prepare(inputs);
     EngineFacts facts = engine->facts();
 
     std::unique_ptr<InjectSource> inject;

@@ -134,8 +134,10 @@ MnnResolved mnn_resolve(const std::string& backend, const std::string& precision
     MNN::ScheduleConfig& schedule = resolved.schedule;
     schedule.type = forward_type(backend);
     schedule.backupType = MNN_FORWARD_CPU;
-    // For GPU types numThread is a mode word; MNN's default, a tuning mode both GPUs accept.
+    // For GPU types numThread is a mode word: MNN's default tuning mode (both GPUs accept it), and for
+    // OpenCL the memory object LAYERDIFF_MNN_OPENCL_MEMORY names, if any (MNN picks by device otherwise).
     schedule.numThread = schedule.type == MNN_FORWARD_CPU ? threads : MNN_GPU_TUNING_WIDE;
+    if (schedule.type == MNN_FORWARD_OPENCL) schedule.numThread |= mnn_opencl_memory_mode();
     backend_config->precision = precision == "low"    ? MNN::BackendConfig::Precision_Low
                                 : precision == "high" ? MNN::BackendConfig::Precision_High
                                                       : MNN::BackendConfig::Precision_Normal;
@@ -150,6 +152,7 @@ MnnResolved mnn_resolve(const std::string& backend, const std::string& precision
             resolved.library_loaded = true;
             resolved.library_error.clear();
         }
+        if (backend == "opencl") resolved.opencl = mnn_opencl_device();
         return resolved;
     }
     resolved.available = false;
@@ -193,7 +196,15 @@ JsonObject mnn_options(const MnnResolved& resolved, const std::string& backend) 
         if (!resolved.library_error.empty()) options.add("backend_library_error", resolved.library_error);
         if (!resolved.available) options.add("fallback", "cpu: " + resolved.reason);
     }
+    if (backend == "opencl" && resolved.available) options.add_raw("opencl_device", opencl_device_json(resolved.opencl).str());
     return options;
+}
+
+std::string mnn_adapter(const MnnResolved& resolved, const std::string& backend) {
+    std::string adapter = backend == "opencl" ? "MNN OpenCL" : backend == "vulkan" ? "MNN Vulkan" : "MNN " + backend;
+    const OpenClDevice& device = resolved.opencl;
+    if (device.found) adapter += " on " + device.name + " (" + device.platform + ", " + device.memory + " memory)";
+    return adapter;
 }
 
 }  // namespace ld

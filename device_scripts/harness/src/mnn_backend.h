@@ -11,6 +11,7 @@
 #include <MNN/MNNForwardType.h>
 
 #include "json.h"
+#include "mnn_opencl.h"
 
 namespace ld {
 
@@ -33,6 +34,7 @@ struct MnnResolved {
     bool library_loaded = false;      // the backend's code is loaded (separate library or built in)
     std::string library_error;        // why it did not load ("" if it did or is not needed)
     std::string reason;               // !available: one line saying why (for --probe and options)
+    OpenClDevice opencl;              // an OpenCL request MNN serves: the device it runs on
 };
 
 // Loads the GPU backend library if there is one, then resolves. When MNN has no runtime of the
@@ -51,7 +53,10 @@ struct MnnSessionFacts {
 };
 MnnSessionFacts mnn_session_facts(MNN::Interpreter* net, MNN::Session* session, const std::string& precision);
 
-// The header's `options` fields every MNN run records (schedule, backend library outcome).
+// The header's `options` fields every MNN run records (schedule, backend library outcome, OpenCL device).
 JsonObject mnn_options(const MnnResolved& resolved, const std::string& backend);
+
+// Names the GPU backend and device of a resolved request, for options.placement's `adapter`.
+std::string mnn_adapter(const MnnResolved& resolved, const std::string& backend);
 
 }  // namespace ld

@@ -7,7 +7,8 @@
 // the after-callback records which op produced each tensor, the before-callback looks the
 // op's inputs up, corrected by the model's graph where addresses mislead (mnn_edges.h). MNN falls
 // back to the CPU silently when a GPU backend is missing, so the header's backends_actual, threads
-// and precision_effective are read from the session (mnn_backend.h), never from the request.
+// and precision_effective are read from the session (mnn_backend.h), never from the request; ops
+// MNN hands to its CPU backup inside a GPU session are observed before the run (mnn_placement.h).
 // With --inject no session is made: mnn_isolate.cpp cuts each target out of the graph instead.
 #include <cstring>
 #include <map>
@@ -26,6 +27,7 @@
 #include "mnn_backend.h"
 #include "mnn_edges.h"
 #include "mnn_model.h"
+#include "mnn_placement.h"
 #if LAYERDIFF_MNN_EXPRESS
 #include "mnn_isolate.h"
 #endif
@@ -63,10 +65,25 @@ public:
         facts_.backends_actual = session_facts.backends;
         facts_.precision_effective = session_facts.precision;
         facts_.threads = session_facts.threads;
-        facts_.options_json = mnn_options(resolved, config.backend).add("session_mode", "Session_Debug").str();
+        options_ = mnn_options(resolved, config.backend).add("session_mode", "Session_Debug");
+        facts_.options_json = options_.str();
+        adapter_ = mnn_adapter(resolved, config.backend);
         edges_ = MnnGraphEdges::load(model);
         std::pair<const void*, size_t> buffer = net_->getModelBuffer();
         ops_ = read_mnn_ops(buffer.first, buffer.second);
+    }
+
+    // Inputs fed (the session resized to them), then, on a GPU session, which ops MNN gave to its CPU
+    // backup: recorded as options.placement, and "cpu" joins backends_actual (mnn_placement.h).
+    void prepare(const std::vector<NpyArray>& inputs) override {
+        if (!session_) return;
+        feed_inputs(inputs);
+        if (facts_.backends_actual.front() == "cpu") return;  // a CPU session has nothing to fall back from
+        MnnPlacement placement = mnn_placement(net_, session_, ops_);
+        if (!placement.read) return;  // nothing to record; the run itself will fail and say why
+        if (placement.all_cpu()) facts_.backends_actual = {"cpu"};
+        if (placement.split()) facts_.backends_actual.push_back("cpu");
+        facts_.options_json = JsonObject(options_).add_raw("placement", mnn_placement_json(placement, adapter_).str()).str();
     }
 
     EngineFacts facts() const override { return facts_; }
@@ -251,6 +268,8 @@ private:
     MNN::Interpreter* net_ = nullptr;
     MNN::Session* session_ = nullptr;
     EngineFacts facts_;
+    JsonObject options_;   // the header's options before placement is known
+    std::string adapter_;  // the GPU backend and device, as options.placement names it
     MnnGraphEdges edges_;  // empty without Express: edges from addresses alone
     MnnOps ops_;           // the tensors each model op writes: the dump's keys
     std::map<std::pair<std::string, int>, std::string> replace_;  // (dump op, output index) -> inject tensor name
@@ -278,6 +297,7 @@ std::string mnn_probe_json() {
         MnnResolved resolved = mnn_resolve(backend, "normal", 1, &backend_config);
         JsonObject entry;
         entry.add("ok", resolved.available).add("backend_library", resolved.library);
+        if (resolved.opencl.found) entry.add("device", resolved.opencl.name).add("fp16", resolved.opencl.fp16);
         if (!resolved.available) entry.add("reason", resolved.reason);
         backends.add_raw(backend, entry.str());
     }
