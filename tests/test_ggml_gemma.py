@@ -63,6 +63,23 @@ def numpy_reading(ref: np.ndarray, run: np.ndarray) -> tuple[int, int, float]:
     return int(ref.argmax()), int(run.argmax()), float((p * (np.log(p) - np.log(q))).sum())
 
 
+def collect_against_high(runs: Path, out: Path, device: str, backend: str, precision: str) -> tuple[dict, Path]:
+    """Collect the model on one device/backend/precision into `out` and analyze it against the x86 cpu/high
+    run: (the compared run's results.json entry, its dump)."""
+    model, prompt = runs.parent / gemma.MODEL_NAME, runs.parent / "prompt.txt"
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", device, "--model", str(model),
+                           "--backend", backend, "--precision", precision, "--input", f"prompt={prompt}", "-o", str(out),
+                           "--no-report"], capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ref = runs / "ggml_cpu_high_prompt.h5"
+    report = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(out), str(ref), "--ref", str(ref),
+                             "-o", str(out.parent / f"{out.name}-report"), "--json"], capture_output=True, text=True,
+                            timeout=600)
+    assert report.returncode == 0, report.stderr[-2000:]
+    (run,) = [r for r in json.loads(report.stdout)["runs"] if r["role"] == "compared"]
+    return run, out / f"ggml_{backend}_{precision}_prompt.h5"
+
+
 def test_every_node_is_dumped_under_llama_cpp_names(runs):
     dump = DumpFile(runs / "ggml_cpu_high_prompt.h5")
     try:
@@ -115,18 +132,8 @@ def test_the_phone_cpu_path_of_the_real_model(runs, tmp_path):
     from layerdiff.collector.harness.buildprogress import PlainReporter
 
     ensure_built(GgmlSpec("aarch64"), PlainReporter())
-    model, prompt = runs.parent / gemma.MODEL_NAME, runs.parent / "prompt.txt"
-    arm = tmp_path / "arm64"
-    proc = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", "arm64", "--model", str(model),
-                           "--precision", "high", "--input", f"prompt={prompt}", "-o", str(arm), "--no-report"],
-                          capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    ref = runs / "ggml_cpu_high_prompt.h5"
-    report = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(arm), str(ref), "--ref", str(ref),
-                             "-o", str(tmp_path / "report"), "--json"], capture_output=True, text=True, timeout=600)
-    assert report.returncode == 0, report.stderr[-2000:]
-    (run,) = [r for r in json.loads(report.stdout)["runs"] if r["role"] == "compared"]
-    dump = DumpFile(arm / "ggml_cpu_high_prompt.h5")
+    run, path = collect_against_high(runs, tmp_path / "arm64", "arm64", "cpu", "high")
+    dump = DumpFile(path)
     try:
         arm_logits = dump.tensor_by_key("result_output:0").astype(np.float64).reshape(-1)
         assert "fp16" in str(dump.attrs.get("precision_effective", ""))  # the phone's fp16 vector arithmetic
@@ -147,22 +154,12 @@ def test_vulkan_on_lavapipe_with_a_rotated_kv_cache(runs, tmp_path):
 
     if not (binary_dir(GgmlSpec(vulkan=True)) / "layerdiff-ggml").is_file():
         pytest.skip("no Vulkan build of layerdiff-ggml cached (python -m layerdiff.collector.engines.ggml.build --vulkan)")
-    model, prompt = runs.parent / gemma.MODEL_NAME, runs.parent / "prompt.txt"
-    vk = tmp_path / "vulkan"
-    proc = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", "local", "--model", str(model),
-                           "--backend", "vulkan", "--precision", "low", "--input", f"prompt={prompt}", "-o", str(vk),
-                           "--no-report"], capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    ref = runs / "ggml_cpu_high_prompt.h5"
-    report = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(vk), str(ref), "--ref", str(ref),
-                             "-o", str(tmp_path / "report"), "--json"], capture_output=True, text=True, timeout=600)
-    assert report.returncode == 0, report.stderr[-2000:]
-    (run,) = [r for r in json.loads(report.stdout)["runs"] if r["role"] == "compared"]
+    run, path = collect_against_high(runs, tmp_path / "vulkan", "local", "vulkan", "low")
     kinds = {f["kind"]: f for f in run["findings"]}
     assert "cpu_by_design" in kinds and "backend_fallback" not in kinds
     assert "rotated basis" in kinds["layout_mismatch"]["sentence"]
     assert "failure_source" not in kinds and run["verdict"] in ("pass", "warn")
-    dump = DumpFile(vk / "ggml_vulkan_low_prompt.h5")
+    dump = DumpFile(path)
     try:
         vk_logits = dump.tensor_by_key("result_output:0").astype(np.float64).reshape(-1)
     finally:
