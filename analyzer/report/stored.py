@@ -35,11 +35,12 @@ from typing import Any, Iterable
 
 from layerdiff.analyzer.findings.thresholds import Thresholds
 from layerdiff.analyzer.importers import convcache
-from layerdiff.analyzer.report.outdir import prepare_out_dir
+from layerdiff.analyzer.report.outdir import atomic_write_chunks, prepare_out_dir
 from layerdiff.errors import LayerdiffError
 
 PREFIX = "report-"
 VIEW = "view.json"  # written last: an entry without it is incomplete
+COPY_CHUNK = 1 << 20
 FORMAT = 1
 # Libraries whose code or bundled scripts end up in the report's bytes.
 LIBRARIES = ("numpy", "pandas", "h5py", "orjson", "plotly", "itables", "matplotlib")
@@ -169,17 +170,13 @@ def find(key: str | None) -> StoredReport | None:
 
 
 def replay(entry: StoredReport, out_dir: Path | str, force: bool = False) -> Path:
-    """Write the stored report into `out_dir` (checked as for a new report); returns the page."""
+    """Write the stored report into `out_dir` (checked as for a new report, each file under a temporary
+    name with the same free-space check as a new one); returns the page."""
     out = prepare_out_dir(out_dir, force=force)
     for name in entry.files:
-        target = out / name
-        tmp = target.with_name(f".{name}.partial")
-        try:
-            shutil.copyfile(entry.folder / name, tmp)
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        source = entry.folder / name
+        with open(source, "rb") as f:
+            atomic_write_chunks(out / name, iter(lambda: f.read(COPY_CHUNK), b""), source.stat().st_size)
     return out / "index.html"
 
 
@@ -190,19 +187,21 @@ def store(key: str | None, out_dir: Path, files: Iterable[str], console: dict[st
     files = [name for name in files if (out_dir / name).is_file()]
     try:
         root = convcache.cache_dir()
-        folder = root / f"{PREFIX}{key}"
-        partial = root / f"{PREFIX}{key}.partial{os.getpid()}"
+    except (OSError, LayerdiffError):
+        return
+    folder, partial = root / f"{PREFIX}{key}", root / f"{PREFIX}{key}.partial{os.getpid()}"
+    try:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(mode=0o700)
         for name in files:
             shutil.copyfile(out_dir / name, partial / name)
         doc = {"key": key, "format": FORMAT, "files": files, "console": console}
-        (partial / VIEW).write_text(json.dumps(doc), encoding="utf-8")
+        (partial / VIEW).write_text(json.dumps(doc), encoding="utf-8")  # last: an entry without it is incomplete
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
         convcache.trim(keep=folder)
     except (OSError, LayerdiffError):
-        shutil.rmtree(locals().get("partial", Path("/nonexistent")), ignore_errors=True)
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def console_view(analysis) -> dict[str, Any]:
