@@ -4,9 +4,9 @@
 intermediate tensor, so the reference a converted MNN/ncnn model is compared with goes through the
 same run pipeline (provenance, input hashing, HDF5) as every other run. Every node output of the
 main graph is dumped; graph optimisations are off, so each tensor is the value the ONNX graph
-defines (not a fused kernel's). The outputs are fetched in groups whose total size stays under a
-budget, each group the graph outputs of a session of its own, so a large model's activations never
-all sit in memory at once.
+defines (not a fused kernel's). The graph runs as consecutive segments, each node once, each
+segment's outputs about a budget's worth (`segments.py`), so a large model's activations never all
+sit in memory at once; a graph with control flow runs as groups of outputs instead (`run_once`).
 
 Keys: a node's tensors are dumped under the op name of its first output tensor (`op` = that tensor's
 name, `output_index` = k, `name` = the k-th output tensor), which is how MNN's converter names ops
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layerdiff.analyzer.formats.layouts import plain_layout
+from layerdiff.collector.engines.ort.segments import run_segments, segmentable
 from layerdiff.vocabulary import host_abi
 from layerdiff.collector.engines.harness_cli import (
     HARNESS_VERSION,
@@ -37,9 +38,10 @@ from layerdiff.collector.engines.harness_cli import (
     repeat_dirs,
 )
 
-# About this many bytes of outputs are fetched per session run (memory bound). The engine holds about
-# three groups' worth over ONNX Runtime's own peak; 32 MB keeps collect of PP-OCR det at 640x640 within
-# 2 x largest layer + 300 MB (tests/bench/bench_collect_memory.py), at ~10% more time than 64 MB.
+# About this many bytes of outputs are fetched per session run (memory bound): a segment's outputs
+# (segments.py), or a group's for graphs that cannot be cut (control flow). PP-OCR det at 640x640,
+# segments: collect 4.3 s and a process tree of 242 MB against ONNX Runtime's own 133 MB (the grouped
+# runs took 15 s and 288 MB: each recomputed the graph up to its outputs); tests/bench/bench_collect_memory.py.
 GROUP_BYTES = 32 << 20
 FIRST_GROUP = 1  # outputs in the first run, before tensor sizes are known
 
@@ -159,34 +161,47 @@ def run_once(session_for, feeds: dict, nodes: list[NodeOutputs], sink: DumpSink,
     graph output of a run alive to its end, so one session with all tensors as outputs would hold
     the whole dump. The first group is small; each next one is sized from the bytes the last one
     returned, so a group holds about `budget` bytes (a small model takes two sessions, a big one many).
+    The group comes back as ONNX Runtime's own values, each turned into an array only when it is
+    dumped and released right after: `session.run` returned the group twice over (its values and
+    their numpy copies), 30 MB of the engine's peak on PP-OCR det at 640x640.
     """
     names = [o for node in nodes for o in node.outputs]
     owner = {o: (node, k) for node in nodes for k, o in enumerate(node.outputs)}
+    ort_feeds = {name: _ort().OrtValue.ortvalue_from_numpy(array) for name, array in feeds.items()}
     total, start, count = 0.0, 0, FIRST_GROUP
     while start < len(names):
         group = names[start : start + count]
         session = session_for(group)
         begin = now_ms()
         try:
-            values = session.run(group, feeds)
+            values = session.run_with_ort_values(group, ort_feeds)
         except Exception as err:  # noqa: BLE001 - ORT raises its own runtime error types
             raise HarnessExit(EXIT_RUN, f"ONNX Runtime failed to run the model ({_first_line(err)})") from None
         elapsed = now_ms() - begin
         total += elapsed
-        del session
-        fetched = sum(int(np.asarray(v).nbytes) for v in values)
+        fetched = sum(v.tensor_size_in_bytes() for v in values if v.is_tensor())
         for index, name in enumerate(group):
             node, k = owner[name]
-            array = np.asarray(values[index])
+            array = _array(values[index], session, name, feeds)
             values[index] = None  # dumped: let it go
             if array.dtype == np.bool_:
                 array = array.astype(np.uint8)  # masks: compared as 0/1 values
             sink.add(op=node.op, op_type=node.op_type, array=array, output_index=k, name=name,
                      inputs=node.inputs, layout=plain_layout(array.ndim), memory="host",
                      time_ms=elapsed / len(group))
+            del array
+        del session
         start += len(group)
         count = max(1, int(len(group) * budget / max(fetched, 1)))
     return total
+
+
+def _array(value, session, name: str, feeds: dict) -> np.ndarray:
+    """One fetched value as an array; a sequence or map (no tensor) is fetched again the way
+    `session.run` returns it, which numpy can stack."""
+    if value.is_tensor():
+        return value.numpy()
+    return np.asarray(session.run([name], feeds)[0])
 
 
 def run(args: HarnessArgs) -> None:
@@ -206,9 +221,32 @@ def run(args: HarnessArgs) -> None:
     header = base_header(args, engine_version(), inputs)
     header.update({"backends_actual": ["cpu"], "precision_effective": "fp32", "node_names": node_names(nodes),
                    "options": {"providers": session.get_providers(), "graph_optimization_level": "ORT_DISABLE_ALL"}})
+    whole_graph = segmentable(model)
+    header["options"]["dump"] = "segments" if whole_graph else "output groups"
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(nodes))
-        sink.close(run_once(session_for, feeds, nodes, sink, GROUP_BYTES))
+        if whole_graph:
+            sink.close(run_segments(model, feeds, lambda segment: create_session(segment.SerializeToString(), args),
+                                    _dumper(nodes, sink), GROUP_BYTES))
+        else:
+            sink.close(run_once(session_for, feeds, nodes, sink, GROUP_BYTES))
+
+
+def _dumper(nodes: list[NodeOutputs], sink: DumpSink):
+    """What run_segments calls with each node output: dump it unless its node is not a layer (Constant)."""
+    dumped = {node.outputs[0]: node for node in nodes}
+
+    def on_tensor(node_proto, k: int, name: str, array: np.ndarray, ms: float) -> None:
+        first = next((o for o in node_proto.output if o), "")
+        node = dumped.get(first)
+        if node is None:
+            return
+        if array.dtype == np.bool_:
+            array = array.astype(np.uint8)  # masks: compared as 0/1 values
+        sink.add(op=node.op, op_type=node.op_type, array=array, output_index=node.outputs.index(name), name=name,
+                 inputs=node.inputs, layout=plain_layout(array.ndim), memory="host", time_ms=ms)
+
+    return on_tensor
 
 
 def main() -> int:
