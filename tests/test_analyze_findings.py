@@ -34,12 +34,30 @@ def test_failure_source_and_first_divergence(tmp_path, ref_dump):
         (source,) = kinds(analysis, "failure_source")
         assert source.layer == "block/conv 2:0" and source.op_type == "Convolution" and source.run == "vulkan/low"
         assert "block/conv 2:0" in source.sentence and "vulkan/low" in source.sentence
+        assert "this op breaks at this setting" in source.sentence and source.numbers["not_compared_between"] == []
         (first,) = kinds(analysis, "first_divergence")
         assert first.layer == "block/conv 2:0" and first.numbers["position"] == 2
         row = analysis.summary.set_index("run").loc["vulkan/low"]
         assert row["verdict"] == "fail" and row["n_fail"] == 5 and row["n_pass"] == 2
         assert analysis.comparison.plan.reference.label == "cpu/high"
         assert analysis.problems == []
+    finally:
+        analysis.close()
+
+
+def test_failure_source_names_the_layers_between_that_were_not_compared(tmp_path, ref_dump):
+    """The run has no `pool` (fused away, converted into other ops): its error is born there and `fc`
+    is the first compared layer that fails. Blaming `fc` alone would be a guess: the sentence names
+    the stretch (vad_lstm's ncnn model vs ONNX on an H200: a Reshape was said to break)."""
+    run = broken_from(reference_arrays(), "pool")
+    del run["pool"]
+    write_dump(tmp_path / "vk.h5", run, backend="vulkan", precision="low")
+    analysis = analyze_paths([tmp_path])
+    try:
+        (source,) = kinds(analysis, "failure_source")
+        assert source.layer == "fc:0" and source.numbers["not_compared_between"] == ["pool:0"]
+        assert "pool:0 (Pooling)" in source.sentence and "not necessarily here" in source.sentence
+        assert "this op breaks" not in source.sentence
     finally:
         analysis.close()
 

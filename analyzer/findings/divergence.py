@@ -15,6 +15,7 @@ import pandas as pd
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
 from layerdiff.analyzer.align.graph import LayerGraph
+from layerdiff.analyzer.align.opkinds import op_class
 from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.runs.placement import TIED_OUTPUT, node_buffer
 from layerdiff.analyzer.findings.trends import error_curve, input_dependence
@@ -31,6 +32,8 @@ from layerdiff.analyzer.findings.spread import run_spread
 __all__ = ["Finding", "KIND_ORDER", "all_findings"]
 
 MAX_PER_KIND = 3
+MODEL_INPUTS = ("input", "data")  # op types of the layers that hold the model's inputs
+COMPARED = ("pass", "warn", "fail")  # statuses of layers whose values were compared
 COPY_OPS = {"Split"}  # engine-inserted copies (ncnn): sentences name the layer they copy instead
 FP16_MAX = 65504.0
 KIND_ORDER = [kind.value for kind in FindingKind]  # report order: FindingKind's declaration order
@@ -59,7 +62,8 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
             mislaid = {f.layer for f in layouts if f.kind == FindingKind.PACKED_ORDER}
             found += saturation(rows, pair.base)
             verdict, why = pair_verdict(rows, t, judgements.get(index))
-            sources = failure_sources(rows, graph, None if verdict == "fail" else (verdict, why))
+            sources = failure_sources(rows, graph, None if verdict == "fail" else (verdict, why),
+                                      dict(zip(pair.base.layers["key"], pair.base.layers["op_type"].astype(str))))
             found += sources
             found += _capped(first_divergence(rows), verdict)
             # values in another order are not zeroed by arithmetic: the packed-order finding says why
@@ -247,14 +251,20 @@ def first_divergence(rows: pd.DataFrame) -> list[Finding]:
                     f"SQNR {r['sqnr_db']:.1f} dB ({r['reasons']}).{then}", severity=status, numbers=numbers)]
 
 
-def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str, str] | None = None) -> list[Finding]:
+def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str, str] | None = None,
+                    layer_ops: dict[str, str] | None = None) -> list[Finding]:
     """Failing layers whose every feeding layer does not fail: the ops that broke, not the heirs.
 
     `output_ok`: the run's (verdict, reason) when its outputs keep within tolerance. Then no layer is
     named a failure source (nothing the user gets has failed); the first such layer is said once, as a
-    warning that its error does not reach the output."""
+    warning that its error does not reach the output.
+    `layer_ops`: the reference's op type per layer key. Reference layers between a failing layer and
+    the compared layers feeding it that were not compared themselves (no counterpart in the run: fused,
+    converted into other ops, another shape) are named: the error arises somewhere in that stretch, and
+    "this op breaks" would blame, say, a Reshape for a Conv the run's graph computes differently."""
     if not graph.has_edges:
         return []
+    layer_ops = layer_ops or {}
     status = dict(zip(rows["key"], rows["status"]))
     rel = dict(zip(rows["key"], rows["rel_l2"]))
     failing = list(rows.sort_values("position").loc[rows["status"] == "fail", "key"])
@@ -264,17 +274,26 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str,
     for r in rows.sort_values("position").itertuples():
         if r.status != "fail":
             continue
-        feeders = graph.upstream(r.key, set(status))
+        nearest, walked = graph.nearest(r.key, set(status))
+        feeders = sorted((f for f in nearest if status[f] in COMPARED), key=graph.position)
         if any(status[f] == "fail" for f in feeders):
             continue
+        stretch = _unobserved_stretch(graph, walked, [f for f in nearest if status[f] not in COMPARED], layer_ops)
         worst_in = max((rel[f] for f in feeders), default=0.0)
         inputs = named(_through_copies(graph, feeders, op_type, set(status)))
         fed = (f"every layer feeding it passes or only warns ({inputs}; worst input rel L2 {worst_in:.3g})"
-               if feeders else "it reads only the model input")
+               if feeders else "no compared layer feeds it" if stretch else "it reads only the model input")
+        blame = "this op breaks at this setting."
+        if stretch:
+            blame = (f"but {len(stretch)} reference layer(s) between them were not compared ("
+                     + named([f"{layer_name(k)} ({layer_ops.get(k) or '?'})" for k in stretch])
+                     + "; no counterpart in the run: fused, converted into other ops, or another shape), so the error "
+                       "arises in that stretch or in this op, not necessarily here.")
         others = [k for k in failing if k != r.key]
         heirs = [k for k in others if k in _downstream(graph, r.key)]
         numbers = {"rel_l2": r.rel_l2, "worst_input_rel_l2": worst_in, "inputs": feeders, "op": op_name.get(r.key, ""),
-                   "position": int(r.position), "failing_layers": len(failing), "downstream_failing": heirs}
+                   "position": int(r.position), "failing_layers": len(failing), "downstream_failing": heirs,
+                   "not_compared_between": stretch}
         block = block_clause(getattr(r, "block", None))
         where = f"layer {layer_name(r.key, op_name.get(r.key))} ({r.op_type}){block}"
         if block:
@@ -289,10 +308,19 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str,
             break
         out.append(Finding("failure_source", r.run, r.key, r.op_type,
                            f"Failure source in {r.run}: {where} fails ({r.reasons}) while {fed}; "
-                           f"this op breaks at this setting. {_heirs_clause(others, heirs)}", numbers=numbers))
+                           f"{blame} {_heirs_clause(others, heirs)}", numbers=numbers))
         if len(out) >= MAX_PER_KIND:
             break
     return out
+
+
+def _unobserved_stretch(graph: LayerGraph, walked: set[str], uncompared: list[str],
+                        layer_ops: dict[str, str]) -> list[str]:
+    """Reference layers between a layer and its compared feeders that carry no evidence: not compared
+    (walked through, or a row without values), copies left out; in execution order."""
+    keys = [k for k in set(walked) | set(uncompared)
+            if op_class(layer_ops.get(k, "")) != "copy" and layer_ops.get(k, "").lower() not in MODEL_INPUTS]
+    return sorted(keys, key=graph.position)
 
 
 def _heirs_clause(others: list[str], heirs: list[str]) -> str:
