@@ -190,6 +190,14 @@ def test_yolov8_ssd_and_segmentation_decode_by_their_conventions():
     run[1, 3] = 0.0  # one row of class 1 becomes class 0 (argmax of equal zeros)
     mask = compare_masks(logits, run, tolerance=0.01)
     assert mask.n_changed == 8 and mask.worst_class == 1 and mask.worst_iou == pytest.approx(24 / 32)
+    # a probability map whose one foreground pixel sits at a near tie (selfie segmentation, LiteRT gpu/low on
+    # an H200): its flip is no lost region (the IoU over every pixel read 0.000 for class 1)
+    probs = np.full((16, 16), 0.01, np.float32)
+    probs[5, 5] = 0.5004
+    flipped = probs.copy()
+    flipped[5, 5] = 0.4998
+    mask = compare_masks(probs, flipped, tolerance=0.001)
+    assert (mask.n_changed, mask.n_tie_changed, mask.worst_class, mask.worst_iou) == (0, 1, -1, 1.0)
 
 
 def test_declared_classification_judges_logits_and_the_summary_says_top1(tmp_path):

@@ -150,8 +150,9 @@ def _masks(task: Task, ref, run, names, tolerance_of) -> OutputJudgement:
     i = max(range(len(ref)), key=lambda k: ref[k].size)
     m = compare_masks(ref[i], run[i], tolerance_of(ref[i]))
     status = "fail" if m.changed_share > 0.01 else ("warn" if m.n_changed or m.n_tie_changed else "pass")
-    text = (f"{m.n_changed} of {m.n_decided} deciding pixels of {names[i]} change class ({percent(m.changed_share)}), "
-            f"worst class IoU {m.worst_iou:.3f} (class {m.worst_class})")
+    regions = (f"worst class IoU {m.worst_iou:.3f} (class {m.worst_class})" if m.worst_class >= 0
+               else "every class region kept")
+    text = f"{m.n_changed} of {m.n_decided} deciding pixels of {names[i]} change class ({percent(m.changed_share)}), {regions}"
     if m.n_tie_changed:
         text += f"; {m.n_tie_changed} pixel(s) at a near tie flip"
     return OutputJudgement(task.text, status, text, [names[i]],

@@ -20,7 +20,7 @@ class MaskChanges:
     n_changed: int  # deciding pixels whose class changed
     n_tie_changed: int  # pixels within tolerance of a tie whose class changed
     worst_class: int
-    worst_iou: float  # the lowest per-class IoU of the reference's classes (1.0 when every region is kept)
+    worst_iou: float  # the lowest per-class IoU over deciding pixels (1.0 when every region is kept)
 
     @property
     def changed_share(self) -> float:
@@ -45,8 +45,8 @@ def compare_masks(ref: np.ndarray, run: np.ndarray, tolerance: float) -> MaskCha
     run_cls, _ = class_map(run.reshape(ref.shape), tolerance)
     changed = ref_cls != run_cls
     worst_class, worst_iou = -1, 1.0
-    for cls in np.unique(ref_cls):
-        a, b = ref_cls == cls, run_cls == cls
+    for cls in np.unique(ref_cls[decided]):  # over deciding pixels: a near tie's flip is no lost region
+        a, b = (ref_cls == cls) & decided, (run_cls == cls) & decided
         iou = float((a & b).sum()) / float((a | b).sum())
         if iou < worst_iou:
             worst_class, worst_iou = int(cls), iou
