@@ -62,6 +62,32 @@ def test_failure_source_names_the_layers_between_that_were_not_compared(tmp_path
         analysis.close()
 
 
+@pytest.mark.parametrize("observed, second, said", [
+    (0.0, 0.0, None),
+    (0.4, 0.0, "changed what the accelerator computes"),
+    (0.0, 1.7, "not reproducible"),
+])
+def test_observation_check_says_when_a_plain_run_disagrees(tmp_path, ref_dump, observed, second, said):
+    """The GPU engine's own check (options.plain_run: the model run as an app runs it, twice, against the
+    observed run's outputs) becomes a finding only when the outputs disagree beyond the warn threshold."""
+    def diff(rel):
+        return {"compared": True, "rel_l2": rel, "max_abs": rel * 10}
+
+    check = {"runs": 2, "outputs": [{"name": "prob", "vs_observed": diff(observed), "vs_second_plain_run": diff(second)}]}
+    write_dump(tmp_path / "gpu.h5", perturbed(reference_arrays(), FP16_LIKE), backend="gpu", precision="high",
+               extra_attrs={"provenance": {"raw_header": {"options": {"plain_run": check}}}})
+    analysis = analyze_paths([tmp_path])
+    try:
+        found = [f for f in kinds(analysis, "nondeterminism") if f.sentence.startswith("Observation check")]
+        if said is None:
+            assert found == []
+        else:
+            (finding,) = found
+            assert said in finding.sentence and finding.run == "gpu/high" and finding.layer == "prob"
+    finally:
+        analysis.close()
+
+
 def test_nan_origin_names_the_layer_with_clean_inputs(tmp_path, ref_dump):
     run = perturbed(reference_arrays(), FP16_LIKE)
     run["pool"][0, 3, 1, 1] = np.nan

@@ -22,7 +22,7 @@ from layerdiff.analyzer.findings.trends import error_curve, input_dependence
 from layerdiff.analyzer.findings.decisions import output_decision
 from layerdiff.analyzer.findings.unmatched import unmatched_outputs
 from layerdiff.analyzer.findings.layouts import layout_findings
-from layerdiff.analyzer.findings.observability import split_graph
+from layerdiff.analyzer.findings.observability import observed_vs_plain, split_graph
 from layerdiff.analyzer.findings.blocks import block_clause, layer_blocks
 from layerdiff.analyzer.findings.wording import layer_name, percent, with_node_names
 from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
@@ -47,6 +47,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
     reference_of = {p.other.label: p.base for p in comparison.plan.pairs if p.kind == "reference"}
     for run in runs:
         found += run_state_findings(run)
+        found += observed_vs_plain(run, t.warn_rel_l2)
         found += nonfinite_origins(run, comparison.graph(run), reference_of.get(run.label))
     zero_starts: dict[str, Finding] = {}
     for index, pair in enumerate(comparison.plan.pairs):

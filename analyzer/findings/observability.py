@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
+from layerdiff.analyzer.findings.finding import MAX_NAMED, Finding, FindingKind, Severity, named
 
 NOT_WRITTEN_ZEROS = ("not observable on this backend: read back as all zeros while every op consuming it agrees "
                      "with the reference (the backend never filled this tensor's buffer; its computation is right)")
@@ -105,3 +105,42 @@ def _cpu_operators(per_op) -> tuple[str, list[str] | None]:
     how = per_op.get("how") or "derived from TFLite's partition rule, which reproduces the accelerator's counts"
     return (f"On the CPU: {' and '.join(parts) or 'nothing'}; every other layer ran on the GPU ({how}).",
             [c.get("name") for c in cpu if not c.get("weight")])
+
+
+def observed_vs_plain(run, warn_rel_l2: float) -> list[Finding]:
+    """A GPU run whose observed outputs (every activation made a model output) differ from a plain run of
+    the model, or whose plain runs differ from each other (`options.plain_run`, written by the engine):
+    the dumped layer values then describe another computation than the app's, or one draw of a
+    backend that is not reproducible."""
+    check = raw_header(run).get("options", {}).get("plain_run")
+    if not isinstance(check, dict):
+        return []
+    outputs = [o for o in check.get("outputs") or [] if isinstance(o, dict)]
+    moved = [o for o in outputs if _beyond(o.get("vs_observed"), warn_rel_l2)]
+    unstable = [o for o in outputs if _beyond(o.get("vs_second_plain_run"), warn_rel_l2)]
+    if not moved and not unstable:
+        return []
+    parts = []
+    if moved:
+        parts.append("a plain run of the model (no activation made an output, as an app runs it) gives other outputs "
+                     "than the observed run: " + _listed(moved, "vs_observed")
+                     + "; making the activations observable changed what the accelerator computes, so the layer "
+                       "values describe the observed graph")
+    if unstable:
+        parts.append("two plain runs of the same input differ: " + _listed(unstable, "vs_second_plain_run")
+                     + "; the accelerator's results for this model are not reproducible (each run is one draw)")
+    first = (moved or unstable)[0]
+    return [Finding(FindingKind.NONDETERMINISM, run.label, str(first.get("name", "")), "",
+                    f"Observation check in {run.label}: " + "; and ".join(parts) + ".", severity=Severity.WARN,
+                    numbers={"outputs_moved_by_observation": [o.get("name") for o in moved],
+                             "outputs_not_reproducible": [o.get("name") for o in unstable], "plain_run": check})]
+
+
+def _beyond(diff, warn_rel_l2: float) -> bool:
+    return isinstance(diff, dict) and bool(diff.get("compared")) and not float(diff.get("rel_l2", 0.0)) <= warn_rel_l2
+
+
+def _listed(outputs: list[dict], side: str) -> str:
+    return ", ".join(f"{o.get('name')} by rel L2 {float(o[side]['rel_l2']):.3g} (max abs {float(o[side]['max_abs']):.3g})"
+                     for o in outputs[:MAX_NAMED])
+

@@ -115,7 +115,7 @@ def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.n
     icd, icd_why = gpu.vulkan_icd()
     if icd and not os.environ.get("VK_ICD_FILENAMES"):
         os.environ["VK_ICD_FILENAMES"] = icd  # read when the accelerator creates its Vulkan instance
-    runner, placement, never, _log = gpu.prepare(data, graph, args.precision, args.threads, inputs)
+    runner, placement, never, _log, varying = gpu.prepare(data, graph, args.precision, args.threads, inputs)
     labels = tensor_labels(graph)
     effective, why = gpu.effective_precision(placement.adapter, args.precision == "high")
     hidden = [{"key": f"{op_key(graph, op, labels)}:{k}", "name": labels[t], "op_type": op.op_type,
@@ -126,17 +126,30 @@ def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.n
                    "not_observable": hidden,
                    "options": {"accelerator": f"WebGPU over Vulkan ({gpu.ACCELERATOR})", "vulkan_icd": icd or "",
                                "vulkan_icd_why": icd_why, "enforce_f32": args.precision == "high",
-                               "precision_why": why, "placement": placement.as_dict(graph), **graph_summary(graph)}})
+                               "precision_why": why, "placement": placement.as_dict(graph),
+                               "run_to_run": run_to_run_summary(graph, labels, varying, never), **graph_summary(graph)}})
     ops = graph.computing_ops()
     on_cpu = placement.cpu_op_indices(graph)  # per tensor: `memory` host where the CPU computed it (FORMATS.md)
     for r, out in enumerate(repeat_dirs(args)):
-        sink = DumpSink(args, out, {**header, "repeat": r}, total_ops=len(ops))
         values, elapsed = runner.run(0, [])
+        if r == 0:
+            header["options"]["plain_run"] = gpu.plain_check(data, graph, args.precision, args.threads, inputs, values)
+        sink = DumpSink(args, out, {**header, "repeat": r}, total_ops=len(ops))
         for op in ops:
             for k, t in enumerate(op.outputs):
                 if t in labels and t not in never:
                     dump_array(sink, graph, labels, op, k, t, values[t], memory="host" if op.index in on_cpu else "device")
         sink.close(elapsed)
+
+
+def run_to_run_summary(graph: Graph, labels: dict[int, str], varying: dict[int, dict], never: set[int]) -> dict:
+    """Two runs of the same input, compared tensor by tensor: how many dumped tensors differ, the first ones
+    in execution order (a backend that is not reproducible gives one draw of its values per run)."""
+    dumped = [(op, k, t) for op in graph.computing_ops() for k, t in enumerate(op.outputs) if t in labels and t not in never]
+    differing = [{"key": f"{op_key(graph, op, labels)}:{k}", "name": labels[t], "op_type": op.op_type, **varying[t]}
+                 for op, k, t in dumped if t in varying]
+    return {"runs_compared": 2, "tensors_compared": len(dumped), "tensors_differing": len(differing),
+            "first_differing": differing[:10]}
 
 
 def graph_summary(graph: Graph) -> dict:

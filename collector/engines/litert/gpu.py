@@ -247,7 +247,8 @@ def untouched(values: dict[int, np.ndarray], index: int) -> set[int]:
 
 
 def prepare(data: bytes, graph: Graph, precision: str, threads: int, inputs: dict[str, np.ndarray]):
-    """(runner, placement, indices of the tensors never written, log text) after two calibration runs."""
+    """(runner, placement, indices of the tensors never written, log text, tensors whose values differ
+    between the two calibration runs) after two calibration runs."""
     log: list[str] = []
     model = compile_model(with_outputs(data, graph.activations()), precision, threads, log)
     placement = parse_log("".join(log))
@@ -259,4 +260,63 @@ def prepare(data: bytes, graph: Graph, precision: str, threads: int, inputs: dic
     first, _ = runner.run(1, log)
     second, _ = runner.run(0, log)
     never = untouched(first, 1) & untouched(second, 0)
-    return runner, placement, never, "".join(log)
+    return runner, placement, never, "".join(log), run_to_run(first, second, never)
+
+
+def run_to_run(first: dict[int, np.ndarray], second: dict[int, np.ndarray], never: set[int]) -> dict[int, dict]:
+    """Tensors whose values differ between the two calibration runs of the same input (tensor index ->
+    {n_differing, max_abs}): the accelerator is not reproducible there (on an H200 and on SwiftShader,
+    a pose detector's outputs moved by 250 between two runs). Elements either run left at its sentinel
+    (never written) are no evidence; NaN equals NaN."""
+    out = {}
+    for t, a in first.items():
+        b = second.get(t)
+        if t in never or b is None or a.shape != b.shape or a.dtype.kind not in "fiu":
+            continue
+        written = ~(_is_fill(a, 1) | _is_fill(b, 0))
+        x, y = a[written], b[written]
+        same = (x == y) | (np.isnan(x) & np.isnan(y)) if a.dtype.kind == "f" else x == y
+        if not bool(np.all(same)):
+            diff = np.abs(x.astype(np.float64) - y.astype(np.float64))[~same]
+            finite = diff[np.isfinite(diff)]
+            out[t] = {"n_differing": int((~same).sum()), "max_abs": float(finite.max()) if finite.size else float("inf")}
+    return out
+
+
+def _is_fill(array: np.ndarray, index: int) -> np.ndarray:
+    fill = _fill({"dtype": array.dtype, "shape": array.shape}, index).reshape(array.shape)
+    return np.isnan(array) if np.isnan(fill).all() else array == fill
+
+
+def plain_check(data: bytes, graph: Graph, precision: str, threads: int, inputs: dict[str, np.ndarray],
+                observed: dict[int, np.ndarray]) -> dict:
+    """The model as an app runs it (no activation made an output), twice, against the observed run's
+    outputs: making every activation observable changes how the accelerator partitions and fuses the
+    graph, so the dumped values are trusted only as far as the plain run's outputs agree with them.
+    (A pose detector on an H200 and on SwiftShader: the plain run's outputs moved by 250 between two runs.)"""
+    runner = GpuRunner(compile_model(data, precision, threads, []), graph, inputs)
+    first, _ = runner.run(0, [])
+    second, _ = runner.run(0, [])
+    outputs = []
+    for t, plain in first.items():
+        entry = {"name": graph.name(t), "vs_observed": _difference(observed.get(t), plain),
+                 "vs_second_plain_run": _difference(second.get(t), plain)}
+        outputs.append(entry)
+    return {"runs": 2, "outputs": outputs}
+
+
+def _difference(other: np.ndarray | None, plain: np.ndarray) -> dict:
+    """max |other - plain| and the relative L2 error against the plain values (NaN-aware: a NaN on one
+    side only is an infinite difference)."""
+    if other is None or other.shape != plain.shape:
+        return {"compared": False}
+    a, b = plain.astype(np.float64).ravel(), other.astype(np.float64).ravel()
+    mismatch = np.isnan(a) != np.isnan(b)
+    both = ~(np.isnan(a) | np.isnan(b))
+    d = b[both] - a[both]
+    if mismatch.any() or not np.isfinite(d).all():
+        return {"compared": True, "max_abs": float("inf"), "rel_l2": float("inf")}
+    norm = float(np.linalg.norm(a[both]))
+    rel = float(np.linalg.norm(d)) / norm if norm else (0.0 if not d.any() else float("inf"))
+    return {"compared": True, "max_abs": float(np.abs(d).max()) if d.size else 0.0, "rel_l2": rel}
+
