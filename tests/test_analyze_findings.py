@@ -88,6 +88,21 @@ def test_observation_check_says_when_a_plain_run_disagrees(tmp_path, ref_dump, o
         analysis.close()
 
 
+def test_a_model_output_of_another_shape_fails_the_run(tmp_path, ref_dump):
+    """ncnn's Vulkan run of Silero VAD (pnnx) gave its output as [1, 1] where the CPU run gives [1, 128]:
+    that output was left out of the verdict, which read WARN from the other outputs' small errors."""
+    run = perturbed(reference_arrays(), FP16_LIKE)
+    run["prob"] = run["prob"][:, :8].copy()
+    write_dump(tmp_path / "vk.h5", run, backend="vulkan", precision="high")
+    analysis = analyze_paths([tmp_path])
+    try:
+        row = analysis.summary.set_index("run").loc["vulkan/high"]
+        assert row["verdict"] == "fail"
+        assert "model output prob:0 has shape [1, 8] in the run and [1, 16]" in row["verdict_reason"]
+    finally:
+        analysis.close()
+
+
 def test_nan_origin_names_the_layer_with_clean_inputs(tmp_path, ref_dump):
     run = perturbed(reference_arrays(), FP16_LIKE)
     run["pool"][0, 3, 1, 1] = np.nan

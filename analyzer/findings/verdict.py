@@ -173,6 +173,11 @@ def pair_verdict(rows: pd.DataFrame, t: Thresholds | None = None, judgement=None
     measured = rows[status.isin(["pass", "warn", "fail"])]
     if not len(measured):
         return "not compared", ""
+    reshaped = rows[(status == "shape_mismatch") & rows["is_output"].astype(bool)]
+    if len(reshaped):  # the app gets another tensor: no verdict on the other outputs may hide it
+        r = reshaped.iloc[0]
+        return "fail", (f"model output {r['key']} has shape {r['run_shape']} in the run and {r['shape']} in the "
+                        "reference: the run computes another tensor there, not an inaccurate one")
     return run_verdict(status, measured[measured["is_output"].astype(bool)], t, judgement)
 
 
