@@ -9,7 +9,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD G=$ROOT/.gpu L=$ROOT/tests/gpu/lib  # scripts here, built artifacts in .gpu/ (ignored)
 PY=${PREP_PYTHON:-python3}   # the dev environment (pnnx, rapidocr-onnxruntime, silero-vad, mediapipe installed)
-grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 
 fingerprint() {  # the layerdiff sources that travel (tracked + untracked-not-ignored), as run.sh hashes them
   "$PY" "$L/fingerprint.py" --here > "$G/SOURCES.sha256"
