@@ -266,15 +266,14 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str,
     if not graph.has_edges:
         return []
     layer_ops = layer_ops or {}
-    status = dict(zip(rows["key"], rows["status"]))
-    rel = dict(zip(rows["key"], rows["rel_l2"]))
+    keys = rows["key"].tolist()  # lists: zipping pandas string columns steps through them element by element
+    status = dict(zip(keys, rows["status"].tolist()))
+    rel = dict(zip(keys, rows["rel_l2"].tolist()))
     failing = list(rows.sort_values("position").loc[rows["status"] == "fail", "key"])
-    op_type = dict(zip(rows["key"], rows["op_type"]))
-    op_name = dict(zip(rows["key"], rows["op"])) if "op" in rows else {}
+    op_type = dict(zip(keys, rows["op_type"].tolist()))
+    op_name = dict(zip(keys, rows["op"].tolist())) if "op" in rows else {}
     out = []
-    for r in rows.sort_values("position").itertuples():
-        if r.status != "fail":
-            continue
+    for r in rows[rows["status"] == "fail"].sort_values("position").itertuples():
         nearest, walked = graph.nearest(r.key, set(status))
         feeders = sorted((f for f in nearest if status[f] in COMPARED), key=graph.position)
         if any(status[f] == "fail" for f in feeders):
@@ -362,13 +361,13 @@ def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, b
     The reference's own values at that layer say whether fp16 underflow explains it (most of them
     below fp16's smallest normal 6.1e-5), and the output's share of zeros says how far it spread.
     """
-    collapse = {k: collapsed(share, n, t.warn_zero_collapse)
-                for k, share, n in zip(rows["key"], rows["zero_collapse"].fillna(0.0), rows["n_zero_collapsed"].fillna(0))}
-    nonfinite = dict(zip(rows["key"], rows["n_nonfinite_mismatch"].fillna(0)))
-    status = dict(zip(rows["key"], rows["status"]))
-    for r in rows.sort_values("position").itertuples():
-        if not collapse[r.key]:
-            continue
+    keys = rows["key"].tolist()  # lists: zipping pandas string columns steps through them element by element
+    flags = [collapsed(share, n, t.warn_zero_collapse)
+             for share, n in zip(rows["zero_collapse"].fillna(0.0).tolist(), rows["n_zero_collapsed"].fillna(0).tolist())]
+    collapse = dict(zip(keys, flags))
+    nonfinite = dict(zip(keys, rows["n_nonfinite_mismatch"].fillna(0).tolist()))
+    status = dict(zip(keys, rows["status"].tolist()))
+    for r in rows[pd.Series(flags, index=rows.index, dtype=bool)].sort_values("position").itertuples():
         feeders = graph.upstream(r.key, set(collapse))
         if any(collapse[f] or nonfinite[f] for f in feeders):
             continue  # inherited: zeros (or NaN/Inf) were already coming in
