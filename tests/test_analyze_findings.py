@@ -62,20 +62,23 @@ def test_failure_source_names_the_layers_between_that_were_not_compared(tmp_path
         analysis.close()
 
 
-@pytest.mark.parametrize("observed, second, said", [
-    (0.0, 0.0, None),
-    (0.4, 0.0, "changed what the accelerator computes"),
-    (0.0, 1.7, "not reproducible"),
+@pytest.mark.parametrize("observed, second, varying, said", [
+    (0.0, 0.0, 0, None),
+    (0.4, 0.0, 0, "changed what the accelerator computes"),
+    (0.0, 1.7, 0, "two plain runs of the same input differ"),
+    (0.0, 0.0, 2, "two runs of the observed graph on the same input differ at 2 of 7"),
 ])
-def test_observation_check_says_when_a_plain_run_disagrees(tmp_path, ref_dump, observed, second, said):
+def test_observation_check_says_when_a_plain_run_disagrees(tmp_path, ref_dump, observed, second, varying, said):
     """The GPU engine's own check (options.plain_run: the model run as an app runs it, twice, against the
     observed run's outputs) becomes a finding only when the outputs disagree beyond the warn threshold."""
     def diff(rel):
         return {"compared": True, "rel_l2": rel, "max_abs": rel * 10}
 
     check = {"runs": 2, "outputs": [{"name": "prob", "vs_observed": diff(observed), "vs_second_plain_run": diff(second)}]}
+    calibration = {"runs_compared": 2, "tensors_compared": 7, "tensors_differing": varying,
+                   "first_differing": [{"key": "pool:0", "op_type": "Pooling", "n_differing": 3, "max_abs": 0.5}][:varying]}
     write_dump(tmp_path / "gpu.h5", perturbed(reference_arrays(), FP16_LIKE), backend="gpu", precision="high",
-               extra_attrs={"provenance": {"raw_header": {"options": {"plain_run": check}}}})
+               extra_attrs={"provenance": {"raw_header": {"options": {"plain_run": check, "run_to_run": calibration}}}})
     analysis = analyze_paths([tmp_path])
     try:
         found = [f for f in kinds(analysis, "nondeterminism") if f.sentence.startswith("Observation check")]
@@ -83,7 +86,8 @@ def test_observation_check_says_when_a_plain_run_disagrees(tmp_path, ref_dump, o
             assert found == []
         else:
             (finding,) = found
-            assert said in finding.sentence and finding.run == "gpu/high" and finding.layer == "prob"
+            assert said in finding.sentence and finding.run == "gpu/high"
+            assert finding.layer == ("pool:0" if varying else "prob")
     finally:
         analysis.close()
 

@@ -109,7 +109,8 @@ def _cpu_operators(per_op) -> tuple[str, list[str] | None]:
 
 def observed_vs_plain(run, warn_rel_l2: float) -> list[Finding]:
     """A GPU run whose observed outputs (every activation made a model output) differ from a plain run of
-    the model, or whose plain runs differ from each other (`options.plain_run`, written by the engine):
+    the model, or whose plain runs differ from each other (`options.plain_run`, written by the engine), or
+    whose two calibration runs differ tensor by tensor (`options.run_to_run`):
     the dumped layer values then describe another computation than the app's, or one draw of a
     backend that is not reproducible."""
     check = raw_header(run).get("options", {}).get("plain_run")
@@ -118,9 +119,16 @@ def observed_vs_plain(run, warn_rel_l2: float) -> list[Finding]:
     outputs = [o for o in check.get("outputs") or [] if isinstance(o, dict)]
     moved = [o for o in outputs if _beyond(o.get("vs_observed"), warn_rel_l2)]
     unstable = [o for o in outputs if _beyond(o.get("vs_second_plain_run"), warn_rel_l2)]
-    if not moved and not unstable:
+    varying = raw_header(run).get("options", {}).get("run_to_run") or {}
+    first_varying = (varying.get("first_differing") or [{}])[0] if varying.get("tensors_differing") else None
+    if not moved and not unstable and first_varying is None:
         return []
     parts = []
+    if first_varying is not None:
+        parts.append(f"two runs of the observed graph on the same input differ at {varying['tensors_differing']} of "
+                     f"{varying.get('tensors_compared')} dumped tensors, first {first_varying.get('key')} "
+                     f"({first_varying.get('op_type')}, max abs {float(first_varying.get('max_abs', 0.0)):.3g}): "
+                     "its layer values are one draw of a backend that is not reproducible")
     if moved:
         parts.append("a plain run of the model (no activation made an output, as an app runs it) gives other outputs "
                      "than the observed run: " + _listed(moved, "vs_observed")
@@ -129,11 +137,12 @@ def observed_vs_plain(run, warn_rel_l2: float) -> list[Finding]:
     if unstable:
         parts.append("two plain runs of the same input differ: " + _listed(unstable, "vs_second_plain_run")
                      + "; the accelerator's results for this model are not reproducible (each run is one draw)")
-    first = (moved or unstable)[0]
-    return [Finding(FindingKind.NONDETERMINISM, run.label, str(first.get("name", "")), "",
+    layer = str(first_varying.get("key", "")) if first_varying is not None else str((moved or unstable)[0].get("name", ""))
+    return [Finding(FindingKind.NONDETERMINISM, run.label, layer, "",
                     f"Observation check in {run.label}: " + "; and ".join(parts) + ".", severity=Severity.WARN,
                     numbers={"outputs_moved_by_observation": [o.get("name") for o in moved],
-                             "outputs_not_reproducible": [o.get("name") for o in unstable], "plain_run": check})]
+                             "outputs_not_reproducible": [o.get("name") for o in unstable], "plain_run": check,
+                             "run_to_run": varying})]
 
 
 def _beyond(diff, warn_rel_l2: float) -> bool:

@@ -237,13 +237,7 @@ def _fill(detail: dict, index: int) -> np.ndarray:
 
 def untouched(values: dict[int, np.ndarray], index: int) -> set[int]:
     """Outputs whose whole buffer still holds the sentinel of fill `index`."""
-    out = set()
-    for name, array in values.items():
-        fill = _fill({"dtype": array.dtype, "shape": array.shape}, index).reshape(array.shape)
-        same = np.isnan(array) if np.isnan(fill).all() else array == fill
-        if array.size and bool(np.all(same)):
-            out.add(name)
-    return out
+    return {name for name, array in values.items() if array.size and bool(np.all(_is_fill(array, index)))}
 
 
 def prepare(data: bytes, graph: Graph, precision: str, threads: int, inputs: dict[str, np.ndarray]):
@@ -265,9 +259,8 @@ def prepare(data: bytes, graph: Graph, precision: str, threads: int, inputs: dic
 
 def run_to_run(first: dict[int, np.ndarray], second: dict[int, np.ndarray], never: set[int]) -> dict[int, dict]:
     """Tensors whose values differ between the two calibration runs of the same input (tensor index ->
-    {n_differing, max_abs}): the accelerator is not reproducible there (on an H200 and on SwiftShader,
-    a pose detector's outputs moved by 250 between two runs). Elements either run left at its sentinel
-    (never written) are no evidence; NaN equals NaN."""
+    {n_differing, max_abs}): the accelerator is not reproducible there. Elements either run left at its
+    sentinel (never written) are no evidence; NaN equals NaN."""
     out = {}
     for t, a in first.items():
         b = second.get(t)
@@ -293,16 +286,14 @@ def plain_check(data: bytes, graph: Graph, precision: str, threads: int, inputs:
     """The model as an app runs it (no activation made an output), twice, against the observed run's
     outputs: making every activation observable changes how the accelerator partitions and fuses the
     graph, so the dumped values are trusted only as far as the plain run's outputs agree with them.
-    (A pose detector on an H200 and on SwiftShader: the plain run's outputs moved by 250 between two runs.)"""
+    (Two separately compiled plain models of mediapipe's pose detector gave outputs 250 apart on
+    SwiftShader, in a script outside the engine; within one engine process they agree.)"""
     runner = GpuRunner(compile_model(data, precision, threads, []), graph, inputs)
     first, _ = runner.run(0, [])
     second, _ = runner.run(0, [])
-    outputs = []
-    for t, plain in first.items():
-        entry = {"name": graph.name(t), "vs_observed": _difference(observed.get(t), plain),
-                 "vs_second_plain_run": _difference(second.get(t), plain)}
-        outputs.append(entry)
-    return {"runs": 2, "outputs": outputs}
+    return {"runs": 2, "outputs": [{"name": graph.name(t), "vs_observed": _difference(observed.get(t), plain),
+                                    "vs_second_plain_run": _difference(second.get(t), plain)}
+                                   for t, plain in first.items()]}
 
 
 def _difference(other: np.ndarray | None, plain: np.ndarray) -> dict:

@@ -161,47 +161,30 @@ def run_once(session_for, feeds: dict, nodes: list[NodeOutputs], sink: DumpSink,
     graph output of a run alive to its end, so one session with all tensors as outputs would hold
     the whole dump. The first group is small; each next one is sized from the bytes the last one
     returned, so a group holds about `budget` bytes (a small model takes two sessions, a big one many).
-    The group comes back as ONNX Runtime's own values, each turned into an array only when it is
-    dumped and released right after: `session.run` returned the group twice over (its values and
-    their numpy copies), 30 MB of the engine's peak on PP-OCR det at 640x640.
     """
     names = [o for node in nodes for o in node.outputs]
     owner = {o: (node, k) for node in nodes for k, o in enumerate(node.outputs)}
-    ort_feeds = {name: _ort().OrtValue.ortvalue_from_numpy(array) for name, array in feeds.items()}
     total, start, count = 0.0, 0, FIRST_GROUP
     while start < len(names):
         group = names[start : start + count]
         session = session_for(group)
         begin = now_ms()
         try:
-            values = session.run_with_ort_values(group, ort_feeds)
+            values = session.run(group, feeds)
         except Exception as err:  # noqa: BLE001 - ORT raises its own runtime error types
             raise HarnessExit(EXIT_RUN, f"ONNX Runtime failed to run the model ({_first_line(err)})") from None
         elapsed = now_ms() - begin
         total += elapsed
-        fetched = sum(v.tensor_size_in_bytes() for v in values if v.is_tensor())
+        del session
+        fetched = sum(int(np.asarray(v).nbytes) for v in values)
         for index, name in enumerate(group):
             node, k = owner[name]
-            array = _array(values[index], session, name, feeds)
+            array = np.asarray(values[index])
             values[index] = None  # dumped: let it go
-            if array.dtype == np.bool_:
-                array = array.astype(np.uint8)  # masks: compared as 0/1 values
-            sink.add(op=node.op, op_type=node.op_type, array=array, output_index=k, name=name,
-                     inputs=node.inputs, layout=plain_layout(array.ndim), memory="host",
-                     time_ms=elapsed / len(group))
-            del array
-        del session
+            _dump(sink, node, k, name, array, elapsed / len(group))
         start += len(group)
         count = max(1, int(len(group) * budget / max(fetched, 1)))
     return total
-
-
-def _array(value, session, name: str, feeds: dict) -> np.ndarray:
-    """One fetched value as an array; a sequence or map (no tensor) is fetched again the way
-    `session.run` returns it, which numpy can stack."""
-    if value.is_tensor():
-        return value.numpy()
-    return np.asarray(session.run([name], feeds)[0])
 
 
 def run(args: HarnessArgs) -> None:
@@ -237,16 +220,19 @@ def _dumper(nodes: list[NodeOutputs], sink: DumpSink):
     dumped = {node.outputs[0]: node for node in nodes}
 
     def on_tensor(node_proto, k: int, name: str, array: np.ndarray, ms: float) -> None:
-        first = next((o for o in node_proto.output if o), "")
-        node = dumped.get(first)
-        if node is None:
-            return
-        if array.dtype == np.bool_:
-            array = array.astype(np.uint8)  # masks: compared as 0/1 values
-        sink.add(op=node.op, op_type=node.op_type, array=array, output_index=node.outputs.index(name), name=name,
-                 inputs=node.inputs, layout=plain_layout(array.ndim), memory="host", time_ms=ms)
+        node = dumped.get(next((o for o in node_proto.output if o), ""))
+        if node is not None:
+            _dump(sink, node, node.outputs.index(name), name, array, ms)
 
     return on_tensor
+
+
+def _dump(sink: DumpSink, node: NodeOutputs, k: int, name: str, array: np.ndarray, ms: float) -> None:
+    """One node output into the dump (both ways of running the graph)."""
+    if array.dtype == np.bool_:
+        array = array.astype(np.uint8)  # masks: compared as 0/1 values
+    sink.add(op=node.op, op_type=node.op_type, array=array, output_index=k, name=name,
+             inputs=node.inputs, layout=plain_layout(array.ndim), memory="host", time_ms=ms)
 
 
 def main() -> int:

@@ -17,6 +17,7 @@ read outer names, sequences, optionals) go through `engine.run_once` instead (`s
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -137,9 +138,9 @@ def static_sizes(model, feeds: dict[str, np.ndarray]) -> dict[str, int]:
     from onnx import TensorProto, helper, shape_inference
 
     graph = model.graph
-    small = [w for w in graph.initializer if _numel(w.dims) <= 4096]
+    small = [w for w in graph.initializer if math.prod(w.dims) <= 4096]
     large = [helper.make_tensor_value_info(w.name, w.data_type, list(w.dims))
-             for w in graph.initializer if _numel(w.dims) > 4096]
+             for w in graph.initializer if math.prod(w.dims) > 4096]
     inputs = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape)
               for name, array in feeds.items()]
     probe = helper.make_model(helper.make_graph(list(graph.node), "layerdiff_shapes", inputs + large, [], small),
@@ -156,15 +157,8 @@ def static_sizes(model, feeds: dict[str, np.ndarray]) -> dict[str, int]:
         dims = tensor.shape.dim
         if tensor.HasField("shape") and all(d.HasField("dim_value") for d in dims) and tensor.elem_type != TensorProto.STRING:
             itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).itemsize
-            sizes[info.name] = _numel([d.dim_value for d in dims]) * itemsize
+            sizes[info.name] = math.prod(d.dim_value for d in dims) * itemsize
     return sizes
-
-
-def _numel(dims) -> int:
-    count = 1
-    for d in dims:
-        count *= int(d)
-    return count
 
 
 def run_segments(model, feeds: dict[str, np.ndarray], session_for: Callable, on_tensor: Callable,
