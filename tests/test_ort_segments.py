@@ -93,3 +93,30 @@ def test_control_flow_keeps_the_whole_graph_runs():
     import onnx
 
     assert not segments.segmentable(onnx.load(str(wheel_file(SCALAR_MODEL))))
+
+
+def test_a_segment_that_fails_to_run_is_one_line_naming_the_node(tmp_path):
+    """A Reshape to an impossible shape fails inside ONNX Runtime's run: collect says so in one line
+    (the node, ONNX Runtime's reason) and keeps what was dumped before it."""
+    import subprocess
+    import sys
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([7, 7], np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                               helper.make_node("Reshape", ["r", "shape"], ["y"], name="bad_reshape")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "bad.onnx")
+    np.savez(tmp_path / "in.npz", x=np.ones((1, 10), np.float32))
+    done = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", "local", "--model",
+                           str(tmp_path / "bad.onnx"), "--input", str(tmp_path / "in.npz"), "-o", str(tmp_path / "runs"),
+                           "--no-report"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert "ONNX Runtime failed to run the model in nodes 'relu' .. 'bad_reshape'" in said and "Traceback" not in said
+    assert "partial dump kept" in said and list((tmp_path / "runs").glob("*.h5"))

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from layerdiff.collector.engines.harness_cli import EXIT_RUN, HarnessExit
+
 # op types whose values are not tensors or that read names their inputs do not list
 _NOT_SEGMENTABLE = ("If", "Loop", "Scan", "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase",
                     "SequenceInsert", "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence",
@@ -176,7 +178,13 @@ def run_segments(model, feeds: dict[str, np.ndarray], session_for: Callable, on_
         seg = plan.segment(start, end)
         session = session_for(plan.segment_model(seg, live))
         begin = time.perf_counter()
-        values = session.run_with_ort_values(seg.outputs, {n: _ort_value(live[n]) for n in plan.fed(seg)})
+        try:
+            values = session.run_with_ort_values(seg.outputs, {n: _ort_value(live[n]) for n in plan.fed(seg)})
+        except Exception as err:  # noqa: BLE001 - ORT raises its own runtime error types
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            span = [node.name or node.output[0] for node in (seg.nodes[0], seg.nodes[-1])]
+            where = repr(span[0]) if len(seg.nodes) == 1 else f"{span[0]!r} .. {span[1]!r}"
+            raise HarnessExit(EXIT_RUN, f"ONNX Runtime failed to run the model in nodes {where} ({first})") from None
         elapsed = (time.perf_counter() - begin) * 1e3
         total += elapsed
         del session
