@@ -18,7 +18,7 @@ MAX_RANGE_LINES = 6
 FOCUS_POINTS = 20000
 
 
-def chart_parts(analysis: Analysis) -> Iterator[str]:
+def chart_parts(analysis: Analysis) -> Iterator[str | bytes]:
     """The charts section: plotly.js once, then one chart per question that has data."""
     rows = reference_rows(analysis.comparison)
     measured = rows[rows["status"].isin(["pass", "warn", "fail"])]

@@ -21,7 +21,7 @@ from layerdiff.analyzer.report.results import LazyRecords, dump_chunks
 TABLE_ID = "layer-table"
 
 
-def layer_table_parts(rows: pd.DataFrame, columns: list[str]) -> Iterator[str]:
+def layer_table_parts(rows: pd.DataFrame, columns: list[str]) -> Iterator[str | bytes]:
     """Every layer row in one DataTable (global search, sort by any column, panes for run/op type/status),
     as HTML in pieces: the rows' JSON a few thousand rows at a time, never whole in memory.
 
@@ -35,7 +35,7 @@ def layer_table_parts(rows: pd.DataFrame, columns: list[str]) -> Iterator[str]:
            "<script type='application/json' id='layer-data'>")
     # chunks end between rows, so no "</" is split across two of them
     for chunk in dump_chunks({"columns": columns, "rows": LazyRecords(rows, columns, as_lists=True)}):
-        yield chunk.decode("utf-8").replace("</", "<\\/")
+        yield chunk.replace(b"</", b"<\\/")  # UTF-8 bytes already
     yield (f"</script><script type='text/plain' id='dt-bundle'>{_base64(bundle)}</script>"
            f"<script>{_asset(Path(__file__).with_name('web') / 'layer_table.js')}</script>")
 

@@ -89,19 +89,23 @@ def write_report(analysis: Analysis, out_dir: Path, png: bool = False) -> dict[s
     for name, data in images.items():
         atomic_write_bytes(out_dir / f"{name}.png", data)
     atomic_write_chunks(out_dir / "results.json", dump_chunks(results_document(analysis)))
-    atomic_write_chunks(out_dir / "index.html", (part.encode("utf-8") for part in html_parts(analysis, images)))
+    atomic_write_chunks(out_dir / "index.html", (part if isinstance(part, bytes) else part.encode("utf-8")
+                                                 for part in html_parts(analysis, images)))
     names = ["index.html", "summary.csv", "runs.csv", "summary.md", "results.json", *(f"{n}.png" for n in images)]
     return {name: out_dir / name for name in names}
 
 
 def render_html(analysis: Analysis, images: dict[str, bytes]) -> str:
     """The whole page as one string."""
-    return "".join(html_parts(analysis, images))
+    return b"".join(part if isinstance(part, bytes) else part.encode("utf-8")
+                    for part in html_parts(analysis, images)).decode("utf-8")  # a byte piece may end mid-character
 
 
-def html_parts(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str]:
+def html_parts(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str | bytes]:
     """The page in pieces, each section built only when the previous one is written (a 50,000-layer
-    page is tens of MB: joined and encoded whole it was counted two more times at the peak)."""
+    page is tens of MB: joined and encoded whole it was counted two more times at the peak). Pieces
+    that are UTF-8 already (plotly.js, the rows' JSON) come as bytes: decoding and encoding them again
+    was most of the page's cost at 200 layers."""
     for i, piece in enumerate(_sections(analysis, images)):
         if i:
             yield "\n"
@@ -111,7 +115,7 @@ def html_parts(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str]:
             yield from piece
 
 
-def _sections(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str | Iterator[str]]:
+def _sections(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str | Iterator[str | bytes]]:
     plan = analysis.comparison.plan
     verdict = _overall(analysis.summary)
     yield f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>layerdiff report</title><style>{CSS}</style></head><body>"
@@ -213,7 +217,7 @@ def _undefined_cosine(table):
     return table
 
 
-def _layers_parts(analysis: Analysis) -> Iterator[str]:
+def _layers_parts(analysis: Analysis) -> Iterator[str | bytes]:
     """Every layer of every run in one interactive table (layerdiff.analyzer.report.interactive), then repeats."""
     table = reference_rows(analysis.comparison)
     columns = layer_view(table)
