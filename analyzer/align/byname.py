@@ -179,7 +179,7 @@ def _canonical_keys(layers: pd.DataFrame, rules: NameRules) -> list[str]:
     """Keys after user rules; a rename that makes two layers collide keeps the raw key for the later one."""
     keys: list[str] = []
     seen: set[str] = set()
-    for op, index, raw in zip(layers["op"], layers["output_index"], layers["key"]):
+    for op, index, raw in zip(layers["op"].tolist(), layers["output_index"].tolist(), layers["key"].tolist()):
         key = rules.canonical_key(str(op), int(index))
         if key in seen:
             key = str(raw)

@@ -67,10 +67,10 @@ class LayerGraph:
 
 def build_graph(layers: pd.DataFrame) -> LayerGraph:
     """Graph of one dump's layers; tolerant of malformed `inputs` cells (treated as no edges)."""
-    order = list(layers["key"])
-    producer_of = {name: key for name, key in zip(layers["name"], layers["key"])}
+    order = layers["key"].tolist()  # lists: stepping through a pandas string column costs ~1 us a cell
+    producer_of = dict(zip(layers["name"].tolist(), order))
     graph = LayerGraph(order=order)
-    for key, inputs in zip(layers["key"], layers["inputs"]):
+    for key, inputs in zip(order, layers["inputs"].tolist()):
         names = _parse_names(inputs)
         sources = tuple(dict.fromkeys(producer_of[n] for n in names if n in producer_of and producer_of[n] != key))
         graph.producers[key] = sources

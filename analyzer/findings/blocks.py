@@ -31,7 +31,7 @@ def _block(name: str) -> int | None:
 
 def layer_blocks(keys: Iterable[str]) -> dict[str, int]:
     """key -> block number for a graph named block by block; empty for any other graph."""
-    keys = list(dict.fromkeys(str(k) for k in keys))
+    keys = list(dict.fromkeys(str(k) for k in (keys.tolist() if hasattr(keys, "tolist") else keys)))
     names = {k: node_name(k) for k in keys}
     distinct = set(names.values())
     if not distinct or sum(bool(_BLOCK.match(n)) for n in distinct) < MIN_SHARE * len(distinct):

@@ -64,7 +64,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
             found += saturation(rows, pair.base)
             verdict, why = pair_verdict(rows, t, judgements.get(index))
             sources = failure_sources(rows, graph, None if verdict == "fail" else (verdict, why),
-                                      dict(zip(pair.base.layers["key"], pair.base.layers["op_type"].astype(str))))
+                                      dict(zip(pair.base.layers["key"].tolist(), pair.base.layers["op_type"].astype(str).tolist())))
             found += sources
             found += _capped(first_divergence(rows), verdict)
             # values in another order are not zeroed by arithmetic: the packed-order finding says why
@@ -151,9 +151,10 @@ def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None) -> l
     overflow; a NaN origin fed by an Inf is the Inf's heir (inf - inf, 0 x inf), not a new fault.
     """
     layers = run.layers
-    nan = dict(zip(layers["key"], layers["n_nan"]))
-    inf = dict(zip(layers["key"], layers[["n_posinf", "n_neginf"]].sum(axis=1)))
-    blocks = layer_blocks(layers["key"])
+    keys = layers["key"].tolist()
+    nan = dict(zip(keys, layers["n_nan"].tolist()))
+    inf = dict(zip(keys, layers[["n_posinf", "n_neginf"]].sum(axis=1).tolist()))
+    blocks = layer_blocks(keys)
     out = []
     for kind, counts, what in ((FindingKind.NAN_ORIGIN, nan, "NaN"), (FindingKind.INF_ORIGIN, inf, "Inf")):
         for key in graph.order:

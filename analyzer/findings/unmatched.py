@@ -30,7 +30,7 @@ def unmatched_outputs(pair, alignment, graph: LayerGraph, other_graph: LayerGrap
     if len(missing):  # a dangling engine-inserted copy (an MNN reference's `<op>_raster_<k>`) is no model output
         missing = missing[[not is_helper(str(op)) for op in missing["op"]]]
     consumed_ops = {str(k).rpartition(":")[0] for k, users in graph.consumers.items() if users}
-    partner = dict(zip(alignment.matched["key"], alignment.matched["other_key"]))
+    partner = dict(zip(alignment.matched["key"].tolist(), alignment.matched["other_key"].tolist()))
     out = []
     for r in missing.itertuples():
         side = str(r.op) in consumed_ops  # another output of the same op feeds the network: a state/side output

@@ -116,7 +116,7 @@ def run_verdict(layer_statuses, outputs: pd.DataFrame | None, t: Thresholds | No
     within that; else pass.
     """
     t = t or Thresholds()
-    statuses = list(layer_statuses)
+    statuses = layer_statuses.tolist() if hasattr(layer_statuses, "tolist") else list(layer_statuses)
     layers_worst = worst(statuses)
     if outputs is None or len(outputs) == 0:
         return layers_worst, "no model output compared: the worst layer decides"

@@ -105,7 +105,7 @@ def value_error(base: Run, other: Run) -> ValueErrors:
 
     Only structural alignment calls it, for the few same-shape candidates of an ambiguous match;
     answers are remembered and screened by fingerprints (`layerdiff.analyzer.align.values`)."""
-    base_orders, other_orders = list(base.layers["order"]), list(other.layers["order"])
+    base_orders, other_orders = base.layers["order"].tolist(), other.layers["order"].tolist()
     return ValueErrors(lambda i: _read(base, base_orders[i])[0], lambda j: _read(other, other_orders[j])[0])
 
 
@@ -117,9 +117,10 @@ def _growth(table: pd.DataFrame, pairs: list[Pair], graphs: dict[str, LayerGraph
     growth = [math.nan] * len(table)
     for index, rows in table.groupby("pair"):
         graph = graphs[pairs[int(index)].base.label]
-        rel = dict(zip(rows["key"], rows["rel_l2"]))
+        keys = rows["key"].tolist()
+        rel = dict(zip(keys, rows["rel_l2"].tolist()))
         known = set(rel)
-        for i, key in zip(rows.index, rows["key"]):
+        for i, key in zip(rows.index.tolist(), keys):
             inputs = [rel[k] for k in graph.upstream(key, known) if math.isfinite(rel[k])]
             worst_in = max(inputs, default=0.0)
             if worst_in > 0.0 and math.isfinite(rel[key]):

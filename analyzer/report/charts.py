@@ -214,7 +214,7 @@ def range_traces(ranges: dict[str, pd.DataFrame], colours: dict[str, str]) -> tu
     below it the reference's share of values in (0, 6.1e-5), only when some layer has any.
     Returns (traces, layout, caption); the caption says which lines coincide."""
     reference = next(iter(ranges.values()))
-    order = pd.Series(np.arange(len(reference)), index=list(reference["key"]))
+    order = pd.Series(np.arange(len(reference)), index=reference["key"].tolist())
     order = order[~order.index.duplicated()]
     traces, seen = [], {}
     for k, (label, layers) in enumerate(ranges.items()):

@@ -1,6 +1,7 @@
 """Benchmark: the whole `analyze` command (report included) vs the floor, at three dump shapes.
 
 Run by hand:  python tests/bench/bench_analyze.py [--case 200x1MB 10000x64 8x256MB 50000x64] [--rounds 3] [--dir /tmp]
+              [--blas-threads 1]
 
 Method (see tests/bench/measure.py):
 - Two synthetic dumps (a cpu/high reference and a vulkan/low run = reference + 1e-3 noise; odd
@@ -146,13 +147,15 @@ def make_dumps(folder: Path, layers: int, numel: int) -> tuple[Path, Path]:
     return paths
 
 
-def bench_case(name: str, rounds: int, folder: Path) -> dict:
+def bench_case(name: str, rounds: int, folder: Path, blas_threads: int | None = None) -> dict:
     layers, numel, target = CASES[name]
     t0 = time.perf_counter()
     ref, run = make_dumps(folder, layers, numel)
     print(f"[{name}] dumps written in {time.perf_counter() - t0:.1f} s "
           f"({(ref.stat().st_size + run.stat().st_size) / MiB:.0f} MiB)", flush=True)
     env = child_env()
+    if blas_threads:  # both children: OpenBLAS's idle workers spin (sched_yield) after each threaded dot,
+        env["OPENBLAS_NUM_THREADS"] = str(blas_threads)  # CPU time no comparison needs (the tightest floor)
     env["LAYERDIFF_CACHE_DIR"] = str(folder / "cache")  # the stored results (layerdiff.analyzer.measure.resultcache) live here
     floor_script = folder / "floor.py"
     floor_script.write_text(TIGHT_FLOOR if numel >= TIGHT_FROM else FLOOR)
@@ -207,10 +210,12 @@ def main() -> None:
     parser.add_argument("--case", nargs="+", choices=list(CASES), default=["2000x64", "200x1MB", "8x256MB"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where the temporary dumps go (removed after)")
+    parser.add_argument("--blas-threads", type=int, default=None,
+                        help="OPENBLAS_NUM_THREADS for floor and command alike (1: the tightest floor; default: as set)")
     args = parser.parse_args()
     for name in args.case:
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="layerdiff-bench-") as tmp:
-            bench_case(name, args.rounds, Path(tmp))
+            bench_case(name, args.rounds, Path(tmp), args.blas_threads)
 
 
 if __name__ == "__main__":
