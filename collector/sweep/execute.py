@@ -55,8 +55,22 @@ class _Worker(threading.Thread):
         self.stop, self.observer = stop, observer
         self.halt = halt or threading.Event()  # set when the output disk is full: no worker starts another run
         self.current: PlannedRun | None = None
+        # Set when run() returns. The sweep waits on this, never on Thread.join: a Ctrl-C that interrupts
+        # join() marks a still-running thread as stopped (CPython's bpo-45274 handling in
+        # _wait_for_tstate_lock), and the interrupt handler then removed the .partial file a worker was
+        # about to rename (a FileNotFoundError traceback from the thread, about 1 in 40 interrupts).
+        self.done = threading.Event()
 
     def run(self) -> None:
+        try:
+            self._run_all()
+        finally:
+            self.done.set()
+
+    def finished(self) -> bool:
+        return self.done.is_set()
+
+    def _run_all(self) -> None:
         for position, run in enumerate(self.runs):
             if self.stop.is_set() or self.halt.is_set():
                 return
@@ -138,9 +152,9 @@ def _run_locked(plan: SweepPlan, observer: SweepObserver | None,
         worker.start()
     interrupted = False
     try:
-        while any(w.is_alive() for w in workers):
+        while not all(w.finished() for w in workers):
             for worker in workers:
-                worker.join(timeout=0.2)
+                worker.done.wait(timeout=0.2)
     except KeyboardInterrupt:
         interrupted = True
         _interrupt(workers, index, stop)
@@ -162,14 +176,14 @@ def _interrupt(workers: list[_Worker], index: Index, stop: threading.Event) -> N
     terminate_children()
     deadline = time.monotonic() + STOP_WAIT_S
     for worker in workers:
-        worker.join(timeout=max(0.0, deadline - time.monotonic()))
+        worker.done.wait(timeout=max(0.0, deadline - time.monotonic()))
     for run in in_flight:
         index.update(run.row, status=RunStatus.INTERRUPTED, reason="stopped by Ctrl-C; re-run the command to resume")
         for name in run.spec.output_names():
             partial_path(run.out_dir / name).unlink(missing_ok=True)
         remove_leftovers(run.out_dir)
     index.save()
-    if any(worker.is_alive() for worker in workers):
+    if not all(worker.finished() for worker in workers):
         sys.stderr.write("collect: interrupted; runs already written are kept\n")
         sys.stderr.flush()
         os._exit(130)
