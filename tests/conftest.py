@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import queue
 import signal
 from pathlib import Path
 
@@ -71,82 +73,78 @@ def arm64_runs(tmp_path_factory):
     return run
 
 
-# ---------------------------------------------------------------- harness builds, up front and visible
-# A cold run builds ncnn and the C++ harness for the host (with Vulkan) and for aarch64: minutes each,
-# which inside a test were silent (pytest captures a test's output). They are built here, after
-# collection and before the first test, for the selected tests that use them, with progress lines
-# on pytest's own terminal writer (shown with or without -s). Cached builds cost nothing here.
-HARNESS_USERS = {  # what in a test module's source means it runs that build
-    "host": ("host_harness", "HOST_SPEC", 'HarnessSpec("host"'),
-    "aarch64": ("aarch64_harness", "AARCH64_SPEC", 'HarnessSpec("aarch64"'),
-    "ggml-host": ("ggml_binary",),
-    "ggml-aarch64": ('GgmlSpec("aarch64")', 'engine="ggml"'),
-}
+# ---------------------------------------------------------------- harness builds, beside the tests
+# A cold run builds ncnn and the C++ harness for the host (with Vulkan) and for aarch64, and llama.cpp for
+# both: minutes each. They are built in a child process while the tests that need no build run (those
+# that do are ordered last and wait for theirs), with progress lines on pytest's own terminal writer
+# (shown with or without -s). See tests/harness_builds.py. Cached builds cost nothing here.
+_MODULE_BUILDS: dict = {}
+_BUILDS: list = []  # the session's BackgroundBuilds, once started
+_TERMINAL: list = []
+_LINES: "queue.Queue[tuple[str, bool]]" = queue.Queue()  # progress lines, printed by the main thread between
+# tests: written from the build thread they would land in the running test's captured output
 
 
-class _TerminalBuildReporter:
-    """BuildReporter (layerdiff.collector.harness.buildprogress) onto pytest's terminal writer."""
+def _item_builds(item) -> tuple[str, ...]:
+    from tests.harness_builds import builds_of
 
-    def __init__(self, terminal, every_s: float = 30.0) -> None:
-        from layerdiff.collector.harness.buildprogress import PlainReporter
-
-        self.terminal = terminal
-        self.plain = PlainReporter(stream=self, every_s=every_s)
-
-    def write(self, text: str) -> None:  # PlainReporter prints whole lines here
-        if text.strip():
-            self.terminal.write_line(text.rstrip("\n"), flush=True)
-
-    def flush(self) -> None:
-        pass
-
-    def started(self, what):
-        self.plain.started(what)
-
-    def update(self, status):
-        self.plain.update(status)
-
-    def finished(self, ok, elapsed_s):
-        self.plain.finished(ok, elapsed_s)
+    return builds_of(Path(str(item.fspath)), _MODULE_BUILDS)
 
 
-def _builds_needed(items) -> list[str]:
-    sources = {}
-    for item in items:
-        path = Path(str(item.fspath))
-        if path not in sources and path.suffix == ".py":
-            sources[path] = path.read_text(errors="replace")
-    return [name for name, marks in HARNESS_USERS.items()
-            if any(mark in text for text in sources.values() for mark in marks)]
+def _print_build_lines() -> None:
+    while _TERMINAL:
+        try:
+            line, red = _LINES.get_nowait()
+        except queue.Empty:
+            return
+        _TERMINAL[0].write_line(line, red=red, flush=True)
 
 
-def _build(name: str, reporter) -> None:
-    """Build one of HARNESS_USERS' targets unless it is cached (the builders say nothing then)."""
-    if name.startswith("ggml-"):
-        from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir, ensure_built
+def pytest_collection_modifyitems(session, config, items):
+    """Tests of modules that use no build first, then by the last build they need (stable within a module)."""
+    from tests.harness_builds import order_key
 
-        spec = GgmlSpec(name.split("-", 1)[1])
-        if not (binary_dir(spec) / "layerdiff-ggml").is_file():
-            ensure_built(spec, reporter)
-        return
-    from layerdiff.collector.harness.build import binary_dir, ensure_built
-    from tests.test_harness_support import AARCH64_SPEC, HOST_SPEC
-
-    spec = {"host": HOST_SPEC, "aarch64": AARCH64_SPEC}[name]
-    if not (binary_dir(spec) / "layerdiff-harness").is_file():
-        ensure_built(spec, reporter)
+    items.sort(key=lambda item: order_key(_item_builds(item)))
 
 
 def pytest_collection_finish(session):
     if session.config.option.collectonly or not session.items:
         return
-    from layerdiff.collector.harness.build import HarnessError
+    from tests.harness_builds import BUILD_ORDER, BackgroundBuilds
 
     terminal = session.config.pluginmanager.get_plugin("terminalreporter")
     if terminal is None:
         return
-    for name in _builds_needed(session.items):
-        try:
-            _build(name, _TerminalBuildReporter(terminal))
-        except HarnessError as err:  # the tests that need it fail with this reason themselves
-            terminal.write_line(f"harness: {err}", red=True, flush=True)
+    _TERMINAL.append(terminal)
+    needed = {name for item in session.items for name in _item_builds(item)}
+    if needed:
+        _BUILDS.append(BackgroundBuilds([n for n in BUILD_ORDER if n in needed],
+                                        lambda line, red: _LINES.put((line, red)), dict(os.environ)))
+
+
+def pytest_runtest_logstart(nodeid, location):
+    """Before a test (outside its output capture): show the builds' progress, and wait for the ones it needs."""
+    _print_build_lines()
+    if not (_BUILDS and _CURRENT):
+        return
+    for event in (_BUILDS[0].done[name] for name in _CURRENT[0] if name in _BUILDS[0].done):
+        while not event.wait(timeout=1.0):
+            _print_build_lines()
+    _print_build_lines()
+
+
+_CURRENT: list = []  # the builds of the test about to start
+
+
+def pytest_runtest_protocol(item, nextitem):
+    _CURRENT[:] = [_item_builds(item)]  # read by pytest_runtest_logstart, which sees only the node id
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _print_build_lines()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for builds in _BUILDS:
+        builds.stop()
+    _print_build_lines()
