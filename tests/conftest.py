@@ -97,7 +97,10 @@ def _print_build_lines() -> None:
             line, red = _LINES.get_nowait()
         except queue.Empty:
             return
-        _TERMINAL[0].write_line(line, red=red, flush=True)
+        terminal = _TERMINAL[0]
+        if getattr(getattr(terminal, "_tw", None), "width_of_current_line", 0):
+            terminal.write("\n")  # not after a row of dots (-q has no current file for ensure_newline)
+        terminal.write_line(line, red=red, flush=True)
 
 
 def pytest_collection_modifyitems(session, config, items):
