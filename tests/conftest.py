@@ -125,22 +125,12 @@ def pytest_collection_finish(session):
                                         lambda line, red: _LINES.put((line, red)), dict(os.environ)))
 
 
-def pytest_runtest_logstart(nodeid, location):
+def pytest_runtest_protocol(item, nextitem):
     """Before a test (outside its output capture): show the builds' progress, and wait for the ones it needs."""
     _print_build_lines()
-    if not (_BUILDS and _CURRENT):
-        return
-    for event in (_BUILDS[0].done[name] for name in _CURRENT[0] if name in _BUILDS[0].done):
-        while not event.wait(timeout=1.0):
-            _print_build_lines()
-    _print_build_lines()
-
-
-_CURRENT: list = []  # the builds of the test about to start
-
-
-def pytest_runtest_protocol(item, nextitem):
-    _CURRENT[:] = [_item_builds(item)]  # read by pytest_runtest_logstart, which sees only the node id
+    if _BUILDS:
+        _BUILDS[0].wait(_item_builds(item), while_waiting=_print_build_lines)
+        _print_build_lines()
 
 
 def pytest_runtest_logfinish(nodeid, location):

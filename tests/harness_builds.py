@@ -93,10 +93,11 @@ class BackgroundBuilds:
                     self.failed.setdefault(name, f"the build process ended (status {self._proc.poll()})")
                     event.set()
 
-    def wait(self, names: Iterable[str]) -> None:
-        for name in names:
-            if name in self.done:
-                self.done[name].wait()
+    def wait(self, names: Iterable[str], while_waiting: Callable[[], None] = lambda: None) -> None:
+        """Until every build of `names` is done (unknown names are not waited for); `while_waiting` runs each second."""
+        for event in (self.done[name] for name in names if name in self.done):
+            while not event.wait(timeout=1.0):
+                while_waiting()
 
     def stop(self) -> None:
         """End the child (a session cut short by -x or Ctrl-C); the builders end their own process groups."""
