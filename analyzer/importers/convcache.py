@@ -8,9 +8,17 @@ files: it is created 0700 and refused when someone else owns it or others may wr
 bounded: after each addition the least recently used entries go until it fits the limit
 ($LAYERDIFF_CACHE_MAX_BYTES, default 4 GiB). `analyze cache` reports its size, `analyze cache clean`
 empties it.
+
+Trimming runs after every addition (an analysis adds its measurement and its report), so it must
+not walk the whole cache: a directory entry (a stored report, an extracted zip) is never changed once
+renamed into place, so its size is counted once and kept beside it in the name of an empty hidden file,
+`.NAME.BYTES.INODE.bytes` (one directory listing reads them all).
+A size record is not an entry: it goes when its directory goes.
+Before, every trim walked every file of every stored report: 0.2 s at 2,785 entries, twice an analysis.
 """
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import stat
@@ -23,6 +31,7 @@ from layerdiff.analyzer.formats.limits import env_bytes, human_bytes
 
 DEFAULT_MAX_BYTES = 4 << 30
 STALE_PARTIAL_S = 3600  # a half-written entry this old belongs to a process that died
+SIZE_SUFFIX = ".bytes"  # `.NAME.BYTES.INODE.bytes`: an empty file, the recorded size of directory entry NAME
 
 
 def max_bytes() -> int:
@@ -55,18 +64,58 @@ def _check_private(path: Path) -> None:
 
 
 def _entries(root: Path) -> list[tuple[Path, int, float]]:
-    """(entry, bytes, last use) for every file or extracted directory in the cache."""
+    """(entry, bytes, last use) for every file or extracted directory in the cache; size records
+    whose directory is gone (or was replaced) are removed on the way."""
+    with os.scandir(root) as listing:
+        items = list(listing)
+    records: dict[str, list[tuple[str, int, int]]] = {}  # directory name -> its records (name, bytes, inode)
+    entries = []
+    for item in items:
+        record = _parse_size_record(item.name)
+        if record is None:
+            entries.append(item)
+        else:
+            records.setdefault(record[0], []).append((item.name, record[1], record[2]))
     out = []
-    for entry in root.iterdir():
+    for item in entries:
         try:
-            if entry.is_dir() and not entry.is_symlink():
-                size = sum(f.lstat().st_size for f in entry.rglob("*") if f.is_file())
-            else:
-                size = entry.lstat().st_size
-            out.append((entry, size, entry.lstat().st_mtime))
+            st = item.stat(follow_symlinks=False)
+            size = (_dir_bytes(root, item.name, st, records.pop(item.name, [])) if stat.S_ISDIR(st.st_mode)
+                    else st.st_size)
+            out.append((Path(item.path), size, st.st_mtime))
         except OSError:
             continue
+    for orphans in records.values():
+        for name, _, _ in orphans:
+            (root / name).unlink(missing_ok=True)
     return out
+
+
+def _parse_size_record(name: str) -> tuple[str, int, int] | None:
+    """(directory name, bytes, inode) from a record's name `.NAME.BYTES.INODE.bytes`, else None."""
+    if not (name.startswith(".") and name.endswith(SIZE_SUFFIX)):
+        return None
+    parts = name[1:-len(SIZE_SUFFIX)].rsplit(".", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def _dir_bytes(root: Path, name: str, st: os.stat_result, records: list[tuple[str, int, int]]) -> int:
+    """Bytes under a directory entry: from its size record, else counted, and recorded once the entry
+    is complete (not a `.partial` one still being written). A record names the directory's inode: an
+    entry replaced under the same name is a new directory, and the old record no longer counts."""
+    for record, size, inode in records:
+        if inode == st.st_ino:
+            return size
+        (root / record).unlink(missing_ok=True)
+    size = sum(f.lstat().st_size for f in (root / name).rglob("*") if f.is_file())
+    if ".partial" not in name:
+        try:
+            (root / f".{name}.{size}.{st.st_ino}{SIZE_SUFFIX}").touch(mode=0o600)
+        except OSError:
+            pass  # counted again next time
+    return size
 
 
 def usage() -> tuple[int, int]:
@@ -90,6 +139,8 @@ def touch(entry: Path) -> None:
 def _remove(entry: Path) -> None:
     if entry.is_dir() and not entry.is_symlink():
         shutil.rmtree(entry, ignore_errors=True)
+        for record in entry.parent.glob(f".{glob.escape(entry.name)}.*{SIZE_SUFFIX}"):
+            record.unlink(missing_ok=True)
     else:
         entry.unlink(missing_ok=True)
 
@@ -120,6 +171,8 @@ def clean() -> tuple[int, int]:
     entries = _entries(root)
     for entry, _, _ in entries:
         _remove(entry)
+    for record in root.glob(f".*{SIZE_SUFFIX}"):
+        record.unlink(missing_ok=True)
     return len(entries), sum(size for _, size, _ in entries)
 
 

@@ -94,3 +94,33 @@ def test_zip_bomb_is_bounded_and_cleaned(xdg, tmp_path):
                env={"XDG_CACHE_HOME": str(tmp_path / "xdg"), "LAYERDIFF_CACHE_DIR": "", "LAYERDIFF_MAX_EXTRACT_BYTES": "8M"})
     assert_one_line_error(proc, "bomb.zip", "LAYERDIFF_MAX_EXTRACT_BYTES")
     assert convcache.usage() == (0, 0)  # figure: 0 bytes of the refused archive left in the cache
+
+
+def test_directory_sizes_are_counted_once_and_follow_their_directory(xdg, tmp_path):
+    """A stored report or extracted zip never changes once in place: its size is recorded beside it
+    (the name of an empty hidden file), so a trim after every analysis does not walk every report."""
+    root = convcache.cache_dir()
+    report = root / "report-abc"
+    report.mkdir()
+    (report / "index.html").write_bytes(bytes(3000))
+    (report / "view.json").write_bytes(bytes(500))
+    assert convcache.usage() == (1, 3500)
+    (record,) = [p for p in root.iterdir() if p.name.startswith(".")]
+    assert record.name == f".report-abc.3500.{report.stat().st_ino}.bytes" and record.stat().st_size == 0
+    (report / "extra").write_bytes(bytes(100))  # not how entries change; shows the count comes from the record
+    assert convcache.usage() == (1, 3500)
+    replaced = root / "report-abc.partial1"
+    replaced.mkdir()
+    (replaced / "index.html").write_bytes(bytes(10))
+    assert convcache.usage() == (2, 3510)  # a half-written entry is counted, never recorded
+    assert len([p for p in root.iterdir() if p.name.startswith(".")]) == 1
+    import shutil
+    shutil.rmtree(report)
+    os.replace(replaced, report)  # the same name, a new directory: its old record no longer counts
+    assert convcache.usage() == (1, 10)
+    (record,) = [p for p in root.iterdir() if p.name.startswith(".")]
+    assert record.name == f".report-abc.10.{report.stat().st_ino}.bytes"
+    assert convcache.trim(limit=0) == 10 and convcache.usage() == (0, 0)
+    assert list(root.iterdir()) == []  # the record went with its directory
+    (root / ".report-gone.5.1.bytes").touch()
+    assert convcache.usage() == (0, 0) and list(root.iterdir()) == []  # an orphaned record is removed
