@@ -63,9 +63,10 @@ def _check_private(path: Path) -> None:
         os.chmod(path, 0o700)  # ours, but others could read or plant files: close it
 
 
-def _entries(root: Path) -> list[tuple[Path, int, float]]:
-    """(entry, bytes, last use) for every file or extracted directory in the cache; size records
-    whose directory is gone (or was replaced) are removed on the way."""
+def _entries(root: Path) -> list[tuple[str, int, float]]:
+    """(name, bytes, last use) of every file or extracted directory in the cache; size records
+    whose directory is gone (or was replaced) are removed on the way. Names, not paths: a Path per
+    entry was half the cost of a trim."""
     with os.scandir(root) as listing:
         items = list(listing)
     records: dict[str, list[tuple[str, int, int]]] = {}  # directory name -> its records (name, bytes, inode)
@@ -82,7 +83,7 @@ def _entries(root: Path) -> list[tuple[Path, int, float]]:
             st = item.stat(follow_symlinks=False)
             size = (_dir_bytes(root, item.name, st, records.pop(item.name, [])) if stat.S_ISDIR(st.st_mode)
                     else st.st_size)
-            out.append((Path(item.path), size, st.st_mtime))
+            out.append((item.name, size, st.st_mtime))
         except OSError:
             continue
     for orphans in records.values():
@@ -153,11 +154,11 @@ def trim(keep: Path | None = None, limit: int | None = None) -> int:
     entries = sorted(_entries(root), key=lambda e: e[2])
     total = sum(size for _, size, _ in entries)
     freed = 0
-    for entry, size, used in entries:
-        stale = ".partial" in entry.name and now - used > STALE_PARTIAL_S
-        if (total - freed <= limit and not stale) or (keep is not None and entry == keep):
+    for name, size, used in entries:
+        stale = ".partial" in name and now - used > STALE_PARTIAL_S
+        if (total - freed <= limit and not stale) or (keep is not None and root / name == keep):
             continue
-        _remove(entry)
+        _remove(root / name)
         freed += size
     return freed
 
@@ -169,8 +170,8 @@ def clean() -> tuple[int, int]:
         return 0, 0
     _check_private(root)
     entries = _entries(root)
-    for entry, _, _ in entries:
-        _remove(entry)
+    for name, _, _ in entries:
+        _remove(root / name)
     for record in root.glob(f".*{SIZE_SUFFIX}"):
         record.unlink(missing_ok=True)
     return len(entries), sum(size for _, size, _ in entries)
