@@ -23,6 +23,7 @@ import shutil
 import stat
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from layerdiff.cache import user_cache_root
 from layerdiff.errors import StorageError
@@ -62,8 +63,17 @@ def _check_private(path: Path) -> None:
         os.chmod(path, 0o700)  # ours, but others could read or plant files: close it
 
 
-def _entries(root: Path) -> list[tuple[str, int, float, str]]:
-    """(name, bytes, last use, size record or "") of every file or extracted directory in the cache; size records
+class _Entry(NamedTuple):
+    """One file or extracted directory of the cache."""
+
+    name: str
+    size: int  # bytes
+    used: float  # last use (modification time, see `touch`)
+    record: str  # a directory's size record, "" for files and uncounted directories
+
+
+def _entries(root: Path) -> list[_Entry]:
+    """Every file or extracted directory in the cache; size records
     whose directory is gone (or was replaced) are removed on the way. Names, not paths: a Path per
     entry was half the cost of a trim."""
     with os.scandir(root) as listing:
@@ -82,7 +92,7 @@ def _entries(root: Path) -> list[tuple[str, int, float, str]]:
             st = item.stat(follow_symlinks=False)
             size, record = (_dir_bytes(root, item.name, st, records.pop(item.name, [])) if stat.S_ISDIR(st.st_mode)
                             else (st.st_size, ""))
-            out.append((item.name, size, st.st_mtime, record))
+            out.append(_Entry(item.name, size, st.st_mtime, record))
         except OSError:
             continue
     for orphans in records.values():
@@ -126,7 +136,7 @@ def usage() -> tuple[int, int]:
     if not root.is_dir():
         return 0, 0
     entries = _entries(root)
-    return len(entries), sum(entry[1] for entry in entries)
+    return len(entries), sum(entry.size for entry in entries)
 
 
 def touch(entry: Path) -> None:
@@ -154,8 +164,8 @@ def trim(keep: Path | None = None, limit: int | None = None) -> int:
     limit = max_bytes() if limit is None else limit
     root = cache_dir()
     now = time.time()
-    entries = sorted(_entries(root), key=lambda e: e[2])
-    total = sum(entry[1] for entry in entries)
+    entries = sorted(_entries(root), key=lambda e: e.used)
+    total = sum(entry.size for entry in entries)
     freed = 0
     for name, size, used, record in entries:
         stale = ".partial" in name and now - used > STALE_PARTIAL_S
@@ -175,7 +185,7 @@ def clean() -> tuple[int, int]:
     entries = _entries(root)
     for name, _, _, record in entries:
         _remove(root, name, record)
-    return len(entries), sum(entry[1] for entry in entries)
+    return len(entries), sum(entry.size for entry in entries)
 
 
 def describe() -> str:

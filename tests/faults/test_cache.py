@@ -3,6 +3,7 @@ emptied by `analyze cache`; a zip bomb's extraction is bounded and leaves nothin
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import zipfile
 from pathlib import Path
@@ -114,7 +115,6 @@ def test_directory_sizes_are_counted_once_and_follow_their_directory(xdg, tmp_pa
     (replaced / "index.html").write_bytes(bytes(10))
     assert convcache.usage() == (2, 3510)  # a half-written entry is counted, never recorded
     assert len([p for p in root.iterdir() if p.name.startswith(".")]) == 1
-    import shutil
     shutil.rmtree(report)
     os.replace(replaced, report)  # the same name, a new directory: its old record no longer counts
     assert convcache.usage() == (1, 10)
