@@ -66,6 +66,10 @@ class Engine:
     # Op types its isolation refuses (ggml: views compute nothing, KV cache stores write in place):
     # `collect isolate --failing-from` leaves layers of these types out, saying so, instead of failing.
     not_isolatable: tuple[str, ...] = ()
+    # The Python module the host engine runs (`ncnn`, `MNN`, ...): its installed file is part of what a
+    # kept `--probe` answer of this machine depends on (collector/transport/probe.py); "" (a native
+    # harness built here) means the probe is always asked.
+    library: str = ""
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     @property

@@ -7,7 +7,6 @@ with the reason). Nothing then fails one by one after a timeout for a backend a 
 """
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.clioptions import comma_items
 from layerdiff.errors import DeviceError, LayerdiffError, UsageError
 from layerdiff.collector.transport.devices import Device, DeviceError, LocalDevice
+from layerdiff.collector.transport.probe import probe_document
 from layerdiff.collector.engines.harness_cli import HARNESS_VERSION
 from layerdiff.collector.sweep.index import IndexRow, read_index
 from layerdiff.collector.inputs.inputset import InputSet
@@ -130,18 +130,10 @@ def _phones(names: list[str], adb_servers: list[str]) -> list[Device]:
 
 def probe_backends(device: Device, engine: str) -> tuple[dict[str, dict], str]:
     """Ask the device's harness what it can run; returns (backends, harness version) or raises DeviceError."""
-    harness = device.prepare_harness(engine)
-    lines: list[str] = []
-    result = device.execute(harness.argv + ["--probe"], env=harness.env, deadline_s=PROBE_DEADLINE_S,
-                            on_stdout_line=lines.append)
-    text = next((ln for ln in reversed(lines) if ln.strip().startswith("{")), "")
-    if result.exit_status != 0 or not text:
-        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise DeviceError(f"{device.serial}: the harness --probe failed ({tail})")
+    probe = probe_document(device, engine, PROBE_DEADLINE_S)  # a kept answer where the device keeps them
     try:
-        probe = json.loads(text)
         backends, version = probe["engines"][engine]["backends"], str(probe.get("version", ""))
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (KeyError, TypeError):
         raise DeviceError(f"{device.serial}: the harness --probe printed no {engine} section") from None
     return _explained(device, backends), version
 

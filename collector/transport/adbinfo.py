@@ -15,6 +15,8 @@ from rich.table import Table
 from layerdiff.collector.transport.adb import AdbDevice
 from layerdiff.collector.transport.adbserver import STATE_ADVICE, connect_server, list_devices
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo
+from layerdiff.collector.transport.probe import probe_document
+from layerdiff.errors import LayerdiffError
 from layerdiff.collector.engines import ARM64_ENGINES, PHONE_ENGINES
 
 GPU_LIB_DIRS = ("/vendor/lib64", "/system/vendor/lib64", "/system/lib64", "/vendor/lib", "/system/lib")
@@ -167,43 +169,12 @@ def _probe_all(devices: list) -> list[tuple[dict | None, str]]:
 
 def _probe_engine(device, engine: str) -> tuple[dict | None, str]:
     """One host engine's `--probe` on a machine device: (its engines section, "") or (None, why not).
-
-    A device that can keep the answer (`probe_cache`: the emulated arm64 core) is asked once per
-    runtime and engine code."""
-    cache = device.probe_cache(engine) if hasattr(device, "probe_cache") else None
-    if cache is not None:
-        try:
-            return json.loads(cache.read_text()), ""
-        except (OSError, ValueError):
-            pass
-    document, note = _run_probe(device, engine)
-    if cache is not None and document is not None:
-        _keep(cache, json.dumps(document))
-    return document, note
-
-
-def _keep(path, text: str) -> None:
-    """Write a cache file atomically; a cache that cannot be written is only slower next time."""
-    import os
-
+    A device that keeps answers (this machine, the emulated arm64 core) is asked once while they hold
+    (layerdiff.collector.transport.probe)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        partial.write_text(text)
-        os.replace(partial, path)
-    except OSError:
-        pass
-
-
-def _run_probe(device, engine: str) -> tuple[dict | None, str]:
-    invocation = device.prepare_harness(engine)
-    out: list[str] = []
-    result = device.execute(invocation.argv + ["--probe"], env=invocation.env, deadline_s=120,
-                            on_stdout_line=out.append)
-    document = next((line for line in out if line.strip().startswith("{")), "")
-    if result.exit_status != 0 or not document:
-        return None, f"{engine} --probe failed (status {result.exit_status}): {result.stderr.strip()[-200:]}"
-    return json.loads(document).get("engines", {}), ""
+        return probe_document(device, engine, deadline_s=120).get("engines", {}), ""
+    except LayerdiffError as err:
+        return None, str(err)
 
 
 def devices_json(reports: list[AdbDeviceReport]) -> dict:

@@ -10,7 +10,6 @@ sees the host file system), so staging and fetching are the local device's.
 from __future__ import annotations
 
 import functools
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from layerdiff.collector.transport.arm64runtime import (DOWNLOAD_MB, PYTHON_VERS
                                    ensure_runtime, runtime, source_dir)
 from layerdiff.collector.engines import ARM64_ENGINES, ENGINES
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo, HarnessInvocation, LocalDevice
+from layerdiff.collector.transport.probe import engine_code_hash
 
 NAME = "arm64"
 ARM_ENGINES = ARM64_ENGINES  # the engines that declare aarch64 wheels (Engine.arm64_wheels; in the runtime's WHEELS)
@@ -81,7 +81,7 @@ class Arm64Device(LocalDevice):
         """Where this core's `--probe` answer for `engine` is kept. Under qemu a probe costs ~10 s, and
         its answer cannot change while the runtime (immutable once built) and the engine code stay
         the same, so both are in the file name."""
-        return self.runtime().root / "probes" / f"{self.cpu}-{engine}-{_engine_code_hash()}.json"
+        return self.runtime().root / "probes" / f"{self.cpu}-{engine}-{engine_code_hash()}.json"
 
     def unavailable_reason(self, backend: str, reason: str) -> str:
         """Why `backend` cannot run here, true for an emulated phone: qemu-user emulates the CPU
@@ -103,17 +103,6 @@ class Arm64Device(LocalDevice):
         return HarnessInvocation(argv=runtime.argv(self.cpu) + ["-m", module], env=runtime.env(source_dir()),
                                  description=f"aarch64 {engine} (Python) under qemu -cpu {self.cpu}")
 
-
-@functools.lru_cache(maxsize=1)
-def _engine_code_hash() -> str:
-    """Digest of the engine modules' source (collector/engines/): what a probe runs besides the wheels."""
-    from layerdiff.collector import engines
-
-    digest = hashlib.sha256()
-    root = Path(engines.__file__).resolve().parent
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def prepare_runtime(devices: list, step_display) -> None:

@@ -20,6 +20,10 @@ Method (see tests/bench/measure.py):
   median over rounds of command CPU / floor CPU.
 - again: after one full analysis has stored its measurement, `analyze` of the same runs alternates
   with the floor of reading that stored table (STORED_FLOOR: the cache entries into DataFrames).
+- stack imports: `import numpy, h5py` alternates with `import numpy, h5py, pandas`; the difference is
+  what pandas' import alone costs on this machine now, and the line shows what analyze's ratio would be
+  without it (an estimate from medians of separate alternations): the share of the gap that belongs
+  to the declared stack's table library rather than to layerdiff's own work (issue 30's 200 x 1 MB case).
 Targets (issue 30): CPU ratio <= 2 at 2,000 x 64 floats, 200 x 1 MB and 8 x 256 MB (issue 19: <= 3 at
 10,000 x 64); again <= 1.3x its floor; peak RSS <= 2 x the largest layer + 300 MB in every case.
 50,000 x 64 must run and stay in the RSS bound.
@@ -201,8 +205,20 @@ def bench_case(name: str, rounds: int, folder: Path, blas_threads: int | None = 
                  f"reading the stored table {again.median('floor'):.2f} s: ratio {again_ratio:.2f} (target <= "
                  f"{AGAIN_TARGET}) -> {verdict(again_ratio <= AGAIN_TARGET)}; peak {again.peak('command') / MiB:.0f} MiB "
                  f"-> {verdict(again.peak('command') <= rss_goal)}")
+    lines.append(stack_import_line(name, result, rounds if target is not None else 1, env))
     print("\n".join(lines), flush=True)
     return {"case": name, "ratio": ratio, "peak": peak, "rss_goal": rss_goal}
+
+
+def stack_import_line(name: str, result, rounds: int, env: dict) -> str:
+    """What `import pandas` costs after numpy and h5py, and analyze's ratio without that cost (estimate)."""
+    plain = alternate(lambda: run_child(python("-c", "import numpy, h5py"), env=env),
+                      lambda: run_child(python("-c", "import numpy, h5py, pandas"), env=env), rounds)
+    pandas_cpu = plain.median("command") - plain.median("floor")
+    floor_cpu, command_cpu = result.median("floor"), result.median("command")
+    return (f"[{name}] stack imports: `import numpy, h5py` {plain.median('floor'):.2f} s CPU, pandas' import on top "
+            f"{pandas_cpu:.2f} s ({pandas_cpu / floor_cpu:.0%} of the floor); analyze without it "
+            f"~{(command_cpu - pandas_cpu) / floor_cpu:.2f}x the floor (estimate from the medians)")
 
 
 def main() -> None:

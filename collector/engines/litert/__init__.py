@@ -12,4 +12,4 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("litert", (".tflite",), _input_specs, backends=("cpu", "gpu"))
+ENGINE = Engine("litert", (".tflite",), _input_specs, backends=("cpu", "gpu"), library="ai_edge_litert")

@@ -12,4 +12,4 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, arm64_wheels=("MNN==3.6.1",))
+ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, arm64_wheels=("MNN==3.6.1",), library="MNN")

@@ -12,4 +12,4 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("onnxruntime", (".onnx",), _input_specs)
+ENGINE = Engine("onnxruntime", (".onnx",), _input_specs, library="onnxruntime")
