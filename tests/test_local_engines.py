@@ -48,6 +48,9 @@ def test_provenance_records_what_really_ran(local_runs):
         assert len(attrs["input_sha256"]) == 64 and attrs["complete"]
         assert [name for name, _ in dump.inputs()] == ["data"]
         assert dump.layers["memory"].eq("device").all()
+        # the GPU named is the one ncnn computed on (its own header), the same the dump's provenance holds
+        assert attrs["gpu"] and attrs["gpu"] == dump.provenance["device"]["gpu"]
+        assert attrs["gpu"] == dump.provenance["raw_header"]["options"]["vulkan_device"]
     with DumpFile(local_runs("convnet.param", "cpu", "low")) as dump:
         assert dump.attrs["precision_effective"] == "bf16-storage"  # x86 has no fp16 arithmetic
 

@@ -262,10 +262,11 @@ def _fetch_and_convert(
 
 def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: ExecResult,
              stop: Callable[[], bool] | None = None, repeat_index: int = 0) -> Path:
-    info = device.info()
-    vulkan_gpu = getattr(device, "vulkan_gpu", None)  # the local machine names its GPU only when asked
-    if spec.backend == "vulkan" and vulkan_gpu is not None and not info.gpu:
-        info = replace(info, gpu=vulkan_gpu())
+    try:
+        raw = read_raw_dump(local)
+    except LayerdiffError as err:
+        raise DumpFormatError(f"{device.serial}: {spec.stem}: the harness's dump is unusable ({err})") from None
+    info = _device_info(device, spec, raw.header)
     attrs = {
         **info.provenance(),
         "input_label": spec.inputs.label,
@@ -287,15 +288,24 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     if spec.fresh_process and spec.repeat > 1:  # each process's header says repeat 0: the index is the collector's
         attrs["repeat"] = repeat_index
         attrs["provenance"]["fresh_process"] = True
-    try:
-        raw = read_raw_dump(local)
-    except LayerdiffError as err:
-        raise DumpFormatError(f"{device.serial}: {spec.stem}: the harness's dump is unusable ({err})") from None
     opencl = opencl_device_name(raw.header)
     if opencl:  # the device that computed, not the phone's display GPU (a CPU OpenCL such as PoCL, too)
         attrs["gpu"] = opencl
     return convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
                             stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
+
+
+def _device_info(device: Device, spec: RunSpec, header: dict):
+    """The device's facts; for a Vulkan run on a device that does not know its GPU (this machine), the
+    GPU is the one the harness says it computed on (ncnn's options.vulkan_device: the device ncnn picked,
+    not the first one listed), else `vulkaninfo`'s first device (a process and a Vulkan instance)."""
+    info = device.info()
+    vulkan_gpu = getattr(device, "vulkan_gpu", None)
+    if spec.backend != "vulkan" or vulkan_gpu is None or info.gpu:
+        return info
+    options = header.get("options")
+    named = options.get("vulkan_device") if isinstance(options, dict) else None
+    return replace(info, gpu=named if isinstance(named, str) and named else vulkan_gpu())
 
 
 def opencl_device_name(header: dict) -> str:
