@@ -24,8 +24,6 @@ from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
 from layerdiff.collector.run.pipeline import RunOptions, RunSpec
 
-PROBE_DEADLINE_S = 120.0
-
 
 @dataclass
 class SweepPlan(RunOptions):
@@ -130,7 +128,7 @@ def _phones(names: list[str], adb_servers: list[str]) -> list[Device]:
 
 def probe_backends(device: Device, engine: str) -> tuple[dict[str, dict], str]:
     """Ask the device's harness what it can run; returns (backends, harness version) or raises DeviceError."""
-    probe = probe_document(device, engine, PROBE_DEADLINE_S)  # a kept answer where the device keeps them
+    probe = probe_document(device, engine)  # a kept answer where the device keeps them
     try:
         backends, version = probe["engines"][engine]["backends"], str(probe.get("version", ""))
     except (KeyError, TypeError):

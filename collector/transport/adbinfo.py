@@ -172,7 +172,7 @@ def _probe_engine(device, engine: str) -> tuple[dict | None, str]:
     A device that keeps answers (this machine, the emulated arm64 core) is asked once while they hold
     (layerdiff.collector.transport.probe)."""
     try:
-        return probe_document(device, engine, deadline_s=120).get("engines", {}), ""
+        return probe_document(device, engine).get("engines", {}), ""
     except LayerdiffError as err:
         return None, str(err)
 

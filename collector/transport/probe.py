@@ -28,12 +28,13 @@ from layerdiff.errors import DeviceError
 # Where GPU loaders look for drivers (Vulkan: the loader's manifest folders; OpenCL: the ICD loader's).
 DRIVER_DIRS = ("/usr/share/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/etc/vulkan/icd.d",
                "/etc/OpenCL/vendors", "/dev/dri")
-# Environment that changes which driver a loader picks or how it behaves.
 KEEP_ANSWERS = 4  # per device and engine
+PROBE_DEADLINE_S = 120.0  # a probe under qemu takes ~10 s; a phone's first Vulkan instance can take long
+# Environment that changes which driver a loader picks or how it behaves.
 DRIVER_ENV_PREFIXES = ("VK_", "MESA_", "LP_", "GALLIUM_", "OCL_", "OPENCL_", "LD_", "CUDA_", "ANV_", "RADV_")
 
 
-def probe_document(device, engine: str, deadline_s: float) -> dict:
+def probe_document(device, engine: str, deadline_s: float = PROBE_DEADLINE_S) -> dict:
     """The harness's whole `--probe` JSON document (a kept one when the device keeps them);
     raises DeviceError naming the device and the harness's last line."""
     cache = device.probe_cache(engine) if hasattr(device, "probe_cache") else None
