@@ -103,7 +103,7 @@ def test_an_engine_built_here_is_always_asked():
 
 def test_the_key_covers_the_interpreter_module_and_drivers(monkeypatch):
     base = local_probe_path("ncnn")
-    monkeypatch.setattr(probe_module, "_module_stat", lambda name: [name, "reinstalled"])
+    monkeypatch.setattr(probe_module, "library_stat", lambda name: [1, 2, 3, 4])
     assert local_probe_path("ncnn") != base
     monkeypatch.undo()
     monkeypatch.setattr(probe_module, "_driver_files", lambda: [["/usr/share/vulkan/icd.d/new.json", 1, 2, 3]])

@@ -37,6 +37,7 @@ from layerdiff.analyzer.findings.thresholds import Thresholds
 from layerdiff.analyzer.importers import convcache
 from layerdiff.analyzer.report.outdir import atomic_write_chunks, prepare_out_dir
 from layerdiff.errors import LayerdiffError
+from layerdiff.identity import file_stat, library_stat
 
 PREFIX = "report-"
 VIEW = "view.json"  # written last: an entry without it is incomplete
@@ -104,13 +105,8 @@ def key_for(paths: Iterable[Path | str], *, png: bool, ref: Path | str | None, r
 def _file_identity(path: Path) -> list:
     """A file by its stat; a dump directory by every file inside (a rewrite changes one of them)."""
     if path.is_dir():
-        return [[str(p.relative_to(path)), _stat(p)] for p in sorted(path.rglob("*")) if p.is_file()]
-    return _stat(path)
-
-
-def _stat(path: Path) -> list[int]:
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+        return [[str(p.relative_to(path)), file_stat(p)] for p in sorted(path.rglob("*")) if p.is_file()]
+    return file_stat(path)
 
 
 def _fix_identity(path: Path) -> list:
@@ -121,7 +117,7 @@ def _fix_identity(path: Path) -> list:
     for folder in (path.parent, path.parent.parent):
         candidate = folder / FIX_JSON
         if candidate.is_file():
-            out.append([str(candidate), _stat(candidate)])
+            out.append([str(candidate), file_stat(candidate)])
     return out
 
 
@@ -144,16 +140,9 @@ def code_identity() -> dict[str, str]:
 
 
 def _library_identity(name: str) -> str:
-    """An installed library by its package file's stat: any reinstall or upgrade changes it. Not
-    importlib.metadata's version: its lookups cost 40 ms of every analysis, and an edit in place
-    keeps the version."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec(name)
-        return json.dumps(_stat(Path(spec.origin))) if spec is not None and spec.origin else ""
-    except (ImportError, ValueError, OSError):
-        return ""
+    """An installed library by its package file's stat (layerdiff.identity), "" when absent."""
+    found = library_stat(name)
+    return json.dumps(found) if found is not None else ""
 
 
 def find(key: str | None) -> StoredReport | None:

@@ -23,7 +23,7 @@ from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.diskspace import writing
 from layerdiff.errors import DumpFormatError, Interrupted, LayerdiffError, StorageError, UsageError
 from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, read_raw_dump
-from layerdiff.collector.transport.devices import Device, DeviceError, ExecResult
+from layerdiff.collector.transport.devices import Device, DeviceError, DeviceInfo, ExecResult
 from layerdiff.collector.engines.harness_cli import INPUT_DTYPES
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.run.fresh import execute_fresh
@@ -295,7 +295,7 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
                             stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
 
 
-def _device_info(device: Device, spec: RunSpec, header: dict):
+def _device_info(device: Device, spec: RunSpec, header: dict) -> DeviceInfo:
     """The device's facts; for a Vulkan run on a device that does not know its GPU (this machine), the
     GPU is the one the harness says it computed on (ncnn's options.vulkan_device: the device ncnn picked,
     not the first one listed), else `vulkaninfo`'s first device (a process and a Vulkan instance)."""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from layerdiff.cache import user_cache_root
 from layerdiff.errors import DeviceError
+from layerdiff.identity import file_stat, library_stat
 
 # Where GPU loaders look for drivers (Vulkan: the loader's manifest folders; OpenCL: the ICD loader's).
 DRIVER_DIRS = ("/usr/share/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/etc/vulkan/icd.d",
@@ -112,31 +113,18 @@ def local_probe_path(engine: str) -> Path | None:
     library = ENGINES[engine].library if engine in ENGINES else ""
     if not library:
         return None
-    facts = [engine, engine_code_hash(), _stat(Path(sys.executable)), _module_stat(library), platform.node(),
-             platform.machine(), _cpu_model(), _driver_env(), _driver_files()]
+    facts = [engine, engine_code_hash(), _stat(Path(sys.executable)), [library, library_stat(library)],
+             platform.node(), platform.machine(), _cpu_model(), _driver_env(), _driver_files()]
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
     return user_cache_root() / "probes" / f"local-{engine}-{digest}.json"
 
 
 def _stat(path: Path) -> list:
+    """A file by name and stat; a missing one is a fact too (a driver manifest that names no library)."""
     try:
-        st = path.stat()
+        return [str(path), *file_stat(path)]
     except OSError:
         return [str(path), None]
-    return [str(path), st.st_size, st.st_mtime_ns, st.st_ino]
-
-
-def _module_stat(name: str) -> list:
-    """An installed module by its file's stat, found without importing it (any reinstall changes it)."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.origin:
-        return [name, None]
-    return _stat(Path(spec.origin))
 
 
 def _cpu_model() -> str:
