@@ -28,7 +28,7 @@ ggml_vulkan_packages=(g++ make cmake ninja-build libvulkan-dev glslc spirv-heade
 pocl_packages=(ocl-icd-libopencl1 pocl-opencl-icd clinfo gcc)
 
 packages=("${base_packages[@]}")
-extras="."
+extras=".[local]"
 testing=0
 for arg in "$@"; do
     case "$arg" in

@@ -23,6 +23,7 @@ lost device from nothing-to-compare without parsing messages:
     ├── NothingToCompareError      exit 1  no run, or no pair of runs, is left to analyze, merge or isolate
     ├── Interrupted                exit 130 Ctrl-C; half-written files were removed
     ├── HarnessError               exit 1  no harness binary can be had (build or prebuilt)
+    ├── EngineNotInstalledError    exit 1  a host engine's library is not installed (names the pip extra)
     ├── HarnessExit                exit = the harness contract code (device_scripts/HARNESS_CLI.md)
     └── ConversionError (RuntimeError) exit 1  a sample model conversion failed (samples/)
 
@@ -63,6 +64,10 @@ class InputError(LayerdiffError):
 
 class ModelFormatError(InputError):
     """A model file is not of the format its engine reads (a .tflite flatbuffer, a Paddle program, ...)."""
+
+
+class EngineNotInstalledError(LayerdiffError):
+    """A host engine's Python library is missing: the message names the extra (`layerdiff[mnn]`) to install."""
 
 
 class DumpFormatError(LayerdiffError):

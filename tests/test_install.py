@@ -1,10 +1,12 @@
-"""What a user installs: the wheel built from the sdist, in a fresh venv, used from an unrelated directory.
+"""What a user installs: the wheel built from the sdist, in fresh venvs, used from an unrelated directory.
 
 Why here and not only in a developer's checkout: a checkout hides undeclared imports (whatever the
 machine's Python happens to have), files the wheel leaves out, and paths that only resolve next to
-the sources. The venv holds the declared dependencies and nothing else (no system site-packages),
+the sources. Each venv holds the declared dependencies and nothing else (no system site-packages),
 every command runs from a temporary directory with PYTHONPATH unset, and the harness is compiled
-from the installed package's own sources.
+from the installed package's own sources. Two installs, as two kinds of user make them: the core
+(`pip install layerdiff`: the analyzer and the phone collector, no engine) and `layerdiff[local]`
+(the engines the quick start runs on this host).
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 
 # import names of the optional extras' packages: a module may need them only if it is not part of the tool
-OPTIONAL_IMPORTS = {"onnx", "google", "pytest", "hypothesis", "polygraphy", "build"}
+OPTIONAL_IMPORTS = {"onnx", "google", "pytest", "hypothesis", "polygraphy", "build",
+                    "MNN", "ncnn", "onnxruntime", "ai_edge_litert", "gguf", "paddle"}
+EXTRAS = ("mnn", "ncnn", "onnx", "litert", "ggml", "paddle", "local")
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -48,16 +52,26 @@ def dists(tmp_path_factory) -> dict[str, Path]:
     return {"sdist": next(out.glob("layerdiff-*.tar.gz")), "wheel": next(out.glob("layerdiff-*.whl"))}
 
 
-@pytest.fixture(scope="module")
-def venv(dists, tmp_path_factory) -> Path:
-    """A fresh venv (no system site-packages) with only the wheel and its declared dependencies."""
-    root = tmp_path_factory.mktemp("venv") / "v"
+def _fresh_venv(root: Path, requirement: str) -> Path:
+    """A venv (no system site-packages) with only `requirement` and what it declares."""
     made = _run([sys.executable, "-m", "venv", root], cwd=root.parent)
     assert made.returncode == 0, made.stderr
-    pip = _run([root / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", dists["wheel"]],
+    pip = _run([root / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", requirement],
                cwd=root.parent, timeout=1800)
     assert pip.returncode == 0, pip.stderr[-3000:]
     return root
+
+
+@pytest.fixture(scope="module")
+def venv(dists, tmp_path_factory) -> Path:
+    """The core install: the wheel and its declared dependencies, no engine."""
+    return _fresh_venv(tmp_path_factory.mktemp("venv") / "v", str(dists["wheel"]))
+
+
+@pytest.fixture(scope="module")
+def local_venv(dists, tmp_path_factory) -> Path:
+    """`pip install 'layerdiff[local]'`: the core and the engines of the `local` device."""
+    return _fresh_venv(tmp_path_factory.mktemp("venv-local") / "v", f"{dists['wheel']}[local]")
 
 
 @pytest.fixture
@@ -151,8 +165,53 @@ def test_usage_errors_exit_2_without_a_traceback(venv, elsewhere, args):
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
-def test_quick_start_from_an_unrelated_directory(venv, elsewhere):
+def test_the_wheel_metadata_declares_the_core_and_one_extra_per_engine(dists):
+    with zipfile.ZipFile(dists["wheel"]) as wheel:
+        metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    extras = re.findall(r"^Provides-Extra: (\S+)$", metadata, re.M)
+    assert set(EXTRAS) <= set(extras), extras
+    requires = re.findall(r"^Requires-Dist: (.+)$", metadata, re.M)
+    core = {re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0].lower() for r in requires if "extra ==" not in r}
+    assert core >= {"adbutils", "numpy", "h5py", "pandas", "typer", "rich", "matplotlib"}
+    assert not core & {"mnn", "ncnn", "onnxruntime", "onnx", "ai-edge-litert", "paddlepaddle", "gguf"}, core
+    assert any(r.startswith("MNN") and 'extra == "mnn"' in r for r in requires), requires
+
+
+def test_the_core_install_names_the_extra_a_local_engine_needs(venv, elsewhere):
+    proc = _run([venv / "bin" / "collect", "--device", "local", "--backend", "cpu", "-o", "out"], cwd=elsewhere)
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "pip install 'layerdiff[ncnn]'" in lines[0], proc.stderr
+    mnn = _run([venv / "bin" / "collect", "--device", "local", "--model",
+                _site(venv) / "layerdiff" / "samples" / "models" / "convnet.mnn", "-o", "out"], cwd=elsewhere)
+    assert mnn.returncode == 1 and "pip install 'layerdiff[mnn]'" in mnn.stderr, mnn.stderr
+    assert "Traceback" not in proc.stderr + mnn.stderr
+
+
+def test_the_core_install_analyzes_dumps_colleagues_send(venv, elsewhere):
+    """No engine installed: the bundled sample dumps (HDF5) and an .npz pair are analyzed into a report."""
+    import numpy as np
+
+    dumps = _site(venv) / "layerdiff" / "samples" / "dumps"
+    proc = _run([venv / "bin" / "analyze", dumps, "-o", "rep"], cwd=elsewhere)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (elsewhere / "rep" / "index.html").stat().st_size > 10_000
+    rng = np.random.default_rng(0)
+    layers = {"conv1": rng.standard_normal((1, 8, 4, 4)).astype(np.float32)}
+    np.savez(elsewhere / "theirs_cpu.npz", **layers)
+    np.savez(elsewhere / "theirs_gpu.npz", **{k: v + 0.5 for k, v in layers.items()})
+    pair = _run([venv / "bin" / "analyze", "theirs_cpu.npz", "theirs_gpu.npz", "-o", "rep2"], cwd=elsewhere)
+    assert pair.returncode == 0, pair.stderr[-3000:]
+    assert "fail" in pair.stdout.lower()
+
+
+def _site(venv: Path) -> Path:
+    return next((venv / "lib").glob("python3*/site-packages"))
+
+
+def test_quick_start_from_an_unrelated_directory(local_venv, elsewhere):
     """The README's main job: the bundled sample on the local device, high and low, then the report."""
+    venv = local_venv
     collected = _run([venv / "bin" / "collect", "--device", "local", "--backend", "cpu", "--precision", "high,low",
                       "-o", "out", "--no-report"], cwd=elsewhere)
     assert collected.returncode == 0, collected.stderr

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from layerdiff.errors import EngineNotInstalledError
 from layerdiff.vocabulary import HARNESS_BACKENDS
 
 Shape = tuple[int, ...] | None  # None: the model does not declare the input's shape (pnnx's ncnn Input)
@@ -70,6 +71,9 @@ class Engine:
     # kept `--probe` answer of this machine depends on (collector/transport/probe.py); "" (a native
     # harness built here) means the probe is always asked.
     library: str = ""
+    # The pip extra that installs `library` (`pip install 'layerdiff[EXTRA]'`): the core install is the
+    # analyzer and the phone collector, each host engine comes with its extra.
+    extra: str = ""
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     @property
@@ -80,6 +84,18 @@ class Engine:
     @property
     def on_arm64(self) -> bool:
         return bool(self.arm64_wheels)
+
+    def require_installed(self) -> None:
+        """Raise EngineNotInstalledError, naming the extra, when this Python lacks the engine's library.
+
+        Asked before the host engine or a model reader imports it, so a core install gets one line that
+        says what to install instead of a ModuleNotFoundError from a child process."""
+        import importlib.util
+
+        if self.library and importlib.util.find_spec(self.library) is None:
+            raise EngineNotInstalledError(
+                f"the {self.name} engine is not installed in this Python ({self.library} is missing): "
+                f"pip install 'layerdiff[{self.extra or self.name}]'")
 
 
 class HostEngine(Protocol):

@@ -21,6 +21,7 @@ from layerdiff.collector.run.pipeline import check_run_options
 from layerdiff.collector.sweep.execute import SweepResult, run_sweep
 from layerdiff.collector.sweep.plan import SweepPlan, resolve_devices
 from layerdiff.collector.transport.arm64 import prepare_runtime
+from layerdiff.collector.transport.devices import LocalDevice
 from layerdiff.vocabulary import RunStatus
 
 
@@ -44,8 +45,11 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
     if configs:
         backends = list(dict.fromkeys(b for b, _ in configs))
         precisions = list(dict.fromkeys(p for _, p in configs))
+    resolved = resolve_devices(devices, adb_servers, exclude)
+    if any(type(device) is LocalDevice for device in resolved):  # arm64 runs its own wheels
+        ENGINES[model_files.engine].require_installed()  # one line naming the extra, before anything runs
     return SweepPlan(
-        devices=resolve_devices(devices, adb_servers, exclude), model=model_files, backends=backends,
+        devices=resolved, model=model_files, backends=backends,
         precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
         deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force, retry_failed=retry_failed,
         configs=list(configs or []), fresh_process=fresh_process,

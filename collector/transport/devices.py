@@ -181,6 +181,7 @@ class LocalDevice:
     def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
         if engine not in ENGINES:
             raise DeviceError(f"local: no host engine named {engine!r}; use --engine {' or '.join(ENGINES)}")
+        ENGINES[engine].require_installed()
         return HarnessInvocation(argv=[sys.executable, "-m", ENGINES[engine].host_module], env=dict(HOST_ENGINE_ENV),
                                  description=f"host {engine} (Python)")
 

@@ -7,9 +7,10 @@ from layerdiff.collector.engines.base import Engine, InputSpecs
 
 
 def _input_specs(path: Path) -> InputSpecs:
+    ENGINE.require_installed()  # reading the model's inputs takes the engine's own library
     from layerdiff.collector.engines.litert.graph import input_specs
 
     return input_specs(path)
 
 
-ENGINE = Engine("litert", (".tflite",), _input_specs, backends=("cpu", "gpu"), library="ai_edge_litert")
+ENGINE = Engine("litert", (".tflite",), _input_specs, backends=("cpu", "gpu"), library="ai_edge_litert", extra="litert")

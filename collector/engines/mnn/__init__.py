@@ -7,9 +7,10 @@ from layerdiff.collector.engines.base import Engine, InputSpecs
 
 
 def _input_specs(path: Path) -> InputSpecs:
+    ENGINE.require_installed()  # reading the model's inputs takes the engine's own library
     from layerdiff.collector.engines.mnn.modelfile import input_specs
 
     return input_specs(path)
 
 
-ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, arm64_wheels=("MNN==3.6.1",), library="MNN")
+ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, arm64_wheels=("MNN==3.6.1",), library="MNN", extra="mnn")
