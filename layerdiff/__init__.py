@@ -34,3 +34,8 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(module), attribute)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """The lazy names too, so a notebook's tab completion offers `layerdiff.analyze` before its first use."""
+    return sorted(set(globals()) | set(_LAZY))

@@ -22,6 +22,12 @@ def test_import_layerdiff_loads_nothing_heavy():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == ""
 
 
+def test_tab_completion_lists_the_api_before_first_use():
+    proc = subprocess.run([sys.executable, "-c", "import layerdiff; print(' '.join(dir(layerdiff)))"],
+                          capture_output=True, text=True, timeout=60)
+    assert {"analyze", "collect", "Results", "Collected"} <= set(proc.stdout.split()), proc.stdout
+
+
 def test_analyze_sample_dumps_as_dataframes_and_the_commands_report(tmp_path):
     command = cli("analyze", str(DUMPS), "-o", str(tmp_path / "cli"))
     assert command.returncode == 0, command.stderr[-2000:]
