@@ -1,4 +1,9 @@
-"""One analysis from start to finish: open -> plan -> compare -> isolated dumps -> findings -> summary.
+"""One analysis from start to finish: open -> plan -> measure -> judge -> findings -> summary.
+
+Measuring (align every pair, every metric of every layer, isolated dumps) knows no threshold and is
+stored once per set of dumps; judging (pass / warn / fail, decoded outputs, findings, verdicts) reads
+only the measurement and the run headers, so a changed threshold or `--task` re-judges without
+reading a tensor.
 
 The CLI, the tests and any script call `analyze_paths`; the report writers only read its result.
 Problems that leave part of the work possible (a file that is not a dump, a layer whose shape is
@@ -19,12 +24,14 @@ from layerdiff.analyzer.measure.compare import Comparison, compare_all
 from layerdiff.errors import LayerdiffError, NothingToCompareError, UsageError
 from layerdiff.progress import Steps
 from layerdiff.analyzer.findings.divergence import KIND_ORDER, Finding, all_findings
-from layerdiff.analyzer.measure.isolation import Isolation, analyze_isolated, attach_isolated
+from layerdiff.analyzer.measure.isolation import Isolation, measure_isolated
+from layerdiff.analyzer.findings.isolation import attach_isolated, judge_isolation
+from layerdiff.analyzer.findings.layerstatus import judge_layers
 from layerdiff.analyzer.outputs.judge import judge_all
 from layerdiff.analyzer.outputs.task import parse_task
 from layerdiff.analyzer.runs.reference import plan_comparisons
 from layerdiff.analyzer.runs.sources import Run, SourceSet, open_runs
-from layerdiff.analyzer.report.tables import run_summary
+from layerdiff.analyzer.findings.summary import run_summary
 from layerdiff.analyzer.findings.verdict import Thresholds
 # Also the analyzer's public surface for the collector (`collect fix` measures its trials with the
 # report's graph and kernels; tests/test_package_layout.py keeps the collector to formats, importers,
@@ -81,12 +88,14 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
             raise NothingToCompareError("no run can be compared: every run is a reference or has no reference "
                                  f"run on its input ({'; '.join(plan.uncompared.values()) or 'all runs are references'})")
         comparison = _measured(plan, rules, thresholds, steps or Steps.quiet())
-        isolation = analyze_isolated(sources.isolated, sources.runs, comparison, thresholds)
+        isolation = measure_isolated(sources.isolated, sources.runs, comparison, thresholds.tolerances)
     except BaseException:
         sources.close()
         raise
-    attach_isolated(comparison.table, isolation)
     with (steps or Steps.quiet()).step("finding failure sources and verdicts"):
+        judge_layers(comparison, thresholds)
+        judge_isolation(isolation, comparison, thresholds)
+        attach_isolated(comparison.table, isolation)
         judgements = judge_all(comparison, declared, thresholds)
         findings = merge_findings(all_findings(comparison, sources.runs, thresholds, judgements), isolation.findings)
         summary = run_summary(comparison, sources.runs, findings, thresholds, judgements)
@@ -99,11 +108,13 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
 def _measured(plan, rules: NameRules, thresholds: Thresholds,
               steps: Steps) -> Comparison:
     """compare_all, or its stored result when these very dumps were measured with these options
-    (a sweep's own report, then `analyze` of the same runs: measured once, see layerdiff.analyzer.measure.resultcache)."""
-    key = resultcache.cache_key(plan, rules, thresholds)
+    (a sweep's own report, then `analyze` of the same runs, or of them with other thresholds: measured
+    once, see layerdiff.analyzer.measure.resultcache). Only the tolerances enter the key: the thresholds judge."""
+    tolerances = thresholds.tolerances
+    key = resultcache.cache_key(plan, rules, tolerances)
     comparison = resultcache.load(plan, key)
     if comparison is None:
-        comparison = compare_all(plan, rules, thresholds, steps)
+        comparison = compare_all(plan, rules, tolerances, steps)
         resultcache.store(comparison, key)
     return comparison
 

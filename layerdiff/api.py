@@ -126,7 +126,7 @@ def report_directory(dumps: Path | str, report_dir: Path | str, *, steps=None, *
     """Analyze every dump under `dumps` into `report_dir` as `analyze DUMPS -o REPORT_DIR` does,
     printing its verdict table and findings before the report is drawn; returns the page."""
     from layerdiff.analyzer.cli.app import print_summary
-    from layerdiff.analyzer.report.page import report_paths
+    from layerdiff.analyzer.report.job import report_paths
 
     report_paths([Path(dumps)], Path(report_dir), on_analyzed=print_summary, steps=steps, **analyze_options).close()
     return Path(report_dir) / "index.html"

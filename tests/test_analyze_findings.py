@@ -263,7 +263,7 @@ LLAMA_LAYERS = [
 
 
 def test_layer_blocks_only_for_graphs_named_block_by_block():
-    from layerdiff.analyzer.findings.blocks import layer_blocks
+    from layerdiff.analyzer.align.blocks import layer_blocks
 
     keys = [f"{op}:0" for op, *_ in LLAMA_LAYERS] + ["Qcur-0#1:0", "cache_v_l1 (reshaped) (view)#1:0"]
     blocks = layer_blocks(keys)

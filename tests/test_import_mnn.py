@@ -9,7 +9,8 @@ import pytest
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import DumpFormatError
 from layerdiff.analyzer.importers import detect_format, import_any, import_one
-from layerdiff.analyzer.align.naming import canonical_from_key, canonical_key, is_helper, split_mnn_file_name
+from layerdiff.analyzer.align.naming import canonical_from_key, canonical_key, is_helper
+from layerdiff.analyzer.importers.mnnnames import split_mnn_file_name
 
 
 def mnn_text(array: np.ndarray) -> str:

@@ -59,3 +59,43 @@ def test_the_docs_name_only_paths_that_exist():
             if not (REPO / named).exists():
                 missing.append(f"{doc}:{text[:match.start()].count(chr(10)) + 1}: {named}")
     assert not missing, "named but not there:\n" + "\n".join(missing)
+
+
+# The analyzer's rooms in the order data flows through them (docs/DESIGN.md); rooms of one stage share a rank:
+# outputs/ and findings/ are the judge. `analysis` is analyzer/analysis.py.
+ANALYZER_ROOMS = {"formats": 0, "importers": 1, "runs": 2, "align": 3, "measure": 4, "outputs": 5, "findings": 5,
+                  "analysis": 6, "report": 7, "cli": 8}
+# The collector's rooms after the engines and the devices, in the order a sweep uses them.
+COLLECTOR_ROOMS = {"inputs": 0, "run": 1, "sweep": 2, "fix": 3, "cli": 4}
+
+
+def later_room_imports(package: str, rooms: dict[str, int]) -> list[str]:
+    """Every import (top level or inside a function) of a room ranked after the importing file's room."""
+    bad = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        parts = path.relative_to(REPO / package).parts
+        room = parts[0] if len(parts) > 1 else path.stem
+        if room not in rooms:
+            continue
+        for line, module in imported_modules(path):
+            target = module.split(".")
+            if target[:2] == ["layerdiff", package] and len(target) > 2 and rooms.get(target[2], -1) > rooms[room]:
+                bad.append(f"{path.relative_to(REPO)}:{line}: {room} imports {module}")
+    return bad
+
+
+def test_no_analyzer_room_imports_a_later_one():
+    bad = later_room_imports("analyzer", ANALYZER_ROOMS)
+    assert not bad, "data flows formats -> importers -> runs -> align -> measure -> judge -> report:\n" + "\n".join(bad)
+
+
+def test_no_collector_room_imports_a_later_one():
+    bad = later_room_imports("collector", COLLECTOR_ROOMS)
+    assert not bad, "inputs -> run -> sweep -> fix -> cli:\n" + "\n".join(bad)
+
+
+def test_measuring_knows_no_threshold():
+    """The measure room never sees a judge's threshold: moving one re-judges, it never re-measures."""
+    bad = [f"{path.relative_to(REPO)}: {word}" for path in sorted((REPO / "analyzer" / "measure").glob("*.py"))
+           for word in ("Thresholds", "warn_rel_l2", "fail_rel_l2", "classify(") if word in path.read_text()]
+    assert not bad, "\n".join(bad)

@@ -9,7 +9,7 @@ import pytest
 
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.findings.wording import layer_name, percent
-from layerdiff.analyzer.outputs import classes
+from layerdiff.analyzer.measure import classes
 from layerdiff.analyzer.outputs.detection import components, decode
 from layerdiff.analyzer.outputs.task import parse_task
 from layerdiff.errors import LayerdiffError

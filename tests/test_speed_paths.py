@@ -57,6 +57,33 @@ def test_second_analysis_of_the_same_runs_reuses_the_measurement(runs, cache, mo
         again.close()
 
 
+def test_a_threshold_change_rejudges_the_stored_measurement(runs, cache, monkeypatch):
+    """Thresholds judge, they do not measure: a stricter --warn-rel-l2 reuses the stored numbers (no tensor
+    is read) and moves the statuses exactly where the numbers cross the new threshold."""
+    from layerdiff.analyzer.findings.verdict import Thresholds
+
+    first = analyze_paths([runs])
+    rel = first.comparison.table["rel_l2"].astype(float)
+    strict = float(rel[rel > 0].min()) / 2  # every layer with any error crosses it
+    before = first.comparison.table["status"].tolist()
+    first.close()
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again for a threshold change")
+
+    monkeypatch.setattr(analysis_module, "compare_all", no_measuring)
+    again = analyze_paths([runs], thresholds=Thresholds(warn_rel_l2=strict, fail_rel_l2=max(strict * 2, 0.1)))
+    try:
+        table = again.comparison.table
+        assert table["rel_l2"].astype(float).round(12).tolist() == rel.round(12).tolist()
+        crossed = table["rel_l2"].astype(float) > strict
+        assert crossed.any() and (table.loc[crossed, "status"] != "pass").all()
+        assert table["status"].tolist() != before and "measured" not in set(table["status"])
+    finally:
+        again.close()
+    assert len(_entries(cache)) == 1
+
+
 def test_changed_dump_or_options_are_measured_again(runs, cache):
     before = analyze_paths([runs])
     worst_before = float(before.comparison.table["rel_l2"].max())

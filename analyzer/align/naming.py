@@ -51,7 +51,6 @@ HELPER_PATTERNS: tuple[str, ...] = (r"_raster_\d+$",)
 _SLASH = re.compile(NAME_RULES[0].pattern)
 _OUTPUT_INDEX = re.compile(NAME_RULES[1].pattern)
 _HELPERS = tuple(re.compile(p) for p in HELPER_PATTERNS)
-_MNN_FILE = re.compile(r"^(?P<op>.+)_(?P<index>\d+)$")
 
 
 def canonical_key(op: str, output_index: int = 0) -> str:
@@ -74,16 +73,3 @@ def canonical_from_key(key: str) -> str:
 def is_helper(op: str) -> bool:
     """True for engine-inserted helper ops (MNN `_raster_<k>`) that other engines never have."""
     return any(p.search(op) for p in _HELPERS)
-
-
-def split_mnn_file_name(file_name: str) -> tuple[str, int]:
-    """`conv1_0` -> (`conv1`, 0): MNN's dump file name is `<op, '/'->'_'>_<output index>`."""
-    match = _MNN_FILE.match(file_name)
-    if not match:
-        return file_name, 0
-    return match.group("op"), int(match.group("index"))
-
-
-def mnn_file_stem(op: str, output_index: int) -> str:
-    """The file name MNN's dump tools give output `output_index` of `op`."""
-    return f"{op.replace('/', '_')}_{output_index}"

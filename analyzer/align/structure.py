@@ -42,7 +42,7 @@ import pandas as pd
 from typing import Callable
 
 from layerdiff.analyzer.align.edges import EdgeCheck, Matches
-from layerdiff.analyzer.align.opkinds import arithmetic, op_class, type_agreement, weighted  # noqa: F401 (op_class, type_agreement: API)
+from layerdiff.analyzer.formats.opkinds import arithmetic, op_class, type_agreement, weighted  # noqa: F401 (op_class, type_agreement: API)
 from layerdiff.analyzer.align.propagate import propagate
 from layerdiff.analyzer.align.twins import MAX_VALUE_CANDIDATES, consumers_agree, siblings, twin_elsewhere
 

@@ -15,6 +15,8 @@ from functools import cached_property, lru_cache
 import numpy as np
 import pandas as pd
 
+from layerdiff.analyzer.runs.header import declared_unobservable
+
 # Unmatched layers that are expected, with the reason shown next to them in the report.
 EXPECTED_EXTRAS: list[tuple[str, str]] = [
     (r"_raster_\d+$", "MNN inserts raster (layout) ops that differ between backends"),
@@ -174,3 +176,13 @@ def _shape(cell: str) -> tuple[int, ...]:
         return tuple(int(d) for d in json.loads(cell))
     except (json.JSONDecodeError, TypeError, ValueError):
         return ()
+
+
+def relabel_unmatched(alignment, base, other) -> None:
+    """Unmatched layers the other side declared unobservable say so (instead of 'no layer of this name')."""
+    for frame, declaring in ((alignment.only_base, other), (alignment.only_other, base)):
+        hidden = declared_unobservable(declaring)
+        if not hidden or frame.empty:
+            continue
+        known = frame["key"].isin(list(hidden))
+        frame.loc[known, "why"] = [hidden[k] for k in frame.loc[known, "key"]]

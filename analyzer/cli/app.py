@@ -81,7 +81,8 @@ def compare_command(
             _report_problems(entry.view["problems"])
             return
     from layerdiff.analyzer.align.byname import NameRules, load_name_map, parse_rename
-    from layerdiff.analyzer.report.page import console_json, report_paths
+    from layerdiff.analyzer.report.job import report_paths
+    from layerdiff.analyzer.report.page import console_json
     from layerdiff.progress import Steps
 
     rules = NameRules(name_map=load_name_map(name_map) if name_map else {},
@@ -165,7 +166,7 @@ def inspect_command(
     json_out: bool = typer.Option(False, "--json", help="print as JSON"),
 ) -> None:
     """Provenance and per-layer statistics from the dump's precomputed table, without reading tensors."""
-    from layerdiff.analyzer.runs.inspection import inspect_dump
+    from layerdiff.analyzer.report.inspection import inspect_dump
 
     inspect_dump(file, layer=layer, as_json=json_out)
 

@@ -15,7 +15,7 @@ import pandas as pd
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
 from layerdiff.analyzer.align.graph import LayerGraph
-from layerdiff.analyzer.align.opkinds import op_class
+from layerdiff.analyzer.formats.opkinds import op_class
 from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.runs.placement import TIED_OUTPUT, node_buffer
 from layerdiff.analyzer.findings.trends import error_curve, input_dependence
@@ -23,7 +23,7 @@ from layerdiff.analyzer.findings.decisions import output_decision
 from layerdiff.analyzer.findings.unmatched import unmatched_outputs
 from layerdiff.analyzer.findings.layouts import layout_findings
 from layerdiff.analyzer.findings.observability import observed_vs_plain, split_graph
-from layerdiff.analyzer.findings.blocks import block_clause, layer_blocks
+from layerdiff.analyzer.align.blocks import block_clause, layer_blocks
 from layerdiff.analyzer.findings.wording import layer_name, percent, with_node_names
 from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
 from layerdiff.analyzer.findings.provenance import provenance_findings

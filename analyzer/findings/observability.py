@@ -20,36 +20,10 @@ from __future__ import annotations
 import pandas as pd
 
 from layerdiff.analyzer.findings.finding import MAX_NAMED, Finding, FindingKind, Severity, named
+from layerdiff.analyzer.runs.header import declared_unobservable, raw_header  # noqa: F401 (findings read them here)
 
 NOT_WRITTEN_ZEROS = ("not observable on this backend: read back as all zeros while every op consuming it agrees "
                      "with the reference (the backend never filled this tensor's buffer; its computation is right)")
-
-
-def raw_header(run) -> dict:
-    """The harness's own header, as the HDF5 provenance keeps it ({} for other sources)."""
-    try:
-        header = run.dump.provenance.get("raw_header", {})
-    except Exception:  # noqa: BLE001 - a foreign dump without provenance declares nothing
-        return {}
-    return header if isinstance(header, dict) else {}
-
-
-def declared_unobservable(run) -> dict[str, str] | None:
-    """key -> why for the tensors the run's engine says it cannot show; None when it declares nothing."""
-    entries = raw_header(run).get("not_observable")
-    if not isinstance(entries, list):
-        return None
-    return {str(e.get("key")): str(e.get("why", "not observable on this backend")) for e in entries if isinstance(e, dict)}
-
-
-def relabel_unmatched(alignment, base, other) -> None:
-    """Unmatched layers the other side declared unobservable say so (instead of 'no layer of this name')."""
-    for frame, declaring in ((alignment.only_base, other), (alignment.only_other, base)):
-        hidden = declared_unobservable(declaring)
-        if not hidden or frame.empty:
-            continue
-        known = frame["key"].isin(list(hidden))
-        frame.loc[known, "why"] = [hidden[k] for k in frame.loc[known, "key"]]
 
 
 def mark_unwritten_zeros(table: pd.DataFrame, pairs, graphs: dict) -> pd.DataFrame:

@@ -62,7 +62,7 @@ def classify(row: dict, t: Thresholds) -> tuple[str, str]:
 # A run's verdict weighs what reaches the model's outputs (issue: 17 of 18,988 mask pixels changed
 # by an fp16 flush is not "this op breaks"), judged by what each output is:
 # - with a declared task (--task), the decoded outputs compared as a user would (outputs/judge.py);
-# - a recognised class-score output (outputs/classes.py): its top-1 decisions, counted only where the
+# - a recognised class-score output (measure/classes.py): its top-1 decisions, counted only where the
 #   reference decides (a flip at a near tie is a warning), and its scores' rel L2;
 # - any other output: the share of its elements changed against its own scale (|diff| > atol + rtol x
 #   max|ref|), bounded by --min-pass-fraction like the per-layer allclose share. Per-element allclose

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layerdiff.analyzer.align.naming import mnn_file_stem
+from layerdiff.analyzer.importers.mnnnames import mnn_file_stem
 from layerdiff.vocabulary import MNN_FORWARD_TYPES, MNN_PRECISION_MODES
 
 FORWARD_TYPES = MNN_FORWARD_TYPES  # MNNForwardType code -> backend name (layerdiff/vocabulary.py)

@@ -24,7 +24,7 @@ import numpy as np
 from layerdiff.errors import DumpFormatError
 from layerdiff.analyzer.importers.common import MAX_TEXT_BYTES, ForeignDump, Layer, apply_order, read_order_file
 from layerdiff.analyzer.importers.mnn_log import MnnLog, logged_shape, parse_mnn_log
-from layerdiff.analyzer.align.naming import split_mnn_file_name
+from layerdiff.analyzer.importers.mnnnames import split_mnn_file_name
 
 MNN_FORMAT = "mnn-text"
 ORDER_FILES = (".order", "order.txt")

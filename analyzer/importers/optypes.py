@@ -30,7 +30,7 @@ def op_type_from_name(name: str) -> str:
 
 
 def _known(op: str) -> bool:
-    from layerdiff.analyzer.align.structure import op_class
+    from layerdiff.analyzer.formats.opkinds import op_class
 
     return bool(op_class(op))
 

@@ -1,5 +1,10 @@
 """Streaming every planned comparison layer by layer into one tidy table (one row per layer x run).
 
+Measuring knows no threshold: a measured row has status `measured` and every metric, and the judge
+stage (layerdiff.analyzer.findings.layerstatus) turns it into pass / warn / fail, so moving a threshold
+re-judges the stored measurement without reading a tensor. The tolerances (atol, rtol) are part of what
+is measured: the allclose share and the top-1 decision margin are counted element by element.
+
 Memory stays at "one reference tensor + one run tensor": for each reference run the layers are
 visited in its execution order, its tensor is read once, and every run compared against it reads
 its own matching tensor, is measured, and is released before the next. Problems with single
@@ -24,13 +29,14 @@ from layerdiff.analyzer.formats.layouts import bytes_layout, layouts_differ
 from layerdiff.errors import LayerdiffError
 from layerdiff.progress import Steps
 from layerdiff.analyzer.align.graph import LayerGraph, build_graph
-from layerdiff.analyzer.measure.metrics import PairKernel
-from layerdiff.analyzer.outputs.classes import topk_agreement
+from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
+from layerdiff.analyzer.measure.classes import topk_agreement
 from layerdiff.analyzer.runs.reference import Pair, Plan
 from layerdiff.analyzer.runs.sources import Run
-from layerdiff.analyzer.findings import observability
-from layerdiff.analyzer.findings.blocks import layer_blocks
-from layerdiff.analyzer.findings.verdict import Thresholds, classify
+from layerdiff.analyzer.align.blocks import layer_blocks
+from layerdiff.analyzer.align.unmatched import relabel_unmatched
+
+MEASURED = "measured"  # a row with every metric and no judgement yet
 
 
 @dataclass
@@ -55,7 +61,7 @@ class Comparison:
         return self.table[self.table["pair"] == pair_index]
 
 
-def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds, steps: Steps | None = None) -> Comparison:
+def compare_all(plan: Plan, rules: NameRules, tolerances: Tolerances, steps: Steps | None = None) -> Comparison:
     """Align every pair, then measure all of them, reading each base tensor once (`steps` shows
     the progress of both: a golden against renamed runs at a real input size takes a while)."""
     steps = steps or Steps.quiet()
@@ -64,7 +70,7 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds, steps: Ste
     graphs = {run.label: build_graph(run.layers) for run in runs.values()}
     alignments = [_align(p, rules, steps) for p in plan.pairs]
     for pair, alignment in zip(plan.pairs, alignments):
-        observability.relabel_unmatched(alignment, pair.base, pair.other)
+        relabel_unmatched(alignment, pair.base, pair.other)
     comparison = Comparison(plan=plan, table=pd.DataFrame(), alignments=alignments, graphs=graphs)
     for index, (pair, alignment) in enumerate(zip(plan.pairs, alignments)):
         if alignment.matched.empty:
@@ -72,16 +78,16 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds, steps: Ste
                 f"{pair.other.path}: no layer in common with {pair.base.path.name} (names differ and no "
                 "layer matched by structure and values: a different model? try --name-map or --rename)")
     rows = _Rows()
-    kernel = PairKernel(thresholds.tolerances)
+    kernel = PairKernel(tolerances)
     bases = list({id(p.base): p.base for p in plan.pairs}.values())
     total = sum(len(a.matched) for a in alignments)
     with steps.step(f"measuring {total} matched layers", total) as advance:
         counter = _Progress(total, advance)
         for base in bases:
             members = [(i, p, alignments[i]) for i, p in enumerate(plan.pairs) if p.base is base]
-            _stream_base(base, members, kernel, thresholds, graphs[base.label], rows, comparison.problems,
+            _stream_base(base, members, kernel, tolerances, graphs[base.label], rows, comparison.problems,
                          counter.tick)
-    comparison.table = observability.mark_unwritten_zeros(rows.frame(), plan.pairs, graphs)
+    comparison.table = rows.frame()
     comparison.table["growth"] = _growth(comparison.table, plan.pairs, graphs)
     blocks = layer_blocks(comparison.table["key"])
     if blocks:  # a graph named block by block (llama.cpp's `Qcur-3`): each row says its block
@@ -141,7 +147,7 @@ class _Progress:
 
 
 def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kernel: PairKernel,
-                 thresholds: Thresholds, graph: LayerGraph, rows: "_Rows", problems: list[str],
+                 tolerances: Tolerances, graph: LayerGraph, rows: "_Rows", problems: list[str],
                  tick: Callable[[], None]) -> None:
     """Visit the base's layers in execution order; read each once for all pairs that need it."""
     base_stats = base.stats_by_order()
@@ -165,16 +171,16 @@ def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kern
             if base_error:
                 row.update(status="unreadable", reasons=f"reference tensor unreadable: {base_error}")
             else:
-                _measure(row, base_tensor, pair, match, kernel, thresholds, base_stats[order], problems, other_buffer)
+                _measure(row, base_tensor, pair, match, kernel, tolerances, base_stats[order], problems, other_buffer)
             rows.append(row)
             tick()
         del base_tensor
 
 
 def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel: PairKernel,
-             thresholds: Thresholds, base_stats: dict, problems: list[str],
+             tolerances: Tolerances, base_stats: dict, problems: list[str],
              buffer: TensorBuffer | None = None) -> None:
-    """Fill one row's metrics and status from the two tensors (the run's is read here)."""
+    """Fill one row's metrics from the two tensors (the run's is read here); status `measured`, or why not."""
     if match["shape_status"] == "mismatch":
         row.update(status="shape_mismatch",
                    reasons=f"shape {list(match['other_shape'])} vs reference {list(match['base_shape'])}")
@@ -197,15 +203,15 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
         row.update(status="shape_mismatch", reasons="stored tensor sizes differ")
         return
     row.update(kernel.compare(base_tensor, other_tensor.reshape(base_tensor.shape), base_stats, other_stats))
-    if row["is_output"]:  # top-k only where the output is recognisably class scores (outputs/classes.py)
+    if row["is_output"]:  # top-k only where the output is recognisably class scores (measure/classes.py)
         agree = topk_agreement(base_tensor, other_tensor.reshape(base_tensor.shape),
-                               decision_tolerance(base_tensor, thresholds, base_stats))
+                               decision_tolerance(base_tensor, tolerances, base_stats))
         row.update(top1=agree["top1"], top5=agree["top5"], n_top1_flips=agree["n_flips"],
                    n_tie_flips=agree["n_tie_flips"])
-    row["status"], row["reasons"] = classify(row, thresholds)
+    row["status"], row["reasons"] = MEASURED, ""
 
 
-def decision_tolerance(ref: np.ndarray, thresholds: Thresholds, stats: dict | None = None) -> float:
+def decision_tolerance(ref: np.ndarray, tolerances: Tolerances, stats: dict | None = None) -> float:
     """How far apart a reference's two best scores must be for its argmax to be a decision: the
     output's own tolerance, atol + rtol x max|ref| (the same scale the element error uses)."""
     lo, hi = (stats or {}).get("min"), (stats or {}).get("max")
@@ -214,7 +220,7 @@ def decision_tolerance(ref: np.ndarray, thresholds: Thresholds, stats: dict | No
     else:
         finite = ref[np.isfinite(ref)] if ref.dtype.kind == "f" else ref
         peak = float(np.abs(finite).max()) if finite.size else 0.0
-    return thresholds.atol + thresholds.rtol * peak
+    return tolerances.atol + tolerances.rtol * peak
 
 
 def _read(run: Run, order: int, buffer: TensorBuffer | None = None) -> tuple[np.ndarray | None, str]:

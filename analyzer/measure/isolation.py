@@ -25,18 +25,14 @@ import pandas as pd
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import LayerdiffError
-from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
-from layerdiff.analyzer.findings.observability import raw_header
-from layerdiff.analyzer.measure.metrics import PairKernel
+from layerdiff.analyzer.measure.compare import MEASURED
+from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
 from layerdiff.analyzer.formats.rawdump import sha256_file
+from layerdiff.analyzer.runs.header import raw_header
 from layerdiff.analyzer.runs.reference import Plan
 from layerdiff.analyzer.runs.sources import Run
-from layerdiff.analyzer.findings.wording import percent
-from layerdiff.analyzer.findings.verdict import Thresholds, classify
 
 MATCH_FIELDS = ("engine", "backend_requested", "precision_requested", "device_serial", "model_sha256")
-FP16_MAX = 65504.0
-MEASURED = ("pass", "warn", "fail")
 # Isolated metrics kept per layer; each becomes an `isolated_<name>` column.
 ISOLATED_METRICS = ("rel_l2", "max_abs", "mean_abs", "sqnr_db", "cosine", "pass_fraction", "n_nonfinite_mismatch",
                     "n_saturated", "zero_collapse")
@@ -46,7 +42,8 @@ ATTACHED_COLUMNS = ["isolated_status", "isolated_rel_l2", "isolated_max_abs", "i
 TABLE_COLUMNS = ["run", "pair", "position", "key", "op_type", "status", "rel_l2", "max_abs", "sqnr_db",
                  "isolated_status", "isolated_reasons", *(f"isolated_{m}" for m in ISOLATED_METRICS),
                  "isolated_nonfinite_new", "reference_peak", "isolated_fed_overflow", "isolated_fed", "isolated_range", "isolation",
-                 "isolated_file", "isolated_reference", "isolated_setting"]
+                 "isolated_file", "isolated_reference", "isolated_setting",
+                 "isolated_metrics"]  # every metric of the isolated layer, for the judge
 
 
 @dataclass
@@ -54,7 +51,7 @@ class Isolation:
     """Every isolated layer shown (one row each), its finding, and the dumps that could not be placed."""
 
     table: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=TABLE_COLUMNS))
-    findings: list[Finding] = field(default_factory=list)
+    findings: list = field(default_factory=list)  # filled by the judge (layerdiff.analyzer.findings.isolation)
     problems: list[str] = field(default_factory=list)
     matched: list[dict] = field(default_factory=list)  # per isolated dump: file, reference, run, layers
     opened: list[Run] = field(default_factory=list)  # references opened from beside an isolated dump
@@ -64,13 +61,14 @@ class Isolation:
             run.dump.close()
 
 
-def analyze_isolated(isolated: list[Run], runs: list[Run], comparison: Comparison,
-                     thresholds: Thresholds) -> Isolation:
-    """Match each isolated dump, measure its layers against its reference, and say where the blame lies."""
+def measure_isolated(isolated: list[Run], runs: list[Run], comparison: Comparison,
+                     tolerances: Tolerances) -> Isolation:
+    """Match each isolated dump and measure its layers against its reference (status `measured`, or why
+    not); the judge (layerdiff.analyzer.findings.isolation) says where the blame lies."""
     result = Isolation()
     if not isolated:
         return result
-    kernel = PairKernel(thresholds.tolerances)
+    kernel = PairKernel(tolerances)
     references = _ReferenceFinder(runs, result)
     rows: list[dict] = []
     shown: dict[tuple[str, str], str] = {}
@@ -86,7 +84,6 @@ def analyze_isolated(isolated: list[Run], runs: list[Run], comparison: Compariso
             result.problems.append(
                 f"{iso.path}: isolated against {reference.path.name} while {pair.other.label} is compared with "
                 f"{pair.base.path.name}; its isolated and cumulative columns use different references")
-        cumulative = {r["key"]: r for r in comparison.pair_rows(index).to_dict("records")}
         layers = []
         for layer in iso.layers.to_dict("records"):
             where = (pair.other.label, str(layer["key"]))
@@ -94,15 +91,14 @@ def analyze_isolated(isolated: list[Run], runs: list[Run], comparison: Compariso
                 result.problems.append(f"{iso.path}: layer {layer['key']} of {pair.other.label} is also isolated in "
                                        f"{shown[where]}; showing that one")
                 continue
-            row = _measure_layer(iso, reference, layer, kernel, thresholds, result.problems)
-            _add_cumulative(row, pair.other.label, index, cumulative.get(row["key"]))
+            row = _measure_layer(iso, reference, layer, kernel, result.problems)
+            row.update(run=pair.other.label, pair=index, status="")
             shown[where] = iso.path.name
             rows.append(row)
             layers.append(row["key"])
         result.matched.append({"file": str(iso.path), "isolated_from": str(iso.attrs.get("isolated_from", "")),
                                "reference": str(reference.path), "run": pair.other.label, "layers": layers})
     result.table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
-    result.findings = [isolation_finding(r) for r in rows if r["isolated_status"] in MEASURED]
     return result
 
 
@@ -195,8 +191,7 @@ def _cumulative_pair(iso: Run, reference: Run, runs: list[Run], plan: Plan, prob
     return None
 
 
-def _measure_layer(iso: Run, reference: Run, layer: dict, kernel: PairKernel, thresholds: Thresholds,
-                   problems: list[str]) -> dict:
+def _measure_layer(iso: Run, reference: Run, layer: dict, kernel: PairKernel, problems: list[str]) -> dict:
     """One isolated layer against the same layer of its reference, with the analyzer's own metrics."""
     key = str(layer["key"])
     row = {c: math.nan for c in TABLE_COLUMNS} | {
@@ -219,7 +214,7 @@ def _measure_layer(iso: Run, reference: Run, layer: dict, kernel: PairKernel, th
                            f"{list(iso_tensor.shape)}, its reference {list(ref_tensor.shape)}", problems)
     metrics = kernel.compare(ref_tensor, iso_tensor.reshape(ref_tensor.shape), reference.stats_by_order()[ref_order],
                              iso.stats_by_order()[iso_order])
-    row["isolated_status"], row["isolated_reasons"] = classify(metrics, thresholds)
+    row["isolated_status"], row["isolated_metrics"] = MEASURED, metrics
     row.update({f"isolated_{m}": metrics[m] for m in ISOLATED_METRICS})
     row["isolated_nonfinite_new"] = int(metrics["n_nan_new"] + metrics["n_posinf_new"] + metrics["n_neginf_new"])
     row["reference_peak"] = max(abs(float(ref_row["min"])), abs(float(ref_row["max"])))
@@ -259,100 +254,3 @@ def _unmeasured(row: dict, status: str, problem: str, problems: list[str]) -> di
     problems.append(problem)
     row.update(isolated_status=status, isolated_reasons=problem)
     return row
-
-
-def _add_cumulative(row: dict, run_label: str, pair_index: int, cumulative: dict | None) -> None:
-    """The same layer's row from the full run (if it was compared), and the blame that follows."""
-    row.update(run=run_label, pair=pair_index, status="")
-    if cumulative is not None:
-        row.update({k: cumulative[k] for k in ("position", "status", "rel_l2", "max_abs", "sqnr_db")})
-    if row["isolated_status"] in MEASURED:
-        row["isolation"] = blame(row["isolated_status"], row["status"], int(row.get("isolated_fed_overflow") or 0))
-
-
-def blame(isolated_status: str, cumulative_status: str, fed_overflow: int = 0) -> str:
-    """`kernel`: off even alone; `input_type`: off alone only because its input's type cannot hold the
-    reference's values (fed_overflow of them); `upstream`: clean alone but off in the full run; `clean`."""
-    if isolated_status in ("warn", "fail"):
-        return "input_type" if fed_overflow > 0 else "kernel"
-    return "upstream" if cumulative_status in ("warn", "fail") else "clean"
-
-
-def attach_isolated(table: pd.DataFrame, isolation: Isolation) -> None:
-    """Add the isolated columns to the tidy comparison table, filled on the rows of isolated layers."""
-    if isolation.table.empty:
-        return
-    for column in ATTACHED_COLUMNS:
-        table[column] = math.nan if column.startswith(("isolated_rel", "isolated_max", "isolated_sqnr")) else None
-    where = {(int(p), k): i for i, p, k, c in zip(table.index, table["pair"], table["key"], table["comparison"])
-             if c == "reference"}
-    for row in isolation.table.to_dict("records"):
-        i = where.get((int(row["pair"]), row["key"]))
-        if i is not None:
-            for column in ATTACHED_COLUMNS:
-                table.at[i, column] = row[column]
-
-
-def isolation_finding(r: dict) -> Finding:
-    """One sentence per isolated layer: the kernel is off, or the layer is fine given correct inputs."""
-    subgraph = r.get("isolated_range") or ""
-    what = f"the sub-graph {subgraph}, output {r['key']} ({r['op_type']})," if subgraph else f"layer {r['key']} ({r['op_type']})"
-    alone = f"{what} run alone on {r['isolated_setting']} with the reference's own inputs"
-    verb = "passes" if r["status"] == "pass" else f"{r['status']}s"
-    cumulative = (f"in the full run it {verb} with rel L2 {_g(r['rel_l2'])}" if r["status"] in MEASURED
-                  else "the full run did not compare it")
-    if r["isolation"] == "kernel":
-        nonfinite = int(r["isolated_n_nonfinite_mismatch"] or 0)
-        size = (f"{nonfinite} NaN/Inf values" if nonfinite else
-                f"rel L2 {_g(r['isolated_rel_l2'])} (max abs {_g(r['isolated_max_abs'])})")
-        why = _cause(r) or (f" ({r['isolated_reasons']})" if r["isolated_reasons"] else "")
-        if subgraph:  # its output's range says nothing about which node made the error
-            why = f"; isolate its nodes one by one, from {subgraph.split(' ')[0]} on, to name the op"
-        kernel = "a kernel inside it is" if subgraph else "the kernel itself is"
-        sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s, so {kernel} off by "
-                    f"{size} at this precision{why}; {cumulative}.")
-        severity = r["isolated_status"]
-    elif r["isolation"] == "input_type":
-        nonfinite = int(r["isolated_n_nonfinite_mismatch"] or 0)
-        size = f"{nonfinite} NaN/Inf values" if nonfinite else f"rel L2 {_g(r['isolated_rel_l2'])}"
-        sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s ({size}), but not by its own "
-                    f"kernel: it reads {r['isolated_fed']}, the type its input has at this precision, so those values "
-                    f"enter as Inf; the cause is that input's type (where it is made), not this op; {cumulative}.")
-        severity = Severity.INFO
-    elif r["isolation"] == "upstream":
-        sentence = (f"Isolation in {r['run']}: {alone} passes (rel L2 {_g(r['isolated_rel_l2'])}, max abs "
-                    f"{_g(r['isolated_max_abs'])}), so this {'sub-graph' if subgraph else 'layer'} is fine given correct inputs; the error comes from "
-                    f"upstream ({cumulative}).")
-        severity = Severity.INFO
-    else:
-        sentence = (f"Isolation in {r['run']}: {alone} passes (rel L2 {_g(r['isolated_rel_l2'])}) and {cumulative}: "
-                    "nothing to blame here at this precision.")
-        severity = Severity.INFO
-    numbers = {"verdict": r["isolation"], "isolated_status": r["isolated_status"],
-               **{f"isolated_{m}": r[f"isolated_{m}"] for m in ISOLATED_METRICS},
-               "cumulative_status": r["status"], "cumulative_rel_l2": r["rel_l2"], "cumulative_max_abs": r["max_abs"],
-               "position": r["position"], "isolated_file": r["isolated_file"], "reference": r["isolated_reference"],
-               "fed_overflow": int(r.get("isolated_fed_overflow") or 0), "range": r.get("isolated_range") or ""}
-    return Finding(FindingKind.ISOLATION, r["run"], r["key"], r["op_type"], sentence, severity=severity, numbers=numbers)
-
-
-def _cause(r: dict) -> str:
-    """What the isolated numbers say about why, when they say it plainly (fp16 range, NaN/Inf, underflow)."""
-    born, pinned, peak = r["isolated_nonfinite_new"], r["isolated_n_saturated"], r["reference_peak"]
-    if (born or pinned) and peak > FP16_MAX:
-        what = "overflows to Inf/NaN" if born else f"saturates at +-65504 ({int(pinned)} values)"
-        return f": its true output reaches {peak:.4g}, beyond fp16's 65504, so it {what} (fp16 overflow)"
-    if born:
-        return f": it produces {int(born)} NaN/Inf of its own"
-    if pinned:
-        return f": {int(pinned)} values pinned at +-65504"
-    if r["isolated_zero_collapse"] > 0.05:
-        return f": {percent(r['isolated_zero_collapse'])} of the reference's non-zero values become 0 (fp16 underflow?)"
-    return ""
-
-
-def _g(value) -> str:
-    try:
-        return f"{float(value):.3g}"
-    except (TypeError, ValueError):
-        return str(value)

@@ -8,7 +8,8 @@ user's private XDG cache directory, bounded least-recently-used first, shown and
 `analyze cache`), and reused when the same dumps are analyzed with the same options.
 
 The key covers everything the measurement depends on: each dump's path, size, modification time
-and inode (a rewritten dump gets a new key), the pairing, the name rules, the thresholds and the
+and inode (a rewritten dump gets a new key), the pairing, the name rules, the tolerances (atol, rtol: what the allclose share counts; the
+thresholds only judge, so a changed threshold reuses the entry) and the
 analyzer's own code (a hash of its sources, so a changed metric or alignment is never answered from
 an entry measured by older code, even in a development install where the version stays the same). Entries are plain JSON (never pickle: a cache must not be able to run code), written
 one column at a time (a 50,000-layer table is never a second time in memory as Python lists);
@@ -35,19 +36,19 @@ from layerdiff.analyzer.align.byname import NameRules, PairAlignment
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.align.graph import build_graph
-from layerdiff.analyzer.report.outdir import atomic_write_chunks
+from layerdiff.analyzer.formats.atomic import atomic_write_chunks
 from layerdiff.analyzer.runs.reference import Plan
-from layerdiff.analyzer.findings.verdict import Thresholds
+from layerdiff.analyzer.measure.metrics import Tolerances
 from layerdiff.analyzer.measure.fingerprint import code_fingerprint
 
 PREFIX = "results-"
-FORMAT = 3  # 1: a JSON file per folder of dumps (.layerdiff-cache/); 2: entries of the user's cache; 3: numeric columns as bytes
+FORMAT = 4  # 3: numeric columns as bytes; 4: rows measured, not judged (status `measured`)
 TUPLE_COLUMNS = ("base_shape", "other_shape")
 NUMERIC_KINDS = "iubf"
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def cache_key(plan: Plan, rules: NameRules, thresholds: Thresholds) -> str:
+def cache_key(plan: Plan, rules: NameRules, tolerances: Tolerances) -> str:
     runs = {id(r): r for p in plan.pairs for r in (p.base, p.other)}
     files = []
     for run in runs.values():
@@ -57,7 +58,7 @@ def cache_key(plan: Plan, rules: NameRules, thresholds: Thresholds) -> str:
         "code": code_fingerprint(), "files": sorted(files),
         "pairs": [[str(p.base.path.resolve()), str(p.other.path.resolve()), p.kind] for p in plan.pairs],
         "rules": [sorted(rules.name_map.items()), [[r.pattern, s] for r, s in rules.regex], rules.builtin],
-        "thresholds": thresholds.as_dict(),
+        "tolerances": [tolerances.atol, tolerances.rtol],
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from layerdiff.analyzer.findings.wording import percent
-from layerdiff.analyzer.outputs import classes, detection, nexttoken
+from layerdiff.analyzer.measure import classes
+from layerdiff.analyzer.outputs import detection, nexttoken
 from layerdiff.analyzer.outputs.boxes import BoxChanges, Boxes, compare_boxes
 from layerdiff.analyzer.outputs.segmentation import compare_masks
 from layerdiff.analyzer.outputs.task import LANGUAGE_MODEL, Task, parse_task, task_of
@@ -212,7 +213,7 @@ def judge_all(comparison, declared: Task | None, thresholds) -> dict[int, Output
         if task is None:
             continue
         judgement = judge_pair(pair, comparison.alignments[index], keys, task,
-                               lambda ref: decision_tolerance(ref, thresholds))
+                               lambda ref: decision_tolerance(ref, thresholds.tolerances))
         if judgement.status != "none":
             judgements[index] = judgement
     return judgements

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from layerdiff.analyzer.outputs.classes import squeezed
+from layerdiff.analyzer.measure.classes import squeezed
 
 LOGITS_OUTPUT = "result_output"  # the name llama.cpp's graph builders give the logits (every architecture)
 ROWS_AT_ONCE = 16

@@ -6,11 +6,9 @@ something other than a previous report is never written into without `--force`.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Iterable
 
-from layerdiff.analyzer.formats.diskspace import writing
+from layerdiff.analyzer.formats.atomic import atomic_write_bytes, atomic_write_chunks, atomic_write_text  # noqa: F401
 from layerdiff.errors import StorageError
 
 REPORT_MARKERS = ("index.html", "results.json", "summary.csv")
@@ -30,26 +28,3 @@ def prepare_out_dir(path: Path | str, force: bool = False) -> Path:
     except OSError as err:
         raise StorageError(f"{out}: cannot create the report directory ({err.strerror})") from None
     return out
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to `.<name>.partial` beside the target, then rename over it."""
-    atomic_write_chunks(path, [data], len(data))
-
-
-def atomic_write_chunks(path: Path, chunks: Iterable[bytes], need: int = 0) -> None:
-    """`atomic_write_bytes` for a file produced piece by piece, so it is never whole in memory."""
-    tmp = path.with_name(f".{path.name}.partial")
-    try:
-        with writing(path, need):
-            with open(tmp, "wb") as f:
-                for chunk in chunks:
-                    f.write(chunk)
-            os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk never leaves a 0-byte .partial behind
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))

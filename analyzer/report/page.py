@@ -10,27 +10,23 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
 
-from layerdiff.analyzer.analysis import Analysis, analyze_paths
+from layerdiff.analyzer.analysis import Analysis
 from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.report.fixsection import fix_html
 from layerdiff.analyzer.report.figures import chart_parts, draw_pngs
 from layerdiff.analyzer.report.interactive import layer_table_parts
-from layerdiff.analyzer.report import stored
-from layerdiff.analyzer.report.outdir import atomic_write_bytes, atomic_write_chunks, prepare_out_dir
+from layerdiff.analyzer.report.outdir import atomic_write_bytes, atomic_write_chunks
 from layerdiff.analyzer.report.results import build_results, dump_chunks, dumps
 from layerdiff.analyzer.report.tables import (LAYER_VIEW, isolation_table, layer_view, reference_rows, sweep_matrix, to_html,
                                               unmatched_table, write_tables)
 from layerdiff.analyzer.findings.verdict import worst
-from layerdiff.progress import Steps
 
 SHOWN_PER_KIND = 3
-# analyze_paths options a stored report is keyed by (steps only shows progress)
-STORED_KEY_OPTIONS = ("ref", "ref_input", "set_attrs", "task", "thresholds", "rules")
 MAX_REASONS = 5  # runs whose verdict reason is listed under the banner
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
@@ -44,38 +40,6 @@ details{margin:6px 0} summary{cursor:pointer;font-weight:600} img{max-width:100%
 figure{margin:10px 0} figcaption{font-size:13px;color:#444}
 .problems{background:#fff8e1;border-left:4px solid #ffb300;padding:6px 12px} code{background:#f5f5f5;padding:0 3px}
 """
-
-
-def report_paths(paths, out_dir: Path | str, *, force: bool = False, png: bool = False,
-                 on_analyzed: Callable[[Analysis], None] | None = None, **analyze_options) -> Analysis:
-    """What `analyze` and a finished sweep both do: check the report directory, analyze, write it.
-
-    The report directory is checked first so a bad `-o` fails before any dump is read. The
-    caller owns (and closes) the returned Analysis, e.g. to print a summary or JSON.
-    `on_analyzed` sees the analysis before the files are drawn and written (`analyze` and a sweep
-    print the verdict there, so the user reads it before anything is drawn); `png` also draws the
-    static PNGs.
-    """
-    existed = Path(out_dir).exists()
-    out = prepare_out_dir(out_dir, force=force)
-    paths = list(paths)
-    key = stored.report_key(paths, png=png, **{k: v for k, v in analyze_options.items() if k in STORED_KEY_OPTIONS})
-    try:
-        analysis = analyze_paths(paths, **analyze_options)
-    except BaseException:
-        if not existed and not any(out.iterdir()):
-            out.rmdir()  # nothing to report: no empty report directory left behind
-        raise
-    try:
-        if on_analyzed is not None:
-            on_analyzed(analysis)
-        with (analyze_options.get("steps") or Steps.quiet()).step("writing the report"):
-            written = write_report(analysis, out, png=png)
-        stored.store(key, out, written, stored.console_view(analysis))
-    except BaseException:
-        analysis.close()
-        raise
-    return analysis
 
 
 def write_report(analysis: Analysis, out_dir: Path, png: bool = False) -> dict[str, Path]:

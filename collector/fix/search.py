@@ -46,7 +46,7 @@ from layerdiff.collector.engines.ncnn.options import CLOSED_UPSTREAM
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
 from layerdiff.collector.fix.ncnn_patch import layer_names, write_patched
-from layerdiff.collector.sweep.outdir_lock import OutdirLock
+from layerdiff.collector.run.outdir_lock import OutdirLock
 from layerdiff.collector.fix.trial import Trial, TrialRunner, output_keys
 from layerdiff.collector.run.pipeline import RunSpec, collect_run
 

@@ -18,7 +18,7 @@ from layerdiff.collector.engines import ENGINES
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
-from layerdiff.collector.sweep.outdir_lock import OutdirLock
+from layerdiff.collector.run.outdir_lock import OutdirLock
 from layerdiff.collector.run.pipeline import RunOutcome, RunSpec, check_run_options, collect_run
 
 ISOLATE_PREFIX = "isolated_"

@@ -28,7 +28,7 @@ from layerdiff.collector.engines.harness_cli import INPUT_DTYPES
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.run.fresh import execute_fresh
 from layerdiff.collector.inputs.modelfiles import ModelFiles, input_dtypes
-from layerdiff.collector.sweep.outdir_lock import FETCH_PREFIX
+from layerdiff.collector.run.outdir_lock import FETCH_PREFIX
 
 PROGRESS_PREFIX = "@@ld "
 HARNESS_EXIT_MEANINGS = {

@@ -22,7 +22,7 @@ from layerdiff.errors import LayerdiffError, StorageError
 from layerdiff.collector.harness.children import terminate_children
 from layerdiff.collector.transport.devices import Device, DeviceError
 from layerdiff.collector.sweep.index import Index, read_index
-from layerdiff.collector.sweep.outdir_lock import OutdirLock, remove_leftovers
+from layerdiff.collector.run.outdir_lock import OutdirLock, remove_leftovers
 from layerdiff.collector.sweep.plan import PlannedRun, SweepPlan, plan_runs, relative_name
 from layerdiff.collector.run.pipeline import RunOutcome, collect_run
 

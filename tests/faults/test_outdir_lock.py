@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from layerdiff.collector.sweep.outdir_lock import OutdirBusyError, OutdirLock
+from layerdiff.collector.run.outdir_lock import OutdirBusyError, OutdirLock
 from tests.faults.support import REPO, assert_one_line_error, cli
 
 MODELS = REPO / "samples" / "models"
@@ -28,7 +28,7 @@ def test_second_collect_fails_at_once_naming_the_holder(tmp_path):
 def test_lock_is_released_when_holder_dies(tmp_path):
     """The kernel drops the lock with its holder (even kill -9): no stale lock to clean by hand."""
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from layerdiff.collector.sweep.outdir_lock import OutdirLock;"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from layerdiff.collector.run.outdir_lock import OutdirLock;"
                                f"OutdirLock({str(out)!r}).acquire(); print('held', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:

@@ -1,0 +1,44 @@
+"""The judge's first step: every measured layer gets pass / warn / fail from the thresholds.
+
+Measuring (layerdiff.analyzer.measure.compare) leaves each compared row at status `measured` with its
+numbers; this module decides, reading only those numbers and the run headers, never a tensor. So a
+changed threshold re-judges a stored measurement (layerdiff.analyzer.measure.resultcache) without
+reading a dump again. Rows that could not be measured (shape or layout mismatch, unreadable) keep the
+status measuring gave them.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from layerdiff.analyzer.findings.observability import mark_unwritten_zeros
+from layerdiff.analyzer.findings.verdict import Thresholds, classify
+from layerdiff.analyzer.measure.compare import MEASURED, Comparison
+
+# Every metric classify reads: a row's dict is built from these columns alone (a whole-row dict per layer
+# costs ~3 KB and is built for nothing else).
+CLASSIFY_COLUMNS = ("n_nonfinite_mismatch", "rel_l2", "max_abs", "zero_collapse", "n_zero_collapsed", "n_saturated",
+                    "pass_fraction", "n_nan_lost", "n_posinf_lost", "n_neginf_lost")
+
+
+def judge_layers(comparison: Comparison, thresholds: Thresholds) -> pd.DataFrame:
+    """Set `status` and `reasons` of every measured row of `comparison.table` (in place; also returned)."""
+    table = comparison.table
+    if table.empty:
+        return table
+    measured = table.index[table["status"] == MEASURED]
+    if len(measured):
+        columns = {c: _cells(c, table.loc[measured, c].tolist()) for c in CLASSIFY_COLUMNS if c in table}
+        verdicts = [classify({c: values[i] for c, values in columns.items()}, thresholds) for i in range(len(measured))]
+        table.loc[measured, "status"] = [status for status, _ in verdicts]
+        table.loc[measured, "reasons"] = [reasons for _, reasons in verdicts]
+    graphs = {pair.base.label: comparison.graph(pair.base) for pair in comparison.plan.pairs}
+    comparison.table = mark_unwritten_zeros(table, comparison.plan.pairs, graphs)
+    return comparison.table
+
+
+def _cells(column: str, values: list) -> list:
+    """Counts back to ints (a table column holding NaN for unmeasured rows stores them as floats), so the
+    reasons read "3 NaN/Inf", as measuring wrote them."""
+    if not column.startswith("n_"):
+        return values
+    return [int(v) if v == v else 0 for v in values]
