@@ -13,6 +13,7 @@ import pandas as pd
 from layerdiff.analyzer.findings.observability import mark_unwritten_zeros
 from layerdiff.analyzer.findings.verdict import Thresholds, classify
 from layerdiff.analyzer.measure.compare import MEASURED, Comparison
+from layerdiff.analyzer.runs.header import declared_unobservable
 
 # Every metric classify reads: a row's dict is built from these columns alone (a whole-row dict per layer
 # costs ~3 KB and is built for nothing else).
@@ -31,7 +32,8 @@ def judge_layers(comparison: Comparison, thresholds: Thresholds) -> pd.DataFrame
         verdicts = [classify({c: values[i] for c, values in columns.items()}, thresholds) for i in range(len(measured))]
         table.loc[measured, "status"] = [status for status, _ in verdicts]
         table.loc[measured, "reasons"] = [reasons for _, reasons in verdicts]
-    graphs = {pair.base.label: comparison.graph(pair.base) for pair in comparison.plan.pairs}
+    graphs = {pair.base.label: comparison.graph(pair.base) for pair in comparison.plan.pairs
+              if declared_unobservable(pair.other) is not None}  # only those runs' zeros are looked at
     comparison.table = mark_unwritten_zeros(table, comparison.plan.pairs, graphs)
     return comparison.table
 

@@ -35,7 +35,6 @@ from layerdiff.analyzer.importers import convcache
 from layerdiff.analyzer.align.byname import NameRules, PairAlignment
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.errors import LayerdiffError
-from layerdiff.analyzer.align.graph import build_graph
 from layerdiff.analyzer.formats.atomic import atomic_write_chunks
 from layerdiff.analyzer.runs.reference import Plan
 from layerdiff.analyzer.measure.metrics import Tolerances
@@ -83,10 +82,8 @@ def load(plan: Plan, key: str) -> Comparison | None:
         alignments = [PairAlignment(**{part: _frame(a[part]) for part in ("matched", "only_base", "only_other")})
                       for a in doc["alignments"]]
         table = _frame(doc.pop("table"))
-        runs = {id(r): r for p in plan.pairs for r in (p.base, p.other)} | {id(plan.reference): plan.reference}
-        graphs = {run.label: build_graph(run.layers) for run in runs.values()}
         convcache.touch(path)  # recently used entries survive the trimming
-        return Comparison(plan=plan, table=table, alignments=alignments, graphs=graphs,
+        return Comparison(plan=plan, table=table, alignments=alignments, graphs={},  # built when judging asks
                           problems=[str(p) for p in doc["problems"]])
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None

@@ -20,6 +20,8 @@ Method (see tests/bench/measure.py):
   median over rounds of command CPU / floor CPU.
 - again: after one full analysis has stored its measurement, `analyze` of the same runs alternates
   with the floor of reading that stored table (STORED_FLOOR: the cache entries into DataFrames).
+- a threshold change: `analyze --warn-rel-l2 X` (a new X every round, so no finished report is reused)
+  alternates with the same floor: the stored measurement is re-judged, no tensor read.
 - stack imports: `import numpy, h5py` alternates with `import numpy, h5py, pandas`; the difference is
   what pandas' import alone costs on this machine now, and the line shows what analyze's ratio would be
   without it (an estimate from medians of separate alternations): the share of the gap that belongs
@@ -166,11 +168,11 @@ def bench_case(name: str, rounds: int, folder: Path, blas_threads: int | None = 
     floor_name = "tight floor (16 MB reused buffers)" if numel >= TIGHT_FROM else "floor (h5py + numpy, whole layers)"
     counter = iter(range(10**6))
 
-    def analyze(keep_cache: bool = False):
+    def analyze(keep_cache: bool = False, *options: str):
         if not keep_cache:  # every measured round analyzes from scratch (layerdiff.analyzer.measure.resultcache)
             shutil.rmtree(folder / "cache", ignore_errors=True)
         out = folder / f"report{next(counter)}"
-        usage = run_child(python("-m", "layerdiff.analyzer.cli.app", str(ref), str(run), "-o", str(out)), env=env)
+        usage = run_child(python("-m", "layerdiff.analyzer.cli.app", str(ref), str(run), "-o", str(out), *options), env=env)
         shutil.rmtree(out, ignore_errors=True)
         return usage
 
@@ -205,6 +207,14 @@ def bench_case(name: str, rounds: int, folder: Path, blas_threads: int | None = 
                  f"reading the stored table {again.median('floor'):.2f} s: ratio {again_ratio:.2f} (target <= "
                  f"{AGAIN_TARGET}) -> {verdict(again_ratio <= AGAIN_TARGET)}; peak {again.peak('command') / MiB:.0f} MiB "
                  f"-> {verdict(again.peak('command') <= rss_goal)}")
+    thresholds = (f"{0.02 + k * 1e-4:.4f}" for k in range(10**6))  # a new threshold every round: never a stored report
+
+    rejudge = alternate(stored_floor, lambda: analyze(True, "--warn-rel-l2", next(thresholds)),
+                        rounds if target is not None else 1, warmup=target is not None)
+    rejudge_ratio = rejudge.ratio("cpu")
+    lines.append(f"[{name}] a threshold change (--warn-rel-l2, stored measurement re-judged): "
+                 f"{rejudge.median('command'):.2f} s CPU vs reading the stored table {rejudge.median('floor'):.2f} s: "
+                 f"ratio {rejudge_ratio:.2f} (target <= {AGAIN_TARGET}) -> {verdict(rejudge_ratio <= AGAIN_TARGET)}")
     lines.append(stack_import_line(name, result, rounds if target is not None else 1, env))
     print("\n".join(lines), flush=True)
     return {"case": name, "ratio": ratio, "peak": peak, "rss_goal": rss_goal}
