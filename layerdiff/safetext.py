@@ -9,7 +9,8 @@ every character); only where they are *shown* are they made inert for the medium
   are written as visible escapes such as `\\x1b`, so a name cannot clear the screen or hide text;
 - an HTML page gets escaped text in every cell, heading and attribute (`html_text`), chart labels
   escaped for plotly's label markup (`chart_text`), and data embedded in a <script> as JSON in which
-  no `<` appears (`json_in_script`), so a name can neither close the script nor start markup.
+  no `<` appears (`json_in_script`), so a name can neither close the script nor start markup;
+- Markdown (summary.md) gets its special characters backslash-escaped (`markdown_text`).
 
 Every command that prints data and every report writer goes through these functions; nothing here
 imports more than the standard library until a Rich cell is asked for.
@@ -29,6 +30,7 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-
 _CONTROL_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _CHART_SPECIAL = re.compile("[&<>%]")
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|&~])")
 
 
 def _visible(match: re.Match) -> str:
@@ -84,6 +86,26 @@ def chart_texts(values: Iterable[object]) -> list[str]:
     if not _CHART_SPECIAL.search("".join(texts)):
         return texts
     return [chart_text(t) for t in texts]
+
+
+def markdown_text(value: object) -> str:
+    """Text for a Markdown table cell or line (summary.md): the characters Markdown reads as
+    emphasis, code, links, raw HTML or a cell border are backslash-escaped, newlines become spaces
+    and other control characters visible escapes (the file is often `cat` to a terminal), so a
+    name renders as the name it is."""
+    text = value if isinstance(value, str) else str(value)
+    text = _MARKDOWN_SPECIAL.sub(r"\\\1", text).replace("\r", " ").replace("\n", " ")
+    return _CONTROL.sub(_visible, text)
+
+
+def markdown_texts(values: Iterable[str]) -> list[str]:
+    """`markdown_text` of each string; a column without any special character is returned as is
+    (a 50,000-layer table is checked in one pass)."""
+    texts = list(values)
+    joined = "".join(texts)
+    if not _MARKDOWN_SPECIAL.search(joined) and not _CONTROL.search(joined):
+        return texts
+    return [markdown_text(t) for t in texts]
 
 
 def json_in_script(data: bytes) -> bytes:

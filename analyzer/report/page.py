@@ -8,7 +8,6 @@ readable page. The page has no external resources: it opens offline, from an e-m
 from __future__ import annotations
 
 import base64
-import html
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -27,6 +26,7 @@ from layerdiff.analyzer.report.tables import (LAYER_VIEW, isolation_table, layer
                                               unmatched_table, write_tables)
 from layerdiff.analyzer.findings.verdict import worst
 from layerdiff.progress import Steps
+from layerdiff.safetext import html_text
 
 SHOWN_PER_KIND = 3
 # analyze_paths options a stored report is keyed by (steps only shows progress)
@@ -258,7 +258,7 @@ def _img(name: str, data: bytes) -> str:
 
 
 def _e(text) -> str:
-    return html.escape(str(text))
+    return html_text(text)
 
 
 def console_json(analysis: Analysis) -> str:

@@ -212,6 +212,11 @@ def test_the_report_runs_no_script_from_hdf5_names_shows_them_as_text_and_keeps_
     assert {f"{name}:0" for name, _ in LAYERS} <= keys
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert MODEL in {run["provenance"].get("device_model") for run in doc["runs"]}
+    # summary.md: Markdown reads nothing in a name (no raw HTML, no link or style brackets)
+    markdown = (out / "summary.md").read_text(encoding="utf-8")
+    assert not re.search(r"(?<!\\)<(img|script|svg)", markdown) and "block[main]" not in markdown
+    assert "block\\[main\\]/conv" in markdown and "\\<img src=z onerror=" in markdown
+    assert ESC not in markdown and "\\x1b" in markdown
 
 
 def test_static_figures_draw_names_as_text(hostile_h5, tmp_path):
