@@ -19,7 +19,6 @@ import termios
 import time
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 
@@ -275,3 +274,21 @@ def test_a_phone_sweep_with_hostile_names_prints_plain_text_and_reports_safely(h
         assert dump.attrs["device_model"] == MODEL
         assert set(dump.layers["op"]) == set(HOSTILE_OPS) and set(dump.layers["op_type"]) == {SVG}
     _assert_inert(_rendered(out / "report" / "index.html", tmp_path))
+
+
+# --- the rule itself -----------------------------------------------------------------------------
+
+
+def test_the_rule_per_medium():
+    from layerdiff.safetext import (chart_text, html_text, json_in_script, markdown_text, terminal_lines,
+                                    terminal_text)
+
+    assert terminal_text(f"a{ESC}b\n\u202ec\x9b") == "a\\x1b[2Jb\\n\\u202ec\\x9b"
+    assert terminal_text(BLOCK) == BLOCK and terminal_text("naïve 层") == "naïve 层"  # printable text untouched
+    assert terminal_lines(f"line one\nline{ESC} two") == "line one\nline\\x1b[2J two"
+    assert html_text(IMG) == "&lt;img src=z onerror=&quot;document.title=&#x27;PWNED-img&#x27;&quot;&gt;"
+    assert chart_text("<b>%{x}</b> & co") == "&lt;b&gt;&#37;{x}&lt;/b&gt; &amp; co"
+    assert markdown_text("a|b *c* [d](e) <f>\nnext") == "a\\|b \\*c\\* \\[d\\](e) \\<f\\> next"
+    document = json.dumps({"name": SCRIPT, "other": "<!--"}).encode()
+    embedded = json_in_script(document)
+    assert b"<" not in embedded and json.loads(embedded) == json.loads(document)
