@@ -14,6 +14,7 @@ from layerdiff.vocabulary import RunStatus
 from layerdiff.clioptions import choices
 from layerdiff.collector.engines import ENGINE_BACKENDS
 from layerdiff.vocabulary import PRECISIONS, backends_help
+from layerdiff.safetext import terminal_lines
 from layerdiff.errors import EXIT_SOME_SKIPPED, DeviceError, InputError, Interrupted, LayerdiffError, StorageError, os_error_line
 from layerdiff.collector.inputs.inputset import resolve_inputs
 from layerdiff.collector.inputs.modelfiles import ENGINES, input_shapes, resolve_model
@@ -119,7 +120,7 @@ def collect(
     if task:
         plan.extra_attrs["task"] = task
     for error in input_errors:
-        print(f"collect: {error}", file=sys.stderr)
+        print(terminal_lines(f"collect: {error}"), file=sys.stderr)
     prepare(plan, lambda title: step_progress(console, title))
     with SweepProgress(console) as progress:
         result = run_sweep(plan, observer=progress, on_planned=progress.planned)
@@ -142,9 +143,9 @@ def _sweep_report(out_dir: Path, **options) -> None:
     try:
         report_directory(out_dir, out_dir / "report", steps=Steps("collect"), **options)
     except LayerdiffError as err:
-        print(f"collect: no report: {err}", file=sys.stderr)
+        print(terminal_lines(f"collect: no report: {err}"), file=sys.stderr)
         return
-    print(f"report: {out_dir / 'report' / 'index.html'}", file=sys.stderr)
+    print(terminal_lines(f"report: {out_dir / 'report' / 'index.html'}"), file=sys.stderr)
 
 
 @app.command("devices")
@@ -163,7 +164,7 @@ def devices_command(
     except DeviceError as err:
         if adb_server:
             raise
-        print(f"collect: no phones listed: {err}", file=sys.stderr)
+        print(terminal_lines(f"collect: no phones listed: {err}"), file=sys.stderr)
     if json_out:
         print(json.dumps(devices_json(reports), indent=2))
     else:
@@ -187,7 +188,7 @@ def prepare_command(
     devices = resolve_devices(split_list(device) or ["all"], adb_server or [], split_list(exclude))
     results = prepare_devices(devices, split_list(engine) or ["ncnn"], split_list(backend) or ["cpu"])
     for r in results:
-        print(f"{'ready' if r.ok else 'failed':8s}{r.serial} {r.engine}/{r.backend}: {r.detail}", file=sys.stderr)
+        print(terminal_lines(f"{'ready' if r.ok else 'failed':8s}{r.serial} {r.engine}/{r.backend}: {r.detail}"), file=sys.stderr)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 
@@ -215,15 +216,17 @@ def isolate_command(
         flagged, dropped = isolatable(ref, failing_layers(failing_from, backend, precision),
                                       ENGINES[files.engine].not_isolatable)
         if dropped:
-            print(f"isolate: leaving out {', '.join(dropped)}: {files.engine} cannot run these alone (a view computes "
-                  "nothing, a store writes in place); their consumers show the same error", file=sys.stderr)
+            print(terminal_lines(f"isolate: leaving out {', '.join(dropped)}: {files.engine} cannot run these alone (a view "
+                                 "computes nothing, a store writes in place); their consumers show the same error"),
+                  file=sys.stderr)
         keys += [k for k in flagged if k not in keys]
     target = resolve_devices([device], adb_server or [])[0]
     outcome = isolate(target, files, backend, precision, ref, keys, out, force=force, deadline_s=deadline)
     paths = ", ".join(str(p) for p in outcome.paths)
     if outcome.status == RunStatus.FAILED:
         raise DeviceError(f"{target.serial}: isolation failed: {outcome.message}")
-    print(f"{outcome.status:8s}{target.serial} {outcome.spec.stem} -> {paths} ({len(keys)} layer(s))", file=sys.stderr)
+    print(terminal_lines(f"{outcome.status:8s}{target.serial} {outcome.spec.stem} -> {paths} ({len(keys)} layer(s))"),
+          file=sys.stderr)
 
 
 @app.command("fix")
@@ -256,9 +259,9 @@ def fix_command(
     result = fix(target, files, backend, precision, inputs, out, tolerance=tolerance, deadline_s=deadline)
     doc = fix_document(result, device=target.serial, model=files.name, engine=files.engine, backend=backend,
                        precision=precision, tolerance=tolerance)
-    print(f"fix: {write_fix_json(doc, out)}", file=sys.stderr)
+    print(terminal_lines(f"fix: {write_fix_json(doc, out)}"), file=sys.stderr)
     for line in summary_lines(doc):
-        print(line, file=sys.stderr)
+        print(terminal_lines(line), file=sys.stderr)
     _sweep_report(out, ref=next(iter(result.references.values())))
     if result.status in ("unfixable", "unverified"):
         raise typer.Exit(1)
@@ -286,13 +289,13 @@ def _main(argv: list[str] | None) -> None:
     try:
         app(args=argv, prog_name="collect", standalone_mode=True)
     except LayerdiffError as err:
-        print(f"collect: {err}", file=sys.stderr)
+        print(terminal_lines(f"collect: {err}"), file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         print("collect: interrupted; runs already written are kept", file=sys.stderr)
         sys.exit(130)
     except OSError as err:
-        print(f"collect: {os_error_line(err)}", file=sys.stderr)
+        print(terminal_lines(f"collect: {os_error_line(err)}"), file=sys.stderr)
         sys.exit(1)
 
 

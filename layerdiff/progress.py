@@ -12,6 +12,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, TextIO
 
+from layerdiff.safetext import terminal_text
+
 PLAIN_AFTER = 10.0
 PLAIN_EVERY = 15.0
 
@@ -37,10 +39,12 @@ class Steps:
 
     @contextmanager
     def step(self, title: str, total: int | None = None) -> Iterator[Advance]:
-        """Run one step; the block calls the yielded `advance(done, total)` as it goes."""
+        """Run one step; the block calls the yielded `advance(done, total)` as it goes. The title may
+        quote run labels: it is shown as plain text (layerdiff.safetext)."""
         if not self.enabled:
             yield _ignore
             return
+        title = terminal_text(title)
         if self.terminal:
             with self._bar(title, total) as advance:
                 yield advance
@@ -57,8 +61,8 @@ class Steps:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         console = Console(file=self.stream, stderr=self.stream is sys.stderr)
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as progress:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as progress:
             task = progress.add_task(title, total=total)
 
             def advance(done: int, of: int) -> None:

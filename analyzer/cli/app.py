@@ -18,9 +18,11 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from layerdiff.errors import LayerdiffError, os_error_line
 from layerdiff.analyzer.report.numbers import format_number
+from layerdiff.safetext import terminal_cell, terminal_lines, terminal_text
 
 from layerdiff.analyzer.cli.defaultgroup import DEFAULT_COMMAND, DefaultCommandGroup
 # Modules that contribute sub-commands: "module:function", each function called with `app` to add
@@ -77,7 +79,7 @@ def compare_command(
                 sys.stdout.write(entry.results_json.read_text(encoding="utf-8") + "\n")
             else:
                 print_view(entry.view)
-                print(f"Report: {page}", flush=True)
+                print(terminal_text(f"Report: {page}"), flush=True)
             _report_problems(entry.view["problems"])
             return
     from layerdiff.analyzer.align.byname import NameRules, load_name_map, parse_rename
@@ -94,7 +96,7 @@ def compare_command(
         if json_out:
             print(console_json(analysis))
         else:
-            print(f"Report: {out / 'index.html'}", flush=True)
+            print(terminal_text(f"Report: {out / 'index.html'}"), flush=True)
     finally:
         analysis.close()
     _report_problems(analysis.problems)
@@ -104,7 +106,7 @@ def _report_problems(problems: list[str]) -> None:
     """Each input or layer that could not be used, one line on stderr; then exit 2 (report written)."""
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     for problem in problems:
-        err.print(f"analyze: {problem}", markup=False)
+        err.print(terminal_cell(f"analyze: {problem}"))
     if problems:
         raise typer.Exit(2)
 
@@ -135,28 +137,30 @@ def print_view(view: dict, page: Path | None = None) -> None:
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:
         console = Console(highlight=False, soft_wrap=True, width=160)
-    console.print(f"Reference: [bold]{view['reference']}[/] ({view['reason']})", markup=True)
+    console.print(Text.assemble("Reference: ", terminal_cell(view["reference"], "bold"),
+                                f" ({terminal_text(view['reason'])})"))
     table = Table(show_lines=False)
     for column in ("run", "verdict", "fail", "warn", "first divergence", "op", "output", "output rel L2", "top-1"):
         table.add_column(column)
     colours = {"pass": "green", "warn": "yellow", "fail": "red"}
-    for row in view["rows"]:
+    for row in view["rows"]:  # every cell a plain Text: names and labels are data, never markup
         verdict = str(row["verdict"])
-        table.add_row(str(row["run"]), f"[{colours.get(verdict, 'white')}]{verdict}[/]", format_number(row["n_fail"]),
-                      format_number(row["n_warn"]), str(row["first_divergence"]), str(row["first_divergence_op"]),
-                      str(row["output"]), format_number(row["output_rel_l2"]), format_number(row["top1"]))
+        table.add_row(terminal_cell(row["run"]), terminal_cell(verdict, colours.get(verdict, "white")),
+                      *map(terminal_cell, (format_number(row["n_fail"]), format_number(row["n_warn"]),
+                                           row["first_divergence"], row["first_divergence_op"], row["output"],
+                                           format_number(row["output_rel_l2"]), format_number(row["top1"]))))
     console.print(table)
     for row in view["rows"]:  # the reason beside each verdict, before any finding
         if row["verdict"] in ("warn", "fail") and row["verdict_reason"]:
-            console.print(f"{row['run']}: {str(row['verdict']).upper()}: {row['verdict_reason']}", markup=False)
+            console.print(terminal_cell(f"{row['run']}: {str(row['verdict']).upper()}: {row['verdict_reason']}"))
     sys.stdout.flush()
     findings = view["findings"]
     for sentence in findings[:MAX_CONSOLE_FINDINGS]:
-        console.print(f"- {sentence}", markup=False)
+        console.print(terminal_cell(f"- {sentence}"))
     if len(findings) > MAX_CONSOLE_FINDINGS:
         console.print(f"... and {len(findings) - MAX_CONSOLE_FINDINGS} more findings in the report", markup=False)
     if page is not None:
-        console.print(f"Report: {page}", markup=False)
+        console.print(terminal_cell(f"Report: {page}"))
 
 
 @app.command("inspect")
@@ -199,10 +203,10 @@ def _main(argv: list[str] | None) -> int:
     try:
         app(args=argv, prog_name="analyze", standalone_mode=True)
     except LayerdiffError as err:
-        print(f"analyze: error: {err}", file=sys.stderr)
+        print(terminal_lines(f"analyze: error: {err}"), file=sys.stderr)
         return err.exit_code
     except OSError as err:
-        print(f"analyze: error: {os_error_line(err)}", file=sys.stderr)
+        print(terminal_lines(f"analyze: error: {os_error_line(err)}"), file=sys.stderr)
         return 1
     except SystemExit as exit_:
         return int(exit_.code or 0) if not isinstance(exit_.code, str) else 1

@@ -13,6 +13,7 @@ import typer
 from layerdiff.clioptions import choices
 
 from layerdiff.errors import LayerdiffError, UsageError
+from layerdiff.safetext import terminal_lines
 from layerdiff.analyzer.report.export import KEY_BY, METRICS, export_model_explorer, export_polygraphy
 
 EXPORT_FORMATS = ("model-explorer", "polygraphy")
@@ -37,8 +38,8 @@ def import_command(
                "iteration": iteration, "include_inputs": include_inputs, "topo_file": topo_file}
     result = import_one(src, parse_set_options(set_), output, **{k: v for k, v in options.items() if v is not None})
     for problem in result.problems:
-        typer.echo(f"warning: {problem}", err=True)
-    typer.echo(f"{src} ({result.format}) -> {result.path}")
+        typer.echo(terminal_lines(f"warning: {problem}"), err=True)
+    typer.echo(terminal_lines(f"{src} ({result.format}) -> {result.path}"))
 
 
 def merge_command(
@@ -53,8 +54,9 @@ def merge_command(
 
     result = merge(paths, output, allow_model_mismatch=allow_model_mismatch, attrs=parse_set_options(set_))
     for line in result.errors:
-        typer.echo(f"warning: {line}", err=True)
-    typer.echo(f"{len(result.added)} run(s) added, {len(result.skipped_duplicates)} duplicate(s) skipped; index: {result.index}")
+        typer.echo(terminal_lines(f"warning: {line}"), err=True)
+    typer.echo(terminal_lines(f"{len(result.added)} run(s) added, {len(result.skipped_duplicates)} duplicate(s) skipped; "
+                              f"index: {result.index}"))
 
 
 def export_command(
@@ -86,7 +88,7 @@ def export_command(
         path = export_polygraphy(run, output, runner_name=runner_name)
     else:
         raise UsageError(f"--to {to}: choose from {', '.join(EXPORT_FORMATS)}")
-    typer.echo(f"wrote {path}")
+    typer.echo(terminal_lines(f"wrote {path}"))
 
 
 def register(app: typer.Typer) -> None:

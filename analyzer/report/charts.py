@@ -25,6 +25,7 @@ import pandas as pd
 
 from layerdiff.analyzer.report.buckets import worst_columns, worst_per_bucket
 from layerdiff.analyzer.report.interactive import package_dir
+from layerdiff.safetext import chart_text, chart_texts, html_text, json_in_script
 
 FLOOR = 1e-12  # a zero error still shows on the log axis
 WEBGL_POINTS = 5000  # above this many points a chart draws with WebGL (scattergl), below with SVG
@@ -77,13 +78,13 @@ def chart(element_id: str, traces: list, layout: dict, caption: str = "") -> Ite
            f'<script>Plotly.newPlot("{element_id}", ')
     yield script_json(traces)
     yield f", {script_json(layout)}, {script_json(CONFIG)});</script></div>"
-    yield f"<figcaption>{caption}</figcaption></figure>" if caption else "</figure>"
+    yield f"<figcaption>{html_text(caption)}</figcaption></figure>" if caption else "</figure>"
 
 
 def script_json(value) -> str:
-    """JSON safe inside <script> (no `</`); copied by the replace only when it is needed."""
-    text = orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode("utf-8")
-    return text.replace("</", "<\\/") if "</" in text else text
+    """JSON safe inside <script> (no `<` at all: layerdiff.safetext). The labels inside were made
+    plotly-safe by whoever built the traces (`chart_text`)."""
+    return json_in_script(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)).decode("utf-8")
 
 
 def _log_axis(title: str) -> dict:
@@ -126,14 +127,15 @@ def error_traces(measured: pd.DataFrame, colours: dict[str, str], first: dict[st
         y = part["_y"].to_numpy(np.float64)
         ys = np.where(np.isfinite(y), np.maximum(y, FLOOR), top)
         colour = colours.get(run, PALETTE[k % len(PALETTE)])
-        trace = {"type": kind, "mode": "lines", "name": run, "x": x, "y": ys, "text": part["key"].tolist(),
+        trace = {"type": kind, "mode": "lines", "name": chart_text(run), "x": x, "y": ys, "text": chart_texts(part["key"]),
                  "line": {"width": 1 if thin else max(3.2 - 0.6 * k, 1.2), "color": colour,
                           "dash": "solid" if thin else DASHES[k % len(DASHES)]},
-                 "opacity": 0.5 if thin else 0.95, "hovertemplate": f"#%{{x}} %{{text}}<br>{run}<br>{metric} %{{y:.4g}}<extra></extra>"}
+                 "opacity": 0.5 if thin else 0.95,
+                 "hovertemplate": f"#%{{x}} %{{text}}<br>{chart_text(run)}<br>{metric} %{{y:.4g}}<extra></extra>"}
         if thin:  # one legend entry per colour (configuration), not 40 lines of names
             trace["legendgroup"] = colour
             trace["showlegend"] = colour not in shown_configs
-            trace["name"] = (configs or {}).get(run, run)
+            trace["name"] = chart_text((configs or {}).get(run, run))
             shown_configs.add(colour)
         traces.append(trace)
         bad = part["_bad"].to_numpy()
@@ -165,7 +167,7 @@ def _marker_traces(marks: dict[str, list]) -> list:
             continue
         colours = ["#c62828" if red else p[3] for p in points]
         traces.append({"type": "scatter", "mode": "markers", "name": name, "x": [p[0] for p in points],
-                       "y": [p[1] for p in points], "text": [p[2] for p in points],
+                       "y": [p[1] for p in points], "text": chart_texts(p[2] for p in points),
                        "marker": {**marker, "color": colours}, "hovertemplate": f"{name}<br>%{{text}}<extra></extra>"})
     return traces
 
@@ -197,7 +199,8 @@ def heatmap_traces(matrix: pd.DataFrame, positions: dict[str, int], metric: str 
     values = np.where(np.isposinf(values), top, values)
     z = np.log10(values)
     z = np.where(np.isfinite(z), z, None)  # NaN: not compared (the grey background)
-    trace = {"type": "heatmap", "z": z.tolist(), "x": x, "y": [str(r) for r in matrix.index],
+    labels = chart_texts(labels)
+    trace = {"type": "heatmap", "z": z.tolist(), "x": x, "y": chart_texts(matrix.index),
              "text": [labels] * len(matrix.index), "colorscale": "Reds", "hoverongaps": False,
              "colorbar": {"title": {"text": f"log10 {metric}"}},
              "hovertemplate": f"%{{y}}<br>#%{{x}} %{{text}}<br>log10 {metric} %{{z:.2f}}<extra></extra>"}
@@ -223,12 +226,12 @@ def range_traces(ranges: dict[str, pd.DataFrame], colours: dict[str, str]) -> tu
         keep = ~np.isnan(x)
         xs, ys = worst_per_bucket(x[keep].astype(np.int64) + 1, np.maximum(peak[keep], FLOOR))
         seen.setdefault((xs.tobytes(), ys.tobytes()), []).append(label)
-        names = [str(n) for n in np.asarray(layers["key"])[keep]]
+        names = chart_texts(np.asarray(layers["key"])[keep])
         traces.append({"type": "scattergl" if xs.size > WEBGL_POINTS else "scatter", "mode": "lines",
-                       "name": label, "x": xs, "y": ys, "text": names[:xs.size] if xs.size == len(names) else None,
+                       "name": chart_text(label), "x": xs, "y": ys, "text": names[:xs.size] if xs.size == len(names) else None,
                        "line": {"color": colours.get(label, PALETTE[k % len(PALETTE)]), "dash": DASHES[k % len(DASHES)],
                                 "width": max(4.0 - 0.8 * k, 1.2)},
-                       "hovertemplate": f"{label}<br>#%{{x}} %{{text}}<br>max |value| %{{y:.4g}}<extra></extra>"})
+                       "hovertemplate": f"{chart_text(label)}<br>#%{{x}} %{{text}}<br>max |value| %{{y:.4g}}<extra></extra>"})
     share = (reference["n_fp16_underflow"] / reference["numel"].clip(lower=1)).to_numpy(float)
     layout = _base_layout("Value range by layer against fp16 limits", 420, True)
     layout.update(xaxis=_layer_axis(), yaxis=_log_axis("max |value| (log)"),
@@ -275,11 +278,11 @@ def per_input_traces(summary: pd.DataFrame, colours: dict[str, str], warn: float
         values = pd.to_numeric(part[metric], errors="coerce").to_numpy(float)
         finite = values[np.isfinite(values)]
         top = float(finite.max()) * 10 if finite.size else 1.0
-        traces.append({"type": "bar", "name": str(config), "x": [str(i) or "?" for i in part["input"]],
+        traces.append({"type": "bar", "name": chart_text(config), "x": chart_texts(str(i) or "?" for i in part["input"]),
                        "y": np.where(np.isfinite(values), np.maximum(values, FLOOR), top),
-                       "text": [str(v) for v in part["verdict"]], "textposition": "outside",
+                       "text": chart_texts(part["verdict"]), "textposition": "outside",
                        "marker": {"color": colours.get(str(part["run"].iloc[0]), PALETTE[len(traces) % len(PALETTE)])},
-                       "hovertemplate": f"{config}<br>input %{{x}}: %{{text}}<br>{metric} %{{y:.4g}}<extra></extra>"})
+                       "hovertemplate": f"{chart_text(config)}<br>input %{{x}}: %{{text}}<br>{metric} %{{y:.4g}}<extra></extra>"})
     layout = _base_layout(f"{metric} per input (the verdict on each bar)", 420, True)
     layout.update(barmode="group", xaxis={"title": {"text": "input"}, "automargin": True, "type": "category"},
                   yaxis=_log_axis(f"{metric} (log)"), shapes=[_hline(warn, "#ef6c00", "dash"), _hline(fail, "#c62828", "dash")],
@@ -303,7 +306,7 @@ def focus_traces(ref: np.ndarray, run: np.ndarray, title: str, colour: str) -> t
                "hovertemplate": "reference %{x:.4g}<br>run %{y:.4g}<extra></extra>"},
               {"type": "scatter", "mode": "lines", "x": [lo, hi], "y": [lo, hi], "xaxis": "x2", "yaxis": "y2",
                "line": {"color": REFERENCE_COLOUR, "width": 1}, "showlegend": False, "hoverinfo": "skip"}]
-    layout = _base_layout(title, 400, False)
+    layout = _base_layout(chart_text(title), 400, False)
     layout.update(xaxis={"domain": [0, 0.45], "title": {"text": f"run - reference ({diff.size - finite.size} non-finite)"},
                          "automargin": True},
                   yaxis={"type": "log", "title": {"text": "elements (log)"}, "automargin": True},

@@ -52,7 +52,14 @@ def chart_parts(analysis: Analysis) -> Iterator[str | bytes]:
 
 def draw_pngs(analysis: Analysis) -> dict[str, bytes]:
     """The static figures (`analyze --png`), same data and colours as the charts; matplotlib is
-    imported here only."""
+    imported here only. Names and labels are data: matplotlib reads no `$...$` math in them."""
+    import matplotlib
+
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return _draw_pngs(analysis)
+
+
+def _draw_pngs(analysis: Analysis) -> dict[str, bytes]:
     from layerdiff.analyzer.report.plots import error_by_layer, failure_layer, heatmap, per_input_bars, value_range
 
     rows = reference_rows(analysis.comparison)

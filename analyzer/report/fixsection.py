@@ -6,9 +6,10 @@ is read (no collector code): keys are listed in analyzer/REPORT_SCHEMA.md.
 """
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
+
+from layerdiff.safetext import html_text
 
 FIX_JSON = "fix.json"
 
@@ -84,4 +85,4 @@ def _g(value) -> str:
 
 
 def _e(value) -> str:
-    return html.escape(str(value))
+    return html_text(value)

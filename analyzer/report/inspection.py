@@ -17,6 +17,7 @@ from layerdiff.errors import InputError
 from layerdiff.analyzer.align.graph import build_graph
 from layerdiff.analyzer.report.results import clean
 from layerdiff.analyzer.report.numbers import format_number
+from layerdiff.safetext import terminal_cell
 
 PROVENANCE_SHOWN = ("engine", "engine_version", "backend_requested", "backend_actual", "precision_requested",
                     "precision_effective", "threads", "device_model", "device_serial", "soc", "abi", "gpu",
@@ -40,9 +41,9 @@ def inspect_dump(path: Path, layer: str | None = None, as_json: bool = False) ->
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:
         console = Console(highlight=False, soft_wrap=True, width=220)
-    console.print(f"{path}  ({len(layers)} layers)", markup=False)
+    console.print(terminal_cell(f"{path}  ({len(layers)} layers)"))
     for key in PROVENANCE_SHOWN:
-        console.print(f"  {key}: {attrs.get(key, '')}", markup=False)
+        console.print(terminal_cell(f"  {key}: {attrs.get(key, '')}"))
     console.print(_layer_table(layers))
 
 
@@ -65,7 +66,7 @@ def _layer_table(layers: pd.DataFrame) -> Table:
         table.add_column(column)
     for row in layers.to_dict("records"):
         risky = row["n_nan"] or row["n_posinf"] or row["n_neginf"] or row["n_fp16_overflow"] or row["n_fp16_saturated"]
-        table.add_row(*(format_number(_py(row[c])) for c in LAYER_SHOWN), style="red" if risky else None)
+        table.add_row(*(terminal_cell(format_number(_py(row[c]))) for c in LAYER_SHOWN), style="red" if risky else None)
     return table
 
 
@@ -81,8 +82,8 @@ def _print_layer(row: pd.Series, layers: pd.DataFrame, as_json: bool) -> None:
         return
     console = Console(highlight=False, soft_wrap=True)
     for name, value in summary.items():
-        text = ", ".join(value) if isinstance(value, list) else format_number(value)
-        console.print(f"{name:>22}: {text}", markup=False)
+        text = ", ".join(map(str, value)) if isinstance(value, list) else format_number(value)
+        console.print(terminal_cell(f"{name:>22}: {text}"))
 
 
 def _share(count, total) -> float:

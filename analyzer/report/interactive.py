@@ -17,6 +17,7 @@ from typing import Iterator
 import pandas as pd
 
 from layerdiff.analyzer.report.results import LazyRecords, dump_chunks
+from layerdiff.safetext import json_in_script
 
 TABLE_ID = "layer-table"
 
@@ -33,9 +34,9 @@ def layer_table_parts(rows: pd.DataFrame, columns: list[str]) -> Iterator[str | 
     yield (f"<style>{_asset(bundle.with_suffix('.css'))}</style>"
            f"<table id='{TABLE_ID}' class='display compact nowrap' style='width:100%'></table>"
            "<script type='application/json' id='layer-data'>")
-    # chunks end between rows, so no "</" is split across two of them
+    # the names are data: no "<" reaches the page inside the JSON (layerdiff.safetext)
     for chunk in dump_chunks({"columns": columns, "rows": LazyRecords(rows, columns, as_lists=True)}):
-        yield chunk.replace(b"</", b"<\\/")  # UTF-8 bytes already
+        yield json_in_script(chunk)  # UTF-8 bytes already
     yield (f"</script><script type='text/plain' id='dt-bundle'>{_base64(bundle)}</script>"
            f"<script>{_asset(Path(__file__).with_name('web') / 'layer_table.js')}</script>")
 

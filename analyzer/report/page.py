@@ -8,7 +8,6 @@ readable page. The page has no external resources: it opens offline, from an e-m
 from __future__ import annotations
 
 import base64
-import html
 from pathlib import Path
 from typing import Iterator
 
@@ -25,6 +24,7 @@ from layerdiff.analyzer.report.results import build_results, dump_chunks, dumps
 from layerdiff.analyzer.report.tables import (LAYER_VIEW, isolation_table, layer_view, reference_rows, sweep_matrix, to_html,
                                               unmatched_table, write_tables)
 from layerdiff.analyzer.findings.verdict import worst
+from layerdiff.safetext import html_text
 
 SHOWN_PER_KIND = 3
 MAX_REASONS = 5  # runs whose verdict reason is listed under the banner
@@ -222,7 +222,7 @@ def _img(name: str, data: bytes) -> str:
 
 
 def _e(text) -> str:
-    return html.escape(str(text))
+    return html_text(text)
 
 
 def console_json(analysis: Analysis) -> str:

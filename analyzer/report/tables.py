@@ -6,7 +6,6 @@ dependency); HTML comes from pandas.
 """
 from __future__ import annotations
 
-import html
 from typing import Iterator
 
 import pandas as pd
@@ -16,6 +15,7 @@ from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.report.numbers import format_number  # noqa: F401  (re-exported: callers import it from here)
 from layerdiff.analyzer.report.outdir import atomic_write_chunks, atomic_write_text
 from layerdiff.analyzer.findings.summary import SUMMARY_COLUMNS, run_summary  # noqa: F401 (the report's run table)
+from layerdiff.safetext import html_text, markdown_text, markdown_texts
 
 CHUNK_ROWS = 2000  # rows formatted at a time when writing big tables
 LAYER_VIEW = ["run", "position", "key", "op_type", "status", "rel_l2", "sqnr_db", "cosine", "max_abs", "mean_abs",
@@ -125,8 +125,8 @@ def _formatted_column(series: pd.Series, markdown: bool = False) -> list[str]:
     if series.name == "position":  # shown 1-based, as the findings' "#N in execution order"
         values = [v + 1 if isinstance(v, (int, float)) and v == v else v for v in values]
     out = [format_number(v) for v in values]
-    if markdown and series.dtype.kind not in "iufb":
-        out = [t.replace("|", "\\|").replace("\n", " ") for t in out]
+    if markdown and series.dtype.kind not in "iufb":  # names are data: nothing in them is Markdown
+        out = markdown_texts(out)
     return out
 
 
@@ -140,10 +140,10 @@ def to_html(frame: pd.DataFrame, css_class: str = "data") -> str:
     """An HTML table with the same number formatting as Markdown; status cells get a class for colour."""
     if frame.empty:
         return "<p><em>(none)</em></p>"
-    head = "".join(f"<th>{html.escape(_title(c))}</th>" for c in frame.columns)
+    head = "".join(f"<th>{html_text(_title(c))}</th>" for c in frame.columns)
     columns = []
     for column in frame.columns:
-        texts = [html.escape(t) for t in _formatted_column(frame[column])]
+        texts = [html_text(t) for t in _formatted_column(frame[column])]
         if column in ("status", "verdict", "isolated_status"):
             columns.append([f'<td class="s-{t}">{t}</td>' for t in texts])
         else:
@@ -160,11 +160,11 @@ def write_tables(out_dir, summary: pd.DataFrame, comparison: Comparison, finding
 
 
 def _markdown_parts(summary: pd.DataFrame, comparison: Comparison, findings: list[Finding]) -> Iterator[str]:
-    yield from ["# layerdiff report\n", f"Reference: **{comparison.plan.reference.label}** "
-                f"({comparison.plan.reason})\n", "## Runs\n",
+    yield from ["# layerdiff report\n", f"Reference: **{markdown_text(comparison.plan.reference.label)}** "
+                f"({markdown_text(comparison.plan.reason)})\n", "## Runs\n",
                 to_markdown(summary[["run", "role", "verdict", "n_fail", "n_warn", "first_divergence",
                                      "first_divergence_op", "output_rel_l2", "top1", "top5"]]),
-                "\n## Findings\n", *(f"- {f.sentence}\n" for f in findings)]
+                "\n## Findings\n", *(f"- {markdown_text(f.sentence)}\n" for f in findings)]
     isolated = isolation_table(comparison)
     if len(isolated):
         yield from ["\n## Isolation (cumulative vs isolated: the layer fed the reference's own inputs)\n",

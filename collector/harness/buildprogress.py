@@ -86,7 +86,7 @@ class RichReporter:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         self.console = console
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
         self.task = None
 

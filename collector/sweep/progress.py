@@ -11,7 +11,9 @@ from typing import Callable, Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
+from layerdiff.safetext import terminal_cell, terminal_lines, terminal_text
 from layerdiff.vocabulary import RunStatus
 from layerdiff.collector.sweep.plan import PlannedRun
 
@@ -24,7 +26,7 @@ class SweepProgress:
         self.live = console.is_terminal
         self._lock = threading.Lock()
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=console, transient=False,
         ) if self.live else None
         self._device_tasks: dict[str, TaskID] = {}
@@ -51,7 +53,7 @@ class SweepProgress:
             return
         for serial in dict.fromkeys(r.device.serial for r in todo):
             count = sum(1 for r in todo if r.device.serial == serial)
-            self._device_tasks[serial] = self._progress.add_task(serial, total=count)
+            self._device_tasks[serial] = self._progress.add_task(terminal_text(serial), total=count)
         if len(self._device_tasks) > 1 or len(todo) > 1:
             self._total_task = self._progress.add_task("total", total=len(todo))
 
@@ -85,11 +87,14 @@ class SweepProgress:
             return
         errors = self._errors.get(serial, 0)
         note = f" [{errors} failed]" if errors else ""
-        self._progress.update(self._device_tasks[serial], description=f"{serial}{note} {run.spec.stem} {doing}".rstrip())
+        self._progress.update(self._device_tasks[serial],
+                              description=terminal_text(f"{serial}{note} {run.spec.stem} {doing}".rstrip()))
 
     def _line(self, text: str) -> None:
+        """One line that may quote names, reasons and labels: plain text, controls shown escaped."""
+        text = terminal_lines(text)
         if self._progress:
-            self._progress.console.print(text, highlight=False, markup=False, soft_wrap=True)
+            self._progress.console.print(Text(text), soft_wrap=True)
         else:
             print(text, file=sys.stderr, flush=True)
 
@@ -98,12 +103,13 @@ class SweepProgress:
             self._line(f"interrupted: {out_dir / 'index.csv'} says what is done; re-run the same command to resume")
         if len(runs) < 2:
             return
-        table = Table(title=f"collected into {out_dir}")
+        table = Table(title=terminal_cell(f"collected into {out_dir}"))
         for column in ("device", "run", "status", "seconds", "note"):
             table.add_column(column, overflow="fold")
         for run in runs:
             row = run.row
-            table.add_row(row.serial, run.spec.stem, row.status, f"{row.duration_s:.1f}", row.reason[:100])
+            table.add_row(*map(terminal_cell, (row.serial, run.spec.stem, row.status, f"{row.duration_s:.1f}",
+                                               row.reason[:100])))
         self.console.print(table)
 
 
@@ -111,13 +117,13 @@ class SweepProgress:
 def step_progress(console: Console, title: str) -> Iterator[Callable[[str, int, int], None]]:
     """A one-off set-up (the arm64 runtime) as a bar on a terminal, as numbered lines elsewhere."""
     if not console.is_terminal:
-        yield lambda text, done, total: print(f"{title} [{done}/{total}] {text}", file=sys.stderr, flush=True)
+        yield lambda text, done, total: print(terminal_lines(f"{title} [{done}/{total}] {text}"), file=sys.stderr, flush=True)
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         task = progress.add_task(title, total=None)
 
         def step(text: str, done: int, total: int) -> None:
-            progress.update(task, description=f"{title}: {text}", completed=done, total=total)
+            progress.update(task, description=terminal_text(f"{title}: {text}"), completed=done, total=total)
 
         yield step

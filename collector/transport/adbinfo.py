@@ -17,6 +17,7 @@ from layerdiff.collector.transport.adbserver import STATE_ADVICE, connect_server
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo
 from layerdiff.collector.transport.probe import probe_document
 from layerdiff.errors import LayerdiffError
+from layerdiff.safetext import terminal_cell
 from layerdiff.collector.engines import ARM64_ENGINES, PHONE_ENGINES
 
 GPU_LIB_DIRS = ("/vendor/lib64", "/system/vendor/lib64", "/system/lib64", "/vendor/lib", "/system/lib")
@@ -192,16 +193,17 @@ def devices_table(reports: list[AdbDeviceReport]) -> Table:
     for column in ("serial", "state", "model", "SoC", "ABIs", "Android", "GPU", "OpenCL", "Vulkan",
                    "free space for dumps", "harness backends"):
         table.add_column(column)
-    for r in reports:
+    for r in reports:  # every cell a plain Text: what a phone answers is data, never markup
         if r.state != "device" or r.error:
-            table.add_row(r.serial, r.state, f"[yellow]{r.error or r.advice}[/yellow]", *[""] * 8)
+            table.add_row(terminal_cell(r.serial), terminal_cell(r.state), terminal_cell(r.error or r.advice, "yellow"),
+                          *[""] * 8)
             continue
         backends = "; ".join(f"{e}: {','.join(b) or '-'}" for e, b in r.backends().items()) or r.probe_note
         phone = r.kind == "adb"
-        table.add_row(
+        table.add_row(*map(terminal_cell, (
             r.serial, r.state, r.model, " / ".join(x for x in (r.soc, r.board) if x), ",".join(r.abis),
             f"{r.android_release} (SDK {r.sdk})" if phone else "-", r.gpu or ("?" if phone else "-"),
             *(("yes" if r.gpu_libs.get(lib) else "no") if phone else "-" for lib in GPU_LIBS),
             _gib(r.free_bytes), backends,
-        )
+        )))
     return table

@@ -6,6 +6,8 @@ the way a phone runs the C++ harness. Standard library only: it runs inside the 
 Test knobs beyond the harness CLI: --tensors N, --elems N (float32 values per tensor),
 --sleep S (seconds after each tensor; default from $LAYERDIFF_FAKE_HARNESS_SLEEP), --exit CODE (fail with the harness's one-line stderr),
 --abort-after K (the harness's own flag: SIGABRT after K tensors), --hang (sleep forever).
+$LAYERDIFF_FAKE_HARNESS_OPS (a JSON list) names the ops in turn and $LAYERDIFF_FAKE_HARNESS_OP_TYPE
+types them, as a hostile phone's harness could (default: layer<k>/conv, Convolution).
 """
 import argparse
 import hashlib
@@ -77,6 +79,14 @@ def probe():
             "engines": {name: {"version": "fake-1", "backends": backends} for name in ("ncnn", "mnn")}}
 
 
+def op_names(count):
+    """The op names and type the dump reports (the environment's, else layer<k>/conv)."""
+    names = json.loads(os.environ.get("LAYERDIFF_FAKE_HARNESS_OPS") or "[]")
+    ops = [names[k % len(names)] + (f"#{k}" if k >= len(names) else "") if names else f"layer{k}/conv"
+           for k in range(count)]
+    return ops, os.environ.get("LAYERDIFF_FAKE_HARNESS_OP_TYPE") or "Convolution"
+
+
 def main(argv):
     args = parse(argv)
     if args.version:
@@ -97,6 +107,7 @@ def main(argv):
     manifest.write(json.dumps(header(args)) + "\n")
     manifest.flush()
     offset, start, previous = 0, time.monotonic(), "data"
+    ops, op_type = op_names(args.tensors)
     for k in range(args.tensors):
         values = [float(k) + i / 8.0 for i in range(args.elems)]
         raw = struct.pack(f"<{args.elems}f", *values)
@@ -104,12 +115,12 @@ def main(argv):
         data.flush()
         name = f"t{k}"
         manifest.write(json.dumps({
-            "record": "tensor", "order": k, "op": f"layer{k}/conv", "op_type": "Convolution", "output_index": 0,
+            "record": "tensor", "order": k, "op": ops[k], "op_type": op_type, "output_index": 0,
             "name": name, "inputs": [previous], "shape": [1, args.elems], "dtype": "float32", "layout": "NC",
             "offset": offset, "nbytes": len(raw), "memory": "host", "time_ms": 0.1}) + "\n")
         manifest.flush()
         offset, previous = offset + len(raw), name
-        print("@@ld " + json.dumps({"event": "tensor", "k": k + 1, "n": args.tensors, "op": f"layer{k}/conv"}), flush=True)
+        print("@@ld " + json.dumps({"event": "tensor", "k": k + 1, "n": args.tensors, "op": ops[k]}), flush=True)
         if args.abort_after is not None and k + 1 >= args.abort_after:
             print("about to abort", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGABRT)

@@ -15,13 +15,19 @@
     if (value === "inf" || value === "-inf" || value === "nan") {
       return type === "sort" || type === "type" ? (value === "-inf" ? -Infinity : Infinity) : value;
     }
-    if (type !== "display" || typeof value !== "number" || Number.isInteger(value)) return value;
+    if (typeof value !== "number") return text(value, type);  // a text where a number was expected
+    if (type !== "display" || Number.isInteger(value)) return value;
     return Number(value.toPrecision(4)).toString();
   }
+  var ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"};
+  function text(value, type) {  // names are data: DataTables writes "display" values as HTML, so escape them
+    if (value === null || value === undefined) return "";
+    return type === "display" ? String(value).replace(/[&<>"']/g, function (c) { return ENTITIES[c]; }) : value;
+  }
   var columns = data.columns.map(function (field, index) {
-    var column = {data: index, title: field, defaultContent: ""};
+    var column = {data: index, title: field, defaultContent: "", render: text};
     if (!TEXT[field]) { column.render = number; column.className = "dt-right"; column.type = "num"; }
-    if (field === "status") column.createdCell = function (td, value) { td.classList.add("s-" + value); };
+    if (field === "status") column.createdCell = function (td, value) { td.className += " s-" + String(value).replace(/\W/g, ""); };
     if (field === "position") {  // shown 1-based, as the findings' "#N in execution order" (the data stays 0-based)
       column.title = "#";
       column.render = function (value, type) { return type === "display" && typeof value === "number" ? value + 1 : value; };
