@@ -21,7 +21,8 @@ from layerdiff.analyzer.report.fixsection import fix_html
 from layerdiff.analyzer.report.figures import chart_parts, draw_pngs
 from layerdiff.analyzer.report.interactive import layer_table_parts
 from layerdiff.analyzer.report import stored
-from layerdiff.analyzer.report.outdir import atomic_write_bytes, atomic_write_chunks, prepare_out_dir
+from layerdiff.analyzer.report.outdir import (atomic_write_bytes, atomic_write_chunks, finish_out_dir,
+                                               holds_nothing_written, prepare_out_dir)
 from layerdiff.analyzer.report.results import build_results, dump_chunks, dumps
 from layerdiff.analyzer.report.tables import (LAYER_VIEW, isolation_table, layer_view, reference_rows, sweep_matrix, to_html,
                                               unmatched_table, write_tables)
@@ -63,7 +64,8 @@ def report_paths(paths, out_dir: Path | str, *, force: bool = False, png: bool =
     try:
         analysis = analyze_paths(paths, **analyze_options)
     except BaseException:
-        if not existed and not any(out.iterdir()):
+        if not existed and holds_nothing_written(out):
+            finish_out_dir(out)
             out.rmdir()  # nothing to report: no empty report directory left behind
         raise
     try:
@@ -92,6 +94,7 @@ def write_report(analysis: Analysis, out_dir: Path, png: bool = False) -> dict[s
     atomic_write_chunks(out_dir / "index.html", (part if isinstance(part, bytes) else part.encode("utf-8")
                                                  for part in html_parts(analysis, images)))
     names = ["index.html", "summary.csv", "runs.csv", "summary.md", "results.json", *(f"{n}.png" for n in images)]
+    finish_out_dir(out_dir)
     return {name: out_dir / name for name in names}
 
 
