@@ -188,15 +188,16 @@ SIGTERM_CAUGHT = 1 << (signal.SIGTERM - 1)
 
 
 def _our_code_runs(pid: int) -> bool:
-    """The console script's own code has started (it catches SIGTERM); before that the interpreter
-    is still starting (site-packages' .pth files), which no program can cover."""
+    """The console script's own code has started (it catches SIGTERM), or the command's imports are
+    under way (numpy is loaded); before either the interpreter is still starting (site-packages'
+    .pth files), which no program can cover."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) & SIGTERM_CAUGHT)
+            if line.startswith("SigCgt:") and int(line.split()[1], 16) & SIGTERM_CAUGHT:
+                return True
+        return "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text()
     except OSError:
-        pass
-    return False
+        return False
 
 
 @pytest.mark.parametrize("tool", ["collect", "analyze"])
@@ -222,7 +223,7 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_130(tmp_path, tool, del
 # --- scratch of killed processes -------------------------------------------------------------------
 
 def _scratch(tmp: Path) -> list[Path]:
-    return [p for p in tmp.iterdir() if p.name.startswith(".layerdiff-run-")]
+    return [p for p in tmp.iterdir() if p.name.startswith(".layerdiff-") and p.is_dir()]
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
@@ -273,8 +274,8 @@ def replace(src, dst, *a, **k):  # dies as kill -9 would, with the first report 
     return real_replace(src, dst, *a, **k)
 
 os.replace = replace
-from layerdiff.console import analyze
-analyze()
+from layerdiff.analyzer.cli.app import main
+sys.exit(main(sys.argv[1:]))
 """
 
 
@@ -292,3 +293,22 @@ def test_an_analyze_killed_during_its_first_report_file_reruns_without_force(tmp
                            env=env, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (report / "index.html").is_file() and not [p for p in report.iterdir() if p.name.startswith(".")]
+
+
+# --- a phone's dump cut short while its harness reported success ------------------------------------
+
+def test_a_phone_dump_cut_short_after_harness_success_is_failed(standins, fake_harness, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERDIFF_HARNESS_X86_64", str(fake_harness))
+    monkeypatch.setenv("LAYERDIFF_FAKE_HARNESS_NO_FOOTER", "1")  # the stand-in's harness runs with it
+    phone = standins.start()
+    out = tmp_path / "out"
+    proc = console("collect", "--device", phone.serial, "-m", str(REPO / "samples" / "models" / "convnet.param"),
+                   "-o", str(out), env=dict(os.environ))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    [line] = [line for line in lines(proc.stderr) if line.startswith("failed")]
+    assert "reported success" in line and "cut short" in line and "no footer" in line, line
+    [row] = rows(out)
+    assert row["status"] == "failed" and row["files"]  # what was dumped is kept, marked incomplete
+    with DumpFile(out / row["files"]) as dump:
+        assert not dump.complete and len(dump.layers) > 0
