@@ -199,7 +199,7 @@ def assign_file_names(runs: list[PlannedRun], previous: dict[tuple, IndexRow], b
     """Give every planned run file names no other run of the directory has, before anything runs.
 
     Names come from labels made safe for file names, so two inputs (`a b.npy`, `a_b.npy`) can share
-    one; the later run then gets `-2` (`-3`, ...) after its input part, and index.csv records it. A run
+    one; the later run then gets `-2` (`-3`, ...) after its input part (index.csv's `files` once written). A run
     the index already names keeps its recorded names (a resume finds its files whatever the order of
     --input), and files the index gives to runs not planned now are never taken."""
     planned = {run.row.key for run in runs}
@@ -220,8 +220,6 @@ def assign_file_names(runs: list[PlannedRun], previous: dict[tuple, IndexRow], b
             suffix = f"-{k}"
         run.spec.suffix = suffix
         used.update(_targets(run, suffix))
-    for run in runs:
-        run.row.files = [relative_name(t, base) for t in _targets(run, run.spec.suffix)]
 
 
 def _targets(run: PlannedRun, suffix: str) -> list[Path]:
