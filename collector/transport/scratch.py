@@ -4,8 +4,9 @@ A `collect` killed with SIGKILL (or one whose machine lost power) cannot remove 
 the temp folder is shared by every process, so a later `collect` must tell a dead process's scratch
 from a live one's. Each directory holds `.owner`, on which its process keeps an `flock` for as long
 as the directory lives; the kernel drops the lock when the process ends, however it ends. A later
-start removes every scratch directory whose lock it can take (its owner is gone). The pid in the
-name is for people; the lock decides (a pid can be reused, and another PID namespace may share /tmp).
+start removes every scratch directory whose lock it can take and whose creator's pid (in its name)
+is no longer alive: the lock covers a reused pid or another PID namespace sharing /tmp, the pid the
+instant between creating a directory and locking it. A reused pid only delays the removal.
 """
 from __future__ import annotations
 
@@ -96,11 +97,12 @@ def _owner_gone(path: Path) -> bool:
         return False  # not ours to judge (another user's, unreadable)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
     except OSError:
-        return False
+        return False  # held: its owner lives
     finally:
         os.close(fd)
+    # free, and its creator is gone too (a free lock alone could be one created an instant ago, not yet taken)
+    return not _pid_alive(path.name[len(SCRATCH_PREFIX):].split("-", 1)[0])
 
 
 def _pid_alive(text: str) -> bool:
