@@ -145,6 +145,8 @@ def _sweep_report(out_dir: Path, **options) -> bool:
 
     try:
         report_directory(out_dir, out_dir / "report", steps=Steps("collect"), **options)
+    except Interrupted:
+        raise  # Ctrl-C while the report is drawn: 130, like anywhere else
     except StorageError as err:
         print(f"collect: no report: {err}", file=sys.stderr)
         return False

@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Protocol
 
 from layerdiff.vocabulary import RunStatus
@@ -79,6 +80,11 @@ class _Worker(threading.Thread):
             if run.row.status in (RunStatus.PLANNED, RunStatus.RUNNING) and not self.stop.is_set():
                 self.index.update(run.row, status=RunStatus.FAILED, reason=reason)
                 remove_partials(run)
+                try:
+                    if self.observer:
+                        self.observer.finished(run)  # its one line, unless the display itself is what failed
+                except Exception:  # noqa: BLE001 - the index already says it
+                    pass
 
     def finished(self) -> bool:
         return self.done.is_set()
@@ -133,7 +139,7 @@ class _Worker(threading.Thread):
 ERROR_LOG = "collect-errors.log"
 
 
-def internal_failure(err: BaseException, out_dir) -> str:
+def internal_failure(err: BaseException, out_dir: Path | str) -> str:
     """One line for an unexpected failure; its traceback goes to OUTDIR/collect-errors.log (appended),
     where a bug report can take it from, instead of tearing through the progress display."""
     line = f"{type(err).__name__}: {err}".strip().splitlines()[0] if str(err).strip() else type(err).__name__
