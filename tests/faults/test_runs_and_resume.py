@@ -340,3 +340,36 @@ def test_a_later_collect_removes_only_scratch_whose_owner_has_ended(tmp_path):
     assert not dead.exists() and live.is_dir() and kept.is_dir()
     assert sorted(_scratch(tmp)) == sorted([live, kept])  # the run's own scratch is gone too
     remove_scratch_dir(str(live))
+
+
+FAIL_FIRST_CONVERSION = """
+import sys
+from layerdiff.collector.run import pipeline
+real = pipeline.convert_raw_dump
+calls = []
+
+def convert(*args, **kwargs):  # a failure no part of layerdiff foresaw, inside the first run's conversion
+    calls.append(1)
+    if len(calls) == 1:
+        raise ValueError("injected fault")
+    return real(*args, **kwargs)
+
+pipeline.convert_raw_dump = convert
+from layerdiff.console import collect
+collect()
+"""
+
+
+def test_any_exception_in_a_run_is_a_failed_run_with_its_traceback_in_a_log(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", FAIL_FIRST_CONVERSION, "-m", str(MODEL), "-i", "random:0", "-i",
+                           "random:1", "--no-report", "-o", str(out)], capture_output=True, text=True, env=_env(),
+                          timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    [line] = [line for line in lines(proc.stderr) if line.startswith("failed")]
+    assert "unexpected error ValueError: injected fault" in line and "collect-errors.log" in line, line
+    assert {r["input"]: r["status"] for r in rows(out)} == {"random0": "failed", "random1": "done"}
+    log = (out / "collect-errors.log").read_text()
+    assert "Traceback" in log and "injected fault" in log
+    no_half_written(out)
