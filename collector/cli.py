@@ -127,25 +127,38 @@ def collect(
     progress.summary(result.runs, plan.out_dir, result.interrupted)
     if result.interrupted:
         raise typer.Exit(130)
+    report_written = True
     if report if report is not None else len(result.runs) > 1:
-        _sweep_report(plan.out_dir)
-    if result.failed or input_errors:
+        report_written = _sweep_report(plan.out_dir)
+    if result.failed or input_errors or not report_written:
         raise typer.Exit(1)
     if any(run.row.status == RunStatus.SKIPPED for run in result.runs):
         raise typer.Exit(EXIT_SOME_SKIPPED)
 
 
-def _sweep_report(out_dir: Path, **options) -> None:
-    """The matrix report of everything in OUTDIR, its verdict printed before the plots are drawn;
-    a report that cannot be made never fails the sweep."""
+def _sweep_report(out_dir: Path, **options) -> bool:
+    """The matrix report of everything in OUTDIR, its verdict printed before the plots are drawn.
+
+    Returns False when the report could not be written (a full disk, `OUTDIR/report` a file): the
+    command then exits 1 (README: exit codes). Runs that cannot be compared (nothing to compare,
+    unusable dumps) are said in one line and fail nothing: the runs themselves are collected."""
     from layerdiff.api import report_directory
 
     try:
         report_directory(out_dir, out_dir / "report", steps=Steps("collect"), **options)
+    except Interrupted:
+        raise  # Ctrl-C while the report is drawn: 130, like anywhere else
+    except StorageError as err:
+        print(f"collect: no report: {err}", file=sys.stderr)
+        return False
+    except OSError as err:
+        print(f"collect: no report: {os_error_line(err)}", file=sys.stderr)
+        return False
     except LayerdiffError as err:
         print(terminal_lines(f"collect: no report: {err}"), file=sys.stderr)
-        return
+        return True
     print(terminal_lines(f"report: {out_dir / 'report' / 'index.html'}"), file=sys.stderr)
+    return True
 
 
 @app.command("devices")

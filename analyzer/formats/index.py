@@ -15,7 +15,7 @@ from pathlib import Path
 
 INDEX_NAME = "index.csv"
 SWEEP_COLUMNS = ["serial", "engine", "backend", "precision", "input", "repeat", "status", "reason", "duration_s",
-                 "files", "model_sha256", "input_sha256", "harness"]
+                 "files", "model_sha256", "input_sha256", "harness", "settings"]
 MERGE_COLUMNS = [
     "file", "device_serial", "device_model", "backend_requested", "backend_actual", "precision_requested",
     "precision_effective", "input_label", "input_sha256", "engine", "engine_version", "model_name",

@@ -11,7 +11,7 @@ from typing import Callable
 
 from layerdiff.analyzer.analysis import Analysis, analyze_paths
 from layerdiff.analyzer.report import stored
-from layerdiff.analyzer.report.outdir import prepare_out_dir
+from layerdiff.analyzer.report.outdir import finish_out_dir, holds_nothing_written, prepare_out_dir
 from layerdiff.analyzer.report.page import write_report
 from layerdiff.progress import Steps
 
@@ -36,7 +36,8 @@ def report_paths(paths, out_dir: Path | str, *, force: bool = False, png: bool =
     try:
         analysis = analyze_paths(paths, **analyze_options)
     except BaseException:
-        if not existed and not any(out.iterdir()):
+        if not existed and holds_nothing_written(out):
+            finish_out_dir(out)
             out.rmdir()  # nothing to report: no empty report directory left behind
         raise
     try:

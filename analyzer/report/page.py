@@ -19,7 +19,7 @@ from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.report.fixsection import fix_html
 from layerdiff.analyzer.report.figures import chart_parts, draw_pngs
 from layerdiff.analyzer.report.interactive import layer_table_parts
-from layerdiff.analyzer.report.outdir import atomic_write_bytes, atomic_write_chunks
+from layerdiff.analyzer.report.outdir import atomic_write_bytes, atomic_write_chunks, finish_out_dir
 from layerdiff.analyzer.report.results import build_results, dump_chunks, dumps
 from layerdiff.analyzer.report.tables import (LAYER_VIEW, isolation_table, layer_view, reference_rows, sweep_matrix, to_html,
                                               unmatched_table, write_tables)
@@ -56,6 +56,7 @@ def write_report(analysis: Analysis, out_dir: Path, png: bool = False) -> dict[s
     atomic_write_chunks(out_dir / "index.html", (part if isinstance(part, bytes) else part.encode("utf-8")
                                                  for part in html_parts(analysis, images)))
     names = ["index.html", "summary.csv", "runs.csv", "summary.md", "results.json", *(f"{n}.png" for n in images)]
+    finish_out_dir(out_dir)
     return {name: out_dir / name for name in names}
 
 

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 from layerdiff.analyzer.findings.thresholds import Thresholds
 from layerdiff.analyzer.importers import convcache
-from layerdiff.analyzer.report.outdir import atomic_write_chunks, prepare_out_dir
+from layerdiff.analyzer.report.outdir import atomic_write_chunks, finish_out_dir, prepare_out_dir
 from layerdiff.errors import LayerdiffError
 from layerdiff.identity import file_stat, library_stat
 
@@ -171,6 +171,7 @@ def replay(entry: StoredReport, out_dir: Path | str, force: bool = False) -> Pat
         source = entry.folder / name
         with open(source, "rb") as f:
             atomic_write_chunks(out / name, iter(lambda: f.read(COPY_CHUNK), b""), source.stat().st_size)
+    finish_out_dir(out)
     return out / "index.html"
 
 

@@ -116,12 +116,14 @@ def _expand(spec: str) -> list[str]:
 
 def _unique_labels(sets: list[InputSet]) -> None:
     """Two inputs named alike (a.png and a.npy) get distinct labels: labels name output files."""
-    seen: dict[str, int] = {}
+    taken: set[str] = set()
     for s in sets:
-        count = seen.get(s.label, 0)
-        seen[s.label] = count + 1
-        if count:
-            s.label = f"{s.label}-{count + 1}"
+        label, k = s.label, 1
+        while label in taken:  # `a`, `a`, `a-2` → a, a-2, a-2-2: every label differs, whatever the names
+            k += 1
+            label = f"{s.label}-{k}"
+        s.label = label
+        taken.add(label)
 
 
 def _one_input(spec: str, shapes: dict[str, tuple[int, ...]], preprocess: Preprocess | None) -> InputSet:

@@ -29,6 +29,7 @@ from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.run.fresh import execute_fresh
 from layerdiff.collector.inputs.modelfiles import ModelFiles, input_dtypes
 from layerdiff.collector.run.outdir_lock import FETCH_PREFIX
+from layerdiff.collector.transport.scratch import scratch_dir
 
 PROGRESS_PREFIX = "@@ld "
 HARNESS_EXIT_MEANINGS = {
@@ -93,10 +94,16 @@ class RunSpec(RunOptions):
     placed_files: dict[str, Path] = field(default_factory=dict)  # path under the run directory → local file
     extra_attrs: dict = field(default_factory=dict)  # merged into the HDF5 root attributes
     prefix: str = ""
+    suffix: str = ""  # "-2", "-3", ...: set by the sweep's plan when another run of it has the same file name
     expected_bytes: int | None = None  # dump size of one repetition, when known (see layerdiff.collector.sweep.plan)
 
     @property
     def stem(self) -> str:
+        return f"{self.base_stem}{self.suffix}"
+
+    @property
+    def base_stem(self) -> str:
+        """The file name a run gets unless another run of its sweep has it already (README: file names)."""
         return f"{self.prefix}{self.model.engine}_{self.backend}_{self.precision}_{_safe(self.inputs.label)}"
 
     def output_names(self) -> list[str]:
@@ -139,8 +146,8 @@ def collect_run(
     run_dir = device.new_run_dir(spec.stem)
     try:
         check_space(device, spec, run_dir)
-        with tempfile.TemporaryDirectory(prefix="layerdiff-inputs-") as tmp:
-            argv = _stage(device, spec, run_dir, Path(tmp))
+        with scratch_dir("inputs") as tmp:
+            argv = _stage(device, spec, run_dir, tmp)
             if spec.fresh_process and spec.repeat > 1:
                 result = execute_fresh(device, harness.argv, argv, run_dir, spec.repeat, env=harness.env,
                                        deadline_s=spec.deadline_s, on_stdout_line=_progress_parser(on_progress))
@@ -152,6 +159,8 @@ def collect_run(
     finally:
         if not spec.keep:
             _cleanup(device, run_dir)
+        elif hasattr(device, "keep_run_dir"):
+            device.keep_run_dir(run_dir)  # a scratch of this machine's: marked kept, so no later start removes it
     status = RunStatus.DONE if not message else RunStatus.FAILED
     return RunOutcome(spec, device.serial, status, paths, message, result.exit_status, time.monotonic() - start)
 
@@ -256,12 +265,26 @@ def _fetch_and_convert(
                 if not message:
                     message = f"the harness wrote no dump at {remote}"
                 continue
-            written.append(_convert(device, spec, Path(local), target, result, stop, k))
+            path, cut = _convert(device, spec, Path(local), target, result, stop, k)
+            written.append(path)
+            if cut and not message:  # the harness said it finished, yet its dump stops short: not a done run
+                message = (f"the harness reported success but the dump it left is cut short ({cut}); the layers "
+                           "before the cut are kept, marked incomplete; re-run with --retry-failed")
     return written, message
 
 
+def cut_short(raw) -> str:
+    """Why a raw dump is shorter than its harness wrote it ("" when whole): no footer, or a
+    `tensors.bin` ending inside a layer. A footer whose status names a stop the user asked for
+    (`--max-bytes`) is a whole dump of what was asked."""
+    if raw.footer is not None and not raw.truncated:
+        return ""
+    return raw.problems[0] if raw.problems else "no footer"
+
+
 def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: ExecResult,
-             stop: Callable[[], bool] | None = None, repeat_index: int = 0) -> Path:
+             stop: Callable[[], bool] | None = None, repeat_index: int = 0) -> tuple[Path, str]:
+    """The HDF5 of one raw dump, and why the raw dump was cut short ("" when it is whole)."""
     try:
         raw = read_raw_dump(local)
     except LayerdiffError as err:
@@ -273,6 +296,7 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
         "model_name": spec.model.name,
         "model_sha256": spec.model.sha256,  # what the collector sent, whatever the harness reports
         "input_sha256": spec.inputs.sha256() if spec.inputs.arrays else "",
+        **dump_settings(spec),
         **spec.extra_attrs,
         "provenance": {
             **spec.extra_attrs.get("provenance", {}),
@@ -291,8 +315,24 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     opencl = opencl_device_name(raw.header)
     if opencl:  # the device that computed, not the phone's display GPU (a CPU OpenCL such as PoCL, too)
         attrs["gpu"] = opencl
-    return convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
+    path = convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
                             stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
+    return path, cut_short(raw)
+
+
+SETTING_OPTIONS = {"threads_requested": "--threads", "layers_filter": "--layers", "max_bytes": "--max-bytes"}
+
+
+def dump_settings(spec: RunOptions) -> dict:
+    """The options that change what a dump holds besides model, input, backend and precision, as the
+    dump's root attributes record them: a resume compares these before calling a file "already collected"."""
+    return {"threads_requested": int(spec.threads), "layers_filter": spec.layers or "",
+            "max_bytes": int(spec.max_bytes or 0)}
+
+
+def settings_text(spec: RunOptions) -> str:
+    """`dump_settings` as index.csv's `settings` column writes it (and a reason names a difference)."""
+    return ";".join(f"{name}={value}" for name, value in dump_settings(spec).items())
 
 
 def _device_info(device: Device, spec: RunSpec, header: dict) -> DeviceInfo:

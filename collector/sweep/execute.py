@@ -12,19 +12,22 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Protocol
 
 from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.diskspace import NO_SPACE, NoSpaceError
 from layerdiff.analyzer.formats.dumpfile import partial_path
-from layerdiff.errors import LayerdiffError, StorageError
+from layerdiff.errors import LayerdiffError, StorageError, os_error_line
 from layerdiff.collector.harness.children import terminate_children
 from layerdiff.collector.transport.devices import Device, DeviceError
 from layerdiff.collector.sweep.index import Index, read_index
 from layerdiff.collector.run.outdir_lock import OutdirLock, remove_leftovers
 from layerdiff.collector.sweep.plan import PlannedRun, SweepPlan, plan_runs, relative_name
 from layerdiff.collector.run.pipeline import RunOutcome, collect_run
+from layerdiff.collector.transport.scratch import remove_stale_scratch
 
 
 class SweepObserver(Protocol):
@@ -64,8 +67,24 @@ class _Worker(threading.Thread):
     def run(self) -> None:
         try:
             self._run_all()
+        except BaseException as err:  # noqa: BLE001 - a worker must never die leaving rows `running`
+            self._abandon(err)
         finally:
             self.done.set()
+
+    def _abandon(self, err: BaseException) -> None:
+        """Something escaped a run's own handling (a bug, or an observer that failed): the run in
+        flight and every run after it fail with one line, so no row stays `running`."""
+        reason = internal_failure(err, self.plan.out_dir)
+        for run in self.runs:
+            if run.row.status in (RunStatus.PLANNED, RunStatus.RUNNING) and not self.stop.is_set():
+                self.index.update(run.row, status=RunStatus.FAILED, reason=reason)
+                remove_partials(run)
+                try:
+                    if self.observer:
+                        self.observer.finished(run)  # its one line, unless the display itself is what failed
+                except Exception:  # noqa: BLE001 - the index already says it
+                    pass
 
     def finished(self) -> bool:
         return self.done.is_set()
@@ -100,8 +119,14 @@ class _Worker(threading.Thread):
             outcome = RunOutcome(run.spec, self.device.serial, "failed", [], f"{NO_SPACE}: {err}")
         except LayerdiffError as err:
             outcome = RunOutcome(run.spec, self.device.serial, "failed", [], str(err))
+        except OSError as err:  # a path under OUTDIR the run could not write (a directory in its way, permissions)
+            outcome = RunOutcome(run.spec, self.device.serial, "failed", [], os_error_line(err))
+        except Exception as err:  # noqa: BLE001 - any other failure is this run's, never the sweep's end
+            outcome = RunOutcome(run.spec, self.device.serial, "failed", [], internal_failure(err, self.plan.out_dir))
         if self.stop.is_set():
             return ""  # the interrupt handler owns this run's row now
+        if outcome.status == RunStatus.FAILED:
+            remove_partials(run)
         run.paths = outcome.paths
         self.index.update(run.row, status=outcome.status, reason=outcome.message,
                           duration_s=time.monotonic() - start,
@@ -109,6 +134,32 @@ class _Worker(threading.Thread):
         if outcome.status == RunStatus.FAILED and not device_alive(self.device):
             return outcome.message or "the device stopped answering"
         return ""
+
+
+ERROR_LOG = "collect-errors.log"
+
+
+def internal_failure(err: BaseException, out_dir: Path | str) -> str:
+    """One line for an unexpected failure; its traceback goes to OUTDIR/collect-errors.log (appended),
+    where a bug report can take it from, instead of tearing through the progress display."""
+    line = f"{type(err).__name__}: {err}".strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    log = os.path.join(str(out_dir), ERROR_LOG)
+    try:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
+            fh.write("".join(traceback.format_exception(type(err), err, err.__traceback__)))
+        return f"unexpected error {line} (traceback in {log})"
+    except OSError:
+        return f"unexpected error {line}"
+
+
+def remove_partials(run: PlannedRun) -> None:
+    """A failed run leaves no half-written file: its finished files, if any, are what it wrote."""
+    for name in run.spec.output_names():
+        try:
+            partial_path(run.out_dir / name).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def device_alive(device: Device) -> bool:
@@ -133,6 +184,9 @@ def run_sweep(plan: SweepPlan, observer: SweepObserver | None = None,
 
 def _run_locked(plan: SweepPlan, observer: SweepObserver | None,
                 on_planned: Callable[[list[PlannedRun]], None] | None) -> SweepResult:
+    remove_stale_scratch()  # what killed collects left in the temp folder (their owners are gone)
+    for root in {d.scratch_root() for d in plan.devices if hasattr(d, "scratch_root")}:
+        remove_stale_scratch(root)
     previous = read_index(plan.out_dir)
     runs = plan_runs(plan, previous)
     for run in runs:
@@ -179,8 +233,7 @@ def _interrupt(workers: list[_Worker], index: Index, stop: threading.Event) -> N
         worker.done.wait(timeout=max(0.0, deadline - time.monotonic()))
     for run in in_flight:
         index.update(run.row, status=RunStatus.INTERRUPTED, reason="stopped by Ctrl-C; re-run the command to resume")
-        for name in run.spec.output_names():
-            partial_path(run.out_dir / name).unlink(missing_ok=True)
+        remove_partials(run)
         remove_leftovers(run.out_dir)
     index.save()
     if not all(worker.finished() for worker in workers):

@@ -34,6 +34,7 @@ class IndexRow:
     model_sha256: str = ""
     input_sha256: str = ""
     harness: str = ""
+    settings: str = ""  # the options that change a dump (pipeline.settings_text); "" in indexes written before it
 
     @property
     def key(self) -> tuple:
@@ -61,7 +62,7 @@ class IndexRow:
             reason=row.get("reason", ""), duration_s=number(row.get("duration_s"), float, 0.0),
             files=[f for f in (row.get("files") or "").split(";") if f],
             model_sha256=row.get("model_sha256", ""), input_sha256=row.get("input_sha256", ""),
-            harness=row.get("harness", ""),
+            harness=row.get("harness", ""), settings=row.get("settings", ""),
         )
 
 

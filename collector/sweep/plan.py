@@ -7,6 +7,7 @@ with the reason). Nothing then fails one by one after a timeout for a backend a 
 """
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from layerdiff.collector.engines.harness_cli import HARNESS_VERSION
 from layerdiff.collector.sweep.index import IndexRow, read_index
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
-from layerdiff.collector.run.pipeline import RunOptions, RunSpec
+from layerdiff.collector.run.pipeline import RunOptions, SETTING_OPTIONS, RunSpec, dump_settings, settings_text
 
 
 @dataclass
@@ -154,14 +155,13 @@ def estimate_dump_bytes(plan: SweepPlan) -> int | None:
     """
     if all(isinstance(d, LocalDevice) for d in plan.devices):
         return None
-    import tempfile
-
     from layerdiff.collector.run.pipeline import collect_run
+    from layerdiff.collector.transport.scratch import scratch_dir
 
     spec = RunSpec(plan.model, "cpu", "high", plan.inputs[0], threads=plan.threads, deadline_s=plan.deadline_s)
-    with tempfile.TemporaryDirectory(prefix="layerdiff-estimate-") as tmp:
+    with scratch_dir("estimate") as tmp:  # a whole dump: locked, so a killed collect's is removed by the next
         try:
-            outcome = collect_run(LocalDevice(Path(tmp)), spec, Path(tmp))
+            outcome = collect_run(LocalDevice(tmp), spec, tmp)
             with DumpFile(outcome.paths[0]) as dump:
                 return int((dump.layers["numel"] * 4).sum())
         except (LayerdiffError, IndexError):
@@ -179,16 +179,70 @@ def plan_runs(plan: SweepPlan, previous: dict[tuple, IndexRow] | None = None) ->
         capabilities = [_capabilities(plan, device) for device in plan.devices]
         expected = estimate.result()
     runs: list[PlannedRun] = []
+    decisions: list[tuple[dict | None, str]] = []
     for device, (backends, harness, skip_all) in zip(plan.devices, capabilities):
         out_dir = plan.device_dir(device)
         for spec in plan.specs():
             spec.expected_bytes = expected
             row = IndexRow(device.serial, spec.model.engine, spec.backend, spec.precision, spec.inputs.label,
-                           spec.repeat, model_sha256=model_hash, input_sha256=spec.inputs.sha256(), harness=harness)
-            run = PlannedRun(device, spec, row, out_dir)
-            _decide(run, plan, previous.get(row.key), backends, skip_all)
-            runs.append(run)
+                           spec.repeat, model_sha256=model_hash, input_sha256=spec.inputs.sha256(), harness=harness,
+                           settings=settings_text(spec))
+            runs.append(PlannedRun(device, spec, row, out_dir))
+            decisions.append((backends, skip_all))
+    assign_file_names(runs, previous, plan.out_dir)
+    for run, (backends, skip_all) in zip(runs, decisions):
+        _decide(run, plan, previous.get(run.row.key), backends, skip_all)
     return runs
+
+
+def assign_file_names(runs: list[PlannedRun], previous: dict[tuple, IndexRow], base: Path) -> None:
+    """Give every planned run file names no other run of the directory has, before anything runs.
+
+    Names come from labels made safe for file names, so two inputs (`a b.npy`, `a_b.npy`) can share
+    one; the later run then gets `-2` (`-3`, ...) after its input part (index.csv's `files` once written). A run
+    the index already names keeps its recorded names (a resume finds its files whatever the order of
+    --input), and files the index gives to runs not planned now are never taken."""
+    planned = {run.row.key for run in runs}
+    used = {base / name for key, row in previous.items() if key not in planned for name in row.files}
+    pending: list[PlannedRun] = []
+    for run in runs:
+        before = previous.get(run.row.key)
+        suffix = _recorded_suffix(run.spec, before.files) if before is not None else None
+        if suffix is None or used & set(_targets(run, suffix)):
+            pending.append(run)
+            continue
+        run.spec.suffix = suffix
+        used.update(_targets(run, suffix))
+    for run in pending:
+        suffix, k = "", 1
+        while used & set(_targets(run, suffix)):
+            k += 1
+            suffix = f"-{k}"
+        run.spec.suffix = suffix
+        used.update(_targets(run, suffix))
+
+
+def _targets(run: PlannedRun, suffix: str) -> list[Path]:
+    saved, run.spec.suffix = run.spec.suffix, suffix
+    try:
+        return [run.out_dir / name for name in run.spec.output_names()]
+    finally:
+        run.spec.suffix = saved
+
+
+_SUFFIX = re.compile(r"(-[0-9]+)?")
+
+
+def _recorded_suffix(spec: RunSpec, files: list[str]) -> str | None:
+    """The suffix an earlier sweep gave this run, read back from its recorded file names (None: none)."""
+    if not files:
+        return None
+    first = Path(files[0]).name
+    ending = ".h5" if spec.repeat == 1 else "_r0.h5"
+    if not (first.startswith(spec.base_stem) and first.endswith(ending)):
+        return None
+    suffix = first[len(spec.base_stem):len(first) - len(ending)]
+    return suffix if _SUFFIX.fullmatch(suffix) else None
 
 
 def _capabilities(plan: SweepPlan, device: Device) -> tuple[dict[str, dict] | None, str, str]:
@@ -220,6 +274,11 @@ def _decide(run: PlannedRun, plan: SweepPlan, before: IndexRow | None, backends:
         reason = (capability or {}).get("reason") or f"the harness has no {run.spec.backend} backend"
         row.status, row.reason, run.todo = RunStatus.SKIPPED, f"{run.spec.backend} unavailable: {reason}", False
         return
+    blocked = next((t for t in targets if t.exists() and not t.is_file()), None)
+    if blocked is not None:  # even --force cannot write there: say so now, not as a crash mid-run
+        row.status, run.todo = RunStatus.FAILED, False
+        row.reason = f"{blocked} is in the way (not a dump file); move it away or choose another -o"
+        return
     if plan.force:
         return
     if (before is not None and before.status == RunStatus.FAILED and not plan.retry_failed and _same_inputs(before, row)
@@ -233,7 +292,25 @@ def _decide(run: PlannedRun, plan: SweepPlan, before: IndexRow | None, backends:
 
 
 def _same_inputs(before: IndexRow, row: IndexRow) -> bool:
-    return before.model_sha256 == row.model_sha256 and before.input_sha256 == row.input_sha256
+    """The same run as an earlier row: model, input and every setting that changes a dump (an index
+    written before settings were recorded has none: its rows compare on model and input)."""
+    return (before.model_sha256 == row.model_sha256 and before.input_sha256 == row.input_sha256
+            and (not before.settings or before.settings == row.settings))
+
+
+def settings_difference(attrs: dict, spec: RunSpec) -> str:
+    """Which recorded setting of an existing dump differs from this run's ("" when none does; a dump
+    from before settings were recorded has none to compare)."""
+    for name, wanted in dump_settings(spec).items():
+        if name in attrs and str(attrs[name]) != str(wanted):
+            option = SETTING_OPTIONS[name]
+            return f"{option} {_shown(attrs[name])}, this run {option} {_shown(wanted)}"
+    return ""
+
+
+def _shown(value) -> str:
+    text = str(value)
+    return "(none)" if text in ("", "0") else repr(text) if not text.isdigit() else text
 
 
 def _existing(run: PlannedRun, targets: list[Path], base: Path) -> None:
@@ -249,6 +326,11 @@ def _existing(run: PlannedRun, targets: list[Path], base: Path) -> None:
         if attrs.get("model_sha256") != row.model_sha256 or attrs.get("input_sha256") != row.input_sha256:
             row.status, run.todo = RunStatus.FAILED, False
             row.reason = f"{target.name} exists from another model or input; use --force or another -o"
+            return
+        other = settings_difference(attrs, run.spec)
+        if other:
+            row.status, run.todo = RunStatus.FAILED, False
+            row.reason = f"{target.name} exists from other settings ({other}); use --force to replace it or another -o"
             return
         if not attrs.get("complete", True):
             return  # an incomplete earlier attempt is re-run

@@ -23,6 +23,7 @@ from layerdiff.vocabulary import host_abi
 from layerdiff.errors import DeviceError
 from layerdiff.collector.harness import children
 from layerdiff.collector.engines import ENGINES
+from layerdiff.collector.transport.scratch import keep_scratch_dir, make_scratch_dir, remove_scratch_dir
 
 LineSink = Callable[[str], None]
 
@@ -186,9 +187,14 @@ class LocalDevice:
                                  description=f"host {engine} (Python)")
 
     def new_run_dir(self, tag: str) -> str:
-        root = self._workroot or Path(tempfile.gettempdir())
-        root.mkdir(parents=True, exist_ok=True)
-        return tempfile.mkdtemp(prefix=f".layerdiff-{_safe_tag(tag)}-", dir=root)
+        return make_scratch_dir(self.scratch_root(), _safe_tag(tag))
+
+    def scratch_root(self) -> Path:
+        """Where this device's run scratch lives (a later start removes what dead processes left there)."""
+        return self._workroot or Path(tempfile.gettempdir())
+
+    def keep_run_dir(self, run_dir: str) -> None:
+        keep_scratch_dir(run_dir)
 
     def stage(self, local: Path, remote_dir: str) -> str:
         return str(Path(local).resolve())
@@ -206,7 +212,7 @@ class LocalDevice:
         return Path(remote_dir)
 
     def remove(self, remote_path: str) -> None:
-        shutil.rmtree(remote_path, ignore_errors=True)
+        remove_scratch_dir(remote_path)
 
     def free_bytes(self, remote_dir: str) -> int:
         return shutil.disk_usage(remote_dir).free

@@ -5,7 +5,8 @@ the way a phone runs the C++ harness. Standard library only: it runs inside the 
 
 Test knobs beyond the harness CLI: --tensors N, --elems N (float32 values per tensor),
 --sleep S (seconds after each tensor; default from $LAYERDIFF_FAKE_HARNESS_SLEEP), --exit CODE (fail with the harness's one-line stderr),
---abort-after K (the harness's own flag: SIGABRT after K tensors), --hang (sleep forever).
+--abort-after K (the harness's own flag: SIGABRT after K tensors), --hang (sleep forever);
+$LAYERDIFF_FAKE_HARNESS_NO_FOOTER: exit 0 without writing the footer (a dump cut short, reported as a success).
 $LAYERDIFF_FAKE_HARNESS_OPS (a JSON list) names the ops in turn and $LAYERDIFF_FAKE_HARNESS_OP_TYPE
 types them, as a hostile phone's harness could (default: layer<k>/conv, Convolution).
 """
@@ -128,6 +129,10 @@ def main(argv):
             time.sleep(args.sleep)
     while args.hang:
         time.sleep(1)
+    if os.environ.get("LAYERDIFF_FAKE_HARNESS_NO_FOOTER"):  # a dump cut short by the phone, reported as a success
+        manifest.close()
+        data.close()
+        return 0
     manifest.write(json.dumps({"record": "footer", "tensors": args.tensors, "bytes": offset,
                                "infer_ms": (time.monotonic() - start) * 1000, "finished": utc_now(), "status": "ok"}) + "\n")
     manifest.close()

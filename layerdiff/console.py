@@ -1,0 +1,82 @@
+"""The `collect` and `analyze` console scripts: the commands' `main`, with nothing before it uncovered.
+
+Importing a command's module takes a few hundred milliseconds (typer, rich, numpy, ...) and reads
+the `LAYERDIFF_*` limits; a Ctrl-C in that time, or a limit that does not parse, would otherwise end
+in a traceback from the import, before the command's own handling exists. Here the import itself is
+covered: Ctrl-C is one line and exit 130 at any moment, a `LayerdiffError` one line and its exit
+code. SIGTERM and SIGHUP (a closed terminal, `kill`) take Ctrl-C's path, so the sweep records its
+in-flight runs and removes half-written files the same way, and exit with 128 + the signal number.
+"""
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+
+from layerdiff.errors import EXIT_INTERRUPTED, LayerdiffError
+
+_STOPPED_BY: list[int] = []  # the signal that asked us to stop (SIGTERM / SIGHUP), if any
+
+
+def collect() -> None:
+    _run("collect", "layerdiff.collector.cli")
+
+
+def analyze() -> None:
+    _run("analyze", "layerdiff.analyzer.cli.app")
+
+
+def _stop_like_ctrl_c(signum: int, frame) -> None:
+    _STOPPED_BY.append(signum)
+    raise KeyboardInterrupt
+
+
+def _run(tool: str, module: str) -> None:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(signum, _stop_like_ctrl_c)
+        except (ValueError, OSError):
+            pass  # not the main thread, or a platform without it
+    try:
+        main = importlib.import_module(module).main
+        returned = main(sys.argv[1:])
+        code = returned if isinstance(returned, int) else 0
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        if done.code is not None and not isinstance(done.code, int):
+            _line(tool, str(done.code))
+    except KeyboardInterrupt:
+        _line(tool, "interrupted; what was already written is kept")
+        code = EXIT_INTERRUPTED
+    except LayerdiffError as err:
+        _line(tool, str(err))
+        code = err.exit_code
+    if code == EXIT_INTERRUPTED and _STOPPED_BY:
+        code = 128 + _STOPPED_BY[0]
+    _exit(code)
+
+
+def _line(tool: str, text: str) -> None:
+    try:
+        print(f"{tool}: {text}", file=sys.stderr, flush=True)
+    except (OSError, ValueError, KeyboardInterrupt):
+        pass
+
+
+def _exit(code: int) -> None:
+    """Leave without letting a late Ctrl-C turn the interpreter's own shutdown into a traceback:
+    from here on SIGINT ends the process as the shell expects (it was already recorded or done)."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    except (ValueError, OSError):
+        pass
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError, KeyboardInterrupt):
+        pass
+    sys.exit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover - the console scripts call collect()/analyze()
+    {"collect": collect, "analyze": analyze}[sys.argv.pop(1)]()
