@@ -35,6 +35,7 @@ SVG = "<svg onload=\"document.title='PWNED-svg'\">"
 BLOCK = "block[main]/conv"  # Rich would read [main] as a style and print block/conv
 CLOSE = "[/x]out"  # Rich: closing tag [/x] doesn't match any open tag -> MarkupError
 MODEL = f"[/x]Pixel{ESC}{IMG}"  # a device model carrying all three kinds
+INPUT = "cat[main]<svg onload=\"document.title='PWNED-input'\">"  # an input label (same input: same sha256)
 
 # name, op type: the first layer diverges, the last is the output
 MATH = "cost $\\undefinedmacro{$"  # matplotlib would read it as math, and fail
@@ -61,7 +62,7 @@ def hostile_h5(tmp_path) -> list[Path]:
     folder.mkdir()
     return [_dump(folder / "ref.h5", 1.0, {"backend_requested": "cpu", "device_model": "Pixel 8"}),
             _dump(folder / "run1.h5", 1.5, {"backend_requested": "vulkan", "device_model": MODEL,
-                                            "precision_requested": "low"}),
+                                            "precision_requested": "low", "input_label": INPUT}),
             _dump(folder / "run2.h5", 1.5, {"backend_requested": "opencl", "device_model": "Pixel 8",
                                             "precision_requested": "low"})]
 
@@ -155,7 +156,7 @@ def test_inspect_prints_hostile_layers_and_provenance_as_plain_text(hostile_h5):
     run = str(hostile_h5[1])
     table = cli("analyze", "inspect", run)
     assert table.returncode == 0, table.stderr[-3000:]
-    _assert_plain(table.stdout + table.stderr, BLOCK, "[/x]Pixel", CLOSE, "[bold]Conv", SHOWN_ESC)
+    _assert_plain(table.stdout + table.stderr, BLOCK, "[/x]Pixel", CLOSE, "[bold]Conv", SHOWN_ESC, "cat[main]<svg")
     one = cli("analyze", "inspect", run, "--layer", "esc")
     assert one.returncode == 0, one.stderr[-3000:]
     _assert_plain(one.stdout + one.stderr, SHOWN_ESC, MATH)
