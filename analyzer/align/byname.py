@@ -12,7 +12,9 @@ rest. Matching goes, in order, through
 4. when names matched less than half of the smaller run (pnnx renames everything), the graph
    structure of the leftovers (`layerdiff.analyzer.align.structure`: shapes, op types, order, edges).
 Every match has a confidence: 1 for names, lower for structure (see `layerdiff.analyzer.align.structure`).
-Shapes are checked per matched layer; size-1 dimensions are squeezed when that makes them agree.
+Shapes are checked per matched layer; size-1 dimensions are squeezed when that makes them agree, and
+axes in another order (NHWC against NCHW) are mapped from the recorded layouts or the shapes alone
+(`layerdiff.analyzer.align.axes`): each matched row keeps both layouts, the map's status and its text.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from layerdiff.errors import InputError, UsageError
+from layerdiff.analyzer.align.axes import axis_map, recorded_layouts
 from layerdiff.analyzer.align.naming import canonical_from_key
 from layerdiff.analyzer.align.unmatched import (EXPECTED_EXTRAS, Unmatched, _shape, _squeezed,  # noqa: F401 (API)
                                                 expected_extra_reason)
@@ -122,7 +125,7 @@ class PairAlignment:
 
 
 MATCH_COLUMNS = ["key", "other_key", "base_order", "other_order", "op", "op_type", "other_op_type",
-                 "base_shape", "other_shape", "shape_status", "match", "confidence"]
+                 "base_shape", "other_shape", "shape_status", "permutation", "base_layout", "other_layout", "match", "confidence"]
 # Names matched below this share of the smaller run: the runs were renamed, match by structure too.
 STRUCTURE_BELOW = 0.5
 
@@ -220,11 +223,15 @@ def _matched_frame(base: pd.DataFrame, other: pd.DataFrame, pairs: dict[int, tup
     o = {c: other[c].to_numpy()[other_rows] for c in ("key", "order", "op_type", "shape")}
     base_shapes = [_shape(cell) for cell in b["shape"]]
     other_shapes = [_shape(cell) for cell in o["shape"]]
+    base_all, other_all = recorded_layouts(base), recorded_layouts(other)
+    base_layouts, other_layouts = [base_all[i] for i in base_rows], [other_all[j] for j in other_rows]
+    maps = [axis_map(x, xs, y, ys) for x, xs, y, ys in zip(base_layouts, base_shapes, other_layouts, other_shapes)]
     return pd.DataFrame({
         "key": b["key"], "other_key": o["key"], "base_order": b["order"].astype(np.int64),
         "other_order": o["order"].astype(np.int64), "op": b["op"], "op_type": b["op_type"],
         "other_op_type": o["op_type"], "base_shape": base_shapes, "other_shape": other_shapes,
-        "shape_status": [shape_status(x, y) for x, y in zip(base_shapes, other_shapes)],
+        "shape_status": [m.status for m in maps], "permutation": [m.text for m in maps],
+        "base_layout": base_layouts, "other_layout": other_layouts,
         "match": [pairs[i][1] for i in base_rows],
         "confidence": [round(confidence.get(i, 1.0), 3) for i in base_rows],
     }, columns=MATCH_COLUMNS)

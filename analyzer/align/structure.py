@@ -6,7 +6,8 @@ still compute the same tensors in nearly the same order, so the layers are match
 are instead:
 1. a *monotone sequence alignment* of the two execution orders (Needleman-Wunsch with free gaps)
    where two layers can only match when their shapes agree (exactly, or once size-1 dims are
-   dropped, since ncnn stores no batch dim) and score higher when their op types agree (`op_class`
+   dropped, since ncnn stores no batch dim; when both runs name their axes, in one axis order: an NHWC
+   tensor is looked at as NCHW, `layerdiff.analyzer.align.axes`) and score higher when their op types agree (`op_class`
    folds the vocabularies of ONNX, ncnn, MNN and pnnx into one) and their relative positions are
    close. Among equally good partners the *later* tensor wins: a converter that fuses Conv+BN+ReLU
    writes the tensor of the last fused node, never the first;
@@ -41,6 +42,7 @@ import pandas as pd
 
 from typing import Callable
 
+from layerdiff.analyzer.align.axes import canonical_shape, names_axes, recorded_layouts
 from layerdiff.analyzer.align.edges import EdgeCheck, Matches
 from layerdiff.analyzer.formats.opkinds import arithmetic, op_class, type_agreement, weighted  # noqa: F401 (op_class, type_agreement: API)
 from layerdiff.analyzer.align.propagate import propagate
@@ -75,9 +77,13 @@ def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
-def _features(layers: pd.DataFrame, index: list[int]) -> pd.DataFrame:
+def _features(layers: pd.DataFrame, index: list[int], canonical: bool = False) -> pd.DataFrame:
     part = layers.iloc[index]
     shapes = [_parse_shape(s) for s in part["shape"]]
+    if canonical:  # shapes in one axis order (NHWC as NCHW), as both runs name their axes
+        every = recorded_layouts(layers)
+        layouts = [every[i] for i in index]
+        shapes = [canonical_shape(shape, layout) for shape, layout in zip(shapes, layouts)]
     return pd.DataFrame({
         "row": index,
         "shape": shapes,
@@ -202,7 +208,8 @@ def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[
     other_left = [j for j in other_left if not _COPIES.search(str(other_ops[j]))]
     if not base_left or not other_left or len(base_left) * len(other_left) > MAX_CELLS:
         return {}
-    fa, fb = _features(base, base_left), _features(other, other_left)
+    canonical = names_axes(recorded_layouts(base)) and names_axes(recorded_layouts(other))
+    fa, fb = _features(base, base_left, canonical), _features(other, other_left, canonical)
     score, quality = _score_matrix(fa, fb)
     pairs = _monotone_alignment(score)
     confidences = _confidences(pairs, quality)

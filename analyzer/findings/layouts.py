@@ -1,4 +1,5 @@
-"""Findings about byte orders: layers left uncompared because their recorded layouts differ, and
+"""Findings about byte orders: layers left uncompared because their values could not be put in one
+order (a packed form, a basis, an ambiguous axis order: layerdiff.analyzer.align.axes), and
 the failing layer whose values are the reference's in a packed channel order.
 
 The second is an engine fault, and a different one from arithmetic: MNN keeps many tensors in its
@@ -70,8 +71,9 @@ def _mismatched(pair: Pair, rows: pd.DataFrame) -> list[Finding]:
     first = hit.sort_values("position").iloc[0]
     return [Finding(FindingKind.LAYOUT_MISMATCH, pair.other.label, first["key"], first["op_type"],
                     f"{len(hit)} layer(s) of {pair.other.label} were not compared with {pair.base.label} because "
-                    f"their recorded layouts differ ({named(list(hit['key']))}: {first['reasons']}); a difference "
-                    "of byte order or basis says nothing about an op, so no verdict or blame is drawn from them.",
+                    f"their values could not be put in one order ({named(list(hit['key']))}: {first['reasons']}); "
+                    "a difference of byte order or basis says nothing about an op, so no verdict or blame is "
+                    "drawn from them.",
                     severity=Severity.WARN, numbers={"layers": int(len(hit)), "position": int(first["position"])})]
 
 
@@ -79,6 +81,8 @@ def _packed(pair: Pair, rows: pd.DataFrame) -> list[Finding]:
     """The first failing layer where either side holds the other's values in packed channel order."""
     failing = rows[rows["status"] == "fail"].sort_values("position").head(MAX_CHECKED)
     for row in failing.itertuples():
+        if getattr(row, "permutation", ""):  # measured after a transpose: packing is judged in one axis order only
+            continue
         try:
             reference = pair.base.dump.tensor_by_key(row.key)
             run = pair.other.dump.tensor_by_key(row.run_key)

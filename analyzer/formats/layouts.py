@@ -7,7 +7,9 @@ order depend on the rank and the producer (`NCHW`, `NC`, `HW`, `NCDHW`, `flat`, 
 from older dumps and foreign importers); all of them mean the same bytes order. A layout string may
 add, after ` (`, how the engine itself held the tensor (`NCHW (MNN NC4HW4)`): that is provenance,
 not the bytes. Two tensors are compared only when their bytes' orders are the same: a packed or
-channels-last tensor set against a plain one would blame an op for a relabelling. The ggml harness
+channels-last tensor set against a plain one would blame an op for a relabelling, unless both name
+their axes (`NHWC` from LiteRT, `NCHW` from MNN, ONNX Runtime or ncnn, `axis_letters`): then the
+analyzer transposes one into the other's order (layerdiff.analyzer.align.axes). The ggml harness
 records `ggml/<type>@<buffer>` (provenance: C-order bytes) and, before it, a representation llama.cpp
 uses in some configurations only: `rotated basis` (a quantized KV cache stores K and V, and attention
 computes, multiplied by a rotation) and `V cache transposed` (no flash attention).
@@ -30,6 +32,18 @@ def bytes_layout(label: object) -> str:
     text = str(label or "").split(" (", 1)[0].strip()
     if text.lower() in PLAIN_NAMES or text.startswith("ggml/"):  # ggml/<type>@<buffer>: provenance, C-order bytes
         return PLAIN
+    return text
+
+
+AXES = "NCDHW"  # the letters a layout may name its axes with: batch, channels, depth, height, width
+
+
+def axis_letters(label: object, rank: int) -> str:
+    """The axes a recorded layout names, one letter per axis of a tensor of this rank (`NHWC`), or ''
+    when it names none (the graph's order unnamed, a packed form, a basis, another rank)."""
+    text = str(label or "").split(" (", 1)[0].strip().upper()
+    if len(text) != rank or rank < 2 or len(set(text)) != rank or not set(text) <= set(AXES):
+        return ""
     return text
 
 

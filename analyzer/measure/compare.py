@@ -23,9 +23,9 @@ import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.align.byname import NameRules, PairAlignment, align_layers
+from layerdiff.analyzer.align.axes import AxisMap, axis_map, canonical_tensor, names_axes, recorded_layouts
 from layerdiff.analyzer.align.values import ValueErrors
 from layerdiff.analyzer.formats.dumpfile import TensorBuffer
-from layerdiff.analyzer.formats.layouts import bytes_layout, layouts_differ
 from layerdiff.errors import LayerdiffError
 from layerdiff.progress import Steps
 from layerdiff.analyzer.align.graph import LayerGraph, build_graph
@@ -112,7 +112,13 @@ def value_error(base: Run, other: Run) -> ValueErrors:
     Only structural alignment calls it, for the few same-shape candidates of an ambiguous match;
     answers are remembered and screened by fingerprints (`layerdiff.analyzer.align.values`)."""
     base_orders, other_orders = base.layers["order"].tolist(), other.layers["order"].tolist()
-    return ValueErrors(lambda i: _read(base, base_orders[i])[0], lambda j: _read(other, other_orders[j])[0])
+    base_layouts, other_layouts = (recorded_layouts(run.layers) for run in (base, other))
+    if not (names_axes(base_layouts) and names_axes(other_layouts)):  # as structural alignment sees shapes
+        base_layouts, other_layouts = [""] * len(base_layouts), [""] * len(other_layouts)
+    # tensors in one axis order (NHWC as NCHW), as structural alignment sees their shapes
+    return ValueErrors(lambda i: canonical_tensor(_read(base, base_orders[i])[0], base_layouts[i]),
+                       lambda j: canonical_tensor(_read(other, other_orders[j])[0], other_layouts[j]))
+
 
 
 def _growth(table: pd.DataFrame, pairs: list[Pair], graphs: dict[str, LayerGraph]) -> list[float]:
@@ -181,17 +187,12 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
              tolerances: Tolerances, base_stats: dict, problems: list[str],
              buffer: TensorBuffer | None = None) -> None:
     """Fill one row's metrics from the two tensors (the run's is read here); status `measured`, or why not."""
-    if match["shape_status"] == "mismatch":
-        row.update(status="shape_mismatch",
-                   reasons=f"shape {list(match['other_shape'])} vs reference {list(match['base_shape'])}")
+    axes = matched_axes(match)
+    if axes.status == "mismatch":
+        row.update(status="shape_mismatch", reasons=axes.reason)
         return
-    base_layout = pair.base.stats_by_order().layout(match["base_order"])
-    other_layout = pair.other.stats_by_order().layout(match["other_order"])
-    if layouts_differ(base_layout, other_layout):
-        row.update(status="layout_mismatch",
-                   reasons=f"not compared: the run holds these values as {bytes_layout(other_layout)}, the "
-                           f"reference as {bytes_layout(base_layout)} (recorded layouts differ; comparing them would "
-                           "blame an op for a relabelling)")
+    if not axes.measurable:
+        row.update(status="layout_mismatch", reasons=axes.reason)
         return
     other_tensor, error = _read(pair.other, match["other_order"], buffer)
     if error:
@@ -202,13 +203,24 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
     if other_tensor.size != base_tensor.size:
         row.update(status="shape_mismatch", reasons="stored tensor sizes differ")
         return
-    row.update(kernel.compare(base_tensor, other_tensor.reshape(base_tensor.shape), base_stats, other_stats))
+    try:  # the run's tensor in the reference's axis order (a transpose view when the recorded axes differ)
+        other_tensor = axes.apply(other_tensor, base_tensor.shape)
+    except ValueError:  # the stored tensor does not have the shape its /layers row declares
+        row.update(status="shape_mismatch", reasons="stored tensor shape differs from the one recorded in /layers")
+        return
+    row.update(kernel.compare(base_tensor, other_tensor, base_stats, other_stats))
     if row["is_output"]:  # top-k only where the output is recognisably class scores (measure/classes.py)
-        agree = topk_agreement(base_tensor, other_tensor.reshape(base_tensor.shape),
-                               decision_tolerance(base_tensor, tolerances, base_stats))
+        agree = topk_agreement(base_tensor, other_tensor, decision_tolerance(base_tensor, tolerances, base_stats))
         row.update(top1=agree["top1"], top5=agree["top5"], n_top1_flips=agree["n_flips"],
                    n_tie_flips=agree["n_tie_flips"])
     row["status"], row["reasons"] = MEASURED, ""
+
+
+def matched_axes(match: dict) -> AxisMap:
+    """How a matched row's run tensor maps onto the reference's (decided again from the row's recorded
+    layouts and shapes: the answer is cached, and the matched table stays plain data)."""
+    return axis_map(str(match.get("base_layout") or ""), tuple(match["base_shape"]),
+                    str(match.get("other_layout") or ""), tuple(match["other_shape"]))
 
 
 def decision_tolerance(ref: np.ndarray, tolerances: Tolerances, stats: dict | None = None) -> float:
@@ -236,6 +248,7 @@ def _layer_row(index: int, pair: Pair, match: dict, position: int, is_output: bo
         "position": position, "key": match["key"], "run_key": match["other_key"], "op": match["op"],
         "op_type": match["op_type"], "shape": _shape_text(tuple(match["base_shape"])),
         "run_shape": _shape_text(tuple(match["other_shape"])), "shape_status": match["shape_status"],
+        "permutation": match["permutation"],
         "match": match["match"], "confidence": match["confidence"], "is_output": is_output, "top1": math.nan, "top5": math.nan,
         "n_top1_flips": math.nan, "n_tie_flips": math.nan,
     }
@@ -249,7 +262,7 @@ def _shape_text(shape: tuple) -> str:
 
 TABLE_COLUMNS = [
     "pair", "comparison", "run", "reference", "position", "key", "run_key", "op", "op_type", "status",
-    "reasons", "shape", "run_shape", "shape_status", "match", "confidence", "is_output", "numel", "max_abs",
+    "reasons", "shape", "run_shape", "shape_status", "permutation", "match", "confidence", "is_output", "numel", "max_abs",
     "mean_abs", "median_abs", "p99_abs", "max_rel", "mean_rel", "rel_l2", "cosine", "sqnr_db",
     "pass_fraction", "n_fail", "beyond_scale", "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new",
     "n_posinf_lost", "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed",

@@ -27,7 +27,7 @@ SCHEMA_NAME = "layerdiff-results"
 SCHEMA_VERSION = 1
 ROWS_PER_CHUNK = 2000
 LAYER_FIELDS = ["position", "key", "run_key", "op", "op_type", "status", "reasons", "shape", "run_shape",
-                "shape_status", "match", "confidence", "is_output", "numel", "max_abs", "mean_abs", "median_abs", "p99_abs",
+                "shape_status", "permutation", "match", "confidence", "is_output", "numel", "max_abs", "mean_abs", "median_abs", "p99_abs",
                 "max_rel", "mean_rel", "rel_l2", "cosine", "sqnr_db", "pass_fraction", "n_fail", "beyond_scale",
                 "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new", "n_posinf_lost",
                 "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed", "n_saturated", "top1", "top5",

@@ -20,7 +20,7 @@ from layerdiff.safetext import html_text, markdown_text, markdown_texts
 CHUNK_ROWS = 2000  # rows formatted at a time when writing big tables
 LAYER_VIEW = ["run", "position", "key", "op_type", "status", "rel_l2", "sqnr_db", "cosine", "max_abs", "mean_abs",
               "median_abs", "p99_abs", "max_rel", "mean_rel", "pass_fraction", "n_nonfinite_mismatch",
-              "zero_collapse", "n_saturated", "growth", "top1", "top5", "shape", "run_shape", "reasons"]
+              "zero_collapse", "n_saturated", "growth", "top1", "top5", "shape", "run_shape", "permutation", "reasons"]
 # With isolated dumps among the inputs, each cumulative number sits next to its isolated twin.
 ISOLATED_PAIRS = {"status": "isolated_status", "rel_l2": "isolated_rel_l2", "max_abs": "isolated_max_abs"}
 ISOLATION_VIEW = ["run", "position", "key", "op_type", "status", "isolated_status", "rel_l2", "isolated_rel_l2",

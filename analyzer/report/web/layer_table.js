@@ -7,7 +7,7 @@
   var DataTable = (await import(url)).default;
   URL.revokeObjectURL(url);
   var data = JSON.parse(document.getElementById("layer-data").textContent);
-  var TEXT = {run: 1, key: 1, op_type: 1, status: 1, shape: 1, run_shape: 1, reasons: 1, isolated_status: 1};
+  var TEXT = {run: 1, key: 1, op_type: 1, status: 1, shape: 1, run_shape: 1, permutation: 1, reasons: 1, isolated_status: 1};
   var PANES = ["run", "op_type", "status"];
 
   function number(value, type) {  // 4 significant digits on screen, the exact value for sorting

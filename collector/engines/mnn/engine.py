@@ -78,9 +78,18 @@ def written_layout(tensor, array: np.ndarray) -> str:
     return f"{plain_layout(array.ndim)} (MNN {held})" if held else plain_layout(array.ndim)
 
 
+def caffe_shape(shape: tuple[int, ...], channels_last: bool) -> tuple[int, ...]:
+    """The shape of MNN's NCHW (CAFFE) copy of a tensor: a tensor MNN holds channels-last (NHWC) of
+    rank 4 or more is copied with its last axis moved to axis 1, as MNN's own `Tensor(t, CAFFE)` does
+    (the C++ harness' copy); labelling the NCHW bytes with the NHWC dims would scramble them."""
+    if not channels_last or len(shape) < 4:
+        return shape
+    return (shape[0], shape[-1], *shape[1:-1])
+
+
 def _host_copy(MNN, tensor) -> np.ndarray:
     """An op output as an NCHW numpy array of its own element type (int ops such as Shape stay int)."""
-    shape = tuple(tensor.getShape())
+    shape = caffe_shape(tuple(tensor.getShape()), tensor.getDimensionType() == MNN.Tensor_DimensionType_Tensorflow)
     halide, _ = _host_type(MNN, tensor, np.empty(0))
     host = MNN.Tensor(shape, halide, MNN.Tensor_DimensionType_Caffe)
     tensor.copyToHostTensor(host)
@@ -176,7 +185,7 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edg
 
 def _overwrite(MNN, tensor, value: np.ndarray, name: str) -> None:
     """Write a reference value into an op's output inside the after-callback, so later ops read it."""
-    shape = tuple(tensor.getShape())
+    shape = caffe_shape(tuple(tensor.getShape()), tensor.getDimensionType() == MNN.Tensor_DimensionType_Tensorflow)
     if int(np.prod(shape)) != value.size:
         raise HarnessExit(EXIT_ARGS, f"--replace {name}: the injected tensor has shape {list(value.shape)}, "
                                      f"the op writes {list(shape)}")

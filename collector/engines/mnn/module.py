@@ -78,7 +78,8 @@ def run_module(args, graph: dict, inputs: dict[str, np.ndarray], sink: DumpSink,
         if array is None:
             continue
         edges = [v.name for v in graph[name].inputs if v.name in graph and graph[v.name].op_type != "Const"]
-        layout = f"{plain_layout(array.ndim)} (MNN {held})" if held else plain_layout(array.ndim)
+        axes = "NHWC" if held == "NHWC" and array.ndim == 4 else plain_layout(array.ndim)  # NHWC is kept as is
+        layout = f"{axes} (MNN {held})" if held else axes
         sink.add(op=name, op_type=graph[name].op_type, array=array, output_index=0, name=name, inputs=edges,
                  layout=layout, memory=memory)
     return elapsed
