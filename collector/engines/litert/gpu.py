@@ -207,6 +207,16 @@ class GpuRunner:
         for buffer, alias in zip(self.inputs, input_names):
             buffer.write(np.asarray(given[alias], dtype=in_details[alias]["dtype"]).reshape(-1))
         self.outputs = model.create_output_buffers(0)
+        self.fed_inputs = [(by_tensor[alias], in_details[alias]) for alias in input_names]
+
+    def read_inputs(self) -> list[tuple[str, np.ndarray]]:
+        """Each input read back from the accelerator's own input buffer after writing it (`input_fed`)."""
+        out = []
+        for buffer, (name, detail) in zip(self.inputs, self.fed_inputs):
+            shape = [int(d) for d in detail["shape"]]
+            count = int(np.prod(shape, dtype=np.int64))
+            out.append((name, np.asarray(buffer.read(count, np.dtype(detail["dtype"]))).reshape(shape)))
+        return out
 
     def run(self, fill_index: int, log: list[str]) -> tuple[dict[int, np.ndarray], float]:
         """Every output's values by tensor index, and the run's time in ms."""

@@ -72,17 +72,38 @@ def _address(tensor) -> int:
 
 
 def written_layout(tensor, array: np.ndarray) -> str:
-    """The layout of the bytes dumped (the graph's order: `_host_copy` has MNN convert from its own
-    format), with MNN's own format of the tensor beside it when it can be read: `NCW (MNN NC4HW4)`."""
+    """The layout of the bytes dumped (the order of the tensor's own shape: `_host_copy` has MNN convert
+    from its own format), with MNN's own format of the tensor beside it when it can be read:
+    `NCW (MNN NC4HW4)`. A 4-D tensor MNN holds channels-last (a TFLite graph's tensors) is read in
+    that order and named `NHWC`, as LiteRT names the same tensor."""
     held = dimension_format(tensor)
-    return f"{plain_layout(array.ndim)} (MNN {held})" if held else plain_layout(array.ndim)
+    order = "NHWC" if array.ndim == 4 and _channels_last(tensor) else plain_layout(array.ndim)
+    return f"{order} (MNN {held})" if held else order
+
+
+def _channels_last(tensor) -> bool:
+    """MNN holds the tensor as NHWC (Tensorflow dimension type): TFLite-origin inputs and outputs."""
+    import MNN
+
+    return tensor.getDimensionType() == MNN.Tensor_DimensionType_Tensorflow
+
+
+def _host_dimension_type(MNN, tensor):
+    """The host tensor's dimension type for copies in and out: the session tensor's own order of its
+    shape. `getShape()` of a channels-last tensor is NHWC, so a CAFFE host of that shape would have
+    MNN transpose the values between NCHW and NHWC under the same dimensions (a scrambled image);
+    NC4HW4 tensors report NCHW shapes and are copied through a CAFFE (NCHW) host."""
+    if tensor.getDimensionType() == MNN.Tensor_DimensionType_Tensorflow:
+        return MNN.Tensor_DimensionType_Tensorflow
+    return MNN.Tensor_DimensionType_Caffe
 
 
 def _host_copy(MNN, tensor) -> np.ndarray:
-    """An op output as an NCHW numpy array of its own element type (int ops such as Shape stay int)."""
+    """An op output (or a fed input) as a numpy array in the order of its own shape, of its own element
+    type (int ops such as Shape stay int)."""
     shape = tuple(tensor.getShape())
     halide, _ = _host_type(MNN, tensor, np.empty(0))
-    host = MNN.Tensor(shape, halide, MNN.Tensor_DimensionType_Caffe)
+    host = MNN.Tensor(shape, halide, _host_dimension_type(MNN, tensor))
     tensor.copyToHostTensor(host)
     return np.array(host.getNumpyData(), copy=True).reshape(shape)
 
@@ -108,10 +129,19 @@ def feed(MNN, interpreter, session, inputs: dict[str, np.ndarray]) -> dict[int, 
     for name, array in inputs.items():
         tensor = interpreter.getSessionInput(session, name)
         halide, values = _host_type(MNN, tensor, array)
-        host = MNN.Tensor(tuple(array.shape), halide, values, MNN.Tensor_DimensionType_Caffe)
+        host = MNN.Tensor(tuple(array.shape), halide, values, _host_dimension_type(MNN, tensor))
         tensor.copyFrom(host)
         seeds[_address(tensor)] = name
     return seeds
+
+
+def record_fed(MNN, interpreter, session, names, sink: DumpSink) -> None:
+    """Read each input back from the session's own input tensor after feeding, the way outputs are
+    read, and record it in the dump (`input_fed`): the bytes MNN computes on, in its shape's order."""
+    for name in names:
+        tensor = interpreter.getSessionInput(session, name)
+        array = _host_copy(MNN, tensor)
+        sink.fed(name, array, written_layout(tensor, array))
 
 
 def _host_type(MNN, tensor, array: np.ndarray):
@@ -126,6 +156,7 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edg
              ops: MnnOps, replace: dict[tuple[str, int], np.ndarray] | None = None) -> float:
     """One session run with every op output dumped; outputs in `replace` are overwritten first (what-if)."""
     producers = feed(MNN, interpreter, session, inputs)
+    record_fed(MNN, interpreter, session, inputs, sink)
     keys = DumpKeys(ops)
     replace = replace or {}
     known = set(inputs)
@@ -181,7 +212,7 @@ def _overwrite(MNN, tensor, value: np.ndarray, name: str) -> None:
         raise HarnessExit(EXIT_ARGS, f"--replace {name}: the injected tensor has shape {list(value.shape)}, "
                                      f"the op writes {list(shape)}")
     value = np.ascontiguousarray(value.reshape(shape), dtype=np.float32)
-    tensor.copyFrom(MNN.Tensor(shape, MNN.Halide_Type_Float, value, MNN.Tensor_DimensionType_Caffe))
+    tensor.copyFrom(MNN.Tensor(shape, MNN.Halide_Type_Float, value, _host_dimension_type(MNN, tensor)))
 
 
 def replacements(args: HarnessArgs) -> dict[tuple[str, int], np.ndarray]:

@@ -208,11 +208,19 @@ def run(args: HarnessArgs) -> None:
     header["options"]["dump"] = "segments" if whole_graph else "output groups"
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(nodes))
+        record_fed(sink, feeds)
         if whole_graph:
             sink.close(run_segments(model, feeds, lambda segment: create_session(segment.SerializeToString(), args),
                                     _dumper(nodes, sink), GROUP_BYTES))
         else:
             sink.close(run_once(session_for, feeds, nodes, sink, GROUP_BYTES))
+
+
+def record_fed(sink: DumpSink, feeds: dict[str, np.ndarray]) -> None:
+    """The arrays handed to `InferenceSession.run` (ONNX Runtime reads them in place, in the graph's
+    own order and the element type the model declares): the dump's `input_fed` records."""
+    for name, array in feeds.items():
+        sink.fed(name, array, plain_layout(array.ndim))
 
 
 def _dumper(nodes: list[NodeOutputs], sink: DumpSink):

@@ -1,0 +1,211 @@
+"""Inputs are fed as the model declares them, and every run records what its engine received.
+
+Each engine's harness reads its input back from the engine's own input tensor after feeding it (the
+raw dump's `input_fed` record); these tests check that read-back against the array given, on an NHWC
+model (mediapipe's .tflite files, and their MNN conversions) and an NCHW one (PP-OCR's ONNX
+classifier and its conversions). The verdict check runs the engines' own Python APIs here, fed by
+hand in the model's layout, and judges MNN against LiteRT with numpy.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from layerdiff.analyzer.formats.rawdump import convert_raw_dump, read_raw_dump
+from layerdiff.errors import ConversionError
+from layerdiff.samples.onnx_emit import convert_many
+from tests.corpus import MODELS, cls_inputs, convert_with_pnnx, copy_paddle_model, PADDLE_MODELS, wheel_file
+from tests.litert_models import image_input, tflite_model
+
+OCR_CLS = next(m for m in MODELS if m.stem == "ocr_cls")
+
+
+def harness(engine: str, *args: str) -> subprocess.CompletedProcess:
+    module = f"layerdiff.collector.engines.{engine}.engine"
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=600)
+
+
+def run_raw(engine: str, tmp: Path, models: list[Path], inputs: dict[str, np.ndarray], tag: str = ""):
+    """The engine's harness command line in a child process (as the local device runs it); its raw dump."""
+    argv = []
+    for model in models:
+        argv += ["--model", str(model)]
+    for k, (name, array) in enumerate(inputs.items()):
+        np.save(tmp / f"{engine}{tag}_in{k}.npy", array)
+        argv += ["--input", f"{name}={tmp / f'{engine}{tag}_in{k}.npy'}"]
+    out = tmp / f"{engine}{tag}-{models[0].stem}-raw"
+    proc = harness(engine, *argv, "--backend", "cpu", "--precision", "high", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return read_raw_dump(out)
+
+
+def fed_arrays(dump) -> dict[str, tuple[np.ndarray, str, tuple[int, ...]]]:
+    return {f.name: (dump.read_fed(f), f.layout, f.axes) for f in dump.fed}
+
+
+def assert_fed_as_given(dump, given: dict[str, np.ndarray], layout: str) -> None:
+    fed = fed_arrays(dump)
+    assert set(fed) == set(given), f"read-back of {sorted(fed)}, inputs given {sorted(given)}"
+    for name, array in given.items():
+        values, recorded, axes = fed[name]
+        assert recorded.startswith(layout), recorded
+        np.testing.assert_array_equal(values, np.transpose(array, axes).astype(values.dtype), err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("feeding")
+
+
+@pytest.fixture(scope="module")
+def face(workdir):
+    """face_landmark.tflite (NHWC input [1, 192, 192, 3]), its MNN conversion, and an input image."""
+    tflite = workdir / "face_landmark.tflite"
+    tflite.write_bytes(tflite_model("face_landmark").read_bytes())
+    mnn = workdir / "face_landmark.mnn"
+    convert_many([(tflite, mnn, False)], source_format="TFLITE")
+    return tflite, mnn, {"input_1": image_input((1, 192, 192, 3))}
+
+
+@pytest.fixture(scope="module")
+def ocr_cls(workdir):
+    """PP-OCR's direction classifier (NCHW input [1, 3, 48, 192]) as ONNX and as MNN."""
+    onnx_path = workdir / "ocr_cls.onnx"
+    onnx_path.write_bytes(wheel_file(OCR_CLS).read_bytes())
+    mnn = workdir / "ocr_cls.mnn"
+    convert_many([(onnx_path, mnn, False)])
+    return onnx_path, mnn, cls_inputs()
+
+
+def litert_outputs(tflite: Path, x: np.ndarray) -> dict[str, np.ndarray]:
+    """The model's outputs from a plain LiteRT interpreter (its own API, fed NHWC as it declares)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_path=str(tflite))
+    it.allocate_tensors()
+    it.set_tensor(it.get_input_details()[0]["index"], x)
+    it.invoke()
+    return {d["name"]: it.get_tensor(d["index"]) for d in it.get_output_details()}
+
+
+def mnn_outputs(mnn: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's outputs from pymnn directly, each input fed in the dimension type MNN declares for
+    it (Tensorflow = NHWC for a TFLite-origin model), each output read in its own."""
+    import MNN
+
+    interpreter = MNN.Interpreter(str(mnn))
+    session = interpreter.createSession({"backend": "CPU", "precision": "high", "numThread": 1})
+    for name, array in inputs.items():
+        tensor = interpreter.getSessionInput(session, name)
+        tensor.copyFrom(MNN.Tensor(array.shape, MNN.Halide_Type_Float, np.ascontiguousarray(array, np.float32),
+                                   tensor.getDimensionType()))
+    interpreter.runSession(session)
+    out = {}
+    for name, tensor in interpreter.getSessionOutputAll(session).items():
+        host = MNN.Tensor(tensor.getShape(), MNN.Halide_Type_Float, tensor.getDimensionType())
+        tensor.copyToHostTensor(host)
+        out[name] = np.array(host.getNumpyData(), copy=True).reshape(tensor.getShape())
+    return out
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - b) / max(np.linalg.norm(b.astype(np.float64)), 1e-30))
+
+
+# --- the read-back equals the input given, per engine -------------------------------------------
+
+def test_mnn_reads_back_an_nhwc_input_as_given(face, workdir):
+    _, mnn, given = face
+    assert_fed_as_given(run_raw("mnn", workdir, [mnn], given), given, "NHWC (MNN NHWC)")
+
+
+def test_mnn_reads_back_an_nchw_input_as_given(ocr_cls, workdir):
+    _, mnn, given = ocr_cls
+    assert_fed_as_given(run_raw("mnn", workdir, [mnn], given), given, "NCHW (MNN NCHW)")
+
+
+def test_litert_reads_back_an_nhwc_input_as_given(face, workdir):
+    tflite, _, given = face
+    assert_fed_as_given(run_raw("litert", workdir, [tflite], given), given, "NHWC")
+
+
+def test_onnxruntime_records_the_nchw_array_it_was_handed(ocr_cls, workdir):
+    onnx_path, _, given = ocr_cls
+    assert_fed_as_given(run_raw("ort", workdir, [onnx_path], given), given, "NCHW")
+
+
+def test_ncnn_reads_back_the_mat_it_was_fed(ocr_cls, workdir):
+    onnx_path, _, given = ocr_cls
+    pnnx_dir = workdir / "pnnx"
+    pnnx_dir.mkdir(exist_ok=True)
+    (pnnx_dir / onnx_path.name).write_bytes(onnx_path.read_bytes())
+    param = convert_with_pnnx(pnnx_dir / onnx_path.name, OCR_CLS.pnnx_shapes, pnnx_dir)
+    renamed = {"in0": given["x"]}
+    dump = run_raw("ncnn", workdir, [param, param.with_suffix(".bin")], renamed)
+    assert_fed_as_given(dump, renamed, "NCHW (ncnn dims 3)")
+
+
+def test_paddle_records_the_nchw_array_it_was_handed(workdir):
+    program = copy_paddle_model(PADDLE_MODELS["ocr_cls"], workdir / "paddle")
+    given = cls_inputs()
+    dump = run_raw("paddle", workdir, [program, program.with_suffix(".pdiparams")], given)
+    assert_fed_as_given(dump, given, "NCHW")
+
+
+# --- the verdict: MNN fed correctly agrees with LiteRT, and layerdiff's run is that run ------------
+
+def test_mnn_fed_in_the_models_layout_agrees_with_litert(face):
+    """Judged here with numpy: both engines' own APIs, each fed the image the way its model declares."""
+    tflite, mnn, given = face
+    reference = litert_outputs(tflite, given["input_1"])
+    ours = mnn_outputs(mnn, given)
+    for name, value in reference.items():
+        assert rel_l2(ours[name], value) < 1e-4, (name, rel_l2(ours[name], value))
+    assert abs(float(reference["conv2d_31"].ravel()[0])) > 1  # the face-presence logit: a real answer
+
+
+def test_collect_of_a_tflite_origin_mnn_model_gives_mnn_fed_correctly(face, workdir):
+    import layerdiff
+
+    _, mnn, given = face
+    np.save(workdir / "face_image.npy", given["input_1"])
+    result = layerdiff.collect(mnn, inputs=[f"input_1={workdir / 'face_image.npy'}"], out=workdir / "collected")
+    assert result.exit_code == 0, result.sweep.failed
+    [path] = result.paths
+    expected = mnn_outputs(mnn, given)
+    with h5py.File(path) as f:
+        assert f.attrs["input_fed_check"] == "equal"
+        fed = f["inputs_fed/0"]
+        assert fed.attrs["layout"] == "NHWC (MNN NHWC)"
+        np.testing.assert_array_equal(fed[()], given["input_1"])
+        layers = {row["name"].decode(): row["order"] for row in f["layers"][()]}
+        for name, value in expected.items():
+            dumped = f[f"tensors/{layers[name]}"][()]
+            np.testing.assert_allclose(dumped.reshape(value.shape), value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_an_input_the_engine_received_otherwise_is_said_in_one_line(face, workdir):
+    """The same raw dump converted against a channels-first copy of the image: the check names it."""
+    _, mnn, given = face
+    dump = run_raw("mnn", workdir, [mnn], given, tag="check")
+    scrambled = given["input_1"].reshape(1, 3, 192, 192).transpose(0, 2, 3, 1)
+    out = convert_raw_dump(dump, workdir / "scrambled.h5", inputs=[("input_1", scrambled)])
+    with h5py.File(out) as f:
+        line = f.attrs["input_fed_check"]
+    assert line.startswith("input 'input_1': the engine computed on other values than the input given")
+    assert "\n" not in line and "NHWC (MNN NHWC)" in line
+
+
+# --- refusals name their cause ---------------------------------------------------------------------
+
+def test_mnn_converter_refusal_is_a_failed_conversion_naming_the_operator(workdir):
+    sparse = workdir / "face_detection_full_range_sparse.tflite"
+    sparse.write_bytes(tflite_model("face_detection_full_range_sparse").read_bytes())
+    with pytest.raises(ConversionError, match=r"does not support: DENSIFY"):
+        convert_many([(sparse, workdir / "sparse.mnn", False)], source_format="TFLITE")
+    assert not (workdir / "sparse.mnn").exists()
