@@ -209,3 +209,52 @@ def test_mnn_converter_refusal_is_a_failed_conversion_naming_the_operator(workdi
     with pytest.raises(ConversionError, match=r"does not support: DENSIFY"):
         convert_many([(sparse, workdir / "sparse.mnn", False)], source_format="TFLITE")
     assert not (workdir / "sparse.mnn").exists()
+
+
+def where_model(path: Path) -> Path:
+    """A small ONNX graph with Where and ReduceMax: pnnx converts ReduceMax and leaves Greater / Where
+    as PyTorch operators (`torch.gt`, `torch.where`) in the ncnn .param it writes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Greater", ["r", "zero"], ["m"]),
+             helper.make_node("Where", ["m", "r", "x"], ["w"]),
+             helper.make_node("ReduceMax", ["w"], ["y"], axes=[1], keepdims=1)]
+    graph = helper.make_graph(nodes, "where", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(np.zeros((1,), np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # the ONNX Runtime inside pnnx reads IR 8
+    onnx.save(model, path)
+    return path
+
+
+def test_ncnn_refusal_names_the_layer_types_pnnx_left_unconverted(workdir):
+    pnnx_dir = workdir / "pnnx-where"
+    pnnx_dir.mkdir()
+    param = convert_with_pnnx(where_model(pnnx_dir / "where.onnx"), "[1,3,8,8]f32", pnnx_dir)
+    assert "torch.where" in param.read_text()  # pnnx's own output, not written here
+    np.save(workdir / "where_in.npy", np.ones((1, 3, 8, 8), np.float32))
+    proc = harness("ncnn", "--model", str(param), "--model", str(param.with_suffix(".bin")),
+                   "--input", f"in0={workdir / 'where_in.npy'}", "--out", str(workdir / "where-raw"))
+    assert proc.returncode == 3
+    [line] = proc.stderr.strip().splitlines()[-1:]
+    assert "ncnn does not know the layer type(s) torch.gt, torch.where" in line, line
+    assert "could not parse" not in line
+
+
+def test_litert_gpu_refusal_keeps_its_reasons(workdir):
+    """face_landmark_with_attention has mediapipe custom ops no LiteRT kernel implements: the GPU
+    accelerator's refusal says so, not just the source location of its first line."""
+    from layerdiff.collector.engines.litert import gpu
+
+    if not gpu.availability()["ok"]:
+        pytest.skip(f"no WebGPU adapter here: {gpu.availability().get('reason')}")
+    np.save(workdir / "attention_in.npy", image_input((1, 192, 192, 3)))
+    proc = harness("litert", "--model", str(tflite_model("face_landmark_with_attention")), "--backend", "gpu",
+                   "--input", f"input_1={workdir / 'attention_in.npy'}", "--out", str(workdir / "attention-raw"))
+    assert proc.returncode == 4
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("layerdiff-harness: LiteRT's GPU accelerator cannot compile the model (")
+    assert "Failed to modify graph with delegate" in line and "unresolved custom op: Landmarks2TransformMatrix" in line
+    assert "litert_compiled_model.h" not in line
