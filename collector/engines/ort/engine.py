@@ -75,6 +75,12 @@ def probe() -> dict:
             "engines": {"onnxruntime": {"version": engine_version(), "backends": backends}}}
 
 
+def model_precision(model) -> str:
+    from layerdiff.collector.engines.ort.modelfile import model_precision as declared
+
+    return declared(model)
+
+
 def load_model(args: HarnessArgs):
     import onnx
 
@@ -202,7 +208,7 @@ def run(args: HarnessArgs) -> None:
     session = session_for([o for n in nodes for o in n.outputs][:1])
     feeds = feeds_for(session, inputs)
     header = base_header(args, engine_version(), inputs)
-    header.update({"backends_actual": ["cpu"], "precision_effective": "fp32", "node_names": node_names(nodes),
+    header.update({"backends_actual": ["cpu"], "precision_effective": model_precision(model), "node_names": node_names(nodes),
                    "options": {"providers": session.get_providers(), "graph_optimization_level": "ORT_DISABLE_ALL"}})
     whole_graph = segmentable(model)
     header["options"]["dump"] = "segments" if whole_graph else "output groups"
