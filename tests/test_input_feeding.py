@@ -258,3 +258,53 @@ def test_litert_gpu_refusal_keeps_its_reasons(workdir):
     assert line.startswith("layerdiff-harness: LiteRT's GPU accelerator cannot compile the model (")
     assert "Failed to modify graph with delegate" in line and "unresolved custom op: Landmarks2TransformMatrix" in line
     assert "litert_compiled_model.h" not in line
+
+
+# --- a free batch dimension is fed with batch 1, or refused in one line ------------------------------
+
+def free_batch_tflite(path: Path) -> Path:
+    """face_landmark with its input's batch declared free (shape_signature [-1, 192, 192, 3]), as a
+    converter exporting a dynamic batch writes it."""
+    import flatbuffers
+
+    from layerdiff.collector.engines.litert.graph import TFLITE_IDENTIFIER, _schema
+
+    data = tflite_model("face_landmark").read_bytes()
+    schema = _schema()
+    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    tensor = model.subgraphs[0].tensors[model.subgraphs[0].inputs[0]]
+    tensor.shapeSignature = [-1, *[int(d) for d in tensor.shape[1:]]]
+    builder = flatbuffers.Builder(len(data) + 4096)
+    builder.Finish(model.Pack(builder), file_identifier=TFLITE_IDENTIFIER)
+    path.write_bytes(bytes(builder.Output()))
+    return path
+
+
+def test_a_free_batch_is_fed_as_batch_one(workdir):
+    import layerdiff
+
+    model = free_batch_tflite(workdir / "free_batch.tflite")
+    from layerdiff.collector.engines import ENGINES
+
+    assert ENGINES["litert"].input_specs(model)["input_1"][0] == (-1, 192, 192, 3)
+    image = image_input((1, 192, 192, 3))[0]
+    np.save(workdir / "hwc.npy", image)  # no batch axis at all
+    for spec in ("random", f"input_1={workdir / 'hwc.npy'}"):
+        result = layerdiff.collect(model, inputs=[spec], out=workdir / f"free-{spec[:6]}")
+        assert result.exit_code == 0, result.sweep.failed
+        [path] = result.paths
+        with h5py.File(path) as f:
+            assert f["inputs_fed/0"].shape == (1, 192, 192, 3) and f.attrs["input_fed_check"] == "equal"
+            if spec != "random":
+                np.testing.assert_array_equal(f["inputs_fed/0"][()][0], image)
+
+
+def test_free_sizes_besides_the_batch_are_refused_in_one_line(ocr_cls, workdir):
+    import layerdiff
+    from layerdiff.errors import InputError
+
+    onnx_path, _, _ = ocr_cls  # declares x as [-1, 3, -1, -1]: batch, height and width free
+    with pytest.raises(InputError) as refused:
+        layerdiff.collect(onnx_path, inputs=["random"], out=workdir / "free-ocr")
+    assert str(refused.value) == ("model input 'x' has an unknown size [-1, 3, -1, -1]; pass --shape x=1x3xHxW "
+                                  "(its real sizes) or --input with a .npy")
