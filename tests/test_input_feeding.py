@@ -308,3 +308,36 @@ def test_free_sizes_besides_the_batch_are_refused_in_one_line(ocr_cls, workdir):
         layerdiff.collect(onnx_path, inputs=["random"], out=workdir / "free-ocr")
     assert str(refused.value) == ("model input 'x' has an unknown size [-1, 3, -1, -1]; pass --shape x=1x3xHxW "
                                   "(its real sizes) or --input with a .npy")
+
+
+# --- the arm64 device and the local one name a model's tensors the same way ---------------------------
+
+def test_arm64_and_local_mnn_dumps_key_tensors_alike(workdir):
+    """pose_landmark_full converted to MNN: its conversion swaps names (the convolution op `Identity_3`
+    writes `Identity_3__before_tr`, the transpose after it writes the output `Identity_3`); both devices
+    key every tensor by the tensor it is, feed the image NHWC, and give the same outputs."""
+    import layerdiff
+
+    tflite = workdir / "pose_landmark_full.tflite"
+    tflite.write_bytes(tflite_model("pose_landmark_full").read_bytes())
+    mnn = workdir / "pose_landmark_full.mnn"
+    convert_many([(tflite, mnn, False)], source_format="TFLITE")
+    np.save(workdir / "pose_image.npy", image_input((1, 256, 256, 3)))
+    result = layerdiff.collect(mnn, devices=["local", "arm64"], inputs=[f"input_1={workdir / 'pose_image.npy'}"],
+                               out=workdir / "pose-devices")
+    assert result.exit_code == 0, result.sweep.failed
+    tables = {}
+    for path in result.paths:
+        with h5py.File(path) as f:
+            assert f.attrs["input_fed_check"] == "equal"
+            rows = f["layers"][()]
+            tables[f.attrs["device_serial"]] = {r["name"].decode(): (r["op_type"].decode(), r["shape"].decode(),
+                                                                     f[f"tensors/{r['order']}"][()]) for r in rows}
+    local, arm = tables["local"], tables["arm64"]
+    assert set(local) == set(arm)
+    assert local["Identity_3"][:2] == arm["Identity_3"][:2] == ("Output", "[1, 64, 64, 39]")
+    assert local["Identity_3__before_tr"][:2] == ("Convolution", "[1, 39, 64, 64]")
+    expected = mnn_outputs(mnn, {"input_1": np.load(workdir / "pose_image.npy")})
+    for name, value in expected.items():  # the ARM kernels round otherwise: the pose flag (~8e-9) moves 6e-4
+        for table, tolerance in ((local, 1e-4), (arm, 2e-3)):
+            assert rel_l2(table[name][2].reshape(value.shape), value) < tolerance, name
