@@ -341,3 +341,37 @@ def test_arm64_and_local_mnn_dumps_key_tensors_alike(workdir):
     for name, value in expected.items():  # the ARM kernels round otherwise: the pose flag (~8e-9) moves 6e-4
         for table, tolerance in ((local, 1e-4), (arm, 2e-3)):
             assert rel_l2(table[name][2].reshape(value.shape), value) < tolerance, name
+
+
+# --- the C++ harness (phones; built here for the host with ncnn) ---------------------------------------
+
+def test_cpp_harness_ncnn_records_the_mat_it_fed(ocr_cls, workdir):
+    from tests.test_harness_support import host_harness
+
+    onnx_path, _, given = ocr_cls
+    pnnx_dir = workdir / "pnnx-cpp"
+    pnnx_dir.mkdir()
+    (pnnx_dir / onnx_path.name).write_bytes(onnx_path.read_bytes())
+    param = convert_with_pnnx(pnnx_dir / onnx_path.name, OCR_CLS.pnnx_shapes, pnnx_dir)
+    np.save(workdir / "cpp_in.npy", given["x"])
+    out = workdir / "cpp-ncnn-raw"
+    proc = subprocess.run([str(host_harness()), "--engine", "ncnn", "--model", str(param), "--model",
+                           str(param.with_suffix(".bin")), "--input", f"in0={workdir / 'cpp_in.npy'}", "--backend", "cpu",
+                           "--precision", "high", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert_fed_as_given(read_raw_dump(out), {"in0": given["x"]}, "NCHW (ncnn dims 3)")
+
+
+def test_cpp_harness_ncnn_refusal_names_unknown_layer_types(workdir):
+    from tests.test_harness_support import host_harness
+
+    pnnx_dir = workdir / "pnnx-where-cpp"
+    pnnx_dir.mkdir()
+    param = convert_with_pnnx(where_model(pnnx_dir / "where.onnx"), "[1,3,8,8]f32", pnnx_dir)
+    np.save(workdir / "where_cpp_in.npy", np.ones((1, 3, 8, 8), np.float32))
+    proc = subprocess.run([str(host_harness()), "--engine", "ncnn", "--model", str(param), "--model",
+                           str(param.with_suffix(".bin")), "--input", f"in0={workdir / 'where_cpp_in.npy'}",
+                           "--backend", "cpu", "--precision", "high", "--out", str(workdir / "where-cpp-raw")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "ncnn does not know the layer type(s) torch.gt, torch.where" in line, line

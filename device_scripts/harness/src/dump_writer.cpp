@@ -51,7 +51,7 @@ bool DumpWriter::wants(const std::string& op) const {
 }
 
 bool DumpWriter::begin(const TensorInfo& info, uint64_t nbytes) {
-    if (limits_.max_bytes >= 0 && static_cast<int64_t>(offset_ + nbytes) > limits_.max_bytes) {
+    if (limits_.max_bytes >= 0 && static_cast<int64_t>(offset_ - fed_bytes_ + nbytes) > limits_.max_bytes) {
         budget_hit_ = true;
         return false;
     }
@@ -135,6 +135,7 @@ void DumpWriter::write_fed(const std::string& name, const std::vector<int64_t>& 
     check_io(std::fputs((line.str() + "\n").c_str(), manifest_) >= 0, "write manifest.jsonl");
     check_io(std::fflush(manifest_) == 0, "flush manifest.jsonl");
     offset_ += nbytes;
+    fed_bytes_ += nbytes;  // the run's inputs: not counted against --max-bytes
 }
 
 void DumpWriter::write_footer(double infer_ms) {

@@ -68,6 +68,7 @@ private:
     int64_t ops_total_;
     int64_t count_ = 0;
     uint64_t offset_ = 0;
+    uint64_t fed_bytes_ = 0;  // bytes of input_fed records (inside offset_)
     bool budget_hit_ = false;
     // the tensor being streamed
     TensorInfo current_;
