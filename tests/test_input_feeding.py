@@ -199,6 +199,12 @@ def test_an_input_the_engine_received_otherwise_is_said_in_one_line(face, workdi
         line = f.attrs["input_fed_check"]
     assert line.startswith("input 'input_1': the engine computed on other values than the input given")
     assert "\n" not in line and "NHWC (MNN NHWC)" in line
+    import layerdiff
+
+    fed_right = convert_raw_dump(dump, workdir / "fed_right.h5", inputs=[("input_1", given["input_1"])])
+    with layerdiff.analyze([fed_right, out], ref=fed_right) as results:
+        said = [p for p in results.problems if "the engine computed on other values" in p]
+    assert len(said) == 1 and said[0].endswith(line), results.problems
 
 
 # --- refusals name their cause ---------------------------------------------------------------------
