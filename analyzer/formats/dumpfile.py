@@ -218,6 +218,24 @@ class DumpFile:
             except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
                 raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
 
+    def inputs_fed(self) -> Iterator[tuple[str, np.ndarray, str, tuple[int, ...]]]:
+        """(name, array, layout, axes) of each input as the engine received it (`/inputs_fed`, read back
+        from the engine's own input tensor after feeding); nothing for a dump that recorded none."""
+        group = local_group(self._file, "inputs_fed", self.path, "/inputs_fed")
+        if group is None:
+            return
+        for name in sorted(group, key=_input_order):
+            where = f"/inputs_fed/{name}"
+            ds = local_dataset(group, name, self.path, where)
+            if ds is None or ds.dtype.kind not in "fiub":
+                raise DumpFormatError(f"{self.path}: {where} is not a numeric dataset")
+            self._bounded(ds, where)
+            try:
+                axes = tuple(int(a) for a in json.loads(_as_str(ds.attrs.get("axes", "[]"))))
+                yield _as_str(ds.attrs.get("name", name)), ds[()], _as_str(ds.attrs.get("layout", "")), axes
+            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
+                raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
+
     def stderr(self) -> str:
         group = local_group(self._file, "log", self.path, "/log")
         ds = None if group is None else local_dataset(group, "stderr", self.path, "/log/stderr")

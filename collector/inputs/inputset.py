@@ -235,18 +235,36 @@ def fit_shape(actual: tuple[int, ...], expected: tuple[int, ...]) -> tuple[int, 
     if len(actual) == len(expected) and all(e <= 0 or e == a for e, a in zip(expected, actual)):
         return tuple(actual)  # same rank: a free leading dim (ONNX's dynamic batch) takes any size
 
-    def core(shape):
+    def core(shape, free_batch: bool = False):
         dims = list(shape)
+        if free_batch and dims and dims[0] <= 0:
+            dims[0] = 1  # a free batch takes the batch of 1 an array without a batch axis stands for
         while dims and dims[0] == 1:
             dims.pop(0)
         return dims
 
     if len(actual) == len(expected) and all(d <= 0 or d == x for d, x in zip(expected, actual)):
         return tuple(actual)  # same rank: free dims (a dynamic batch -1 included) take the array's size
-    a, e = core(actual), core(expected)
+    a, e = core(actual), core(expected, free_batch=True)
     if len(a) != len(e) or any(d > 0 and d != x for d, x in zip(e, a)):
         return None
     return tuple([1] * (len(expected) - len(e)) + a)
+
+
+def batch_of_one(shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """A declared shape whose one free dimension is its leading one (a free batch) fed with batch 1."""
+    if shape and shape[0] <= 0 and all(d > 0 for d in shape[1:]):
+        return (1, *shape[1:])
+    return shape
+
+
+def _shape_example(shape: tuple[int, ...] | None) -> str:
+    """`1x3xHxW` from the declared dims (a free batch as 1), or a plain image example without one."""
+    if not shape:
+        return "1x3x224x224"
+    letters = iter("HWDTUV")
+    dims = ["1" if k == 0 and d <= 0 else str(d) if d > 0 else next(letters, "N") for k, d in enumerate(shape)]
+    return "x".join(dims)
 
 
 def random_inputs(shapes: dict[str, tuple[int, ...] | None], seed: int) -> dict[str, np.ndarray]:
@@ -256,10 +274,11 @@ def random_inputs(shapes: dict[str, tuple[int, ...] | None], seed: int) -> dict[
     """
     rng = np.random.default_rng(seed)
     arrays = {}
-    for name, shape in shapes.items():
+    for name, declared in shapes.items():
+        shape = batch_of_one(declared)
         if shape is None or any(d <= 0 for d in shape):
-            size = "no declared shape" if shape is None else f"an unknown size {list(shape)}"
-            raise InputError(f"model input {name!r} has {size}; pass --shape {name}=1x3x224x224 "
-                                 "(its real sizes) or --input with a .npy")
+            size = "no declared shape" if shape is None else f"an unknown size {list(declared)}"
+            raise InputError(f"model input {name!r} has {size}; pass --shape {name}={_shape_example(declared)} "
+                             "(its real sizes) or --input with a .npy")
         arrays[name] = rng.random(shape, dtype=np.float32)
     return arrays

@@ -22,7 +22,8 @@ import numpy as np
 from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.diskspace import writing
 from layerdiff.errors import DumpFormatError, Interrupted, LayerdiffError, StorageError, UsageError
-from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, read_raw_dump
+from layerdiff.analyzer.formats.fedinputs import FED_EQUAL
+from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, fed_check, read_raw_dump
 from layerdiff.collector.transport.devices import Device, DeviceError, DeviceInfo, ExecResult
 from layerdiff.collector.engines.harness_cli import INPUT_DTYPES
 from layerdiff.collector.inputs.inputset import InputSet
@@ -265,11 +266,13 @@ def _fetch_and_convert(
                 if not message:
                     message = f"the harness wrote no dump at {remote}"
                 continue
-            path, cut = _convert(device, spec, Path(local), target, result, stop, k)
+            path, cut, fed_line = _convert(device, spec, Path(local), target, result, stop, k)
             written.append(path)
             if cut and not message:  # the harness said it finished, yet its dump stops short: not a done run
                 message = (f"the harness reported success but the dump it left is cut short ({cut}); the layers "
                            "before the cut are kept, marked incomplete; re-run with --retry-failed")
+            if fed_line and fed_line not in message:
+                message = f"{message + '; ' if message else ''}{fed_line}"
     return written, message
 
 
@@ -283,8 +286,10 @@ def cut_short(raw) -> str:
 
 
 def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: ExecResult,
-             stop: Callable[[], bool] | None = None, repeat_index: int = 0) -> tuple[Path, str]:
-    """The HDF5 of one raw dump, and why the raw dump was cut short ("" when it is whole)."""
+             stop: Callable[[], bool] | None = None, repeat_index: int = 0) -> tuple[Path, str, str]:
+    """The HDF5 of one raw dump, why the raw dump was cut short ("" when it is whole), and '' or the line
+    saying the engine received another input than the one given (its read-back, `input_fed`, checked here:
+    such a run is converted, and reported as failed)."""
     try:
         raw = read_raw_dump(local)
     except LayerdiffError as err:
@@ -315,9 +320,12 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     opencl = opencl_device_name(raw.header)
     if opencl:  # the device that computed, not the phone's display GPU (a CPU OpenCL such as PoCL, too)
         attrs["gpu"] = opencl
+    fed = fed_check(raw, list(spec.inputs.arrays.items())) if raw.fed else ""
+    if fed:
+        attrs["input_fed_check"] = fed
     path = convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
                             stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
-    return path, cut_short(raw)
+    return path, cut_short(raw), "" if fed in ("", FED_EQUAL) else f"{spec.model.engine} was fed another input: {fed}"
 
 
 SETTING_OPTIONS = {"threads_requested": "--threads", "layers_filter": "--layers", "max_bytes": "--max-bytes"}

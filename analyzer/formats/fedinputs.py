@@ -1,0 +1,56 @@
+"""Was the engine fed what the user gave? The `input_fed` records of a raw dump checked against the inputs.
+
+A harness reads each input back from the engine's own input tensor after feeding it (FORMATS.md §1
+`input_fed`): the bytes the engine computes on, in the order it holds them, with `axes` saying how the
+given array maps onto them (fed = given.transpose(axes)). An engine that reorders or converts an input
+behind the user's back (an NHWC model fed as NCHW, a float input truncated to an integer type) shows
+here, and nowhere else: the dump's `/inputs` keeps the arrays as given.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# Root attribute values of `input_fed_check` (FORMATS.md §2).
+FED_EQUAL = "equal"
+FED_UNKNOWN = ""  # the harness recorded no read-back (older harnesses, engines that cannot read it)
+
+
+def fed_difference(name: str, given: np.ndarray, fed: np.ndarray, axes: tuple[int, ...], layout: str) -> str:
+    """'' when the engine received exactly `given` (cast to its element type, axes permuted), else one line."""
+    where = f"input {name!r}"
+    if given.ndim != len(axes):
+        return (f"{where}: the engine holds it with {len(axes)} dimensions {list(fed.shape)}, "
+                f"the input given has {given.ndim} {list(given.shape)}")
+    expected = np.transpose(np.asarray(given), axes) if given.ndim else np.asarray(given)
+    if expected.shape != fed.shape:
+        return (f"{where}: the engine holds shape {list(fed.shape)} ({layout or 'layout unknown'}), "
+                f"the input given is {list(given.shape)}")
+    try:
+        expected = expected.astype(fed.dtype)
+    except (TypeError, ValueError):
+        return f"{where}: the engine holds {fed.dtype}, which the given {given.dtype} does not convert to"
+    if np.array_equal(expected, fed, equal_nan=fed.dtype.kind == "f"):
+        return ""
+    differ = int(np.count_nonzero(expected != fed))
+    return (f"{where}: the engine computed on other values than the input given ({differ} of {fed.size} elements "
+            f"differ as {layout or 'laid out'}{'' if list(axes) == sorted(axes) else f', axes {list(axes)}'}): "
+            "its outputs are not the model's answer to this input")
+
+
+def check_fed(given: dict[str, np.ndarray], fed: list[tuple[str, np.ndarray, tuple[int, ...], str]]) -> str:
+    """The run's `input_fed_check`: `equal`, '' when nothing was read back, else the first difference
+    (one line; further inputs that differ are counted)."""
+    if not fed:
+        return FED_UNKNOWN
+    problems = []
+    for name, array, axes, layout in fed:
+        if name not in given:
+            problems.append(f"input {name!r}: the engine was fed an input the run was not given")
+            continue
+        line = fed_difference(name, given[name], array, axes, layout)
+        if line:
+            problems.append(line)
+    if not problems:
+        return FED_EQUAL
+    more = f" (and {len(problems) - 1} more input(s) differ)" if len(problems) > 1 else ""
+    return problems[0] + more
