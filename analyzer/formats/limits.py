@@ -6,13 +6,15 @@ machine's RAM (25%), and each limit can be raised or lowered with an environment
 """
 from __future__ import annotations
 
+import json
 import math
 import os
-from typing import Iterable
+import re
+from typing import Any, Iterable
 
 import numpy as np
 
-from layerdiff.errors import DumpFormatError, UsageError
+from layerdiff.errors import DumpFormatError, LayerdiffError, UsageError
 
 RAM_SHARE = 0.25
 
@@ -94,3 +96,42 @@ def check_tensor_bytes(shape: Iterable, itemsize: int, where: str, limit: int | 
 def _short_shape(dims: list) -> str:
     text = str([d for d in dims[:8]])
     return text if len(dims) <= 8 else text[:-1] + ", ...]"
+
+
+MAX_JSON_DEPTH = 100  # nesting levels; real layerdiff JSON (and every format it imports) nests under 10
+_DEPTH_SCAN_BYTES = 1 << 20  # longer texts rely on the parser's own recursion guard (same message)
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def load_json(text: str | bytes, where: str, error: type[LayerdiffError] = DumpFormatError) -> Any:
+    """`json.loads` for untrusted text: one line (`error`, naming `where`) for invalid JSON and for
+    nesting deeper than MAX_JSON_DEPTH, where the parser alone would raise RecursionError (at about
+    1,000 levels, fewer when called deep in a stack) with a traceback."""
+    if _nested_deeper(text, MAX_JSON_DEPTH):
+        raise error(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep; the file is damaged: regenerate it")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise error(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep; the file is damaged: regenerate it") from None
+    except (ValueError, TypeError) as err:
+        detail = f"line {err.lineno}: {err.msg}" if isinstance(err, json.JSONDecodeError) else str(err)[:120]
+        raise error(f"{where}: not valid JSON ({detail})") from None
+
+
+def _nested_deeper(text: str | bytes, limit: int) -> bool:
+    """Whether brackets outside strings nest deeper than `limit`: free for texts with few brackets
+    (every /layers cell), a regex scan for short ones, left to the parser for long ones."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", errors="replace")
+    if len(text) > _DEPTH_SCAN_BYTES or text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for token in _JSON_TOKENS.finditer(text):
+        mark = token.group()
+        if mark in ("[", "{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif mark in ("]", "}"):
+            depth -= 1
+    return False

@@ -259,5 +259,19 @@ def random_inputs(shapes: dict[str, tuple[int, ...] | None], seed: int) -> dict[
             size = "no declared shape" if shape is None else f"an unknown size {list(shape)}"
             raise InputError(f"model input {name!r} has {size}; pass --shape {name}=1x3x224x224 "
                                  "(its real sizes) or --input with a .npy")
+        _check_random_size(name, shape)
         arrays[name] = rng.random(shape, dtype=np.float32)
     return arrays
+
+
+def _check_random_size(name: str, shape: tuple[int, ...]) -> None:
+    """A declared (or --shape) size is checked before allocating: 1x3x100000x100000 is 120 GB of float32."""
+    from layerdiff.analyzer.formats.limits import MAX_TENSOR_BYTES, human_bytes
+
+    numel = 1
+    for dim in shape:
+        numel *= int(dim)
+    if numel * 4 > MAX_TENSOR_BYTES:
+        raise InputError(f"model input {name!r}: a random input of shape {'x'.join(map(str, shape))} is "
+                         f"{human_bytes(numel * 4)}, over the {human_bytes(MAX_TENSOR_BYTES)} per-tensor limit; pass a "
+                         f"smaller --shape {name}=..., or set LAYERDIFF_MAX_TENSOR_BYTES")
