@@ -62,6 +62,8 @@ MAX_TENSOR_BYTES = env_bytes("LAYERDIFF_MAX_TENSOR_BYTES", int(total_ram() * RAM
 MAX_JSON_BYTES = env_bytes("LAYERDIFF_MAX_JSON_BYTES", MAX_TENSOR_BYTES // 4)
 MAX_EXTRACT_BYTES = env_bytes("LAYERDIFF_MAX_EXTRACT_BYTES", 4 * MAX_TENSOR_BYTES)
 MAX_DIM_PRODUCT = 1 << 62
+# One HDF5 attribute (provenance and friends are a few KiB): read only after its size is known.
+MAX_ATTR_BYTES = env_bytes("LAYERDIFF_MAX_ATTR_BYTES", 16 << 20)
 
 
 def checked_numel(shape: Iterable, where: str) -> int:
@@ -135,3 +137,22 @@ def _nested_deeper(text: str | bytes, limit: int) -> bool:
         elif mark in ("]", "}"):
             depth -= 1
     return False
+
+
+def check_plain_file(path: "os.PathLike[str] | str", error: type[LayerdiffError] = DumpFormatError,
+                     *, follow: bool = False) -> os.stat_result:
+    """The stat of a regular file, refusing what a reader must not open: inside a folder a symbolic
+    link (`tensors.bin -> /etc/passwd` would land in the output), and anywhere a FIFO, device or
+    socket (opening a FIFO waits forever for a writer). `follow`: a path the user named themselves."""
+    import stat
+
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except OSError as err:
+        raise error(f"{path}: cannot read ({err.strerror or err})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise error(f"{path}: a symbolic link inside a dump folder is not followed; copy the file it points to in its place")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+        raise error(f"{path}: {kind}, not a file; give a regular file")
+    return st

@@ -72,6 +72,8 @@ def _answer(engine: str, path: Path, memory: int, seconds: float) -> bytes:
         doc = {"error": type(err).__name__, "message": str(err)}
     except MemoryError:
         doc = {"error": "MemoryError", "message": ""}
+    except ImportError as err:  # the engine's library itself: missing, or its mapping over the memory limit
+        doc = {"error": "ImportError", "message": str(err)[:300]}
     except RecursionError:
         doc = {"error": "RecursionError", "message": ""}
     except Exception as err:  # noqa: BLE001 - any failure of an engine's reader on a hostile file
@@ -190,6 +192,9 @@ def _typed_error(doc: dict, engine: str, path: Path, memory: int) -> Exception:
                                 "memory limit; the file is damaged, or raise LAYERDIFF_MODEL_READ_MEMORY")
     if kind == "RecursionError":
         return ModelFormatError(f"{path}: nested too deeply for {engine}'s reader; the file is damaged or hostile")
+    if kind == "ImportError":
+        return ModelFormatError(f"{path}: {engine}'s library did not load to read the model ({message}); install it, or "
+                                f"raise LAYERDIFF_MODEL_READ_MEMORY (now {human_bytes(memory)}) if the load ran out of memory")
     if kind == "Exception":
         return ModelFormatError(f"{path}: {engine} could not read this model ({message}); check the file")
     cls = getattr(errors, kind, None)
