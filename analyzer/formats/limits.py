@@ -61,6 +61,15 @@ MAX_TENSOR_BYTES = env_bytes("LAYERDIFF_MAX_TENSOR_BYTES", int(total_ram() * RAM
 # Parsing JSON holds about 3.5x the file in Python objects: a quarter of the layer limit keeps its peak under it.
 MAX_JSON_BYTES = env_bytes("LAYERDIFF_MAX_JSON_BYTES", MAX_TENSOR_BYTES // 4)
 MAX_EXTRACT_BYTES = env_bytes("LAYERDIFF_MAX_EXTRACT_BYTES", 4 * MAX_TENSOR_BYTES)
+# ... and at most this many times the archive's own size (float tensors deflate 1-3x; a bomb 1000x),
+# never under EXTRACT_FLOOR_BYTES, so a small archive of sparse activations still opens.
+MAX_EXTRACT_RATIO = env_bytes("LAYERDIFF_MAX_EXTRACT_RATIO", 100)
+EXTRACT_FLOOR_BYTES = 1 << 30
+
+
+def extract_limit(archive_bytes: int) -> int:
+    """Bytes an archive of `archive_bytes` may extract to: proportional to it, within the absolute cap."""
+    return min(MAX_EXTRACT_BYTES, max(EXTRACT_FLOOR_BYTES, MAX_EXTRACT_RATIO * archive_bytes))
 MAX_DIM_PRODUCT = 1 << 62
 # One HDF5 attribute (provenance and friends are a few KiB): read only after its size is known.
 MAX_ATTR_BYTES = env_bytes("LAYERDIFF_MAX_ATTR_BYTES", 16 << 20)

@@ -64,6 +64,10 @@ def resolve_inputs(
                 pairs = {}
             pairs[pair.group(1)] = pair.group(2)
             continue
+        if pair and not Path(spec).exists() and Path(pair.group(2)).exists():
+            errors.append(f"input {spec}: the model has no input {pair.group(1)!r} (its inputs: {', '.join(shapes) or 'none'}); "
+                          "name one of those")
+            continue
         for one in _expand(spec):
             _collect(lambda one=one: [_one_input(one, shapes, preprocess)], sets, errors)
     if pairs:

@@ -227,3 +227,41 @@ def test_spread_is_not_bit_identical_when_a_layer_could_not_be_compared(tmp_path
     assert spread, [f["kind"] for f in doc["findings"]]
     assert "bit-identical" not in spread[0]["sentence"], spread[0]["sentence"]
     assert "1 of 2" in spread[0]["sentence"]
+
+
+# -- one-liners that say what is wrong -------------------------------------------------------------
+
+def test_input_pair_naming_no_model_input_says_so(tmp_path):
+    array = tmp_path / "x.npy"
+    np.save(array, np.zeros((1, 3, 32, 32), np.float32))
+    proc = _collect(tmp_path, "--model", str(MODEL), "-i", f"nosuch={array}")
+    line = assert_one_line_error(proc, "no input 'nosuch'", "data")
+    assert "no such file" not in line
+
+
+def test_zip_extraction_bound_follows_the_archive_size():
+    from layerdiff.analyzer.formats.limits import EXTRACT_FLOOR_BYTES, MAX_EXTRACT_BYTES, MAX_EXTRACT_RATIO, extract_limit
+
+    assert extract_limit(23 << 20) == min(MAX_EXTRACT_BYTES, max(EXTRACT_FLOOR_BYTES, MAX_EXTRACT_RATIO * (23 << 20)))
+    assert extract_limit(23 << 20) < 23 << 30 and extract_limit(1) == min(MAX_EXTRACT_BYTES, EXTRACT_FLOOR_BYTES)
+
+
+def test_merge_refuses_a_dump_with_a_damaged_chunk(tmp_path):
+    good = write_dump(tmp_path / "good.h5", [np.arange(4096, dtype=np.float32), np.ones(4096, np.float32)],
+                      attrs={"device_serial": "good"})
+    bad = write_dump(tmp_path / "bad.h5", [np.arange(4096, dtype=np.float32), np.ones(4096, np.float32)],
+                     attrs={"device_serial": "bad"})
+    with h5py.File(bad, "a") as fh:
+        attrs = dict(fh["tensors/1"].attrs)
+        del fh["tensors/1"]
+        fh.create_dataset("tensors/1", data=np.random.default_rng(0).random(4096, dtype=np.float32),
+                          chunks=(4096,), compression="gzip")
+        fh["tensors/1"].attrs.update(attrs)
+        offset = fh["tensors/1"].id.get_chunk_info(0).byte_offset
+    with open(bad, "r+b") as fh:
+        fh.seek(offset + 16)
+        fh.write(b"\xff" * 64)
+    proc = cli("analyze", "merge", str(good), str(bad), "-o", str(tmp_path / "merged"))
+    assert "bad.h5" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    copied = sorted(p.name for p in (tmp_path / "merged").glob("*.h5"))
+    assert len(copied) == 1 and "good" in copied[0], copied
