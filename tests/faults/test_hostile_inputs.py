@@ -61,15 +61,18 @@ def test_mutated_mnn_that_crashes_pymnn_is_one_line(tmp_path):
 
 
 def test_model_reader_memory_limit_is_enforced(tmp_path):
-    proc = _collect(tmp_path, "--model", str(MODEL), "--input", "random", env={"LAYERDIFF_MODEL_READ_MEMORY": "64M"})
+    proc = _collect(tmp_path, "--model", str(MODEL), "--input", "random",
+                    env={"LAYERDIFF_MODEL_READ_MEMORY": "64M", "LAYERDIFF_CACHE": str(tmp_path / "cache")})
     assert_one_line_error(proc, "convnet.mnn", "LAYERDIFF_MODEL_READ_MEMORY")
 
 
-def test_model_read_in_a_threaded_process_answers_the_same():
+def test_model_read_in_a_threaded_process_answers_the_same(tmp_path, monkeypatch):
     """A process running threads starts the reader as `python -m` instead of forking."""
     import threading
 
     from layerdiff.collector.inputs.modelread import read_specs_isolated
+
+    monkeypatch.setenv("LAYERDIFF_CACHE", str(tmp_path / "cache"))  # no kept answer: the child must run
 
     stop = threading.Event()
     worker = threading.Thread(target=stop.wait)
@@ -80,6 +83,21 @@ def test_model_read_in_a_threaded_process_answers_the_same():
     finally:
         stop.set()
         worker.join()
+
+
+def test_model_answer_is_kept_per_file_version(tmp_path, monkeypatch):
+    """A second collect of the same file reads the kept answer; a changed file is read again."""
+    from layerdiff.collector.inputs import modelread
+
+    monkeypatch.setenv("LAYERDIFF_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "net.mnn"
+    model.write_bytes(MODEL.read_bytes())
+    assert modelread.read_specs_isolated("mnn", model) == {"data": ((1, 3, 32, 32), "float32")}
+    [kept] = (tmp_path / "cache" / modelread.CACHE_FOLDER).glob("*.json")
+    kept.write_text(json.dumps({"specs": [["data", [1, 3, 8, 8], "float32"]]}))  # marks a cache hit
+    assert modelread.read_specs_isolated("mnn", model) == {"data": ((1, 3, 8, 8), "float32")}
+    os.utime(model, ns=(1, 1))  # another version of the file: read again
+    assert modelread.read_specs_isolated("mnn", model) == {"data": ((1, 3, 32, 32), "float32")}
 
 
 # -- JSON nesting ---------------------------------------------------------------------------------
