@@ -61,7 +61,7 @@ def main() -> None:
         worst = max(worst, c - i)
         print(f"{engine:12s} {path.name:16s} cold child {c * 1000:6.1f} ms  warm {w * 1000:6.1f} ms  "
               f"in-process {i * 1000:6.1f} ms  cold adds {(c - i) * 1000:+6.1f} ms")
-    print(f"verdict: the cold child adds at worst {worst * 1000:.1f} ms per collect (target <= 100 ms): {"PASS" if worst <= 0.1 else "FAIL"}")
+    print(f"verdict: the cold child adds at worst {worst * 1000:.1f} ms per collect (target <= 100 ms): {'PASS' if worst <= 0.1 else 'FAIL'}")
 
 
 if __name__ == "__main__":
