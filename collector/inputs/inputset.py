@@ -107,6 +107,10 @@ def _expand(spec: str) -> list[str]:
     path = Path(spec)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES + DATA_SUFFIXES)
+        links = [p for p in files if p.is_symlink()]
+        if links:
+            raise InputError(f"{links[0]}: a symbolic link inside an input folder is not followed; copy the file in "
+                             "its place or give it with --input itself")
         if not files:
             raise InputError(f"input directory {path} holds no images, .npy or .npz files")
         return [str(f) for f in files]

@@ -188,6 +188,24 @@ def test_npy_folder_with_symlinked_file_is_refused(tmp_path, secret):
     assert not (tmp_path / "o.h5").exists()
 
 
+def test_input_folder_with_symlinked_file_is_refused(tmp_path, secret):
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    np.save(folder / "a.npy", np.zeros((1, 3, 32, 32), np.float32))
+    (folder / "b.npy").symlink_to(secret)
+    proc = _collect(tmp_path, "--model", str(MODEL), "--input", str(folder))
+    assert_one_line_error(proc, "b.npy", "symbolic link")
+
+
+def test_polygraphy_folder_with_symlinked_iteration_is_refused(tmp_path, secret):
+    folder = tmp_path / "poly"
+    folder.mkdir()
+    (folder / "0.json").write_text(json.dumps({"lst": [["trt", [{"outputs": {}}]]]}))
+    (folder / "1.json").symlink_to(secret)
+    proc = cli("analyze", "import", str(folder), "--format", "polygraphy-json", "-o", str(tmp_path / "o.h5"))
+    assert_one_line_error(proc, "1.json", "symbolic link")
+
+
 def test_fifo_is_refused_not_waited_on(tmp_path):
     fifo = tmp_path / "run.h5"
     os.mkfifo(fifo)
