@@ -301,3 +301,40 @@ def test_merge_refuses_a_dump_with_a_damaged_chunk(tmp_path):
     assert "bad.h5" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     copied = sorted(p.name for p in (tmp_path / "merged").glob("*.h5"))
     assert len(copied) == 1 and "good" in copied[0], copied
+
+
+def test_index_that_is_a_folder_is_named(tmp_path):
+    dump = write_dump(tmp_path / "a.h5", [np.ones(4, np.float32)])
+    (tmp_path / "merged" / "index.csv").mkdir(parents=True)
+    proc = cli("analyze", "merge", str(dump), "-o", str(tmp_path / "merged"))
+    line = assert_one_line_error(proc, "merged/index.csv", "not a file")
+    assert ".partial" not in line
+
+
+def test_adb_server_resetting_connections_is_named(tmp_path):
+    """Something listening on the --adb-server port that resets every connection is not an adb server."""
+    import socket
+    import struct
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+
+    def reset_everything():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    threading.Thread(target=reset_everything, daemon=True).start()
+    try:
+        proc = _collect(tmp_path, "--model", str(MODEL), "--device", "SERIAL1", "--adb-server", f"127.0.0.1:{port}")
+    finally:
+        listener.close()
+    line = assert_one_line_error(proc, f"127.0.0.1:{port}", "adb server")
+    assert "check the path" not in line
