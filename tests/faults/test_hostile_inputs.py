@@ -328,12 +328,18 @@ def test_adb_server_resetting_connections_is_named(tmp_path):
                 conn, _ = listener.accept()
             except OSError:
                 return
+            conn.settimeout(5)
+            try:
+                conn.recv(64)  # the request, then a reset instead of an answer
+            except OSError:
+                pass
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             conn.close()
 
     threading.Thread(target=reset_everything, daemon=True).start()
     try:
-        proc = _collect(tmp_path, "--model", str(MODEL), "--device", "SERIAL1", "--adb-server", f"127.0.0.1:{port}")
+        proc = cli("collect", "--model", str(MODEL), "--device", "SERIAL1", "--adb-server", f"127.0.0.1:{port}",
+                   "-o", str(tmp_path / "out"))
     finally:
         listener.close()
     line = assert_one_line_error(proc, f"127.0.0.1:{port}", "adb server")
