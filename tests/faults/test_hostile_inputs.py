@@ -163,6 +163,25 @@ def test_phone_output_without_newlines_is_kept_bounded():
     assert f"{1600 * len(block) - MAX_LINE_BYTES} more bytes" in lines[0]
 
 
+def test_phone_stderr_keeps_its_end_within_a_bound():
+    from layerdiff.collector.transport.adb import MAX_STDERR_BYTES, _TailBytes
+
+    tail = _TailBytes(MAX_STDERR_BYTES)
+    for _ in range(40):  # 40 MiB of stderr
+        tail.feed(b"y" * (1 << 20))
+    tail.feed(b"\nAborted: the reason\n")
+    text = tail.text()
+    assert text.endswith("Aborted: the reason\n") and len(text) < MAX_STDERR_BYTES + 100
+    assert text.startswith(f"[... {40 * (1 << 20) + 21 - MAX_STDERR_BYTES} earlier bytes")
+
+
+def test_model_reader_time_limit_is_enforced(tmp_path):
+    onnx_model = REPO / "samples" / "models" / "convnet.onnx"
+    proc = _collect(tmp_path, "--model", str(onnx_model), "--input", "random",
+                    env={"LAYERDIFF_MODEL_READ_SECONDS": "0.001", "LAYERDIFF_CACHE": str(tmp_path / "cache")})
+    assert_one_line_error(proc, "convnet.onnx", "took longer than 0.001 s", "LAYERDIFF_MODEL_READ_SECONDS")
+
+
 # -- links and special files ----------------------------------------------------------------------
 
 def test_raw_dump_with_symlinked_tensors_is_refused(tmp_path, secret):
