@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from layerdiff.errors import InputError, LayerdiffError
+from layerdiff.errors import DumpFormatError, InputError, LayerdiffError
 from layerdiff.collector.inputs.preprocess import IMAGE_SUFFIXES, Preprocess, default_for, image_pixel_limit, load_image
 
 _RANDOM = re.compile(r"^random(?::(\d+))?$")
@@ -186,10 +186,17 @@ def _load_file(path: Path, shape: tuple[int, ...] | None, preprocess: Preprocess
 
 
 def _load_npy(path: Path) -> np.ndarray:
+    """Read by the analyzer's checked reader (like `.npz` members): np.load allocates whatever the
+    header declares before reading (a 1 KB file declaring 1x3x1000000x1000000 was a MemoryError)."""
+    from layerdiff.analyzer.importers.npyformat import read_npy
+
     try:
-        array = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as err:
-        raise InputError(f"{path}: not a readable .npy file ({err})") from None
+        with open(path, "rb") as fh:
+            array = read_npy(fh, path.stat().st_size, str(path))
+    except OSError as err:
+        raise InputError(f"{path}: not a readable .npy file ({err.strerror or err})") from None
+    except DumpFormatError as err:
+        raise InputError(str(err)) from None
     if array.dtype.kind not in "fiub":
         raise InputError(f"{path}: input dtype {array.dtype} is not numeric")
     return np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d scalar 1-d

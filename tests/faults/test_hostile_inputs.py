@@ -147,6 +147,15 @@ def test_huge_shape_is_refused_before_allocating(tmp_path):
     assert_one_line_error(proc, "'data'", "1x3x100000x100000", "LAYERDIFF_MAX_TENSOR_BYTES")
 
 
+def test_npy_input_declaring_terabytes_is_refused_before_allocating(tmp_path):
+    crafted = tmp_path / "huge.npy"
+    with open(crafted, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": (1, 3, 10**6, 10**6)})
+        fh.write(bytes(1000))
+    proc = _collect(tmp_path, "--model", str(MODEL), "--input", str(crafted))
+    assert_one_line_error(proc, "huge.npy")
+
+
 def test_phone_output_without_newlines_is_kept_bounded():
     from layerdiff.collector.transport.adb import MAX_LINE_BYTES, _LineSplitter
 
