@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from layerdiff.errors import DumpFormatError, InputError, LayerdiffError
+from layerdiff.analyzer.formats.limits import check_plain_file
 from layerdiff.collector.inputs.preprocess import IMAGE_SUFFIXES, Preprocess, default_for, image_pixel_limit, load_image
 
 _RANDOM = re.compile(r"^random(?::(\d+))?$")
@@ -138,8 +139,9 @@ def _one_input(spec: str, shapes: dict[str, tuple[int, ...]], preprocess: Prepro
         seed = int(match.group(1) or 0)
         return InputSet(f"random{seed}", random_inputs(shapes, seed), spec)
     path = Path(spec)
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"input {spec}: no such file; give a .npy, .npz, an image, a directory or random[:SEED]")
+    check_plain_file(path, InputError, follow=True)  # a FIFO would block the reader
     if path.suffix.lower() == ".npz":
         arrays = check_against_model(path, _load_npz(path), shapes)
         return InputSet(path.stem, arrays, str(path))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from layerdiff.errors import InputError, UsageError
 from layerdiff.identity import file_stat
+from layerdiff.analyzer.formats.limits import check_plain_file
 from layerdiff.analyzer.formats.rawdump import combined_sha256, sha256_file
 from layerdiff.collector.engines import ENGINES, engine_for_suffix
 from layerdiff.collector.engines.base import Shape
@@ -40,8 +41,9 @@ def resolve_model(model: Path | str, engine: str = "auto") -> ModelFiles:
     path = Path(model)
     if engine not in ("auto", *ENGINES):
         raise UsageError(f"unknown engine {engine!r}; use auto, {', '.join(ENGINES)}")
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"model file {path} does not exist")
+    check_plain_file(path, InputError, follow=True)  # a folder, or a FIFO that would block the reader
     chosen = engine_for_suffix(path.suffix) if engine == "auto" else engine
     if chosen is None:
         raise InputError(f"{path}: cannot tell the engine from the extension; pass --engine {' or --engine '.join(ENGINES)}")

@@ -241,6 +241,15 @@ def test_fifo_is_refused_not_waited_on(tmp_path):
     assert_one_line_error(proc, "run.h5", "FIFO")
 
 
+@pytest.mark.parametrize("option", ["--model", "--input"])
+def test_fifo_given_to_collect_is_named(tmp_path, option):
+    fifo = tmp_path / ("net.mnn" if option == "--model" else "x.npy")
+    os.mkfifo(fifo)
+    args = ["--model", str(fifo)] if option == "--model" else ["--model", str(MODEL), "--input", str(fifo)]
+    proc = _collect(tmp_path, *args)
+    assert_one_line_error(proc, fifo.name, "FIFO")
+
+
 def test_empty_h5_says_empty(tmp_path):
     empty = tmp_path / "run.h5"
     empty.write_bytes(b"")
