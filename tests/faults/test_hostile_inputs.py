@@ -357,14 +357,16 @@ def test_adb_server_resetting_connections_is_named(tmp_path):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
+    listener.settimeout(0.2)
     port = listener.getsockname()[1]
+    stop = threading.Event()
 
     def reset_everything():
-        while True:
+        while not stop.is_set():
             try:
                 conn, _ = listener.accept()
-            except OSError:
-                return
+            except OSError:  # timeout: look at `stop` again
+                continue
             conn.settimeout(5)
             try:
                 conn.recv(64)  # the request, then a reset instead of an answer
@@ -373,11 +375,14 @@ def test_adb_server_resetting_connections_is_named(tmp_path):
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             conn.close()
 
-    threading.Thread(target=reset_everything, daemon=True).start()
+    server = threading.Thread(target=reset_everything, daemon=True)
+    server.start()
     try:
         proc = cli("collect", "--model", str(MODEL), "--device", "SERIAL1", "--adb-server", f"127.0.0.1:{port}",
                    "-o", str(tmp_path / "out"))
     finally:
+        stop.set()
+        server.join()  # no thread outlives the test: later tests fork the model reader
         listener.close()
     line = assert_one_line_error(proc, f"127.0.0.1:{port}", "adb server")
     assert "check the path" not in line
