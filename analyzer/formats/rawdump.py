@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -18,6 +19,7 @@ import numpy as np
 
 from layerdiff.analyzer.formats.timestamps import utc_now
 from layerdiff.errors import DumpFormatError, Interrupted
+from layerdiff.analyzer.formats.limits import check_plain_file
 
 RAW_FORMAT = "layerdiff-raw"
 RAW_VERSION = 1
@@ -103,6 +105,7 @@ class RawDump:
 
     def read(self, tensor: RawTensor) -> np.ndarray:
         count = int(np.prod(tensor.shape, dtype=np.int64)) if tensor.shape else 1
+        check_plain_file(self.path / TENSORS)
         with open(self.path / TENSORS, "rb") as fh:
             array = np.fromfile(fh, dtype=np.dtype(DTYPES[tensor.dtype]), count=count, offset=tensor.offset)
         if array.size != count:
@@ -125,7 +128,8 @@ def read_raw_dump(path: Path | str) -> RawDump:
     manifest = root / MANIFEST
     if not manifest.is_file():
         raise DumpFormatError(f"{root}: not a raw dump directory (no {MANIFEST})")
-    data_size = (root / TENSORS).stat().st_size if (root / TENSORS).is_file() else 0
+    check_plain_file(manifest)
+    data_size = check_plain_file(root / TENSORS).st_size if os.path.lexists(root / TENSORS) else 0
     lines = _manifest_lines(manifest)
     if not lines:
         raise DumpFormatError(f"{manifest}: empty manifest (the harness died before writing its header)")

@@ -7,7 +7,6 @@ partial raw dump into an HDF5 marked incomplete, under a temporary name renamed 
 from __future__ import annotations
 
 import json
-import math
 import re
 import shlex
 import tempfile
@@ -20,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from layerdiff.vocabulary import RunStatus
+from layerdiff.clioptions import check_number
 from layerdiff.analyzer.formats.diskspace import writing
 from layerdiff.errors import DumpFormatError, Interrupted, LayerdiffError, StorageError, UsageError
 from layerdiff.analyzer.formats.fedinputs import FED_EQUAL
@@ -72,8 +72,7 @@ def check_run_options(threads: int, repeat: int, deadline_s: float, layers: str 
         raise UsageError(f"--threads {threads}: use a thread count from 1 to {MAX_THREADS}")
     if repeat < 1:
         raise UsageError(f"--repeat {repeat}: dump each configuration at least once (--repeat 1 or more)")
-    if not math.isfinite(deadline_s) or deadline_s <= 0:
-        raise UsageError(f"--deadline {deadline_s}: give the seconds a run may take, a positive number such as 900")
+    check_number("--deadline", deadline_s, 0.0, above_minimum=True, hint=": the seconds a run may take, such as 900")
     if max_bytes is not None and max_bytes <= 0:
         raise UsageError(f"--max-bytes {max_bytes}: give a positive byte count, or leave it out for no limit")
     if layers is not None:

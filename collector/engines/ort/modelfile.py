@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from layerdiff.errors import InputError
+from layerdiff.errors import ModelFormatError
 from layerdiff.collector.engines.base import InputSpecs
 
 
@@ -15,7 +15,7 @@ def input_specs(path: Path) -> InputSpecs:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as err:  # noqa: BLE001 - protobuf raises DecodeError and friends
-        raise InputError(f"{path}: not a readable ONNX model ({err})") from None
+        raise ModelFormatError(f"{path}: not a readable ONNX model ({str(err)[:200] or type(err).__name__})") from None
     weights = {init.name for init in model.graph.initializer}
     specs: InputSpecs = {}
     for value in model.graph.input:
