@@ -288,11 +288,25 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     if spec.fresh_process and spec.repeat > 1:  # each process's header says repeat 0: the index is the collector's
         attrs["repeat"] = repeat_index
         attrs["provenance"]["fresh_process"] = True
+    reach = _precision_reach(raw.header, spec)
+    if reach:
+        attrs["precision_reach"] = reach
     opencl = opencl_device_name(raw.header)
     if opencl:  # the device that computed, not the phone's display GPU (a CPU OpenCL such as PoCL, too)
         attrs["gpu"] = opencl
     return convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
                             stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
+
+
+def _precision_reach(header: dict, spec: RunSpec) -> str:
+    """What the engine declares separates this run's precision from its others on the backend that ran
+    (JSON {other precision: op types}; "" when it declares nothing): the analyzer asks about two labels
+    with identical bytes only where their settings could differ for the graph."""
+    from layerdiff.collector.engines import ENGINES
+
+    engine = ENGINES.get(str(header.get("engine") or spec.model.engine))
+    reach = engine.reach_of(spec.backend, spec.precision) if engine is not None else {}
+    return json.dumps(reach, sort_keys=True) if reach else ""
 
 
 def _device_info(device: Device, spec: RunSpec, header: dict) -> DeviceInfo:
