@@ -59,16 +59,21 @@ def input_anomaly(key: str, graph: LayerGraph, facts: dict[str, dict], kinds: tu
 
 
 def anomaly_start(key: str, kind: str, graph: LayerGraph, facts: dict[str, dict]) -> str:
-    """Walk up the inputs that hold the same kind of anomaly to the first layer that holds it while its
-    own inputs do not: there it was born."""
+    """Walk up the inputs that already hold most of the same anomaly (at least half as many values) to
+    the layer where it starts: one stray zero two layers up does not make that layer the start of 128."""
     current, seen = key, {key}
     while True:
+        count = _kind_count(current, kind, facts)
         carriers = [f for f in graph.upstream(current, set(facts))
-                    if f not in seen and any(a.kind == kind for a in layer_anomalies(f, facts[f]))]
+                    if f not in seen and 2 * _kind_count(f, kind, facts) >= count > 0]
         if not carriers:
             return current
         current = min(carriers, key=graph.position)
         seen.add(current)
+
+
+def _kind_count(key: str, kind: str, facts: dict[str, dict]) -> int:
+    return next((a.count for a in layer_anomalies(key, facts[key]) if a.kind == kind), 0)
 
 
 def moved_clause(what: str, at: str, anomaly: Anomaly, start: str, facts: dict[str, dict], op_types: dict[str, str]) -> str:

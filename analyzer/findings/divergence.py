@@ -28,7 +28,8 @@ from layerdiff.analyzer.findings.wording import layer_name, percent, with_node_n
 from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
 from layerdiff.analyzer.findings.provenance import provenance_findings
 from layerdiff.analyzer.findings.spread import run_spread
-from layerdiff.analyzer.findings.anomalies import RANGE, ZERO, anomaly_numbers, input_anomaly, moved_clause
+from layerdiff.analyzer.findings.anomalies import (RANGE, ZERO, anomaly_numbers, input_anomaly, layer_anomalies,
+                                                   moved_clause)
 
 __all__ = ["Finding", "KIND_ORDER", "all_findings"]
 
@@ -74,7 +75,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
             zeros = [z for z in zero_collapse_origin(rows, graph, t, pair.base, pair.other) if z.layer not in mislaid]
             zero_starts.update((f.run, f) for f in zeros)
             found += zeros
-            found += error_growth(rows, {f.layer for f in sources}, t)
+            found += error_growth(rows, {f.layer for f in sources} | {f.numbers.get("moved_from") for f in sources}, t)
             found += error_curve(rows)
         found += nondeterminism(pair, rows)
     found += run_spread(comparison)
@@ -179,7 +180,7 @@ def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None,
             numbers = {"count": int(counts[key]), "numel": int(row["numel"]), "position": graph.position(key)}
             fed = (f"its inputs ({', '.join(producers[:3])}) have no {what}" if producers
                    else "it is fed by the model input")
-            moved = input_anomaly(key, graph, facts or {}, (RANGE, ZERO))
+            moved = input_anomaly(key, graph, facts or {}, _explaining_origin(kind, _reference_peak(base, key)))
             if moved is None or (kind == FindingKind.NAN_ORIGIN and any(inf.get(p, 0) for p in producers)):
                 why = _nonfinite_cause(kind, key, producers, inf, base, numbers)
                 layer, op_type = key, str(row["op_type"])
@@ -319,8 +320,10 @@ def _error_entry(crossed: dict, facts: dict[str, dict], t: Thresholds) -> dict:
         current = upstream
     for row in reversed(path):  # most upstream first
         growth = row.get("growth")
-        if (_finite(growth) and growth >= t.growth_factor) or (not _finite(growth) and row["key"] != crossed["key"]):
+        if _finite(growth) and growth >= t.growth_factor:
             return row
+    # no jump: the error grew step by step (a layer fed exact values that rounds is no jump either, or
+    # every fp16 run would name its first layer), so the layer that crossed the threshold is named
     return crossed
 
 
@@ -385,7 +388,6 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str,
         if moved is not None:
             anomaly, start = moved
             blame = moved_clause("failure", layer_name(r.key), anomaly, start, facts, op_type)[2:] + "."
-            blame = blame[0].upper() + blame[1:]
             numbers.update(anomaly_numbers(anomaly, start, r.key))
             source_key, source_type = start, op_type.get(start, "")
         if output_ok is not None:
@@ -406,9 +408,26 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str,
 
 def _explaining_kinds(fact: dict) -> tuple[str, ...]:
     """Which input anomalies explain a failing layer: values far outside the reference's range always;
-    exact zeros when the layer's failure is NaN/Inf (a Log or a Div of zero makes -Inf from them; a few
-    zeros in the input of a Conv that fails explain nothing, and a large share fails that input already)."""
-    return (RANGE, ZERO) if _count_of(fact, "n_nonfinite_mismatch") else (RANGE,)
+    exact zeros when the layer's own output is NaN/Inf or far outside the reference's range (a Log of
+    zero: -Inf, or -65504 where fp16 saturates); a few zeros in the input of a layer that fails
+    otherwise explain nothing."""
+    own = {a.kind for a in layer_anomalies(str(fact.get("key", "")), fact)}
+    if _beyond_fp16(fact.get("ref_min")) or _beyond_fp16(fact.get("ref_max")):
+        return (RANGE,)  # the reference itself passes fp16's range here: overflow explains it, not zeros fed in
+    return (RANGE, ZERO) if _count_of(fact, "n_nonfinite_mismatch") or RANGE in own else (RANGE,)
+
+
+def _explaining_origin(kind: str, reference_peak: float | None) -> tuple[str, ...]:
+    """Which input anomalies explain a NaN/Inf origin: values far outside the reference's range always;
+    zeros the reference lacks (a Log or a Div of them) unless the reference's own values at an Inf origin
+    pass fp16's largest value, where overflow explains the Inf (a sum that fp16 cannot hold)."""
+    if kind == FindingKind.INF_ORIGIN and reference_peak is not None and reference_peak > FP16_MAX:
+        return (RANGE,)
+    return (RANGE, ZERO)
+
+
+def _beyond_fp16(value) -> bool:
+    return value is not None and math.isfinite(float(value)) and abs(float(value)) > FP16_MAX
 
 
 def _count_of(fact: dict, column: str) -> int:
