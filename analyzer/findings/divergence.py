@@ -255,8 +255,8 @@ def first_divergence(rows: pd.DataFrame, t: Thresholds | None = None) -> list[Fi
     often layers after it entered: a layer whose error doubles its input's is carrying it on. From that
     layer the worst inputs (the `worst_input` column: the compared feeding layer with the largest rel L2)
     are followed back while their error is still a visible share of it (`ENTRY_SHARE`); the most
-    upstream layer on that path whose error jumps `growth_factor` times past its inputs' (or whose
-    inputs are exact) is where it entered, and is named. The first failing layer is named separately.
+    upstream layer on that path whose error jumps `growth_factor` times past its inputs' is where it
+    entered, and is named (without one, the layer that crossed). The first failing layer is named apart.
     """
     t = t or Thresholds()
     ordered = rows.sort_values("position")
