@@ -138,7 +138,7 @@ def _same_by_design(a, b, ops: list[str], confirmed: int) -> Finding:
     return Finding(FindingKind.PRECISION_LABEL, b.label, "", "",
                    f"{a.label} (labelled {_label(a)!r}) and {b.label} (labelled {_label(b)!r}) are bit-identical, as "
                    f"expected for this graph: in {engine} the two precisions differ only through "
-                   f"{', '.join(ops)} layers, and this graph has none (for a language model, no KV cache), so both "
+                   f"{', '.join(ops)} layers, and this graph has none, so both "
                    "run the same computation and comparing them measures nothing.",
                    severity=Severity.INFO,
                    numbers={"runs": [a.label, b.label], "labels": [_label(a), _label(b)], "layers": len(a.layers),
