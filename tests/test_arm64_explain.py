@@ -78,3 +78,6 @@ def test_log_fed_fp16_zeros_moves_the_failure_source_to_where_they_start(tmp_pat
     assert f"its input scaled:0 already holds {zeros['scaled:0']} exact zeros" in source["sentence"]
     assert "this op breaks" not in source["sentence"]
     assert not [f for f in findings if f["kind"] == "error_growth" and f["layer"] == "logmel:0"]
+    (first,) = [f for f in findings if f["kind"] == "first_divergence"]  # where rel L2 jumps, with what it hides
+    assert first["layer"] == "logmel:0" and first["numbers"]["anomalous_input"] == "scaled:0"
+    assert "Its input scaled:0 already holds" in first["sentence"]

@@ -70,7 +70,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
             sources = failure_sources(rows, graph, None if verdict == "fail" else (verdict, why),
                                       dict(zip(pair.base.layers["key"].tolist(), pair.base.layers["op_type"].astype(str).tolist())))
             found += sources
-            found += _capped(first_divergence(rows, t), verdict)
+            found += _capped(first_divergence(rows, t, graph), verdict)
             # values in another order are not zeroed by arithmetic: the packed-order finding says why
             zeros = [z for z in zero_collapse_origin(rows, graph, t, pair.base, pair.other) if z.layer not in mislaid]
             zero_starts.update((f.run, f) for f in zeros)
@@ -254,7 +254,7 @@ def saturation(rows: pd.DataFrame, base: Run) -> list[Finding]:
                              "layers_saturated": int(len(hit)), "position": int(first["position"])})]
 
 
-def first_divergence(rows: pd.DataFrame, t: Thresholds | None = None) -> list[Finding]:
+def first_divergence(rows: pd.DataFrame, t: Thresholds | None = None, graph: LayerGraph | None = None) -> list[Finding]:
     """Where the error that makes a run diverge enters: one definition for every run, so "first
     divergence" means the same everywhere.
 
@@ -264,6 +264,8 @@ def first_divergence(rows: pd.DataFrame, t: Thresholds | None = None) -> list[Fi
     are followed back while their error is still a visible share of it (`ENTRY_SHARE`); the most
     upstream layer on that path whose error jumps `growth_factor` times past its inputs' is where it
     entered, and is named (without one, the layer that crossed). The first failing layer is named apart.
+    An input of that layer already holding what rel L2 cannot show (exact zeros the reference lacks,
+    values far outside its range; `graph` gives the edges) is said too: the failure source says where it starts.
     """
     t = t or Thresholds()
     ordered = rows.sort_values("position")
@@ -271,7 +273,8 @@ def first_divergence(rows: pd.DataFrame, t: Thresholds | None = None) -> list[Fi
     if diverging.empty:
         return []
     crossed = diverging.iloc[0].to_dict()
-    entry = _error_entry(crossed, layer_facts(rows), t)
+    facts = layer_facts(rows)
+    entry = _error_entry(crossed, facts, t)
     r = crossed if entry["key"] == crossed["key"] else ordered[ordered["key"] == entry["key"]].iloc[0].to_dict()
     numbers = _metric_numbers(r)
     failing = ordered[ordered["status"] == "fail"]
@@ -306,6 +309,11 @@ def first_divergence(rows: pd.DataFrame, t: Thresholds | None = None) -> list[Fi
                 f"({crossed['op_type']}), #{int(crossed['position']) + 1}, the first that {status}s: rel L2 "
                 f"{crossed['rel_l2']:.3g}, SQNR {crossed['sqnr_db']:.1f} dB ({crossed['reasons']}), "
                 f"{_growth_text(crossed)}.")
+    hidden = input_anomaly(r["key"], graph, facts, (RANGE, ZERO)) if graph is not None and graph.has_edges else None
+    if hidden is not None:
+        anomaly, start = hidden
+        numbers.update(anomalous_input=anomaly.key, input_anomaly=anomaly.kind, anomaly_start=start)
+        text += f" Its input {layer_name(anomaly.key)} already holds {anomaly.text}."
     return [Finding("first_divergence", r["run"], r["key"], r["op_type"], text + then, severity=status, numbers=numbers)]
 
 
