@@ -1,7 +1,8 @@
 """A real BERT encoder (all-MiniLM-L6-v2's pretrained weights, tests/bert_model.py) collected on ONNX Runtime
-(the golden) and MNN fp32, converted with MNN's own converter: MNN computes ONNX's exact-erf Gelu with
-the tanh approximation, so the error enters at block 0's GELU (3e-7 -> 5.6e-4) and only doubles on its
-way to block 1's attention MatMul, the first layer that warns. The first divergence must name the GELU;
+(the golden) and MNN fp32, converted with MNN's own converter: MNN computes ONNX's exact-erf Gelu close
+to the tanh approximation (3.6e-5 from it, 5.6e-4 from erf; inside the layout copy that feeds the next
+MatMul, which the analyzer pairs with ONNX Runtime's Gelu), so the error enters at block 0's GELU
+(3e-7 -> 5.6e-4) and only doubles on its way to block 1's attention MatMul, the first layer that warns. The first divergence must name the GELU;
 numpy's per-layer errors over the dumps' own tensors say so independently. The attention mask's
 -3.4e38 bias must leave finite statistics in the dumps, with no numpy warning while converting."""
 from __future__ import annotations
