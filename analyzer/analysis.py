@@ -18,7 +18,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from layerdiff.analyzer.formats.fedinputs import FED_EQUAL
+from layerdiff.analyzer.formats.fedinputs import fed_ok
 from layerdiff.analyzer.measure import resultcache
 from layerdiff.analyzer.align.byname import NameRules
 from layerdiff.analyzer.measure.compare import Comparison, compare_all
@@ -111,7 +111,7 @@ def fed_input_problems(runs: list[Run]) -> list[str]:
     lines = []
     for run in runs:
         check = str(run.attrs.get("input_fed_check", "") or "")
-        if check and check != FED_EQUAL:
+        if not fed_ok(check):
             lines.append(f"{run.label}: {check}")
     return lines
 

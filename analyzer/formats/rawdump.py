@@ -437,7 +437,7 @@ def fed_check(dump: RawDump, inputs: list[tuple[str, np.ndarray]]) -> str:
     from layerdiff.analyzer.formats.fedinputs import check_fed
 
     fed = [(f.name, dump.read_fed(f), f.axes, f.layout) for f in dump.fed]
-    return check_fed(dict(inputs), fed)
+    return check_fed(dict(inputs), fed, str(dump.header.get("precision_effective") or ""))
 
 
 def _array_sha256(array: np.ndarray) -> str:

@@ -22,7 +22,7 @@ from layerdiff.vocabulary import RunStatus
 from layerdiff.clioptions import check_number
 from layerdiff.analyzer.formats.diskspace import writing
 from layerdiff.errors import DumpFormatError, Interrupted, LayerdiffError, StorageError, UsageError
-from layerdiff.analyzer.formats.fedinputs import FED_EQUAL
+from layerdiff.analyzer.formats.fedinputs import fed_ok
 from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, fed_check, read_raw_dump
 from layerdiff.collector.transport.devices import Device, DeviceError, DeviceInfo, ExecResult
 from layerdiff.collector.engines.harness_cli import INPUT_DTYPES
@@ -316,6 +316,9 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     if spec.fresh_process and spec.repeat > 1:  # each process's header says repeat 0: the index is the collector's
         attrs["repeat"] = repeat_index
         attrs["provenance"]["fresh_process"] = True
+    reach = _precision_reach(raw.header, spec)
+    if reach:
+        attrs["precision_reach"] = reach
     opencl = opencl_device_name(raw.header)
     if opencl:  # the device that computed, not the phone's display GPU (a CPU OpenCL such as PoCL, too)
         attrs["gpu"] = opencl
@@ -324,7 +327,7 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
         attrs["input_fed_check"] = fed
     path = convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
                             stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
-    return path, cut_short(raw), "" if fed in ("", FED_EQUAL) else f"{spec.model.engine} was fed another input: {fed}"
+    return path, cut_short(raw), "" if fed_ok(fed) else f"{spec.model.engine} was fed another input: {fed}"
 
 
 SETTING_OPTIONS = {"threads_requested": "--threads", "layers_filter": "--layers", "max_bytes": "--max-bytes"}
@@ -340,6 +343,17 @@ def dump_settings(spec: RunOptions) -> dict:
 def settings_text(spec: RunOptions) -> str:
     """`dump_settings` as index.csv's `settings` column writes it (and a reason names a difference)."""
     return ";".join(f"{name}={value}" for name, value in dump_settings(spec).items())
+
+
+def _precision_reach(header: dict, spec: RunSpec) -> str:
+    """What the engine declares separates this run's precision from its others on the backend that ran
+    (JSON {other precision: op types}; "" when it declares nothing): the analyzer asks about two labels
+    with identical bytes only where their settings could differ for the graph."""
+    from layerdiff.collector.engines import ENGINES
+
+    engine = ENGINES.get(str(header.get("engine") or spec.model.engine))
+    reach = engine.reach_of(spec.backend, spec.precision) if engine is not None else {}
+    return json.dumps(reach, sort_keys=True) if reach else ""
 
 
 def _device_info(device: Device, spec: RunSpec, header: dict) -> DeviceInfo:
