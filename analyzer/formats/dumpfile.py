@@ -218,6 +218,23 @@ class DumpFile:
             except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
                 raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
 
+    def plain_outputs(self) -> dict[str, np.ndarray]:
+        """The plain run's outputs by layer key (`/plain_outputs`, FORMATS.md §2): the model run as an app
+        runs it, no tensor observed; {} when the producer stored none."""
+        group = local_group(self._file, "plain_outputs", self.path, "/plain_outputs")
+        out: dict[str, np.ndarray] = {}
+        for name in sorted(group or (), key=_input_order):
+            where = f"/plain_outputs/{name}"
+            ds = local_dataset(group, name, self.path, where)
+            if ds is None or ds.dtype.kind not in "fiub":
+                raise DumpFormatError(f"{self.path}: {where} is not a numeric dataset")
+            self._bounded(ds, where)
+            try:
+                out[_as_str(ds.attrs.get("key", name))] = ds[()]
+            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
+                raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
+        return out
+
     def stderr(self) -> str:
         group = local_group(self._file, "log", self.path, "/log")
         ds = None if group is None else local_dataset(group, "stderr", self.path, "/log/stderr")

@@ -264,8 +264,8 @@ class RawDumpWriter:
         self._offset += int(array.nbytes)
         self._count += 1
 
-    def close(self, *, infer_ms: float, status: str = "ok") -> None:
-        footer = {"record": "footer", "tensors": self._count, "bytes": self._offset, "infer_ms": infer_ms}
+    def close(self, *, infer_ms: float, status: str = "ok", extra: dict[str, Any] | None = None) -> None:
+        footer = {"record": "footer", "tensors": self._count, "bytes": self._offset, "infer_ms": infer_ms, **(extra or {})}
         self._write_line({**footer, "finished": utc_now(), "status": status})
         self._data.close()
         self._manifest.close()
@@ -362,9 +362,29 @@ def convert_raw_dump(
             writer.add_tensor({**tensor.meta(), "op": tensor.op}, array)
         for name, array in inputs or []:
             writer.add_input(name, array, _array_sha256(array))
+        for tensor, array in _plain_outputs(dump, merged["provenance"]["raw_problems"]):
+            writer.add_plain_output(f"{tensor.op}:{tensor.output_index}", tensor.name, array)
         if stderr:
             writer.set_log(stderr)
     return Path(out_path)
+
+
+PLAIN_DIR = "plain"  # the plain run's outputs inside a raw dump (collector/engines/plainrun.py)
+
+
+def _plain_outputs(dump: RawDump, problems: list[str]) -> Iterator[tuple[RawTensor, np.ndarray]]:
+    """The plain run's outputs a harness stored beside the dump (none when it stored none); a plain
+    dump that does not read is one problem line, never a lost run."""
+    where = dump.path / PLAIN_DIR
+    if not (where / MANIFEST).is_file():
+        return
+    try:
+        plain = read_raw_dump(where)
+        arrays = [(t, plain.read(t)) for t in plain.tensors]
+    except (DumpFormatError, OSError) as err:
+        problems.append(f"{where}: the plain run's outputs are unreadable ({err}); only the observed outputs are judged")
+        return
+    yield from arrays
 
 
 def _array_sha256(array: np.ndarray) -> str:

@@ -165,7 +165,8 @@ def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kern
             if base_error:
                 row.update(status="unreadable", reasons=f"reference tensor unreadable: {base_error}")
             else:
-                _measure(row, base_tensor, pair, match, kernel, thresholds, base_stats[order], problems, other_buffer)
+                judged, judged_stats, _moved = _plain_side(base, match["key"], base_tensor, base_stats[order], row["is_output"])
+                _measure(row, judged, pair, match, kernel, thresholds, judged_stats, problems, other_buffer)
             rows.append(row)
             tick()
         del base_tensor
@@ -192,7 +193,8 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
         problems.append(error)
         row.update(status="unreadable", reasons=error)
         return
-    other_stats = pair.other.stats_by_order()[match["other_order"]]
+    other_tensor, other_stats, moved = _plain_side(pair.other, match["other_key"], other_tensor,
+                                                   pair.other.stats_by_order()[match["other_order"]], row["is_output"])
     if other_tensor.size != base_tensor.size:
         row.update(status="shape_mismatch", reasons="stored tensor sizes differ")
         return
@@ -203,6 +205,27 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
         row.update(top1=agree["top1"], top5=agree["top5"], n_top1_flips=agree["n_flips"],
                    n_tie_flips=agree["n_tie_flips"])
     row["status"], row["reasons"] = classify(row, thresholds)
+    if moved:
+        row["reasons"] = "; ".join(r for r in (row["reasons"], PLAIN_JUDGED) if r)
+
+
+PLAIN_JUDGED = ("judged on the plain run's output (the model run as an app runs it), which differs from the observed "
+                "run's: observing every layer changed this output")
+
+
+def _plain_side(run: Run, key: str, tensor: np.ndarray, stats: dict, is_output: bool) -> tuple[np.ndarray, dict, bool]:
+    """(tensor, stats, moved): a model output is judged as the plain run computed it, when the dump stored that
+    run (FORMATS.md §2 `/plain_outputs`); `moved` says observing changed it. Other layers are as dumped."""
+    plain = run.plain_outputs().get(key) if is_output else None
+    if plain is None or plain.size != tensor.size:
+        return tensor, stats, False
+    observed = np.asarray(tensor).reshape(plain.shape)
+    moved = observed.dtype != plain.dtype or observed.tobytes() != plain.tobytes()
+    if not moved:
+        return tensor, stats, False
+    from layerdiff.analyzer.formats.tensorstats import tensor_stats
+
+    return plain, {**stats, **tensor_stats(plain).as_dict()}, True
 
 
 def decision_tolerance(ref: np.ndarray, thresholds: Thresholds, stats: dict | None = None) -> float:
