@@ -140,6 +140,22 @@ def test_paddle_records_its_observed_run_identical_to_a_plain_run(tmp_path):
     assert_identical_to_plain(tmp_path / "out")
 
 
+@pytest.mark.parametrize("backend", ["cpu", "vulkan"])
+def test_the_cpp_harness_records_its_ncnn_run_identical_to_a_plain_run(tmp_path, backend):
+    """The phone harness (host build): a fresh extractor extracting only the outputs, as an app runs the net."""
+    from tests.test_harness_support import host_harness
+
+    out = tmp_path / "out"
+    proc = subprocess.run([str(host_harness()), "--engine", "ncnn", "--model", str(SAMPLES / "models" / "convnet.param"),
+                           "--model", str(SAMPLES / "models" / "convnet.bin"), "--input",
+                           f"data={SAMPLES / 'inputs' / 'convnet.npy'}", "--backend", backend, "--precision", "low",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = assert_identical_to_plain(out)
+    assert [e["key"] for e in record["outputs"]] == ["prob:0"]
+    assert "light mode" in record["observing"]
+
+
 def collect(out: Path, model: Path, feed: Path, level: str) -> Path:
     env = {**os.environ, "LAYERDIFF_ORT_OPTIMIZATION": level}
     proc = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--device", "local", "--no-report",

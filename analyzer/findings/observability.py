@@ -170,7 +170,7 @@ def observed_vs_plain(run, warn_rel_l2: float) -> list[Finding]:
     if first_varying is not None:
         parts.append(f"two runs of the observed graph on the same input differ at {varying['tensors_differing']} of "
                      f"{varying.get('tensors_compared')} dumped tensors, first {first_varying.get('key')} "
-                     f"({first_varying.get('op_type')}, max abs {float(first_varying.get('max_abs', 0.0)):.3g}): "
+                     f"({first_varying.get('op_type')}, max abs {_figure(first_varying, 'max_abs'):.3g}): "
                      "its layer values are one draw of a backend that is not reproducible")
     if unstable:
         parts.append("two plain runs of the same input differ: " + _listed(unstable, "vs_second_plain_run")
@@ -188,14 +188,23 @@ def _moved(diff) -> bool:
         return False
     if "identical" in diff:
         return not diff.get("identical")
-    return not float(diff.get("rel_l2", 0.0)) == 0.0
+    return not _figure(diff, "rel_l2") == 0.0
 
 
 def _beyond(diff, warn_rel_l2: float) -> bool:
-    return isinstance(diff, dict) and bool(diff.get("compared")) and not float(diff.get("rel_l2", 0.0)) <= warn_rel_l2
+    return isinstance(diff, dict) and bool(diff.get("compared")) and not _figure(diff, "rel_l2") <= warn_rel_l2
+
+
+def _figure(diff, name: str) -> float:
+    """A difference figure as a number: a missing, null (JSON has no infinity) or odd value is infinite."""
+    try:
+        value = float(diff.get(name, 0.0) if isinstance(diff, dict) else "inf")
+    except (TypeError, ValueError):
+        return float("inf")
+    return value if value == value else float("inf")
 
 
 def _listed(outputs: list[dict], side: str) -> str:
-    return ", ".join(f"{o.get('name')} by rel L2 {float(o[side]['rel_l2']):.3g} (max abs {float(o[side]['max_abs']):.3g})"
+    return ", ".join(f"{o.get('name')} by rel L2 {_figure(o.get(side), 'rel_l2'):.3g} (max abs {_figure(o.get(side), 'max_abs'):.3g})"
                      for o in outputs[:MAX_NAMED])
 

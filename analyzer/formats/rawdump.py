@@ -23,6 +23,7 @@ RAW_FORMAT = "layerdiff-raw"
 RAW_VERSION = 1
 MANIFEST = "manifest.jsonl"
 TENSORS = "tensors.bin"
+PLAIN_DIR = "plain"  # the plain run's outputs: a raw dump inside the observed run's (collector/engines/plainrun.py)
 MAX_ELEMENTS = 1 << 40
 MAX_TENSOR_BYTES = 8 << 30  # one layer larger than this is a lying manifest, not a real tensor
 MAX_MANIFEST_BYTES = 256 << 20  # ~1M tensor lines: more than any model has layers
@@ -367,9 +368,6 @@ def convert_raw_dump(
         if stderr:
             writer.set_log(stderr)
     return Path(out_path)
-
-
-PLAIN_DIR = "plain"  # the plain run's outputs inside a raw dump (collector/engines/plainrun.py)
 
 
 def _plain_outputs(dump: RawDump, problems: list[str]) -> Iterator[tuple[RawTensor, np.ndarray]]:

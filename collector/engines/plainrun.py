@@ -23,9 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from layerdiff.analyzer.formats.rawdump import RawDumpWriter
-
-PLAIN_DIR = "plain"  # the plain run's outputs, a raw dump inside the observed run's dump directory
+from layerdiff.analyzer.formats.rawdump import PLAIN_DIR, RawDumpWriter  # PLAIN_DIR: the plain outputs' sub-directory
 PLAIN_RUNS = 2  # the second plain run gives the engine's own run-to-run spread
 
 

@@ -10,6 +10,7 @@
 #include "errors.h"
 #include "json.h"
 #include "options.h"
+#include "plain_run.h"
 #include "sysutil.h"
 #include "sha256.h"
 
@@ -139,9 +140,12 @@ int run(const Options& o) {
         int ops = config.isolate ? static_cast<int>(o.targets.size()) : engine->op_count();
         if (!o.replace.empty()) engine->replace_outputs(o.replace, *inject);  // before the dump: bad keys leave none
         DumpWriter writer(dir, limits_from(o), ops);
-        writer.write_header(header_json(o, facts, models_json, inputs, r));
+        std::string header = header_json(o, facts, models_json, inputs, r);
+        writer.write_header(header);
+        bool plain = !config.isolate && o.replace.empty();  // a what-if run is not the app's run by design
+        if (plain) writer.watch(engine->output_names());
         double infer_ms = config.isolate ? engine->isolate(o.targets, *inject, writer) : engine->run(inputs, writer);
-        writer.write_footer(infer_ms);
+        writer.write_footer(infer_ms, plain ? plain_run_check(*engine, inputs, writer, header) : "");
     }
     return kExitOk;
 }
