@@ -18,6 +18,7 @@ import pytest
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.analyzer.formats.rawdump import convert_raw_dump, read_raw_dump
 from tests.corpus import INPUT_MAKERS, MODELS, wheel_file
+from tests.ggml_support import ggml_binary, run_ggml  # noqa: F401 (ggml_binary: the fixture)
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 OCR_CLS = next(m for m in MODELS if m.stem == "ocr_cls")
@@ -154,6 +155,21 @@ def test_the_cpp_harness_records_its_ncnn_run_identical_to_a_plain_run(tmp_path,
     record = assert_identical_to_plain(out)
     assert [e["key"] for e in record["outputs"]] == ["prob:0"]
     assert "light mode" in record["observing"]
+
+
+@pytest.mark.parametrize("model, feed", [("tinyllama", "prompt"), ("conv2d", "conv_small")])
+def test_the_ggml_harness_records_its_observed_run_identical_to_a_plain_run(tmp_path, ggml_binary, model, feed):
+    """llama.cpp's graph with the eval callback asking for every node, against the same graph computed whole
+    (the callback asks for none): on the CPU the logits, and the convolution's output, agree bit for bit."""
+    from layerdiff.samples.ggml_models import write_all
+
+    samples = write_all(tmp_path / "samples")
+    spec = f"prompt={samples['prompt']}" if feed == "prompt" else f"x={samples[feed]}"
+    proc = run_ggml(ggml_binary, tmp_path / "out", samples[model], spec)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = assert_identical_to_plain(tmp_path / "out")
+    assert [e["name"] for e in record["outputs"]] == ["result_output" if model == "tinyllama" else "conv.out"]
+    assert "eval callback" in record["observing"]
 
 
 def collect(out: Path, model: Path, feed: Path, level: str) -> Path:

@@ -10,6 +10,7 @@
 #include "errors.h"
 #include "inject_source.h"
 #include "npy.h"
+#include "plain_run.h"
 
 namespace ld {
 
@@ -19,14 +20,6 @@ struct RunConfig {
     std::string precision;   // low | normal | high
     int threads = 1;
     bool isolate = false;    // --inject: the engine will be asked to isolate(), never to run()
-};
-
-// One model output of a plain run (the model run as an app runs it: no tensor observed), as float32
-// in the shape and layout the dump gives that output.
-struct PlainOutput {
-    std::string name;
-    std::vector<int64_t> shape;
-    std::vector<float> values;
 };
 
 // What the engine really did, known once the model is loaded for a backend (header fields).

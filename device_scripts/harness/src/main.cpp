@@ -10,7 +10,6 @@
 #include "errors.h"
 #include "json.h"
 #include "options.h"
-#include "plain_run.h"
 #include "sysutil.h"
 #include "sha256.h"
 
@@ -142,10 +141,13 @@ int run(const Options& o) {
         DumpWriter writer(dir, limits_from(o), ops);
         std::string header = header_json(o, facts, models_json, inputs, r);
         writer.write_header(header);
-        bool plain = !config.isolate && o.replace.empty();  // a what-if run is not the app's run by design
+        // a what-if run is not the app's run by design; an engine without output names has no plain run
+        bool plain = !config.isolate && o.replace.empty() && !engine->output_names().empty();
         if (plain) writer.watch(engine->output_names());
         double infer_ms = config.isolate ? engine->isolate(o.targets, *inject, writer) : engine->run(inputs, writer);
-        writer.write_footer(infer_ms, plain ? plain_run_check(*engine, inputs, writer, header) : "");
+        std::string record;
+        if (plain) record = plain_run_check([&] { return engine->plain_run(inputs); }, engine->observing(), writer, header);
+        writer.write_footer(infer_ms, record);
     }
     return kExitOk;
 }
