@@ -168,7 +168,7 @@ def test_sigkill_mid_run_leaves_usable_partial_dump(harness, tmp_path):
         last = dumps[-1]
         if last.footer is None:
             break
-    assert last.footer is None and len(last.tensors) < 30
+    assert last.footer is None and len(last.tensors) <= 30  # 30: killed in the plain run, after the last tensor
     for tensor, array in last.iter_arrays():  # every line names complete bytes
         assert array.shape == tensor.shape
 

@@ -8,6 +8,7 @@ them from this module.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -238,15 +239,34 @@ class DumpFile:
             return
         for name in sorted(group, key=_input_order):
             where = f"/inputs_fed/{name}"
-            ds = local_dataset(group, name, self.path, where)
-            if ds is None or ds.dtype.kind not in "fiub":
-                raise DumpFormatError(f"{self.path}: {where} is not a numeric dataset")
-            self._bounded(ds, where)
+            ds = self._numeric(group, name, where)
             try:
                 axes = tuple(int(a) for a in json.loads(_as_str(ds.attrs.get("axes", "[]"))))
                 yield _as_str(ds.attrs.get("name", name)), ds[()], _as_str(ds.attrs.get("layout", "")), axes
             except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
                 raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
+
+    def plain_outputs(self) -> dict[str, np.ndarray]:
+        """The plain run's outputs by layer key (`/plain_outputs`, FORMATS.md §2): the model run as an app
+        runs it, no tensor observed; {} when the producer stored none."""
+        group = local_group(self._file, "plain_outputs", self.path, "/plain_outputs")
+        out: dict[str, np.ndarray] = {}
+        for name in sorted(group or (), key=_input_order):
+            where = f"/plain_outputs/{name}"
+            ds = self._numeric(group, name, where)
+            try:
+                out[_as_str(ds.attrs.get("key", name))] = ds[()]
+            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
+                raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
+        return out
+
+    def _numeric(self, group, name: str, where: str):
+        """A local numeric dataset of `group`, bounded like every tensor, or DumpFormatError."""
+        ds = local_dataset(group, name, self.path, where)
+        if ds is None or ds.dtype.kind not in "fiub":
+            raise DumpFormatError(f"{self.path}: {where} is not a numeric dataset")
+        self._bounded(ds, where)
+        return ds
 
     def stderr(self) -> str:
         group = local_group(self._file, "log", self.path, "/log")

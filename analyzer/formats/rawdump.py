@@ -25,6 +25,7 @@ RAW_FORMAT = "layerdiff-raw"
 RAW_VERSION = 1
 MANIFEST = "manifest.jsonl"
 TENSORS = "tensors.bin"
+PLAIN_DIR = "plain"  # the plain run's outputs: a raw dump inside the observed run's (collector/engines/plainrun.py)
 MAX_ELEMENTS = 1 << 40
 MAX_TENSOR_BYTES = 8 << 30  # one layer larger than this is a lying manifest, not a real tensor
 MAX_MANIFEST_BYTES = 256 << 20  # ~1M tensor lines: more than any model has layers
@@ -324,8 +325,8 @@ class RawDumpWriter:
                           "offset": self._offset, "nbytes": int(data.nbytes)})
         self._offset += int(data.nbytes)
 
-    def close(self, *, infer_ms: float, status: str = "ok") -> None:
-        footer = {"record": "footer", "tensors": self._count, "bytes": self._offset, "infer_ms": infer_ms}
+    def close(self, *, infer_ms: float, status: str = "ok", extra: dict[str, Any] | None = None) -> None:
+        footer = {"record": "footer", "tensors": self._count, "bytes": self._offset, "infer_ms": infer_ms, **(extra or {})}
         self._write_line({**footer, "finished": utc_now(), "status": status})
         self._data.close()
         self._manifest.close()
@@ -427,6 +428,8 @@ def convert_raw_dump(
             writer.add_input(name, array, _array_sha256(array))
         for fed in dump.fed:
             writer.add_fed_input(fed.name, dump.read_fed(fed), fed.layout, fed.axes)
+        for tensor, array in _plain_outputs(dump, merged["provenance"]["raw_problems"]):
+            writer.add_plain_output(f"{tensor.op}:{tensor.output_index}", tensor.name, array)
         if stderr:
             writer.set_log(stderr)
     return Path(out_path)
@@ -438,6 +441,21 @@ def fed_check(dump: RawDump, inputs: list[tuple[str, np.ndarray]]) -> str:
 
     fed = [(f.name, dump.read_fed(f), f.axes, f.layout) for f in dump.fed]
     return check_fed(dict(inputs), fed, str(dump.header.get("precision_effective") or ""))
+
+
+def _plain_outputs(dump: RawDump, problems: list[str]) -> Iterator[tuple[RawTensor, np.ndarray]]:
+    """The plain run's outputs a harness stored beside the dump (none when it stored none); a plain
+    dump that does not read is one problem line, never a lost run."""
+    where = dump.path / PLAIN_DIR
+    if not (where / MANIFEST).is_file():
+        return
+    try:
+        plain = read_raw_dump(where)
+        arrays = [(t, plain.read(t)) for t in plain.tensors]
+    except (DumpFormatError, OSError) as err:
+        problems.append(f"{where}: the plain run's outputs are unreadable ({err}); only the observed outputs are judged")
+        return
+    yield from arrays
 
 
 def _array_sha256(array: np.ndarray) -> str:

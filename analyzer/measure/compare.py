@@ -181,7 +181,8 @@ def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kern
             if base_error:
                 row.update(status="unreadable", reasons=f"reference tensor unreadable: {base_error}")
             else:
-                _measure(row, base_tensor, pair, match, kernel, tolerances, base_stats[order], problems, other_buffer)
+                judged, judged_stats, _moved = _plain_side(base, match["key"], base_tensor, base_stats[order], row["is_output"])
+                _measure(row, judged, pair, match, kernel, tolerances, judged_stats, problems, other_buffer)
             rows.append(row)
             tick()
         del base_tensor
@@ -203,7 +204,8 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
         problems.append(error)
         row.update(status="unreadable", reasons=error)
         return
-    other_stats = pair.other.stats_by_order()[match["other_order"]]
+    other_tensor, other_stats, moved = _plain_side(pair.other, match["other_key"], other_tensor,
+                                                   pair.other.stats_by_order()[match["other_order"]], row["is_output"])
     if other_tensor.size != base_tensor.size:
         row.update(status="shape_mismatch", reasons="stored tensor sizes differ")
         return
@@ -218,6 +220,22 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
         row.update(top1=agree["top1"], top5=agree["top5"], n_top1_flips=agree["n_flips"],
                    n_tie_flips=agree["n_tie_flips"])
     row["status"], row["reasons"] = MEASURED, ""
+    row["plain_judged"] = moved  # a fact for the judge: this output's numbers are the plain run's
+
+
+def _plain_side(run: Run, key: str, tensor: np.ndarray, stats: dict, is_output: bool) -> tuple[np.ndarray, dict, bool]:
+    """(tensor, stats, moved): a model output is judged as the plain run computed it, when the dump stored that
+    run (FORMATS.md §2 `/plain_outputs`); `moved` says observing changed it. Other layers are as dumped."""
+    plain = run.plain_outputs().get(key) if is_output else None
+    if plain is None or plain.size != tensor.size:
+        return tensor, stats, False
+    observed = np.asarray(tensor).reshape(plain.shape)
+    moved = observed.dtype != plain.dtype or observed.tobytes() != plain.tobytes()
+    if not moved:
+        return tensor, stats, False
+    from layerdiff.analyzer.formats.tensorstats import tensor_stats
+
+    return plain, {**stats, **tensor_stats(plain).as_dict()}, True
 
 
 def matched_axes(match: dict) -> AxisMap:
@@ -271,7 +289,7 @@ TABLE_COLUMNS = [
     "pass_fraction", "n_fail", "beyond_scale", "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new",
     "n_posinf_lost", "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed",
     "n_saturated", "n_zero_new", "n_out_of_range", "ref_min", "ref_max", "run_min", "run_max", "range_excess",
-    "top1", "top5", "n_top1_flips", "n_tie_flips",
+    "top1", "top5", "n_top1_flips", "n_tie_flips", "plain_judged",
 ]  # plus "growth" and "worst_input", added once every row of a pair is known
 
 

@@ -78,6 +78,14 @@ class Run:
     input_override: str = ""  # the input key a golden without input hash stands for (`--ref-input`)
     _stats: "LayerStats | None" = field(default=None, repr=False)
     _by_design: list[str] | None = field(default=None, repr=False)
+    _plain: "dict[str, np.ndarray] | None" = field(default=None, repr=False)
+
+    def plain_outputs(self) -> "dict[str, np.ndarray]":
+        """The model's outputs from the run without observation, by layer key ({} when the dump has none):
+        what an app gets, so the verdict judges these (FORMATS.md §2 `/plain_outputs`)."""
+        if self._plain is None:
+            self._plain = self.dump.plain_outputs()
+        return self._plain
 
     def stats_by_order(self) -> "LayerStats":
         """Per-layer counts from /layers keyed by order; built once, looked up for every layer."""

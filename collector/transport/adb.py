@@ -21,6 +21,7 @@ from pathlib import Path
 
 import adbutils
 
+from layerdiff.analyzer.formats.rawdump import PLAIN_DIR
 from layerdiff.collector.transport.adbproto import SyncFailed, SyncSession, TransferLost, remove_quietly, run_shell_v2, shell_text
 from layerdiff.collector.transport.adbserver import STATE_ADVICE, connect_server, device_state, list_devices, require_online
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo, ExecResult, HarnessInvocation, LineSink
@@ -250,7 +251,13 @@ class AdbDevice:
             with self._sync() as sync:
                 if sync.stat(remote_dir) is None:
                     return local_dir
-                files = sorted((name, size) for name, mode, size in sync.list(remote_dir) if mode & 0o170000 == 0o100000)
+                listing = list(sync.list(remote_dir))
+                files = sorted((name, size) for name, mode, size in listing if mode & 0o170000 == 0o100000)
+                if any(name == PLAIN_DIR and mode & 0o170000 == 0o040000 for name, mode, _size in listing):
+                    # the plain run's outputs (docs/fidelity.md): a raw dump of their own, one level down
+                    files += sorted((f"{PLAIN_DIR}/{name}", size) for name, mode, size in sync.list(f"{remote_dir}/{PLAIN_DIR}")
+                                    if mode & 0o170000 == 0o100000)
+                    (local_dir / PLAIN_DIR).mkdir(exist_ok=True)
                 need = sum(size for _name, size in files)
                 if shutil.disk_usage(local_dir).free < need + SPACE_MARGIN:
                     raise DeviceError(f"not enough space in {local_dir} for the dump from {self.serial}: "

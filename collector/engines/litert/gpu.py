@@ -15,6 +15,10 @@ listed in the header as `not_observable`, never dumped as values.
 Placement: the accelerator prints which operator types it rejects and how many operators run on
 the GPU and on the CPU; that log (captured from the native stderr, then passed on) is parsed into
 the header's `placement`. `backends_actual` is ["gpu", "cpu"] when the graph is split.
+
+The model as an app runs it (no activation made an output) is compiled too and run beside the observed
+graph (collector/engines/plainrun.py): making every activation observable changes how the accelerator
+partitions and fuses the graph, so the dumped values are trusted only as far as its outputs agree.
 """
 from __future__ import annotations
 
@@ -312,35 +316,3 @@ def run_to_run(first: dict[int, np.ndarray], second: dict[int, np.ndarray], neve
 def _is_fill(array: np.ndarray, index: int) -> np.ndarray:
     fill = _fill({"dtype": array.dtype, "shape": array.shape}, index).reshape(array.shape)
     return np.isnan(array) if np.isnan(fill).all() else array == fill
-
-
-def plain_check(data: bytes, graph: Graph, precision: str, threads: int, inputs: dict[str, np.ndarray],
-                observed: dict[int, np.ndarray]) -> dict:
-    """The model as an app runs it (no activation made an output), twice, against the observed run's
-    outputs: making every activation observable changes how the accelerator partitions and fuses the
-    graph, so the dumped values are trusted only as far as the plain run's outputs agree with them.
-    (Two separately compiled plain models of mediapipe's pose detector gave outputs 250 apart on
-    SwiftShader, in a script outside the engine; within one engine process they agree.)"""
-    runner = GpuRunner(compile_model(data, precision, threads, []), graph, inputs)
-    first, _ = runner.run(0, [])
-    second, _ = runner.run(0, [])
-    return {"runs": 2, "outputs": [{"name": graph.name(t), "vs_observed": _difference(observed.get(t), plain),
-                                    "vs_second_plain_run": _difference(second.get(t), plain)}
-                                   for t, plain in first.items()]}
-
-
-def _difference(other: np.ndarray | None, plain: np.ndarray) -> dict:
-    """max |other - plain| and the relative L2 error against the plain values (NaN-aware: a NaN on one
-    side only is an infinite difference)."""
-    if other is None or other.shape != plain.shape:
-        return {"compared": False}
-    a, b = plain.astype(np.float64).ravel(), other.astype(np.float64).ravel()
-    mismatch = np.isnan(a) != np.isnan(b)
-    both = ~(np.isnan(a) | np.isnan(b))
-    d = b[both] - a[both]
-    if mismatch.any() or not np.isfinite(d).all():
-        return {"compared": True, "max_abs": float("inf"), "rel_l2": float("inf")}
-    norm = float(np.linalg.norm(a[both]))
-    rel = float(np.linalg.norm(d)) / norm if norm else (0.0 if not d.any() else float("inf"))
-    return {"compared": True, "max_abs": float(np.abs(d).max()) if d.size else 0.0, "rel_l2": rel}
-

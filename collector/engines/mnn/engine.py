@@ -47,6 +47,12 @@ from layerdiff.collector.engines.harness_cli import (
     repeat_dirs,
 )
 
+from layerdiff.collector.engines import plainrun
+
+# What observing does differently here (plainrun.py; shown when the plain run disagrees).
+OBSERVING = ("the session runs through runSessionWithCallBackInfo, every op's output copied to the host inside the "
+             "after-callback; the plain run is runSession without callbacks, as an app runs it")
+
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
@@ -316,10 +322,23 @@ def run(args: HarnessArgs) -> None:
     replace = replacements(args)
     if replace:
         header.update({"mode": "replace", "replaced": args.replace})
+    outputs = list(interpreter.getSessionOutputAll(session))
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=0)
+        sink.watch(outputs)
         infer_ms = run_once(MNN, interpreter, session, inputs, sink, memory, edges, ops, dict(replace))
-        sink.close(infer_ms)
+        check = None if replace else plainrun.check(out, {**header, "repeat": k}, sink.observed,
+                                                    lambda: run_plain(MNN, interpreter, session, inputs), OBSERVING, now_ms)
+        sink.close(infer_ms, check)
+
+
+def run_plain(MNN, interpreter, session, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One run as an app runs it: the inputs fed, runSession without callbacks, the outputs read."""
+    feed(MNN, interpreter, session, inputs)
+    status = interpreter.runSession(session)
+    if status not in (0, None):
+        raise HarnessExit(EXIT_RUN, f"MNN's plain run (runSession) failed with status {status}")
+    return {name: _host_copy(MNN, tensor) for name, tensor in interpreter.getSessionOutputAll(session).items()}
 
 
 def _run_modules(args: HarnessArgs, graph: dict, inputs: dict[str, np.ndarray], header: dict, memory: str) -> None:

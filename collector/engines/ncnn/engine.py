@@ -40,6 +40,11 @@ from layerdiff.collector.engines.harness_cli import (
     repeat_dirs,
 )
 from layerdiff.vocabulary import ncnn_cpu_has_fp16, ncnn_precision_flags
+from layerdiff.collector.engines import plainrun
+
+# What observing does differently here (plainrun.py; shown when the plain run disagrees).
+OBSERVING = ("every blob is extracted in layer order, one layer at a time (light mode), and on Vulkan each blob's host "
+             "copy is downloaded and dropped; the plain run extracts only the model's outputs, as an app does")
 
 NO_VULKAN = (
     "no Vulkan device found; install a Vulkan driver (Debian: apt-get install mesa-vulkan-drivers "
@@ -317,10 +322,28 @@ def run(args: HarnessArgs) -> None:
     gpu = _gpu_info(ncnn) if args.backend == "vulkan" else {}
     if gpu.get("device"):
         header["options"]["vulkan_device"] = gpu["device"]
+    outputs = list(net.output_names())
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=sum(len(layer.tops) for layer in net.layers()))
+        sink.watch(outputs)
         infer_ms = run_once(net, args, inputs, sink, ncnn)
-        sink.close(infer_ms)
+        check = plainrun.check(out, {**header, "repeat": k}, sink.observed,
+                               lambda: run_plain(net, inputs, outputs, ncnn), OBSERVING, now_ms)
+        sink.close(infer_ms, check)
+
+
+def run_plain(net, inputs: dict[str, np.ndarray], outputs: list[str], ncnn) -> dict[str, np.ndarray]:
+    """One run as an app runs it: a fresh extractor, the inputs fed, only the model's outputs extracted."""
+    ex = net.create_extractor()
+    feed(ex, net, inputs, ncnn)
+    values = {}
+    for name in outputs:
+        status, mat = ex.extract(name, 0)
+        if status != 0:
+            raise HarnessExit(EXIT_RUN, f"ncnn failed to extract output {name!r} in a plain run (status {status})")
+        array = np.array(mat, dtype=np.float32, copy=True)
+        values[name] = array.reshape(nchw_shape(array))
+    return values
 
 
 def isolate(net, args: HarnessArgs, precision: str, ncnn) -> None:

@@ -64,6 +64,8 @@ bool DumpWriter::begin(const TensorInfo& info, uint64_t nbytes) {
     current_ = info;
     current_expected_ = nbytes;
     current_written_ = 0;
+    watching_current_ = watched_names_.count(info.name) > 0 && watched_.count(info.name) == 0;
+    if (watching_current_) watched_[info.name] = WatchedTensor{info, {}};
     return true;
 }
 
@@ -71,6 +73,11 @@ void DumpWriter::append(const void* data, size_t size) {
     if (size == 0) return;
     check_io(std::fwrite(data, 1, size, tensors_) == size, "write tensors.bin");
     current_written_ += size;
+    if (watching_current_) {
+        const unsigned char* bytes = static_cast<const unsigned char*>(data);
+        std::vector<unsigned char>& kept = watched_[current_.name].bytes;
+        kept.insert(kept.end(), bytes, bytes + size);
+    }
 }
 
 void DumpWriter::end() {
@@ -138,7 +145,7 @@ void DumpWriter::write_fed(const std::string& name, const std::vector<int64_t>& 
     fed_bytes_ += nbytes;  // the run's inputs: not counted against --max-bytes
 }
 
-void DumpWriter::write_footer(double infer_ms) {
+void DumpWriter::write_footer(double infer_ms, const std::string& plain_run_json) {
     std::string status = "ok";
     if (budget_hit_) status = "byte budget exhausted (--max-bytes " + std::to_string(limits_.max_bytes) + ")";
     JsonObject footer;
@@ -148,6 +155,7 @@ void DumpWriter::write_footer(double infer_ms) {
         .add("infer_ms", infer_ms)
         .add("finished", iso_utc_now())
         .add("status", status);
+    if (!plain_run_json.empty()) footer.add_raw("plain_run", plain_run_json);
     check_io(std::fflush(tensors_) == 0, "flush tensors.bin");
     check_io(std::fputs((footer.str() + "\n").c_str(), manifest_) >= 0, "write manifest.jsonl");
     check_io(std::fflush(manifest_) == 0, "flush manifest.jsonl");

@@ -160,6 +160,39 @@ public:
         return infer_ms;
     }
 
+    std::vector<std::string> output_names() const override {
+        std::vector<std::string> names;
+        if (!session_) return names;
+        for (const auto& entry : net_->getSessionOutputAll(session_)) names.push_back(entry.first);
+        return names;
+    }
+
+    // The same session run as an app runs it: runSession, no per-op callback, only the outputs read.
+    std::vector<PlainOutput> plain_run(const std::vector<NpyArray>& inputs) override {
+        feed_inputs(inputs);
+        MNN::ErrorCode code = net_->runSession(session_);
+        if (code != MNN::NO_ERROR) throw HarnessError(kExitRun, "MNN's plain run (runSession) failed with error code " + std::to_string(code));
+        std::vector<PlainOutput> outputs;
+        for (const auto& entry : net_->getSessionOutputAll(session_)) {
+            const MNN::Tensor* t = entry.second;
+            if (t->elementSize() <= 0) continue;
+            MNN::Tensor host(t, MNN::Tensor::CAFFE);
+            t->copyToHostTensor(&host);
+            if (host.getType() != halide_type_of<float>()) continue;  // compared where the dump holds float32
+            PlainOutput output;
+            output.name = entry.first;
+            for (int dim : host.shape()) output.shape.push_back(dim);
+            output.values.assign(host.host<float>(), host.host<float>() + host.elementSize());
+            outputs.push_back(std::move(output));
+        }
+        return outputs;
+    }
+
+    std::string observing() const override {
+        return "the session runs through runSessionWithCallBackInfo, every op's output copied to the host inside the "
+               "after-callback; the plain run is runSession of the same session without callbacks, as an app runs it";
+    }
+
     void replace_outputs(const std::vector<std::string>& keys, const InjectSource& source) override {
         replace_.clear();
         replace_source_ = &source;

@@ -282,6 +282,42 @@ private:
         return {"vulkan"};
     }
 
+    std::vector<std::string> output_names() const override {
+        std::vector<std::string> names;
+        for (const char* name : net_.output_names()) names.push_back(name);
+        return names;
+    }
+
+    // A fresh extractor, the inputs fed, only the model's outputs extracted: as an app runs the net.
+    std::vector<PlainOutput> plain_run(const std::vector<NpyArray>& inputs) override {
+        ncnn::Extractor ex = net_.create_extractor();
+        feed_inputs(ex, inputs);
+        std::vector<PlainOutput> outputs;
+        for (const char* name : net_.output_names()) {
+            ncnn::Mat m;
+            if (ex.extract(name, m, 0) != 0) throw HarnessError(kExitRun, std::string("ncnn failed computing output ") + name + " in a plain run");
+            if (m.empty() || m.elemsize != 4 || m.elempack != 1) continue;
+            PlainOutput output;
+            output.name = name;
+            std::string layout;
+            blob_shape(m, &output.shape, &layout);
+            size_t plane = size_t(m.w) * m.h * m.d;
+            for (int q = 0; q < m.c; ++q) {
+                const float* values = m.channel(q);
+                output.values.insert(output.values.end(), values, values + plane);
+            }
+            outputs.push_back(std::move(output));
+        }
+        return outputs;
+    }
+
+    std::string observing() const override {
+        return vulkan_ ? "every blob is extracted in layer order (light mode), each one's host copy downloaded and then "
+                         "dropped; the plain run extracts only the model's outputs, as an app does"
+                       : "every blob is extracted in layer order (light mode); the plain run extracts only the model's "
+                         "outputs, as an app does";
+    }
+
     // Each Mat handed to the extractor is recorded as read back (`input_fed`, with `out`): in the
     // given shape (ncnn has no batch axis), channel by channel (planes are cstep apart).
     void feed_inputs(ncnn::Extractor& ex, const std::vector<NpyArray>& inputs, DumpWriter* out = nullptr) {
