@@ -23,7 +23,7 @@ from layerdiff.analyzer.formats.dumpfile import TensorBuffer
 from layerdiff.analyzer.formats.layouts import bytes_layout, layouts_differ
 from layerdiff.errors import LayerdiffError
 from layerdiff.progress import Steps
-from layerdiff.analyzer.align.graph import LayerGraph, build_graph
+from layerdiff.analyzer.align.graph import LayerGraph, run_graph
 from layerdiff.analyzer.measure.metrics import PairKernel
 from layerdiff.analyzer.outputs.classes import topk_agreement
 from layerdiff.analyzer.runs.reference import Pair, Plan
@@ -48,7 +48,7 @@ class Comparison:
         are made: two graphs were ~40 MB at 50,000 layers, kept through the whole report)."""
         graph = self.graphs.get(run.label)
         if graph is None:
-            graph = self.graphs[run.label] = build_graph(run.layers)
+            graph = self.graphs[run.label] = run_graph(run)
         return graph
 
     def pair_rows(self, pair_index: int) -> pd.DataFrame:
@@ -61,7 +61,7 @@ def compare_all(plan: Plan, rules: NameRules, thresholds: Thresholds, steps: Ste
     steps = steps or Steps.quiet()
     runs = {id(p.base): p.base for p in plan.pairs} | {id(p.other): p.other for p in plan.pairs}
     runs[id(plan.reference)] = plan.reference
-    graphs = {run.label: build_graph(run.layers) for run in runs.values()}
+    graphs = {run.label: run_graph(run) for run in runs.values()}
     alignments = [_align(p, rules, steps) for p in plan.pairs]
     for pair, alignment in zip(plan.pairs, alignments):
         observability.relabel_unmatched(alignment, pair.base, pair.other)

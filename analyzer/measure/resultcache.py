@@ -34,7 +34,7 @@ from layerdiff.analyzer.importers import convcache
 from layerdiff.analyzer.align.byname import NameRules, PairAlignment
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.errors import LayerdiffError
-from layerdiff.analyzer.align.graph import build_graph
+from layerdiff.analyzer.align.graph import run_graph
 from layerdiff.analyzer.report.outdir import atomic_write_chunks
 from layerdiff.analyzer.runs.reference import Plan
 from layerdiff.analyzer.findings.verdict import Thresholds
@@ -83,7 +83,7 @@ def load(plan: Plan, key: str) -> Comparison | None:
                       for a in doc["alignments"]]
         table = _frame(doc.pop("table"))
         runs = {id(r): r for p in plan.pairs for r in (p.base, p.other)} | {id(plan.reference): plan.reference}
-        graphs = {run.label: build_graph(run.layers) for run in runs.values()}
+        graphs = {run.label: run_graph(run) for run in runs.values()}
         convcache.touch(path)  # recently used entries survive the trimming
         return Comparison(plan=plan, table=table, alignments=alignments, graphs=graphs,
                           problems=[str(p) for p in doc["problems"]])

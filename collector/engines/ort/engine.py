@@ -194,6 +194,7 @@ def run(args: HarnessArgs) -> None:
         raise HarnessExit(EXIT_ARGS, "the onnxruntime engine does not isolate ops (--inject); it is the golden")
     inputs = load_inputs(args.inputs)
     model = load_model(args)
+    declared = [o.name for o in model.graph.output]  # before with_outputs adds the dumped tensors to them
     nodes = dumped_nodes(model)
 
     def session_for(group: list[str]):
@@ -203,6 +204,7 @@ def run(args: HarnessArgs) -> None:
     feeds = feeds_for(session, inputs)
     header = base_header(args, engine_version(), inputs)
     header.update({"backends_actual": ["cpu"], "precision_effective": "fp32", "node_names": node_names(nodes),
+                   "outputs": declared,
                    "options": {"providers": session.get_providers(), "graph_optimization_level": "ORT_DISABLE_ALL"}})
     whole_graph = segmentable(model)
     header["options"]["dump"] = "segments" if whole_graph else "output groups"

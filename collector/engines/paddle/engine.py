@@ -157,7 +157,7 @@ def run(args: HarnessArgs) -> None:
     program, executor = load(paddle, program_file, params_file)
     feeds = feeds_for(program, inputs, described.feeds())
     header = base_header(args, paddle.__version__, inputs)
-    header.update({"backends_actual": ["cpu"], "precision_effective": "fp32",
+    header.update({"backends_actual": ["cpu"], "precision_effective": "fp32", "outputs": described.fetches(),
                    "options": {"executor": "paddle.static.Executor(CPUPlace)", "onednn": False,
                                "variables": len(variables)}})
     for k, out in enumerate(repeat_dirs(args)):
