@@ -22,6 +22,7 @@ from layerdiff.collector.inputs.modelfiles import input_shapes, resolve_model
 from layerdiff.collector.run.pipeline import RunSpec, collect_run
 from layerdiff.collector.transport.devices import LocalDevice
 from layerdiff.samples.onnx_emit import convert_many
+from tests.analyze_dumps import reference_arrays, write_dump
 
 MEMBER = "basic_pitch/saved_models/icassp_2022/nmp.onnx"
 CONTOUR = "StatefulPartitionedCall:0"  # [1, 172, 264], also an input of the note branch
@@ -124,3 +125,38 @@ def test_a_change_only_the_consumed_output_shows_fails_the_run(runs, tmp_path):
         assert CONTOUR in row["verdict_reason"]
     finally:
         analysis.close()
+
+
+def _verdict(folder: Path, ref: Path) -> dict:
+    analysis = analyze_paths([folder], ref=ref)
+    try:
+        (row,) = [r for r in analysis.summary.to_dict("records") if r["role"] == "compared"]
+        return row
+    finally:
+        analysis.close()
+
+
+def test_a_run_that_stopped_before_its_output_is_no_pass(tmp_path):
+    """Every layer it dumped equals the reference's, but the harness died before `prob`."""
+    ref = reference_arrays()
+    write_dump(tmp_path / "ref.h5", ref)
+    cut = {op: a for op, a in ref.items() if op != "prob"}
+    write_dump(tmp_path / "cut.h5", cut, backend="vulkan", complete=False, exit_status=-11)
+    row = _verdict(tmp_path, tmp_path / "ref.h5")
+    assert row["verdict"] == "fail"
+    assert "output prob:0: the run stopped before it (incomplete)" in row["verdict_reason"]
+
+
+def test_an_incomplete_reference_or_a_set_aside_output_is_no_pass(tmp_path):
+    ref = reference_arrays()
+    (tmp_path / "a").mkdir()
+    write_dump(tmp_path / "a" / "ref.h5", ref, complete=False, exit_status=-6)
+    write_dump(tmp_path / "a" / "run.h5", ref, backend="vulkan")
+    row = _verdict(tmp_path / "a", tmp_path / "a" / "ref.h5")
+    assert row["verdict"] == "warn" and "the reference" in row["verdict_reason"] and "incomplete" in row["verdict_reason"]
+    (tmp_path / "b").mkdir()
+    write_dump(tmp_path / "b" / "ref.h5", ref)
+    write_dump(tmp_path / "b" / "run.h5", ref, backend="vulkan", layouts={"prob": "NHWC"})
+    row = _verdict(tmp_path / "b", tmp_path / "b" / "ref.h5")
+    assert row["verdict"] == "warn", row["verdict_reason"]
+    assert "output prob:0 set aside (layout_mismatch" in row["verdict_reason"]

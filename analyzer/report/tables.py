@@ -17,6 +17,7 @@ from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.report.numbers import format_number  # noqa: F401  (re-exported: callers import it from here)
 from layerdiff.analyzer.report.outdir import atomic_write_chunks, atomic_write_text
 from layerdiff.analyzer.runs.sources import Run
+from layerdiff.analyzer.findings.coverage import outputs_not_compared, run_stopped_early
 from layerdiff.analyzer.findings.verdict import Thresholds, dense_output_beyond, pair_verdict, worst_output
 
 SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "verdict", "verdict_reason",
@@ -79,7 +80,9 @@ def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | N
     measured = rows[status.isin(["pass", "warn", "fail"])]
     outputs = measured[measured["is_output"].astype(bool)]
     worst_row = measured.loc[measured["rel_l2"].idxmax()] if measured["rel_l2"].notna().any() else None
-    verdict, why = pair_verdict(rows, thresholds, judgement)
+    graph = comparison.graph(pair.base)
+    verdict, why = pair_verdict(rows, thresholds, judgement, outputs_not_compared(pair, rows, graph),
+                                run_stopped_early(pair, rows, graph))
     if verdict == "not compared":
         why = _unmeasured(rows, pair)
     out = worst_output(outputs)
