@@ -174,6 +174,8 @@ def pair_verdict(rows: pd.DataFrame, t: Thresholds | None = None, judgement=None
     `not_compared` (findings/coverage.py): why some outputs were not compared; such a run is never a
     pass. `stopped`: the run died before an output (the app gets no result): a fail."""
     verdict, why = _pair_verdict(rows, t, judgement)
+    if judgement is not None and judgement.status == "error" and verdict == "pass":  # a task that could not be read
+        verdict, why = "warn", f"{judgement.task} not applied: {judgement.reason}"
     if not not_compared or verdict == "not compared":
         return verdict, why
     gap = "not every output was compared: " + "; ".join(not_compared)
