@@ -220,3 +220,54 @@ def test_a_task_naming_an_output_the_model_lacks_lists_the_outputs(tmp_path):
     row, said = _judged([tmp_path], tmp_path / "ref.h5", "yolox:nothing")
     assert "the model has no output 'nothing' (outputs: head:0 [1, 126, 8], aux:0 [1, 4])" in said.sentence
     assert row["verdict"] == "warn" and "not applied" in row["verdict_reason"]
+
+
+MAGIKA_MEMBER = "magika/models/standard_v3_3/model.onnx"
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture(scope="module")
+def magika(tmp_path_factory):
+    """magika's content-type model (its output: a score per content type) on ONNX Runtime twice, on MNN
+    (whose x86 build mislays a packed tensor inside the network, tests/test_layouts.py), and on another
+    file labelled as the same input: an output that really changed."""
+    from layerdiff.samples.onnx_emit import convert_many
+
+    work = tmp_path_factory.mktemp("magika")
+    onnx_path = work / "magika.onnx"
+    onnx_path.write_bytes(Path(importlib.metadata.distribution("magika").locate_file(MAGIKA_MEMBER)).read_bytes())
+    convert_many([(onnx_path, work / "magika.mnn", False)])
+    text = Path(__file__).read_bytes()  # a Python file, as magika reads one: its first and last 1024 bytes
+    ids = np.concatenate([np.frombuffer(text[:1024], np.uint8), np.frombuffer(text[-1024:], np.uint8)])
+    other = _model(FACE).read_bytes()  # a binary model file: another content type
+    other_ids = np.concatenate([np.frombuffer(other[:1024], np.uint8), np.frombuffer(other[-1024:], np.uint8)])
+    runs = {}
+    for label, model, ids_fed in (("golden", onnx_path, ids), ("again", onnx_path, ids), ("mnn", work / "magika.mnn", ids),
+                                  ("other", onnx_path, other_ids)):
+        inputs = {"bytes": ids_fed.astype(np.int32)[None]}
+        spec = RunSpec(resolve_model(model), "cpu", "high", InputSet("source", inputs, "source"))
+        outcome = collect_run(LocalDevice(), spec, work / label)
+        assert outcome.status == "done", outcome.message
+        runs[label] = outcome.paths[0]
+    _as_input_of(runs["other"], runs["golden"])
+    return runs
+
+
+def test_embedding_is_judged_by_cosine_similarity(magika):
+    golden = _tensor(magika["golden"], "target_label")
+    judged = {}
+    for label in ("again", "mnn", "other"):
+        cos = _cosine(golden, _tensor(magika[label], "target_label"))
+        expect = "fail" if cos < 0.99 else ("warn" if cos < 0.999 else "pass")
+        row, said = _judged([magika["golden"], magika[label]], magika["golden"], "embedding")
+        assert said.layer == "target_label:0"
+        assert said.numbers["min_cosine"] == pytest.approx(cos, abs=1e-9)
+        assert said.numbers["status"] == expect, (label, cos, said.sentence)
+        judged[label] = row["verdict"]
+        assert f"cosine similarity of the embedding target_label:0 to the reference: {cos:.6f}" in said.sentence
+    assert judged["again"] == "pass" and judged["other"] == "fail"
+    assert judged["mnn"] != "fail"  # its layers break, but its output keeps its direction: a warning, not a fail
