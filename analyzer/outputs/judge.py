@@ -1,8 +1,10 @@
 """A run's outputs judged by what they are: decoded with the declared task and compared as a user would.
 
 One judgement per run-vs-reference pair. With a declared task (`--task`, or the `task` the run's file
-records) the outputs are decoded by the family's conventions (detection.py, segmentation.py,
-classes.py) and the judgement says what changed in the user's terms ("1 of 7 boxes moved (IoU 0.64)").
+records) the output it reads (named, or picked by its role: pick.py) is decoded by the family's
+conventions (detection.py, segmentation.py, classes.py, landmarks.py, embedding.py) and the judgement
+says what changed in the user's terms ("1 of 7 boxes moved (IoU 0.64)"). An output the task cannot
+read is refused in one line (status "error"), never decoded anyway.
 Without one there is no judgement here: the verdict weighs the scale-aware element error of each output,
 and top-1 only where an output is recognisably class scores (classes.py).
 """
@@ -66,6 +68,9 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
             head = the_output(outputs, task, _head_fits(task), "a detector head ([anchors, columns])")
             return _detections(pair, task, [head.ref], [head.run], [head.key])
         if task.is_detector:
+            if task.get("output"):
+                raise InputError(f"--task {task.text}: {task.name} reads all of its outputs together (paired by "
+                                 "their shapes); it takes no output name")
             return _detections(pair, task, ref, run, names)
         if task.name == "segmentation":
             return _masks(task, _mask_output(pair, outputs, task), tolerance_of)
@@ -73,6 +78,9 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
             return _landmarks(pair, task, outputs)
         if task.name == "embedding":
             return _embedding(task, outputs)
+        if task.name == LANGUAGE_MODEL and task.get("output"):
+            chosen = the_output(outputs, task, None, "")
+            return _next_tokens(task, [chosen.ref], [chosen.run], [chosen.key], tolerance_of)
         if task.name == LANGUAGE_MODEL:
             return _next_tokens(task, ref, run, names, tolerance_of)
         if task.get("output"):
