@@ -51,6 +51,10 @@ def grid_cells(input_hw: tuple[int, int], strides: list[int]) -> int:
 def _columns(head: np.ndarray, task: Task, family: str) -> None:
     """Refuse a head that is not [N, 5 + C] (with C = the `classes` option when given)."""
     classes = int(task.get("classes") or 0)
+    if head.ndim == 2 and head.shape[1] > head.shape[0]:
+        raise InputError(f"--task {task.text}: this head is {list(head.shape)}, more columns than rows: boxes and "
+                         f"class scores down the rows, anchors across ([4 + C, N], YOLOv8's layout: use --task yolov8); "
+                         f"a {family} head is [anchors, 5 + C]")
     if head.ndim != 2 or head.shape[1] < 6 or (classes and head.shape[1] != 5 + classes):
         expected = f"5 + {classes} = {5 + classes}" if classes else "5 + classes (6 or more)"
         raise InputError(f"--task {task.text}: a {family} head is [anchors, {expected}] (box, objectness, "
