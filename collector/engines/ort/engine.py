@@ -196,6 +196,8 @@ def run(args: HarnessArgs) -> None:
     model = load_model(args)
     declared = [o.name for o in model.graph.output]  # before with_outputs adds the dumped tensors to them
     nodes = dumped_nodes(model)
+    dumped = {name for node in nodes for name in node.outputs}
+    declared = [name for name in declared if name in dumped]  # an input or a constant passed through is no layer
 
     def session_for(group: list[str]):
         return create_session(with_outputs(model, group).SerializeToString(), args)
