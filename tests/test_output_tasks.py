@@ -5,6 +5,7 @@ Every expectation is computed here with numpy from the dumped outputs, outside l
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from pathlib import Path
 
 import h5py
@@ -92,6 +93,8 @@ def test_pose_landmarks_that_moved_are_counted_in_pixels(pose):
 
 def test_pose_landmarks_are_picked_by_shape_and_an_unchanged_run_passes(pose, tmp_path):
     golden, _ = pose
+    with DumpFile(golden) as dump:  # the TFLite subgraph's outputs, as LiteRT's dump declares them
+        assert json.loads(dump.attrs["outputs"]) == ["Identity", "Identity_1", "Identity_2", "Identity_3", "Identity_4"]
     again = _collect(POSE, image_input((1, 256, 256, 3)), tmp_path / "again")
     row, said = _judged([golden, again], golden, "landmarks")
     assert said.layer == "Identity:0"  # the [1, 195] list, not the world landmarks nor the flag
@@ -118,6 +121,16 @@ def test_segmentation_refuses_an_output_that_is_not_a_mask(pose):
     assert said.numbers["status"] == "error"
     assert "output Identity:0 [1, 195] is not a mask" in said.sentence
     assert row["verdict"] != "pass"
+
+
+def test_a_detector_task_on_the_pose_model_is_refused_not_decoded(pose):
+    """No pose output is a detector head: read as one, its 256 x 256 mask gave 121 'lost' boxes of class 250."""
+    golden, moved = pose
+    for task, why in (("yolov5", "256 rows fit no YOLOv5 anchor layout of a 256x256 input"),
+                      ("yolov8", "256 anchors, but a 256x256 input has 1344 grid cells")):
+        row, said = _judged([golden, moved], golden, task)
+        assert said.numbers["status"] == "error" and why in said.sentence, said.sentence
+        assert "box(es)" not in row["verdict_reason"]
 
 
 def test_face_mesh_landmarks_three_values_each(tmp_path):

@@ -65,7 +65,8 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
         outputs = _outputs(pair, rows)
         ref, run = [o.ref for o in outputs], [o.run for o in outputs]
         if task.name in detection.SINGLE_HEAD:
-            head = the_output(outputs, task, _head_fits(task), "a detector head ([anchors, columns])")
+            hw = input_hw(pair.base) or input_hw(pair.other)
+            head = the_output(outputs, task, _head_fits(task, hw), "a detector head ([anchors, columns])")
             return _detections(pair, task, [head.ref], [head.run], [head.key])
         if task.is_detector:
             if task.get("output"):
@@ -114,11 +115,20 @@ def _tensor_name(run, order: int, key: str) -> str:
     return str(hit.iloc[0]) if len(hit) else key
 
 
-def _head_fits(task: Task):
+def _head_fits(task: Task, hw: tuple[int, int] | None):
     """A single-head detector reads a 2-D output ([anchors, columns] after size-1 axes are dropped; a
-    text map for text-det), the largest one."""
+    text map for text-det): first those whose anchor count fits the family's layout for the input's size
+    (a text map of the input's size), then the largest."""
+    per_cell = 3 if task.name == "yolov5" else 1
+
     def fits(output: Output):
-        return output.ref.size if output.ref.ndim == 2 else None
+        if output.ref.ndim != 2:
+            return None
+        if hw is None:
+            return (False, output.ref.size)
+        if task.name == "text-det":
+            return (tuple(output.ref.shape) == hw, output.ref.size)
+        return (max(output.ref.shape) in detection.anchor_counts(hw, per_cell), output.ref.size)
     return fits
 
 
