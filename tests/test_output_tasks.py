@@ -284,3 +284,16 @@ def test_embedding_is_judged_by_cosine_similarity(magika):
         assert f"cosine similarity of the embedding target_label:0 to the reference: {cos:.6f}" in said.sentence
     assert judged["again"] == "pass" and judged["other"] == "fail"
     assert judged["mnn"] != "fail"  # its layers break, but its output keeps its direction: a warning, not a fail
+
+
+def test_a_mask_is_read_in_the_axis_order_the_dump_records():
+    from layerdiff.analyzer.outputs.classes import squeezed
+    from layerdiff.analyzer.outputs.pick import Output, spatial
+
+    chw = np.random.default_rng(0).normal(size=(3, 4, 5)).astype(np.float32)
+    cases = {"NCHW": chw[None], "NHWC": np.moveaxis(chw, 0, -1)[None], "": chw}  # ONNX, TFLite, ncnn (no batch)
+    for layout, dumped in cases.items():
+        ref, _run = spatial(Output("m:0", "m", squeezed(dumped), squeezed(dumped), dumped.shape, layout))
+        np.testing.assert_array_equal(ref, chw)
+    flat = np.zeros((1, 195), np.float32)
+    assert spatial(Output("l:0", "l", squeezed(flat), squeezed(flat), flat.shape, "")) is None

@@ -227,16 +227,16 @@ def _mask_output(pair, outputs: list[Output], task: Task) -> Output:
 def _masks(task: Task, output: Output, tolerance_of) -> OutputJudgement:
     """Fail when more than 1% of the mask's deciding pixels change class."""
     ref, run = spatial(output)
-    names, i = [output.key], 0
-    ref, run = [ref], [run]
-    m = compare_masks(ref[i], run[i], tolerance_of(ref[i]))
+    if ref.size != run.size:
+        raise ValueError(f"{output.key} has {ref.size} values in the reference and {run.size} in the run")
+    m = compare_masks(ref, run, tolerance_of(ref))
     status = "fail" if m.changed_share > 0.01 else ("warn" if m.n_changed or m.n_tie_changed else "pass")
     regions = (f"worst class IoU {m.worst_iou:.3f} (class {m.worst_class})" if m.worst_class >= 0
                else "every class region kept")
-    text = f"{m.n_changed} of {m.n_decided} deciding pixels of {names[i]} change class ({percent(m.changed_share)}), {regions}"
+    text = f"{m.n_changed} of {m.n_decided} deciding pixels of {output.key} change class ({percent(m.changed_share)}), {regions}"
     if m.n_tie_changed:
         text += f"; {m.n_tie_changed} pixel(s) at a near tie flip"
-    return OutputJudgement(task.text, status, text, [names[i]],
+    return OutputJudgement(task.text, status, text, [output.key],
                            {"pixels": m.n_pixels, "decided": m.n_decided, "changed": m.n_changed,
                             "tie_changed": m.n_tie_changed, "worst_iou": m.worst_iou, "worst_class": m.worst_class})
 

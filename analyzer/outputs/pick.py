@@ -60,8 +60,8 @@ def the_output(outputs: list[Output], task, fits, role: str) -> Output:
 def spatial(output: Output) -> tuple[np.ndarray, np.ndarray] | None:
     """(ref, run) as [C, H, W] (or [H, W]) by the layout the dump records, None when the output is no map.
 
-    [N, C, H, W] is channel-first unless the dump says NHWC (a TFLite graph's order); a 3-D output
-    [N, H, W] or 2-D [H, W] is one map."""
+    [N, C, H, W] is channel-first unless the dump says NHWC (a TFLite graph's order); a 3-D output is
+    [1, H, W] (one map) or [C, H, W] (ncnn drops the batch axis); a 2-D [H, W] is one map."""
     dims = [d for d in output.shape]
     if len(dims) == 4 and dims[0] == 1:
         channels_last = output.layout.split(" ")[0].upper() == "NHWC"
@@ -70,7 +70,10 @@ def spatial(output: Output) -> tuple[np.ndarray, np.ndarray] | None:
         if channels_last:
             ref, run = np.moveaxis(ref, -1, 0), np.moveaxis(run, -1, 0)
         return (ref[0], run[0]) if ref.shape[0] == 1 else (ref, run)
-    if len(dims) == 3 and dims[0] == 1 or len(dims) == 2:
+    if len(dims) == 3 and dims[0] > 1 and min(dims[1:]) >= 2:
+        same = output.run.size == output.ref.size
+        return output.ref.reshape(dims), output.run.reshape(dims) if same else output.run
+    if (len(dims) == 3 and dims[0] == 1) or len(dims) == 2:
         hw = dims[-2:]
         if min(hw) < 2:
             return None
