@@ -37,7 +37,7 @@ from layerdiff.analyzer.findings.verdict import Thresholds
 # Also the analyzer's public surface for the collector (`collect fix` measures its trials with the
 # report's graph and kernels; tests/test_package_layout.py keeps the collector to formats, importers,
 # this module and layerdiff's root):
-from layerdiff.analyzer.align.graph import LayerGraph, build_graph  # noqa: F401,E402
+from layerdiff.analyzer.align.graph import LayerGraph, build_graph, run_graph  # noqa: F401,E402
 from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances  # noqa: F401,E402
 
 

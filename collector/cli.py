@@ -101,8 +101,8 @@ def collect(
                                           help="analyze the runs into OUTDIR/report (default: on when several runs)"),
     task: Optional[str] = typer.Option(None, "--task", callback=_task_option,
                                        help="what the outputs are, recorded in every run for analyze: classification, "
-                                            "yolov5, yolov8, picodet, ssd, text-det, segmentation, language-model, regression "
-                                            "(NAME[:key=value,...])"),
+                                            "yolov5, yolox, yolov8, picodet, ssd, text-det, segmentation, landmarks, embedding, "
+                                            "language-model, regression (NAME[:OUTPUT][,key=value,...])"),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return

@@ -228,6 +228,19 @@ def test_yolov8_low_precision_verdict_follows_its_boxes(yolo):
             assert row["verdict"] == "fail" and any(w in said.sentence for w in ("moved", "lost", "gained")), said.sentence
 
 
+def test_a_yolov8_head_read_as_yolov5_or_yolox_is_refused_not_misread(yolo):
+    """The head is [1, 6, 8400]: box and 2 class scores down the rows. Read as YOLOv5 it was 6 anchors of
+    8,395 classes; each task says in one line why it cannot read it, and the run is not passed on it."""
+    runs, _boxes = yolo
+    for task in ("yolov5", "yolox"):
+        rows, findings = _verdicts([runs["golden"], runs["moved"]], runs["golden"], task)
+        (row,) = rows.values()
+        said = next(f for f in findings if f.kind == "output_decision")
+        assert said.numbers["status"] == "error" and "[6, 8400], more columns than rows" in said.sentence
+        assert "use --task yolov8" in said.sentence
+        assert "box(es)" not in row["verdict_reason"] and row["verdict"] != "pass", row["verdict_reason"]
+
+
 def _band_boxes(prob: np.ndarray, lines: int) -> list[tuple[int, int, int, int] | None]:
     """Per text line's band of a DB probability map: the bounding box of its pixels above 0.3."""
     prob = prob.reshape(prob.shape[-2:])

@@ -15,7 +15,7 @@ from layerdiff.analyzer.outputs.task import parse_task
 from layerdiff.errors import LayerdiffError
 from tests.analyze_dumps import write_dump
 
-N_ANCHORS, N_CLASSES = 2100, 80
+N_ANCHORS, N_CLASSES = 3 * (64 + 16 + 4), 80  # YOLOv5's 3 anchors per grid cell of a 64x64 input (strides 8/16/32)
 
 
 def _summary(analysis):
@@ -172,7 +172,7 @@ def test_collect_records_the_declared_task_and_refuses_a_bad_one(tmp_path):
 def test_yolov8_ssd_and_segmentation_decode_by_their_conventions():
     from layerdiff.analyzer.outputs.segmentation import compare_masks
 
-    n, c = 300, 4
+    n, c = 64 + 16 + 4, 4  # one anchor per grid cell of a 64x64 input
     head = np.zeros((4 + c, n), np.float32)  # YOLOv8 as exported: [4 + C, anchors]
     head[:4] = 5.0
     head[:4, 7] = (30, 40, 10, 20)

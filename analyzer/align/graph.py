@@ -4,6 +4,10 @@ Findings that separate "this op broke" from "this op inherited the error" (failu
 origin, zero-collapse origin, error growth) all ask the same question: which layers feed this one?
 The dump stores edges as tensor *names*; this module maps them to layer keys once, so findings work
 on keys only. Names that no layer produced are model inputs and have no producer.
+
+A model's outputs are the ones it declares (the dump's `outputs` attribute: a graph output may also
+feed another op, as an audio-to-MIDI network's note output feeds its onset branch); a dump that
+declares none (ncnn's .param has no outputs) falls back to the layers nothing consumes.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ class LayerGraph:
     order: list[str]
     producers: dict[str, tuple[str, ...]] = field(default_factory=dict)
     consumers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    declared: tuple[str, ...] = ()  # keys of the outputs the model declares, in its order
+    missing: tuple[str, ...] = ()  # declared output names no layer of the dump holds
     _positions: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
@@ -27,7 +33,10 @@ class LayerGraph:
         return any(self.producers.values())
 
     def outputs(self) -> list[str]:
-        """The model's outputs: layers nothing consumes (the last layer when the dump has no edges)."""
+        """The model's outputs: the ones it declares, consumed or not; without a declaration the layers
+        nothing consumes (the last layer when the dump has no edges)."""
+        if self.declared:
+            return list(self.declared)
         if not self.has_edges:
             return self.order[-1:]
         return [key for key in self.order if not self.consumers.get(key)]
@@ -65,11 +74,29 @@ class LayerGraph:
         return self._positions.get(key, -1)
 
 
-def build_graph(layers: pd.DataFrame) -> LayerGraph:
-    """Graph of one dump's layers; tolerant of malformed `inputs` cells (treated as no edges)."""
+def declared_outputs(attrs) -> list[str]:
+    """The output tensor names a dump's `outputs` attribute declares (a JSON list; [] when absent or malformed)."""
+    text = attrs.get("outputs") if hasattr(attrs, "get") else None
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    try:
+        value = json.loads(text) if isinstance(text, str) and text.strip() else []
+    except json.JSONDecodeError:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def build_graph(layers: pd.DataFrame, outputs: list[str] = ()) -> LayerGraph:
+    """Graph of one dump's layers; tolerant of malformed `inputs` cells (treated as no edges).
+
+    `outputs`: the tensor names the model declares as outputs (`declared_outputs`)."""
     order = layers["key"].tolist()  # lists: stepping through a pandas string column costs ~1 us a cell
     producer_of = dict(zip(layers["name"].tolist(), order))
     graph = LayerGraph(order=order)
+    found = [producer_of[name] for name in outputs if name in producer_of]
+    if found:  # declared names none of which this dump holds (a --layers filter): the unconsumed layers stand in
+        graph.declared = tuple(dict.fromkeys(found))
+        graph.missing = tuple(name for name in outputs if name not in producer_of)
     for key, inputs in zip(order, layers["inputs"].tolist()):
         names = _parse_names(inputs)
         sources = tuple(dict.fromkeys(producer_of[n] for n in names if n in producer_of and producer_of[n] != key))
@@ -79,6 +106,11 @@ def build_graph(layers: pd.DataFrame) -> LayerGraph:
     for key, users in graph.consumers.items():  # tuples: a list per layer was ~4 MB more at 50,000 layers
         graph.consumers[key] = tuple(users)
     return graph
+
+
+def run_graph(run) -> LayerGraph:
+    """The graph of an opened run (`analyzer.runs.sources.Run` or a DumpFile), with its declared outputs."""
+    return build_graph(run.layers, declared_outputs(run.attrs))
 
 
 def _parse_names(cell: str) -> list[str]:

@@ -59,8 +59,9 @@ def compare_command(
                              "charts show the same data"),
     set_: List[str] = typer.Option([], "--set", help="[INPUT:]key=value provenance for foreign dumps (e.g. run.npz:backend_requested=opencl)"),
     task: Optional[str] = typer.Option(None, "--task", help="what the outputs are, judged as a user reads them: classification, "
-                                       "yolov5, yolov8, picodet, ssd, text-det, segmentation, language-model, regression "
-                                       "(NAME[:key=value,...], e.g. picodet:conf=0.5; default: what collect --task recorded)"),
+                                       "yolov5, yolox, yolov8, picodet, ssd, text-det, segmentation, landmarks, embedding, "
+                                       "language-model, regression (NAME[:OUTPUT][,key=value,...], e.g. picodet:conf=0.5, "
+                                       "yolox:output; docs/tasks.md; default: what collect --task recorded)"),
 ) -> None:
     """Align the runs by layer, measure every layer against the reference, write the report."""
     from layerdiff.analyzer.findings.thresholds import Thresholds

@@ -25,6 +25,7 @@ from layerdiff.analyzer.findings.layouts import layout_findings
 from layerdiff.analyzer.findings.observability import observed_vs_plain, split_graph
 from layerdiff.analyzer.align.blocks import block_clause, layer_blocks
 from layerdiff.analyzer.findings.wording import layer_name, percent, with_node_names
+from layerdiff.analyzer.findings.coverage import outputs_not_compared, run_stopped_early
 from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
 from layerdiff.analyzer.findings.provenance import provenance_findings
 from layerdiff.analyzer.findings.spread import run_spread
@@ -66,7 +67,9 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
             found += layouts
             mislaid = {f.layer for f in layouts if f.kind == FindingKind.PACKED_ORDER}
             found += saturation(rows, pair.base)
-            verdict, why = pair_verdict(rows, t, judgements.get(index))
+            every = comparison.pair_rows(index)  # not-observable outputs included: coverage says why they are not compared
+            verdict, why = pair_verdict(rows, t, judgements.get(index), outputs_not_compared(pair, every, graph),
+                                        run_stopped_early(pair, every, graph))
             sources = failure_sources(rows, graph, None if verdict == "fail" else (verdict, why),
                                       dict(zip(pair.base.layers["key"].tolist(), pair.base.layers["op_type"].astype(str).tolist())))
             found += sources

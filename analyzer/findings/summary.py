@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from layerdiff.analyzer.findings.coverage import outputs_not_compared, run_stopped_early
 from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.findings.verdict import Thresholds, dense_output_beyond, pair_verdict, worst_output
 from layerdiff.analyzer.measure.compare import Comparison
@@ -64,7 +65,9 @@ def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | N
     measured = rows[status.isin(["pass", "warn", "fail"])]
     outputs = measured[measured["is_output"].astype(bool)]
     worst_row = measured.loc[measured["rel_l2"].idxmax()] if measured["rel_l2"].notna().any() else None
-    verdict, why = pair_verdict(rows, thresholds, judgement)
+    graph = comparison.graph(pair.base)
+    verdict, why = pair_verdict(rows, thresholds, judgement, outputs_not_compared(pair, rows, graph),
+                                run_stopped_early(pair, rows, graph))
     if verdict == "not compared":
         why = _unmeasured(rows, pair)
     out = worst_output(outputs)

@@ -167,8 +167,26 @@ def _layers_said(statuses: list[str]) -> str:
     return ", ".join(f"{n} layer(s) {s}" for s, n in counts.items())
 
 
-def pair_verdict(rows: pd.DataFrame, t: Thresholds | None = None, judgement=None) -> tuple[str, str]:
-    """run_verdict of one pair's rows of the tidy table ('not compared' when no layer was measured)."""
+def pair_verdict(rows: pd.DataFrame, t: Thresholds | None = None, judgement=None,
+                 not_compared: list[str] = (), stopped: bool = False) -> tuple[str, str]:
+    """run_verdict of one pair's rows of the tidy table ('not compared' when no layer was measured).
+
+    `not_compared` (findings/coverage.py): why some outputs were not compared; such a run is never a
+    pass. `stopped`: the run died before an output (the app gets no result): a fail."""
+    verdict, why = _pair_verdict(rows, t, judgement)
+    if judgement is not None and judgement.status == "error" and verdict == "pass":  # a task that could not be read
+        verdict, why = "warn", f"{judgement.task} not applied: {judgement.reason}"
+    if not not_compared or verdict == "not compared":
+        return verdict, why
+    gap = "not every output was compared: " + "; ".join(not_compared)
+    if stopped:
+        return "fail", gap + (f"; {why}" if why else "")
+    if verdict == "pass":
+        return "warn", gap
+    return verdict, f"{why}; {gap}" if why else gap
+
+
+def _pair_verdict(rows: pd.DataFrame, t: Thresholds | None, judgement) -> tuple[str, str]:
     status = rows["status"]
     measured = rows[status.isin(["pass", "warn", "fail"])]
     if not len(measured):

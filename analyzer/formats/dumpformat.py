@@ -68,6 +68,7 @@ ROOT_DEFAULTS: dict[str, Any] = {
     "infer_ms": math.nan,
     "harness": "",
     "repeat": 0,
+    "outputs": "",  # JSON list of the tensor names the model declares as outputs, "" when it declares none
     "task": "",  # what the outputs are (collect --task; analyzer/outputs/task.py), "" when undeclared
     "exit_status": 0,
     "complete": True,

@@ -380,7 +380,15 @@ def header_provenance(header: dict[str, Any]) -> dict[str, Any]:
         "input_sha256": combined_sha256([str(i.get("sha256", "")) for i in inputs]) if inputs else "",
         "harness": str(header.get("harness", "")),
         "repeat": _number(header.get("repeat", 0) or 0, int, 0),
+        "outputs": _names_json(header.get("outputs")),
     }
+
+
+def _names_json(value: Any) -> str:
+    """A header's list of output names as the HDF5 attribute stores it ('' when absent or not a list of strings)."""
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        return ""
+    return json.dumps(value)
 
 
 def convert_raw_dump(

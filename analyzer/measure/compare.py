@@ -28,7 +28,7 @@ from layerdiff.analyzer.align.values import ValueErrors
 from layerdiff.analyzer.formats.dumpfile import TensorBuffer
 from layerdiff.errors import LayerdiffError
 from layerdiff.progress import Steps
-from layerdiff.analyzer.align.graph import LayerGraph, build_graph
+from layerdiff.analyzer.align.graph import LayerGraph, run_graph
 from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
 from layerdiff.analyzer.measure.classes import topk_agreement
 from layerdiff.analyzer.runs.reference import Pair, Plan
@@ -54,7 +54,7 @@ class Comparison:
         are made: two graphs were ~40 MB at 50,000 layers, kept through the whole report)."""
         graph = self.graphs.get(run.label)
         if graph is None:
-            graph = self.graphs[run.label] = build_graph(run.layers)
+            graph = self.graphs[run.label] = run_graph(run)
         return graph
 
     def pair_rows(self, pair_index: int) -> pd.DataFrame:
@@ -67,7 +67,7 @@ def compare_all(plan: Plan, rules: NameRules, tolerances: Tolerances, steps: Ste
     steps = steps or Steps.quiet()
     runs = {id(p.base): p.base for p in plan.pairs} | {id(p.other): p.other for p in plan.pairs}
     runs[id(plan.reference)] = plan.reference
-    graphs = {run.label: build_graph(run.layers) for run in runs.values()}
+    graphs = {run.label: run_graph(run) for run in runs.values()}
     alignments = [_align(p, rules, steps) for p in plan.pairs]
     for pair, alignment in zip(plan.pairs, alignments):
         relabel_unmatched(alignment, pair.base, pair.other)

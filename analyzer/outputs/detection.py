@@ -18,7 +18,8 @@ from layerdiff.errors import InputError
 def decode(task: Task, outputs: list[np.ndarray], input_hw: tuple[int, int] | None, conf: float) -> Boxes:
     """The boxes of one run: the task's decoder at score threshold `conf`."""
     arrays = [np.asarray(o, dtype=np.float64) for o in outputs]
-    decoder = {"yolov5": _yolov5, "yolov8": _yolov8, "picodet": _picodet, "ssd": _ssd, "text-det": _text_det}[task.name]
+    decoder = {"yolov5": _yolov5, "yolox": _yolox, "yolov8": _yolov8, "picodet": _picodet, "ssd": _ssd,
+               "text-det": _text_det}[task.name]
     boxes = decoder(arrays, input_hw, task, conf)
     if task.name == "text-det":
         return boxes
@@ -39,11 +40,51 @@ def _xywh_boxes(xywh: np.ndarray, scores: np.ndarray, classes: np.ndarray) -> Bo
     return Boxes(np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1), scores, classes)
 
 
+SINGLE_HEAD = ("yolov5", "yolox", "yolov8", "text-det")  # tasks that read one output (outputs/pick.py picks it)
+
+
+def grid_cells(input_hw: tuple[int, int], strides: list[int], ceil: bool = False) -> int:
+    """Grid cells of an input at these strides (the feature map of stride s is H // s x W // s, or
+    rounded up for an input that is not a multiple of the stride)."""
+    return sum(_side(input_hw[0], s, ceil) * _side(input_hw[1], s, ceil) for s in strides)
+
+
+def _side(size: int, stride: int, ceil: bool) -> int:
+    return -(-size // stride) if ceil else size // stride
+
+
+def anchor_counts(input_hw: tuple[int, int], per_cell: int) -> set[int]:
+    """The row counts a YOLO head of this input can have: `per_cell` predictions per grid cell at strides
+    8/16/32 (or 8/16/32/64, the P6 models), feature maps rounded down or up."""
+    return {per_cell * grid_cells(input_hw, strides, ceil) for strides in ([8, 16, 32], [8, 16, 32, 64])
+            for ceil in (False, True)}
+
+
+def _columns(head: np.ndarray, task: Task, family: str) -> None:
+    """Refuse a head that is not [N, 5 + C] (with C = the `classes` option when given)."""
+    classes = int(task.get("classes") or 0)
+    if head.ndim == 2 and head.shape[1] > head.shape[0]:
+        raise InputError(f"--task {task.text}: this head is {list(head.shape)}, more columns than rows: boxes and "
+                         f"class scores down the rows, anchors across ([4 + C, N], YOLOv8's layout: use --task yolov8); "
+                         f"a {family} head is [anchors, 5 + C]")
+    if head.ndim != 2 or head.shape[1] < 6 or (classes and head.shape[1] != 5 + classes):
+        expected = f"5 + {classes} = {5 + classes}" if classes else "5 + classes (6 or more)"
+        raise InputError(f"--task {task.text}: a {family} head is [anchors, {expected}] (box, objectness, "
+                         f"class scores), this output is {list(head.shape)}")
+
+
 def _yolov5(arrays, input_hw, task: Task, conf: float) -> Boxes:
     """[N, 5 + C]: centre box, objectness, class scores; score = objectness x best class score."""
     head = _one(arrays, task)
-    if head.shape[1] < 6:
-        raise InputError(f"--task {task.text}: a YOLOv5 head has 5 + classes columns, got {list(head.shape)}")
+    _columns(head, task, "YOLOv5")
+    if input_hw is not None and len(head) not in anchor_counts(input_hw, 3):
+        if len(head) in anchor_counts(input_hw, 1):
+            raise InputError(f"--task {task.text}: this head has {len(head)} rows, one per grid cell of a "
+                             f"{input_hw[0]}x{input_hw[1]} input (an anchor-free YOLOX layout, raw grid offsets); "
+                             "YOLOv5 has 3 anchors per cell with decoded boxes: use --task yolox")
+        raise InputError(f"--task {task.text}: this output is {list(head.shape)}; {len(head)} rows fit no YOLOv5 anchor "
+                         f"layout of a {input_hw[0]}x{input_hw[1]} input (3 anchors per grid cell at strides "
+                         f"8/16/32: {3 * grid_cells(input_hw, [8, 16, 32])} rows)")
     cls = head[:, 5:]
     classes = np.argmax(cls, axis=1)
     scores = head[:, 4] * cls[np.arange(len(head)), classes]
@@ -51,11 +92,56 @@ def _yolov5(arrays, input_hw, task: Task, conf: float) -> Boxes:
     return _xywh_boxes(head[keep, :4], scores[keep], classes[keep])
 
 
+def _yolox(arrays, input_hw, task: Task, conf: float) -> Boxes:
+    """A raw YOLOX grid head [N, 5 + C] (exported without decoding): one row per grid cell, strides finest
+    first, cells row by row; box = ((x, y) + cell) x stride, size = exp(w, h) x stride; objectness and
+    class scores already sigmoided; score = objectness x best class score (YOLOX's demo decoding)."""
+    head = _one(arrays, task)
+    _columns(head, task, "YOLOX")
+    if input_hw is None:
+        raise InputError(f"--task {task.text}: the input's height and width are unknown (no input in the dump); "
+                         "YOLOX's grid follows from them")
+    strides = sorted(int(s) for s in str(task.get("strides")).replace(",", "/").split("/") if s)
+    cells = grid_cells(input_hw, strides)
+    ceil = len(head) != cells and len(head) == grid_cells(input_hw, strides, ceil=True)
+    cells = grid_cells(input_hw, strides, ceil)
+    if len(head) != cells:
+        raise InputError(f"--task {task.text}: this head has {len(head)} rows, but a {input_hw[0]}x{input_hw[1]} "
+                         f"input has {cells} grid cells at strides {'/'.join(map(str, strides))} (one row per "
+                         "cell in a YOLOX head)")
+    grid, stride = yolox_grid(input_hw, strides, ceil)
+    xy = (head[:, :2] + grid) * stride[:, None]
+    with np.errstate(over="ignore"):
+        wh = np.exp(head[:, 2:4]) * stride[:, None]
+    cls = head[:, 5:]
+    classes = np.argmax(cls, axis=1)
+    scores = head[:, 4] * cls[np.arange(len(head)), classes]
+    keep = scores >= conf
+    return _xywh_boxes(np.concatenate([xy, wh], axis=1)[keep], scores[keep], classes[keep])
+
+
+def yolox_grid(input_hw: tuple[int, int], strides: list[int], ceil: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(cell x, y per row, stride per row) of a YOLOX head, in its order: per stride, row by row."""
+    grids, per_row = [], []
+    for s in strides:
+        h, w = _side(input_hw[0], s, ceil), _side(input_hw[1], s, ceil)
+        ys, xs = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+        grids.append(np.stack([xs.reshape(-1), ys.reshape(-1)], axis=1))
+        per_row.append(np.full(h * w, s))
+    return np.concatenate(grids).astype(np.float64), np.concatenate(per_row).astype(np.float64)
+
+
 def _yolov8(arrays, input_hw, task: Task, conf: float) -> Boxes:
     """[4 + C, N] (as exported) or [N, 4 + C]: centre box then class scores, no objectness."""
     head = _one(arrays, task)
     if head.shape[0] < head.shape[1]:
         head = head.T  # anchors are the longer axis
+    if head.shape[1] < 5:
+        raise InputError(f"--task {task.text}: a YOLOv8 head is [4 + classes, anchors], this output is {list(head.shape)}")
+    if input_hw is not None and len(head) not in anchor_counts(input_hw, 1):
+        raise InputError(f"--task {task.text}: this output has {len(head)} anchors, but a {input_hw[0]}x{input_hw[1]} "
+                         f"input has {grid_cells(input_hw, [8, 16, 32])} grid cells at strides 8/16/32 (a YOLOv8 "
+                         "head has one prediction per cell)")
     cls = head[:, 4:]
     classes = np.argmax(cls, axis=1)
     scores = cls[np.arange(len(head)), classes]

@@ -1,8 +1,10 @@
 """A run's outputs judged by what they are: decoded with the declared task and compared as a user would.
 
 One judgement per run-vs-reference pair. With a declared task (`--task`, or the `task` the run's file
-records) the outputs are decoded by the family's conventions (detection.py, segmentation.py,
-classes.py) and the judgement says what changed in the user's terms ("1 of 7 boxes moved (IoU 0.64)").
+records) the output it reads (named, or picked by its role: pick.py) is decoded by the family's
+conventions (detection.py, segmentation.py, classes.py, landmarks.py, embedding.py) and the judgement
+says what changed in the user's terms ("1 of 7 boxes moved (IoU 0.64)"). An output the task cannot
+read is refused in one line (status "error"), never decoded anyway.
 Without one there is no judgement here: the verdict weighs the scale-aware element error of each output,
 and top-1 only where an output is recognisably class scores (classes.py).
 """
@@ -16,8 +18,9 @@ import numpy as np
 
 from layerdiff.analyzer.findings.wording import percent
 from layerdiff.analyzer.measure import classes
-from layerdiff.analyzer.outputs import detection, nexttoken
+from layerdiff.analyzer.outputs import detection, embedding, landmarks, nexttoken
 from layerdiff.analyzer.outputs.boxes import BoxChanges, Boxes, compare_boxes
+from layerdiff.analyzer.outputs.pick import Output, spatial, the_output
 from layerdiff.analyzer.outputs.segmentation import compare_masks
 from layerdiff.analyzer.outputs.task import LANGUAGE_MODEL, Task, parse_task, task_of
 from layerdiff.errors import InputError, LayerdiffError
@@ -60,18 +63,74 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
     rows = rows.assign(_o=rows["key"].map(order)).sort_values("_o")
     names = [str(k) for k in rows["key"]]
     try:
-        ref = [classes.squeezed(pair.base.dump.tensor(int(o))) for o in rows["base_order"]]
-        run = [classes.squeezed(pair.other.dump.tensor(int(o))) for o in rows["other_order"]]
-        run = [b.reshape(a.shape) if a.size == b.size else b for a, b in zip(ref, run)]
+        outputs = _outputs(pair, rows)
+        ref, run = [o.ref for o in outputs], [o.run for o in outputs]
+        if task.name in detection.SINGLE_HEAD:
+            hw = input_hw(pair.base) or input_hw(pair.other)
+            head = the_output(outputs, task, _head_fits(task, hw), "a detector head ([anchors, columns])")
+            return _detections(pair, task, [head.ref], [head.run], [head.key])
         if task.is_detector:
+            if task.get("output"):
+                raise InputError(f"--task {task.text}: {task.name} reads all of its outputs together (paired by "
+                                 "their shapes); it takes no output name")
             return _detections(pair, task, ref, run, names)
         if task.name == "segmentation":
-            return _masks(task, ref, run, names, tolerance_of)
+            return _masks(task, _mask_output(pair, outputs, task), tolerance_of)
+        if task.name == "landmarks":
+            return _landmarks(pair, task, outputs)
+        if task.name == "embedding":
+            return _embedding(task, outputs)
+        if task.name == LANGUAGE_MODEL and task.get("output"):
+            chosen = the_output(outputs, task, None, "")
+            return _next_tokens(task, [chosen.ref], [chosen.run], [chosen.key], tolerance_of)
         if task.name == LANGUAGE_MODEL:
             return _next_tokens(task, ref, run, names, tolerance_of)
+        if task.get("output"):
+            chosen = the_output(outputs, task, None, "")
+            ref, run, names = [chosen.ref], [chosen.run], [chosen.key]
         return _classes(task, ref, run, names, tolerance_of)
     except (InputError, ValueError, IndexError) as err:
-        return OutputJudgement(task.text, "error", f"the outputs do not decode as {task.text}: {err}", names)
+        text = str(err)
+        said = text if text.startswith("--task") else f"the outputs do not decode as {task.text}: {text}"
+        return OutputJudgement(task.text, "error", said, names)
+
+
+def _outputs(pair, rows) -> list[Output]:
+    """The pair's compared outputs, in the model's order: values with size-1 axes dropped, the reference's
+    dumped shape and recorded layout."""
+    stats = pair.base.stats_by_order()
+    outputs = []
+    for key, base_order, other_order in zip(rows["key"], rows["base_order"], rows["other_order"]):
+        a = pair.base.dump.tensor(int(base_order))
+        b = classes.squeezed(pair.other.dump.tensor(int(other_order)))
+        ref = classes.squeezed(a)
+        outputs.append(Output(str(key), _tensor_name(pair.base, int(base_order), str(key)), ref,
+                              b.reshape(ref.shape) if b.size == ref.size else b, tuple(a.shape),
+                              stats.layout(int(base_order))))
+    return outputs
+
+
+def _tensor_name(run, order: int, key: str) -> str:
+    layers = run.layers
+    hit = layers.loc[layers["order"] == order, "name"]
+    return str(hit.iloc[0]) if len(hit) else key
+
+
+def _head_fits(task: Task, hw: tuple[int, int] | None):
+    """A single-head detector reads a 2-D output ([anchors, columns] after size-1 axes are dropped; a
+    text map for text-det): first those whose anchor count fits the family's layout for the input's size
+    (a text map of the input's size), then the largest."""
+    per_cell = 3 if task.name == "yolov5" else 1
+
+    def fits(output: Output):
+        if output.ref.ndim != 2:
+            return None
+        if hw is None:
+            return (False, output.ref.size)
+        if task.name == "text-det":
+            return (tuple(output.ref.shape) == hw, output.ref.size)
+        return (max(output.ref.shape) in detection.anchor_counts(hw, per_cell), output.ref.size)
+    return fits
 
 
 def input_hw(run) -> tuple[int, int] | None:
@@ -79,6 +138,8 @@ def input_hw(run) -> tuple[int, int] | None:
     stores, else from an input layer's shape (ncnn dumps its Input layer)."""
     try:
         for _name, array in run.dump.inputs():
+            if array.ndim == 4 and array.shape[-1] <= 4 < array.shape[1]:  # NHWC (a TFLite model's image)
+                return int(array.shape[1]), int(array.shape[2])
             if array.ndim >= 3:
                 return int(array.shape[-2]), int(array.shape[-1])
     except (LayerdiffError, OSError, KeyError):
@@ -104,7 +165,10 @@ def _detections(pair, task: Task, ref, run, names) -> OutputJudgement:
                "scores_changed": len(changes.scores), "at_threshold": len(changes.threshold),
                "min_iou": min(changes.ious, default=math.nan),
                "moved_boxes": [_box(ref_boxes, i) | {"iou": iou} for i, _, iou in changes.moved]}
-    return OutputJudgement(task.text, status, box_sentence(changes, ref_boxes, run_boxes, task), names, numbers)
+    said = box_sentence(changes, ref_boxes, run_boxes, task)
+    if task.name in detection.SINGLE_HEAD:
+        said += f" (decoded from {names[0]})"
+    return OutputJudgement(task.text, status, said, names, numbers)
 
 
 def box_sentence(c: BoxChanges, ref: Boxes, run: Boxes, task: Task) -> str:
@@ -146,19 +210,86 @@ def _box(boxes: Boxes, i: int) -> dict:
     return {"xyxy": [float(v) for v in boxes.xyxy[i]], "class": int(boxes.classes[i]), "score": float(boxes.scores[i])}
 
 
-def _masks(task: Task, ref, run, names, tolerance_of) -> OutputJudgement:
-    """The largest output is the mask; fail when more than 1% of the deciding pixels change class."""
-    i = max(range(len(ref)), key=lambda k: ref[k].size)
-    m = compare_masks(ref[i], run[i], tolerance_of(ref[i]))
+def _mask_output(pair, outputs: list[Output], task: Task) -> Output:
+    """The mask: the named output, else the map whose height and width are the input's (a pose model's
+    segmentation, not its 64x64 heatmaps), else the largest map. A named output that is no map is refused."""
+    hw = input_hw(pair.base) or input_hw(pair.other)
+
+    def fits(output: Output):
+        maps = spatial(output)
+        return None if maps is None else (tuple(maps[0].shape[-2:]) == hw, maps[0].size)
+    chosen = the_output(outputs, task, fits, "a mask ([N, C, H, W], [N, H, W, C] by its recorded layout, or [H, W])")
+    if spatial(chosen) is None:
+        raise InputError(f"--task {task.text}: output {chosen.said()} is not a mask (segmentation reads [N, C, H, W] "
+                         "or [N, H, W, C], as the dump records its layout, or one map [H, W])")
+    return chosen
+
+
+def _masks(task: Task, output: Output, tolerance_of) -> OutputJudgement:
+    """Fail when more than 1% of the mask's deciding pixels change class."""
+    ref, run = spatial(output)
+    if ref.size != run.size:
+        raise ValueError(f"{output.key} has {ref.size} values in the reference and {run.size} in the run")
+    m = compare_masks(ref, run, tolerance_of(ref))
     status = "fail" if m.changed_share > 0.01 else ("warn" if m.n_changed or m.n_tie_changed else "pass")
     regions = (f"worst class IoU {m.worst_iou:.3f} (class {m.worst_class})" if m.worst_class >= 0
                else "every class region kept")
-    text = f"{m.n_changed} of {m.n_decided} deciding pixels of {names[i]} change class ({percent(m.changed_share)}), {regions}"
+    text = f"{m.n_changed} of {m.n_decided} deciding pixels of {output.key} change class ({percent(m.changed_share)}), {regions}"
     if m.n_tie_changed:
         text += f"; {m.n_tie_changed} pixel(s) at a near tie flip"
-    return OutputJudgement(task.text, status, text, [names[i]],
+    return OutputJudgement(task.text, status, text, [output.key],
                            {"pixels": m.n_pixels, "decided": m.n_decided, "changed": m.n_changed,
                             "tie_changed": m.n_tie_changed, "worst_iou": m.worst_iou, "worst_class": m.worst_class})
+
+
+def _landmarks(pair, task: Task, outputs: list[Output]) -> OutputJudgement:
+    """Fail when a judged landmark moved more than `px` pixels; warn above a quarter of that."""
+    def fits(output: Output):  # a flat list, or [K, D] with D of 2..5: never a map
+        listed = output.ref.ndim == 1 or (output.ref.ndim == 2 and 2 <= output.ref.shape[-1] <= 5)
+        return output.ref.size if listed and landmarks.guess_dims(output.shape) else None
+    chosen = the_output(outputs, task, fits, "a landmark list ([K x D] values, x and y first)")
+    dims = int(task.get("dims") or 0) or landmarks.guess_dims(chosen.shape)
+    if chosen.ref.ndim > 2 or not dims or chosen.ref.size % dims or chosen.ref.size // dims < 2:
+        raise InputError(f"--task {task.text}: output {chosen.said()} is not a landmark list of K x {dims or 'D'} "
+                         "values (give dims=D, the values per landmark)")
+    scale = (1.0, 1.0)
+    if int(task.get("normalized") or 0):
+        hw = input_hw(pair.base) or input_hw(pair.other)
+        if hw is None:
+            raise InputError(f"--task {task.text}: normalized coordinates need the input size, and the dump has no input")
+        scale = (float(hw[1]), float(hw[0]))
+    if chosen.run.size != chosen.ref.size:
+        raise ValueError(f"{chosen.key} has {chosen.ref.size} values in the reference and {chosen.run.size} in the run")
+    c = landmarks.compare_landmarks(chosen.ref, chosen.run, dims, int(task.get("points") or 0), scale)
+    px = float(task.get("px"))
+    moved = [i for i, d in enumerate(c["distances"]) if not d <= px]
+    status = "fail" if moved else ("warn" if c["worst_px"] > px / 4 else "pass")
+    head = (f"{len(moved)} of {c['points']} landmarks of {chosen.key} moved more than {px:g} px" if moved
+            else f"all {c['points']} landmarks of {chosen.key} within {px:g} px")
+    text = f"{head} (worst: landmark {c['worst']} by {c['worst_px']:.2f} px; mean {c['mean_px']:.2f} px)"
+    numbers = {"points": c["points"], "moved": len(moved), "moved_landmarks": moved[:50], "worst": c["worst"],
+               "worst_px": c["worst_px"], "mean_px": c["mean_px"], "dims": dims}
+    return OutputJudgement(task.text, status, text, [chosen.key], numbers)
+
+
+def _embedding(task: Task, outputs: list[Output]) -> OutputJudgement:
+    """Fail when a row's cosine similarity to the reference falls below fail_cos; warn below warn_cos."""
+    def fits(output: Output):
+        return output.ref.size if output.ref.ndim <= 2 and output.ref.size >= 2 else None
+    chosen = the_output(outputs, task, fits, "an embedding ([D] or [N, D])")
+    if chosen.ref.ndim > 2 or chosen.ref.size < 2:
+        raise InputError(f"--task {task.text}: output {chosen.said()} is not an embedding (embedding reads [D] or [N, D])")
+    if chosen.run.size != chosen.ref.size:
+        raise ValueError(f"{chosen.key} has {chosen.ref.size} values in the reference and {chosen.run.size} in the run")
+    cos = embedding.cosine_rows(chosen.ref, chosen.run)
+    worst = float(cos.min())
+    fail, warn = float(task.get("fail_cos")), float(task.get("warn_cos"))
+    status = "fail" if worst < fail else ("warn" if worst < warn else "pass")
+    rows = f"{len(cos)} embedding(s) of {chosen.key}" if len(cos) > 1 else f"the embedding {chosen.key}"
+    text = (f"cosine similarity of {rows} to the reference: {'lowest ' if len(cos) > 1 else ''}{worst:.6f} "
+            f"(fails below {fail:g}, warns below {warn:g})")
+    return OutputJudgement(task.text, status, text, [chosen.key],
+                           {"rows": int(len(cos)), "min_cosine": worst, "mean_cosine": float(cos.mean())})
 
 
 def _next_tokens(task: Task, ref, run, names, tolerance_of) -> OutputJudgement:

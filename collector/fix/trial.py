@@ -20,7 +20,7 @@ from pathlib import Path
 
 from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.dumpfile import DumpFile
-from layerdiff.analyzer.analysis import PairKernel, Tolerances, build_graph
+from layerdiff.analyzer.analysis import PairKernel, Tolerances, run_graph
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.engines.ncnn.options import HIGH_PRECISION_MASK
 from layerdiff.collector.inputs.inputset import InputSet
@@ -128,6 +128,6 @@ class TrialRunner:
 
 
 def output_keys(path: Path) -> list[str]:
-    """The model's outputs in a dump: the layers nothing consumes."""
+    """The model's outputs in a dump: the ones it declares, else the layers nothing consumes."""
     with DumpFile(path) as dump:
-        return build_graph(dump.layers).outputs()
+        return run_graph(dump).outputs()

@@ -113,7 +113,8 @@ def run_cpu(args: HarnessArgs, graph: Graph, inputs: dict[str, np.ndarray]) -> N
     options = {"kernels": kernels, "preserve_all_tensors": True, **graph_summary(graph)}
     if why:
         options["kernels_why"] = why
-    header.update({"backends_actual": ["cpu"], "precision_effective": "fp32", "options": options})
+    header.update({"backends_actual": ["cpu"], "precision_effective": "fp32", "options": options,
+                   "outputs": [labels[t] for t in graph.outputs if t in labels]})
     ops = graph.computing_ops()
     outputs = {t: labels[t] for t in graph.outputs if t in labels}
     plain: list = []  # the plain interpreter, made after the first observed run (one model in memory until then)
@@ -149,7 +150,7 @@ def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.n
               for op in graph.computing_ops() for k, t in enumerate(op.outputs) if t in labels and t in never]
     header = base_header(args, engine_version(), inputs)
     header.update({"backends_actual": ["gpu", "cpu"] if placement.split() else ["gpu"], "precision_effective": effective,
-                   "not_observable": hidden,
+                   "not_observable": hidden, "outputs": [labels[t] for t in graph.outputs if t in labels],
                    "options": {"accelerator": f"WebGPU over Vulkan ({gpu.ACCELERATOR})", "vulkan_icd": icd or "",
                                "vulkan_icd_why": icd_why, "enforce_f32": args.precision == "high",
                                "precision_why": why, "placement": placement.as_dict(graph),

@@ -310,6 +310,7 @@ def run(args: HarnessArgs) -> None:
         "backends_actual": [backend_actual],
         "precision_effective": effective_precision(backend_code, args.precision),
         "options": engine_options(backend_code, args),
+        "outputs": [str(name) for name in interpreter.getSessionOutputAll(session)],
     })
     if backend_actual != args.backend:
         print(f"layerdiff-harness: MNN fell back from {args.backend} to {backend_actual}", file=sys.stderr)

@@ -221,8 +221,11 @@ def run(args: HarnessArgs) -> None:
         raise HarnessExit(EXIT_ARGS, "the onnxruntime engine does not isolate ops (--inject); it is the golden")
     inputs = load_inputs(args.inputs)
     model = load_model(args)
+    declared = [o.name for o in model.graph.output]  # before with_outputs adds the dumped tensors to them
     nodes = dumped_nodes(model)
     outputs = [o.name for o in model.graph.output]  # read before with_outputs rewrites the graph's outputs
+    dumped = {name for node in nodes for name in node.outputs}
+    declared = [name for name in declared if name in dumped]  # an input or a constant passed through is no layer
 
     def session_for(group: list[str]):
         return create_session(with_outputs(model, group).SerializeToString(), args)
@@ -231,6 +234,7 @@ def run(args: HarnessArgs) -> None:
     feeds = feeds_for(session, inputs)
     header = base_header(args, engine_version(), inputs)
     header.update({"backends_actual": ["cpu"], "precision_effective": model_precision(model), "node_names": node_names(nodes),
+                   "outputs": declared,
                    "options": {"providers": session.get_providers(), "graph_optimization_level": optimization_level()}})
     whole_graph = segmentable(model)
     header["options"]["dump"] = "segments" if whole_graph else "output groups"

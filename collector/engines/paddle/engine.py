@@ -172,7 +172,9 @@ def run(args: HarnessArgs) -> None:
     program, executor = load(paddle, program_file, params_file)
     feeds = feeds_for(program, inputs, described.feeds())
     header = base_header(args, paddle.__version__, inputs)
+    dumped = {v.name for v in variables}
     header.update({"backends_actual": ["cpu"], "precision_effective": "fp32",
+                   "outputs": [name for name in described.fetches() if name in dumped],
                    "options": {"executor": "paddle.static.Executor(CPUPlace)", "onednn": False,
                                "variables": len(variables)}})
     fetches = described.fetches()
