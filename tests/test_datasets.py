@@ -149,8 +149,9 @@ def test_report_page_and_results_json_carry_the_data_set(underflow_results, tmp_
 
 
 # ---------------------------------------------------------------- data sets from written dumps: order, escaping
-def _dataset_folder(folder: Path, labels: list[str], failing: set[str]) -> Path:
-    """cpu/high and opencl/low on each input; on the `failing` inputs opencl/low's `fc` and `prob` are far off."""
+def _dataset_folder(folder: Path, labels: list[str], failing: set[str], repeats: int = 1) -> Path:
+    """cpu/high and opencl/low (`repeats` times, identical) on each input; on the `failing` inputs
+    opencl/low's `fc` and `prob` are far off."""
     folder.mkdir(parents=True, exist_ok=True)
     for k, label in enumerate(labels):
         ref = reference_arrays(seed=10 + k)
@@ -160,7 +161,9 @@ def _dataset_folder(folder: Path, labels: list[str], failing: set[str]) -> Path:
             run["prob"] = run["prob"][:, ::-1].copy()
         sha = f"{k:02x}" * 32
         write_dump(folder / f"cpu_{k}.h5", ref, input_label=label, input_sha256=sha)
-        write_dump(folder / f"cl_{k}.h5", run, backend="opencl", precision="low", input_label=label, input_sha256=sha)
+        for r in range(repeats):
+            write_dump(folder / f"cl_{k}_r{r}.h5", run, backend="opencl", precision="low", input_label=label,
+                       input_sha256=sha, repeat=r)
     return folder
 
 
@@ -177,6 +180,16 @@ def test_first_failing_input_is_in_input_order_and_counts_are_over_inputs(tmp_pa
         [sentence] = results.findings.query("kind == 'dataset'")["sentence"]
         assert "opencl/low over 5 inputs: 2 fail" in sentence and "first failing input b.png" in sentence
         assert "fc:0 (2 of 5)" in sentence
+
+
+def test_repeats_on_each_input_count_each_input_once(tmp_path):
+    folder = _dataset_folder(tmp_path / "runs", ["a", "b", "c"], failing={"c"}, repeats=2)
+    with layerdiff.analyze(folder) as results:
+        [config] = results.datasets.to_dict("records")
+        assert (config["inputs"], config["n_fail"], config["first_failing_input"]) == (3, 1, "c")
+        assert sorted(results.inputs["input"]) == ["a", "b", "c"]
+        verdicts = results.findings.query("kind == 'varying_op'")
+        assert len(verdicts) == 3 and (verdicts["severity"] == "info").all()  # one per input, none varies
 
 
 def test_input_names_from_dumps_are_escaped_on_the_page(tmp_path):

@@ -48,8 +48,8 @@ def dataset_view(comparison: Comparison, summary: pd.DataFrame, findings: list[F
     by_config: dict[tuple, list[int]] = {}
     for index in compared:
         by_config.setdefault(comparison.plan.pairs[index].other.config, []).append(index)
-    by_config = {c: idx for c, idx in by_config.items()
-                 if len({comparison.plan.pairs[i].other.input_key for i in idx}) >= 2}
+    by_config = {c: _first_repeat_per_input(comparison, idx) for c, idx in by_config.items()}
+    by_config = {c: idx for c, idx in by_config.items() if len(idx) >= 2}
     if not by_config:
         return Dataset()
     labels = _config_labels(comparison, by_config)
@@ -79,6 +79,18 @@ def dataset_findings(view: Dataset) -> list[Finding]:
 
 def _reference_pairs(comparison: Comparison) -> list[int]:
     return [i for i, p in enumerate(comparison.plan.pairs) if p.kind == "reference" and p.base.config != p.other.config]
+
+
+def _first_repeat_per_input(comparison: Comparison, indices: list[int]) -> list[int]:
+    """One pair per input: its first repeat stands for it (the per-op repeat section covers the others),
+    so a configuration repeated 3 times on 10 inputs counts 10 inputs, not 30; in run order."""
+    chosen: dict[str, int] = {}
+    for index in indices:
+        run = comparison.plan.pairs[index].other
+        held = chosen.get(run.input_key)
+        if held is None or run.repeat < comparison.plan.pairs[held].other.repeat:
+            chosen[run.input_key] = index
+    return sorted(chosen.values())
 
 
 def _input_label(run) -> str:
