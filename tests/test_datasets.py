@@ -148,6 +148,26 @@ def test_report_page_and_results_json_carry_the_data_set(underflow_results, tmp_
     assert "<h2>Data set</h2>" in html and "zero collapse on 2 of 3 inputs" in html
 
 
+def test_collect_input_dir_then_analyze_json_reads_the_data_set(tmp_path):
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    for name in BRIGHTNESSES:
+        (folder / f"{name}.npy").write_bytes((INPUTS / f"{name}.npy").read_bytes())
+    done = cli("layerdiff.collector.cli", "--device", "local", "--model", str(MODELS / "underflow.param"),
+               "--backend", "cpu,vulkan", "--precision", "high,low", "--input", str(folder), "-o", str(tmp_path / "runs"),
+               "--no-report")
+    assert done.returncode == 0, done.stderr[-1500:]
+    analyzed = cli("layerdiff.analyzer.cli.app", str(tmp_path / "runs"), "-o", str(tmp_path / "report"), "--json")
+    assert analyzed.returncode == 0, analyzed.stderr[-1500:]
+    doc = json.loads(analyzed.stdout)
+    configs = {c["configuration"]: c for c in doc["datasets"]["configs"]}
+    assert set(configs) == {"cpu/low", "vulkan/high", "vulkan/low"}  # cpu/high is the reference
+    assert all(c["inputs"] == 3 for c in configs.values())
+    assert configs["vulkan/low"]["zero_collapse_inputs"] == "underflow_dark, underflow_dim"
+    [sentence] = [f["sentence"] for f in doc["findings"] if f["kind"] == "dataset" and f["run"] == "vulkan/low"]
+    assert "zero collapse on 2 of 3 inputs (underflow_dark, underflow_dim)" in sentence
+
+
 # ---------------------------------------------------------------- data sets from written dumps: order, escaping
 def _dataset_folder(folder: Path, labels: list[str], failing: set[str], repeats: int = 1) -> Path:
     """cpu/high and opencl/low (`repeats` times, identical) on each input; on the `failing` inputs
@@ -178,7 +198,8 @@ def test_first_failing_input_is_in_input_order_and_counts_are_over_inputs(tmp_pa
         layers = results.dataset_layers.set_index("layer")
         assert layers.loc["fc:0", "n_fail"] == 2 and layers.loc["fc:0", "failing_inputs"] == "b.png, d.png"
         [sentence] = results.findings.query("kind == 'dataset'")["sentence"]
-        assert "opencl/low over 5 inputs: 2 fail" in sentence and "first failing input b.png" in sentence
+        assert "opencl/low over 5 inputs: run verdicts 2 fail, 0 warn, 3 pass" in sentence
+        assert "layers fail on 2 of 5 inputs" in sentence and "first failing input b.png" in sentence
         assert "fc:0 (2 of 5)" in sentence
 
 

@@ -178,12 +178,14 @@ def _earliest(collapsing: pd.DataFrame, layers: pd.DataFrame) -> str:
 
 def _finding(config: dict, inputs: pd.DataFrame, layers: pd.DataFrame) -> Finding:
     n = config["inputs"]
-    counts = f"{config['n_fail']} fail, {config['n_warn']} warn, {config['n_pass']} pass"
-    if config["n_other"]:
-        counts += f", {config['n_other']} not judged"
-    if config["n_with_failing_layer"]:
-        counts += f" ({config['n_with_failing_layer']} with a failing layer)"
+    if config["n_pass"] == n:
+        counts = f"all {n} inputs pass"
+    else:
+        counts = f"run verdicts {config['n_fail']} fail, {config['n_warn']} warn, {config['n_pass']} pass"
+        counts += f", {config['n_other']} not judged" if config["n_other"] else ""
     parts = [f"{config['configuration']} over {n} inputs: {counts}"]
+    if config["n_with_failing_layer"]:
+        parts.append(f"layers fail on {config['n_with_failing_layer']} of {n} inputs")
     if config["first_failing_input"]:
         parts.append(f"first failing input {config['first_failing_input']}")
     elif config["first_warning_input"]:
