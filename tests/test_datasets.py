@@ -312,12 +312,30 @@ def _random_op_model(path: Path) -> Path:
     return path
 
 
-def test_onnxruntime_random_op_is_named_across_fresh_processes(tmp_path):
-    model = _random_op_model(tmp_path / "noisy.onnx")
-    done = cli("layerdiff.collector.cli", "--device", "local", "--model", str(model), "--repeat", "3",
-               "--fresh-process", "-o", str(tmp_path / "runs"), "--no-report")
+def _collect_repeats(tmp_path: Path, model: Path, *options: str) -> list[Path]:
+    done = cli("layerdiff.collector.cli", "--device", "local", "--model", str(model), "--repeat", "3", *options,
+               "-o", str(tmp_path / "runs"), "--no-report")
     assert done.returncode == 0, done.stderr[-1500:]
-    files = sorted((tmp_path / "runs").glob("*_r*.h5"))
+    return sorted((tmp_path / "runs").glob("*_r*.h5"))
+
+
+def test_onnxruntime_random_op_repeats_its_draw_within_one_process(tmp_path):
+    """ONNX Runtime draws an unseeded random op's seed once per process, so each new session in that
+    process repeats the same draws: repeats in one process agree bit for bit, and only fresh processes
+    show the op (the next test)."""
+    files = _collect_repeats(tmp_path, _random_op_model(tmp_path / "noisy.onnx"))
+    with DumpFile(files[0]) as first:
+        draw = first.tensor_by_key("noise:0")
+    for path in files[1:]:
+        with DumpFile(path) as dump:
+            assert np.array_equal(dump.tensor_by_key("noise:0"), draw)
+    with layerdiff.analyze(files) as results:
+        [finding] = results.findings.query("kind == 'varying_op'").to_dict("records")
+        assert finding["sentence"].startswith("No op varies across 3 repeats") and "(in one process)" in finding["sentence"]
+
+
+def test_onnxruntime_random_op_is_named_across_fresh_processes(tmp_path):
+    files = _collect_repeats(tmp_path, _random_op_model(tmp_path / "noisy.onnx"), "--fresh-process")
     tensors = []
     for path in files:
         with DumpFile(path) as dump:

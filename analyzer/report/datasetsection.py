@@ -63,13 +63,14 @@ def _spread_chart(varying: pd.DataFrame) -> str:
     rows = []
     for record, value in zip(shown.to_dict("records"), values):
         width = _bar_width(value, low, high)
-        rows.append(f"<tr><td>{html_text(record['run'])}</td><td>{html_text(record['op'])}</td>"
+        rows.append(f"<tr><td>{html_text(record['configuration'])} on {html_text(record['input'])}</td>"
+                    f"<td>{html_text(record['op'])}</td>"
                     f"<td>{html_text(record['op_type'])}</td><td>{int(record['n_differing'])} of "
                     f"{int(record['repeats']) - 1}</td><td><span style='display:inline-block;height:10px;"
                     f"background:#c0392b;width:{width}px'></span> {html_text(f'{value:.3g}')}</td></tr>")
     more = (f"<p>{len(varying) - MAX_CHART_OPS} more varying op(s) in the table below.</p>"
             if len(varying) > MAX_CHART_OPS else "")
-    return ("<table class='data'><thead><tr><th>run</th><th>op</th><th>op type</th><th>differs in</th>"
+    return ("<table class='data'><thead><tr><th>repeats of</th><th>op</th><th>op type</th><th>differs in</th>"
             "<th>spread (rel L2 across repeats)</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>" + more)
 
 
