@@ -33,7 +33,7 @@ from layerdiff.analyzer.runs.reference import plan_comparisons
 from layerdiff.analyzer.runs.sources import Run, SourceSet, open_runs
 from layerdiff.analyzer.findings.summary import run_summary
 from layerdiff.analyzer.findings.datasets import Dataset, dataset_findings, dataset_view
-from layerdiff.analyzer.findings.repeatops import fresh_groups, varying_op_findings
+from layerdiff.analyzer.findings.repeatops import varying_op_findings
 from layerdiff.analyzer.measure.repeats import repeat_spread_per_op
 from layerdiff.analyzer.findings.verdict import Thresholds
 # Also the analyzer's public surface for the collector (`collect fix` measures its trials with the
@@ -106,8 +106,7 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
         summary = run_summary(comparison, sources.runs, findings, thresholds, judgements)
         dataset = dataset_view(comparison, summary, findings)
         repeat_ops = repeat_spread_per_op(comparison)
-        findings = insert_by_kind(findings, dataset_findings(dataset) + varying_op_findings(
-            repeat_ops, fresh_groups(comparison)))
+        findings = insert_by_kind(findings, dataset_findings(dataset) + varying_op_findings(repeat_ops))
     comparison.graphs.clear()  # they served the findings; the report does not need them (Comparison.graph rebuilds)
     problems = sources.problems + comparison.problems + isolation.problems
     problems += [f"{label}: not compared: {why}" for label, why in plan.uncompared.items()]

@@ -281,7 +281,7 @@ def test_first_varying_op_is_the_reduction_whose_order_changes(tmp_path):
         assert finding["numbers"]["identical_before"] == LAYERS.index(next(l for l in LAYERS if l[0] == "pool"))
         assert "First op to vary across 3 repeats" in finding["sentence"]
         assert "pool:0 (Pooling), differs from the first repeat in 1 of 2 repeat(s)" in finding["sentence"]
-        assert "each in a fresh process" in finding["sentence"]
+        assert "each in a fresh process" in finding["sentence"] and finding["numbers"]["fresh_process"] is True
         ops = results.repeat_ops.set_index("op")
         assert ops.loc["conv1:0", "n_differing"] == 0 and ops.loc["fc:0", "n_differing"] == len(differing["fc"])
         page = results.write_report(tmp_path / "report").read_text()

@@ -11,35 +11,24 @@ from __future__ import annotations
 import pandas as pd
 
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
-from layerdiff.analyzer.findings.spread import _fresh as ran_fresh
-from layerdiff.analyzer.measure.compare import Comparison
-from layerdiff.analyzer.measure.repeats import repeat_groups
 
 MAX_OTHERS = 4  # varying ops named after the first
 
 
-def fresh_groups(comparison: Comparison) -> dict[int, bool]:
-    """Per repeat group (numbered as measure/repeats.py numbers them): did every repeat run in a fresh process?"""
-    out = {}
-    for number, indices in enumerate(repeat_groups(comparison).values()):
-        pairs = [comparison.plan.pairs[i] for i in indices]
-        out[number] = all(ran_fresh(run) for run in [pairs[0].base, *(p.other for p in pairs)])
-    return out
-
-
-def varying_op_findings(per_op: pd.DataFrame, fresh_by_group: dict[int, bool] | None = None) -> list[Finding]:
+def varying_op_findings(per_op: pd.DataFrame) -> list[Finding]:
     """One finding per repeated configuration and input: the first op whose output differs between
     repeats (in execution order) with its spread, or "no op varies" when every op is bit-identical."""
     out = []
-    for group, ops in per_op.groupby("group", sort=True):
+    for _, ops in per_op.groupby("group", sort=True):
         ops = ops.sort_values("position", kind="stable")
         first = ops.iloc[0]
-        how = "each in a fresh process" if (fresh_by_group or {}).get(int(group)) else "in one process"
+        how = "each in a fresh process" if bool(first["fresh_process"]) else "in one process"
         where = f"{first['configuration']} on input {first['input']}"
         others = int(first["repeats"]) - 1
         varying = ops[ops["n_differing"] > 0]
         numbers = {"repeats": int(first["repeats"]), "ops_compared": int(len(ops)),
-                   "ops_varying": int(len(varying)), "input": str(first["input"])}
+                   "ops_varying": int(len(varying)), "input": str(first["input"]),
+                   "fresh_process": how.startswith("each")}
         if varying.empty:
             out.append(Finding(FindingKind.VARYING_OP, str(first["run"]), "", "",
                                f"No op varies across {numbers['repeats']} repeats of {where} ({how}): all "

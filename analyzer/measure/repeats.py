@@ -13,7 +13,7 @@ import pandas as pd
 
 from layerdiff.analyzer.measure.compare import Comparison
 
-REPEAT_OP_COLUMNS = ["group", "run", "configuration", "input", "repeats", "position", "op", "op_type", "n_differing",
+REPEAT_OP_COLUMNS = ["group", "run", "configuration", "input", "repeats", "fresh_process", "position", "op", "op_type", "n_differing",
                      "n_compared", "spread_rel_l2", "spread_max_abs", "is_output"]
 
 
@@ -34,14 +34,22 @@ def repeat_spread_per_op(comparison: Comparison) -> pd.DataFrame:
         rows = comparison.table[comparison.table["pair"].isin(indices)]
         if rows.empty:
             continue
-        base = comparison.plan.pairs[indices[0]].base
-        frames.append(_per_op(rows, number, base, len(indices) + 1))
+        runs = [comparison.plan.pairs[indices[0]].base, *(comparison.plan.pairs[i].other for i in indices)]
+        frames.append(_per_op(rows, number, runs[0], len(runs), all(ran_in_fresh_process(r) for r in runs)))
     if not frames:
         return pd.DataFrame(columns=REPEAT_OP_COLUMNS)
     return pd.concat(frames, ignore_index=True)[REPEAT_OP_COLUMNS]
 
 
-def _per_op(rows: pd.DataFrame, group: int, base, repeats: int) -> pd.DataFrame:
+def ran_in_fresh_process(run) -> bool:
+    """Whether the run says it ran in a harness process of its own (`collect --fresh-process`)."""
+    try:
+        return bool(run.dump.provenance.get("fresh_process"))
+    except Exception:  # noqa: BLE001 - a foreign dump says nothing about processes
+        return False
+
+
+def _per_op(rows: pd.DataFrame, group: int, base, repeats: int, fresh: bool) -> pd.DataFrame:
     """Per op of one group: repeats differing from the first, and the largest distance among them."""
     numeric = rows[rows["max_abs"].notna() | rows["n_nonfinite_mismatch"].notna()].copy()
     numeric["differs"] = (numeric["max_abs"].fillna(0) > 0) | (numeric["n_nonfinite_mismatch"].fillna(0) > 0)
@@ -61,5 +69,6 @@ def _per_op(rows: pd.DataFrame, group: int, base, repeats: int) -> pd.DataFrame:
     by_op.insert(2, "configuration", base.config_label or base.label)
     by_op.insert(3, "input", str(base.attrs.get("input_label") or base.input_key[:12]))
     by_op.insert(4, "repeats", repeats)
+    by_op.insert(5, "fresh_process", fresh)
     return by_op
 
