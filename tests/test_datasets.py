@@ -188,7 +188,7 @@ def _dataset_folder(folder: Path, labels: list[str], failing: set[str], repeats:
 
 
 def test_first_failing_input_is_in_input_order_and_counts_are_over_inputs(tmp_path):
-    labels = ["a.png", "b.png", "c.png", "d.png", "e.png"]
+    labels = ["a.png", "e.png", "d.png", "c.png", "b.png"]  # written as cl_0 .. cl_4: file order is not name order
     folder = _dataset_folder(tmp_path / "runs", labels, failing={"b.png", "d.png"})
     with layerdiff.analyze(folder) as results:
         [config] = results.datasets.to_dict("records")
@@ -208,7 +208,7 @@ def test_repeats_on_each_input_count_each_input_once(tmp_path):
     with layerdiff.analyze(folder) as results:
         [config] = results.datasets.to_dict("records")
         assert (config["inputs"], config["n_fail"], config["first_failing_input"]) == (3, 1, "c")
-        assert sorted(results.inputs["input"]) == ["a", "b", "c"]
+        assert results.inputs["input"].tolist() == ["a", "b", "c"]
         verdicts = results.findings.query("kind == 'varying_op'")
         assert len(verdicts) == 3 and (verdicts["severity"] == "info").all()  # one per input, none varies
 

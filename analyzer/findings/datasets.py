@@ -83,14 +83,15 @@ def _reference_pairs(comparison: Comparison) -> list[int]:
 
 def _first_repeat_per_input(comparison: Comparison, indices: list[int]) -> list[int]:
     """One pair per input: its first repeat stands for it (the per-op repeat section covers the others),
-    so a configuration repeated 3 times on 10 inputs counts 10 inputs, not 30; in run order."""
+    so a configuration repeated 3 times on 10 inputs counts 10 inputs, not 30. In input-name order, the
+    order `collect --input DIR` feeds a folder's files in, so "first failing input" means what it says."""
     chosen: dict[str, int] = {}
     for index in indices:
         run = comparison.plan.pairs[index].other
         held = chosen.get(run.input_key)
         if held is None or run.repeat < comparison.plan.pairs[held].other.repeat:
             chosen[run.input_key] = index
-    return sorted(chosen.values())
+    return sorted(chosen.values(), key=lambda i: (_input_label(comparison.plan.pairs[i].other), i))
 
 
 def _input_label(run) -> str:
@@ -120,13 +121,14 @@ def _layer_frequency(comparison: Comparison, indices: list[int], config: str, in
     if rows.empty:
         return pd.DataFrame(columns=LAYER_COLUMNS)
     label_of = dict(zip(inputs["run"], inputs["input"]))
+    rank = {run: i for i, run in enumerate(inputs["run"])}  # the inputs' own (name) order
     out = []
     for key, group in rows.groupby("key", sort=False):
         failing = group[group["status"] == "fail"]
         out.append({"configuration": config, "position": int(group["position"].min()), "layer": str(key),
                     "op_type": str(group["op_type"].iloc[0]), "inputs": len(inputs),
                     "n_fail": int(len(failing)), "n_warn": int((group["status"] == "warn").sum()),
-                    "failing_inputs": ", ".join(label_of.get(r, r) for r in failing["run"])})
+                    "failing_inputs": ", ".join(label_of.get(r, r) for r in sorted(failing["run"], key=rank.get))})
     return pd.DataFrame(out, columns=LAYER_COLUMNS).sort_values("position", kind="stable").reset_index(drop=True)
 
 
