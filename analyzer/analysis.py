@@ -33,6 +33,9 @@ from layerdiff.analyzer.outputs.task import parse_task
 from layerdiff.analyzer.runs.reference import plan_comparisons
 from layerdiff.analyzer.runs.sources import Run, SourceSet, open_runs
 from layerdiff.analyzer.findings.summary import run_summary
+from layerdiff.analyzer.findings.datasets import Dataset, dataset_findings, dataset_view
+from layerdiff.analyzer.findings.repeatops import varying_op_findings
+from layerdiff.analyzer.measure.repeats import repeat_spread_per_op
 from layerdiff.analyzer.findings.verdict import Thresholds
 # Also the analyzer's public surface for the collector (`collect fix` measures its trials with the
 # report's graph and kernels; tests/test_package_layout.py keeps the collector to formats, importers,
@@ -52,6 +55,8 @@ class Analysis:
     thresholds: Thresholds
     problems: list[str] = field(default_factory=list)
     isolation: Isolation = field(default_factory=Isolation)
+    dataset: Dataset = field(default_factory=Dataset)  # one configuration over many inputs (findings/datasets.py)
+    repeat_ops: pd.DataFrame = field(default_factory=pd.DataFrame)  # per op across repeats (measure/repeats.py)
 
     @property
     def runs(self) -> list[Run]:
@@ -100,10 +105,13 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
         judgements = judge_all(comparison, declared, thresholds)
         findings = merge_findings(all_findings(comparison, sources.runs, thresholds, judgements), isolation.findings)
         summary = run_summary(comparison, sources.runs, findings, thresholds, judgements)
+        dataset = dataset_view(comparison, summary, findings)
+        repeat_ops = repeat_spread_per_op(comparison)
+        findings = insert_by_kind(findings, dataset_findings(dataset) + varying_op_findings(repeat_ops))
     comparison.graphs.clear()  # they served the findings; the report does not need them (Comparison.graph rebuilds)
     problems = sources.problems + comparison.problems + isolation.problems + fed_input_problems(sources.runs)
     problems += [f"{label}: not compared: {why}" for label, why in plan.uncompared.items()]
-    return Analysis(sources, comparison, findings, summary, thresholds, problems, isolation)
+    return Analysis(sources, comparison, findings, summary, thresholds, problems, isolation, dataset, repeat_ops)
 
 
 def fed_input_problems(runs: list[Run]) -> list[str]:
@@ -151,6 +159,16 @@ def merge_findings(findings: list[Finding], isolation: list[Finding]) -> list[Fi
     before = set(KIND_ORDER[:KIND_ORDER.index("first_divergence") + 1])
     cut = sum(1 for f in findings if f.kind in before)
     return findings[:cut] + sorted(isolation, key=_isolation_rank) + findings[cut:]
+
+
+def insert_by_kind(findings: list[Finding], new: list[Finding]) -> list[Finding]:
+    """`new` findings placed by `KIND_ORDER` among `findings` (already in report order), which keep their order."""
+    out = list(findings)
+    for finding in new:
+        rank = KIND_ORDER.index(finding.kind)
+        at = next((i for i, f in enumerate(out) if f.kind in KIND_ORDER and KIND_ORDER.index(f.kind) > rank), len(out))
+        out.insert(at, finding)
+    return out
 
 
 def _isolation_rank(finding: Finding) -> tuple:

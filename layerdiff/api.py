@@ -2,7 +2,8 @@
 
 `analyze` runs the very analysis `analyze` (the command) runs and hands it back as DataFrames:
 `.runs` (one row per run: its provenance and verdict), `.layers` (one row per aligned layer and run,
-every metric), `.findings` (one row per finding); `.write_report(dir)` writes the report the command
+every metric), `.findings` (one row per finding), `.inputs` / `.datasets` (many inputs as one unit),
+`.repeat_ops` (which op varies across repeats); `.write_report(dir)` writes the report the command
 would. `layerdiff.collect` is collector/sweep/collect.py's `collect`, the collect command's library half.
 """
 from __future__ import annotations
@@ -69,6 +70,29 @@ class Results:
 
         rows = [{**f.as_dict(), "kind": str(f.kind), "severity": str(f.severity)} for f in self.analysis.findings]
         return pd.DataFrame(rows, columns=["kind", "run", "layer", "op_type", "sentence", "severity", "numbers"])
+
+    @property
+    def inputs(self) -> pd.DataFrame:
+        """One row per configuration and input of a data set (a configuration run on two inputs or more):
+        verdict, failing layers, first divergence, output error, where zeros start. Empty without one."""
+        return self.analysis.dataset.inputs
+
+    @property
+    def datasets(self) -> pd.DataFrame:
+        """One row per configuration run on several inputs: counts over inputs (pass / warn / fail), first
+        failing and worst input, inputs collapsing to zero, the layer failing on the most inputs."""
+        return self.analysis.dataset.configs
+
+    @property
+    def dataset_layers(self) -> pd.DataFrame:
+        """Per configuration and layer: on how many of the inputs it fails or warns, and on which."""
+        return self.analysis.dataset.layers
+
+    @property
+    def repeat_ops(self) -> pd.DataFrame:
+        """Per repeated configuration and input (`collect --repeat N`) and per op, in execution order: in
+        how many repeats its output differs from the first repeat's, and by how much (rel L2, max abs)."""
+        return self.analysis.repeat_ops
 
     @property
     def problems(self) -> list[str]:

@@ -37,7 +37,9 @@ class FindingKind(StrEnum):
     ERROR_GROWTH = "error_growth"
     NONDETERMINISM = "nondeterminism"
     RUN_SPREAD = "run_spread"  # how far repeats of one configuration land apart (spread.py)
+    VARYING_OP = "varying_op"  # the first op whose output differs between repeats (repeatops.py)
     INPUT_DEPENDENCE = "input_dependence"
+    DATASET = "dataset"  # one configuration over many inputs: counts, worst input, layers failing most (datasets.py)
     FP16_RISK = "fp16_risk"
     ERROR_CURVE = "error_curve"
     CPU_BY_DESIGN = "cpu_by_design"  # a GPU run's nodes the engine always computes on the CPU (runs/placement.py)

@@ -10,13 +10,7 @@ from __future__ import annotations
 import math
 
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
-
-
-def _fresh(run) -> bool:
-    try:
-        return bool(run.dump.provenance.get("fresh_process"))
-    except Exception:  # noqa: BLE001 - a foreign dump says nothing about processes
-        return False
+from layerdiff.analyzer.measure.repeats import ran_in_fresh_process
 
 
 def _finite_max(values) -> float:
@@ -59,7 +53,7 @@ def run_spread(comparison) -> list[Finding]:
         outputs = rows[rows["is_output"].astype(bool)]
         differing = rows[rows["max_abs"].fillna(0) > 0].sort_values("position")
         runs = [base] + [p.other for p in pairs]
-        how = "each in a fresh process" if all(_fresh(r) for r in runs) else "in one process"
+        how = "each in a fresh process" if all(ran_in_fresh_process(r) for r in runs) else "in one process"
         numbers = {"repeats": len(runs), "fresh_process": how.startswith("each"), "runs": [r.label for r in runs],
                    "output_rel_l2_max": _finite_max(outputs["rel_l2"]), "output_max_abs": _finite_max(outputs["max_abs"]),
                    "layers_differing": int(differing["key"].nunique()), "layers": int(rows["key"].nunique())}

@@ -17,6 +17,7 @@ import pandas as pd
 from layerdiff.analyzer.analysis import Analysis
 from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.report.fixsection import fix_html
+from layerdiff.analyzer.report.datasetsection import dataset_document, dataset_html
 from layerdiff.analyzer.report.figures import chart_parts, draw_pngs
 from layerdiff.analyzer.report.interactive import layer_table_parts
 from layerdiff.analyzer.report.outdir import atomic_write_bytes, atomic_write_chunks, finish_out_dir
@@ -95,6 +96,7 @@ def _sections(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str | It
                "".join(f"<li>{_e(p)}</li>" for p in analysis.problems) + "</ul></div>")
     yield from ["<h2>Findings</h2>", _findings_html(analysis.findings)]
     yield from ["<h2>Runs</h2>", _runs_html(analysis.summary)]
+    yield from dataset_html(analysis)
     yield from _isolation_html(analysis)
     yield from fix_html([run.path for run in analysis.runs])
     yield "<h2>Charts</h2>"
@@ -232,6 +234,7 @@ def console_json(analysis: Analysis) -> str:
 
 
 def results_document(analysis: Analysis) -> dict:
-    return build_results(analysis.comparison, analysis.runs, analysis.findings, analysis.summary,
-                         analysis.thresholds, analysis.problems, analysis.isolation.matched)
+    document = build_results(analysis.comparison, analysis.runs, analysis.findings, analysis.summary,
+                             analysis.thresholds, analysis.problems, analysis.isolation.matched)
+    return {**document, **dataset_document(analysis)}
 
