@@ -67,6 +67,11 @@ class Engine:
     # Op types its isolation refuses (ggml: views compute nothing, KV cache stores write in place):
     # `collect isolate --failing-from` leaves layers of these types out, saying so, instead of failing.
     not_isolatable: tuple[str, ...] = ()
+    # How `collect bisect` moves single layers back to the reference configuration while the others run the
+    # failing one (a name in collector/fix/bisect.py's MECHANISMS); "" when the engine has no per-layer
+    # switch, and then `bisect_refusal` is the one line bisect answers with.
+    bisect_mechanism: str = ""
+    bisect_refusal: str = ""
     # The Python module the host engine runs (`ncnn`, `MNN`, ...): its installed file is part of what a
     # kept `--probe` answer of this machine depends on (collector/transport/probe.py); "" (a native
     # harness built here) means the probe is always asked.
