@@ -297,11 +297,12 @@ def bisect_command(
     deadline: float = typer.Option(900.0, "--deadline"),
 ) -> None:
     """Find the layer(s) whose move to the failing backend/precision breaks the outputs; only outputs are observed."""
-    from layerdiff.collector.fix.bisect import bisect, bisect_document, parse_ref_config, summary_lines
+    from layerdiff.collector.fix.bisect import bisect, bisect_document, mechanism_for, parse_ref_config, summary_lines
 
     if out.exists() and not out.is_dir():
         raise StorageError(f"output {out} is a file; pass a directory to -o")
     files = resolve_model(model, engine)
+    mechanism_for(files.engine)  # an engine without a per-layer switch refuses before anything runs
     reference = parse_ref_config(ref_config, backend, BACKENDS, PRECISIONS)
     inputs, errors = resolve_inputs(input or [], input_shapes(files), parse_preprocess(preprocess),
                                     ENGINES[files.engine].prompt_input)

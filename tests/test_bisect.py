@@ -124,3 +124,10 @@ def test_a_bad_reference_config_is_one_line(tmp_path):
                    "--input", OVERFLOW_INPUT, "-o", tmp_path / "b")
     assert done.returncode != 0
     assert done.stderr.strip().count("\n") == 0 and "--ref-config 'vulkan': give BACKEND/PRECISION" in done.stderr
+
+
+def test_the_reference_itself_is_refused_in_one_line(tmp_path):
+    done = collect("bisect", "--model", MODELS / "overflow.param", "--backend", "vulkan", "--precision", "high",
+                   "--input", OVERFLOW_INPUT, "-o", tmp_path / "b")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "vulkan/high is the reference itself" in done.stderr

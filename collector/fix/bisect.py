@@ -17,9 +17,10 @@ The search, for layers L in execution order (each trial = one plain run per inpu
 - a binary search over the split point i: layers before i run the failing configuration, those
   after it are kept, so the smallest failing i names the culprit L[i-1] in about log2(len(L)) runs.
   Where a kept layer needs its producers kept too (ncnn on the CPU: a fp32 layer must read fp32),
-  the kept layers are a prefix instead and the largest failing i names L[i];
-- the culprit is then kept for good and, if the outputs still fail, the search repeats over the
-  layers after it (before it on the CPU): each further culprit costs about log2 of what remains.
+  only prefixes can be kept: the largest failing i names L[i], the last layer the outputs need kept
+  (with every layer before it), and the search ends there;
+- otherwise the culprit is then kept for good and, if the outputs still fail, the search repeats over
+  the layers after it: each further culprit costs about log2 of what remains.
 It assumes that moving more layers to the failing configuration never repairs the outputs; a
 culprit that needs a partner to break (two layers whose errors cancel) is found as the partner pair.
 """
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from layerdiff.errors import DeviceError, UsageError
+from layerdiff.errors import DeviceError, InputError, UsageError
 from layerdiff.vocabulary import RunStatus
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.engines import ENGINES
@@ -77,7 +78,7 @@ def ncnn_layers(model: ModelFiles) -> list[ModelLayer]:
     param = next((f for f in model.files if f.suffix == ".param"), model.files[0])
     lines = param.read_text(errors="replace").splitlines()
     if not lines or lines[0].strip() != MAGIC:
-        raise UsageError(f"{param}: not a text ncnn .param file (first line is not {MAGIC}); bisect reads the layers from it")
+        raise InputError(f"{param}: not a text ncnn .param file (first line is not {MAGIC}); bisect reads the layers from it")
     layers = []
     for line in lines[2:]:
         fields = line.split()
@@ -87,7 +88,7 @@ def ncnn_layers(model: ModelFiles) -> list[ModelLayer]:
         bottoms, tops = fields[4:4 + nb], fields[4 + nb:4 + nb + nt]
         layers.append(ModelLayer(fields[1], fields[0], tuple(bottoms), tuple(tops)))
     if not layers:
-        raise UsageError(f"{param}: no layers found; bisect needs a text ncnn .param")
+        raise InputError(f"{param}: no layers found; bisect needs a text ncnn .param")
     return layers
 
 
@@ -141,6 +142,7 @@ class BisectResult:
     mechanism: Mechanism
     steps: list[BisectStep] = field(default_factory=list)
     references: dict[str, Path] = field(default_factory=dict)
+    prefix_kept: bool = False  # kept layers need kept producers: the culprit is the end of the kept prefix
 
     @property
     def runs_per_culprit(self) -> float:
@@ -170,12 +172,17 @@ class Bisection:
         """Each culprit with the error its move causes, in the order found."""
         found: list[dict] = []
         candidates = list(self.movable)
+        if self.prefix_kept:
+            # kept layers need kept producers: only prefixes can be tried, so the search names the last
+            # layer the outputs need kept, and every layer before it is kept with it
+            index = self._split([], candidates)
+            return [{"layer": candidates[index], "error_moved": self._error([], candidates, index)}]
         while candidates and not self.passes([f["layer"] for f in found]):
             kept = [f["layer"] for f in found]
             index = self._split(kept, candidates)
             culprit = candidates[index]
             found.append({"layer": culprit, "error_moved": self._error(kept, candidates, index)})
-            candidates = candidates[:index] if self.prefix_kept else candidates[index + 1:]
+            candidates = candidates[index + 1:]
         return found
 
     def _split(self, kept: list[str], candidates: list[str]) -> int:
@@ -206,21 +213,30 @@ class Bisection:
         return trial.worst if trial is not None else math.nan
 
 
+def mechanism_for(engine_name: str) -> Mechanism:
+    """The engine's declared way to keep single layers, or UsageError with its one-line refusal."""
+    engine = ENGINES[engine_name]
+    if not engine.bisect_mechanism:
+        raise UsageError(engine.bisect_refusal or f"{engine_name}: no per-layer way to move a layer between "
+                                                  "configurations; bisect cannot run")
+    return MECHANISMS[engine.bisect_mechanism]
+
+
 def bisect(device: Device, model: ModelFiles, backend: str, precision: str, inputs: list[InputSet], out_dir: Path, *,
            tolerance: float = 1e-2, ref_config: tuple[str, str] | None = None, deadline_s: float = 900.0) -> BisectResult:
     """Find the culprit layer(s) of `backend`/`precision` against the reference (default: `backend`/high)."""
-    engine = ENGINES[model.engine]
-    if not engine.bisect_mechanism:
-        raise UsageError(engine.bisect_refusal or f"{model.engine}: no per-layer way to move a layer between "
-                                                  "configurations; bisect cannot run")
+    mechanism = mechanism_for(model.engine)
+    ref_config = ref_config or (backend, "high")
+    if tuple(ref_config) == (backend, precision):
+        raise UsageError(f"{backend}/{precision} is the reference itself; name the failing precision (-p low) or "
+                         "another reference (--ref-config cpu/high)")
     if not inputs:
         raise UsageError("collect bisect needs at least one input")
     if not (math.isfinite(tolerance) and tolerance > 0):
         raise UsageError(f"--tolerance {tolerance}: give the largest relative L2 error to accept, e.g. 1e-2")
-    mechanism = MECHANISMS[engine.bisect_mechanism]
     with OutdirLock(out_dir):
         return _bisect(device, model, backend, precision, inputs, Path(out_dir), tolerance,
-                       ref_config or (backend, "high"), deadline_s, mechanism)
+                       tuple(ref_config), deadline_s, mechanism)
 
 
 def parse_ref_config(value: str | None, backend: str, backends, precisions) -> tuple[str, str]:
@@ -247,9 +263,10 @@ def _bisect(device: Device, model: ModelFiles, backend: str, precision: str, inp
     runner = PlainTrialRunner(device, model, backend, precision, inputs, refs, trials_dir, deadline_s)
     runner.layers_pattern = pattern
     search = Bisection(runner, movable, tolerance, mechanism.kept_needs_producers(backend))
+    prefix_kept = search.prefix_kept
     failing = search.trial([])
     result = BisectResult("nothing_fails", [], failing, None, movable, outputs, 0, len(inputs), 0.0, tolerance,
-                          mechanism, search.steps, refs)
+                          mechanism, search.steps, refs, prefix_kept)
     if not failing.within(tolerance):
         result.all_kept = search.trial(movable)
         if not result.all_kept.within(tolerance):
@@ -293,7 +310,7 @@ def bisect_document(result: BisectResult, *, device: str, model: str, backend: s
         "culprits": [{"layer": c["layer"], "error_when_moved": _number(c["error_moved"])} for c in result.culprits],
         "errors": {"failing": {k: _number(v) for k, v in result.failing.errors.items()},
                    "all_kept": ({k: _number(v) for k, v in result.all_kept.errors.items()} if result.all_kept else None)},
-        "layers_movable": len(result.movable),
+        "layers_movable": len(result.movable), "kept_with_producers": result.prefix_kept,
         "runs": result.runs, "reference_runs": result.reference_runs, "seconds": round(result.seconds, 2),
         "trials": [{"moved": len(s.moved), "kept": s.kept, "worst_error": _number(s.trial.worst),
                     "failures": s.trial.failures} for s in result.steps],
@@ -313,7 +330,12 @@ def summary_lines(doc: dict) -> list[str]:
                 f"{kept:.3g} from {ref} (tolerance {tol:g}); the difference is not one of layers moving"]
     lines = [f"bisect: {config} outputs are {worst:.3g} from {ref}; culprit(s) in execution order:"]
     for item in doc["culprits"]:
-        lines.append(f"  {item['layer']}: moving it to {config} breaks the outputs (rel L2 {_as_float(item['error_when_moved']):.3g})")
+        error = _as_float(item["error_when_moved"])
+        if doc.get("kept_with_producers"):
+            lines.append(f"  {item['layer']}: the outputs need it and every layer before it kept (a kept layer needs "
+                         f"kept producers on this backend); keeping one layer less gives rel L2 {error:.3g}")
+        else:
+            lines.append(f"  {item['layer']}: moving it to {config} breaks the outputs (rel L2 {error:.3g})")
     per = doc["runs"] / max(1, len(doc["culprits"]))
     lines.append(f"bisect: {doc['runs']} plain run(s) for {doc['layers_movable']} layers ({per:.1f} per culprit, "
                  f"log2({doc['layers_movable']}) = {math.log2(max(1, doc['layers_movable'])):.1f}), + "
