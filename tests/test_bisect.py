@@ -28,8 +28,11 @@ def _rel_l2(run: np.ndarray, ref: np.ndarray) -> float:
 
 
 def _prob(path) -> np.ndarray:
+    """The one tensor of a dump that holds only the model's output."""
     with DumpFile(path) as dump:
-        return dump.tensor_by_key("prob:0")
+        keys = list(dump.layers["key"])
+        assert len(keys) == 1, (path, keys)
+        return dump.tensor_by_key(keys[0])
 
 
 def _analysis_culprit(tmp_path) -> str:
@@ -73,7 +76,7 @@ def test_overflow_on_vulkan_low_names_the_analysis_culprit_from_outputs_alone(tm
     movable = doc["layers_movable"]
     assert movable == 13
     assert doc["runs"] <= 2 + len(culprits) * (math.ceil(math.log2(movable)) + 1)
-    assert f"{doc['runs']} plain run(s) for 13 layers" in done.stderr
+    assert f"{doc['runs']} plain run(s) ({doc['runs']} trials) for 13 layers" in done.stderr
 
     # numpy's own verdicts: the failing run is off, and the model with the culprits kept is right
     ref = _prob(next((out / "reference").glob("*.h5")))
@@ -131,3 +134,28 @@ def test_the_reference_itself_is_refused_in_one_line(tmp_path):
                    "--input", OVERFLOW_INPUT, "-o", tmp_path / "b")
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "vulkan/high is the reference itself" in done.stderr
+
+
+def test_several_inputs_and_several_culprits_on_underflow(tmp_path):
+    """underflow on vulkan/low: on the dark input every layer after the gate holds values below fp16's
+    normal range, so several layers must stay fp32; each trial runs every input."""
+    out = tmp_path / "bisect"
+    inputs = [SAMPLES / "inputs" / name for name in ("underflow.npy", "underflow_dim.npy", "underflow_dark.npy")]
+    done = collect("bisect", "--model", MODELS / "underflow.param", "--backend", "vulkan", "--precision", "low",
+                   *[a for path in inputs for a in ("--input", path)], "-o", out)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((out / "bisect.json").read_text())
+    culprits = [c["layer"] for c in doc["culprits"]]
+    assert doc["status"] == "found" and culprits[0] == "gate/scale" and len(culprits) > 1
+    trials = len(doc["trials"])
+    assert doc["runs"] == 3 * trials and f"({trials} trials x 3 inputs)" in done.stderr
+    movable = doc["layers_movable"]
+    assert trials <= 2 + len(culprits) * (math.ceil(math.log2(movable)) + 1)
+    # one trial kept exactly the culprits; numpy judges it within 1e-2 on every input, and the failing
+    # run off on the dark one
+    passing = next(n for n, t in enumerate(doc["trials"], start=1) if sorted(t["kept"]) == sorted(culprits))
+    for label in ("underflow", "underflow_dim", "underflow_dark"):
+        ref = _prob(out / "reference" / f"ncnn_vulkan_high_{label}.h5")
+        assert _rel_l2(_prob(out / "trials" / f"trial{passing}" / f"ncnn_vulkan_low_{label}.h5"), ref) < 1e-2
+    dark = _prob(out / "reference" / "ncnn_vulkan_high_underflow_dark.h5")
+    assert _rel_l2(_prob(out / "trials" / "trial1" / "ncnn_vulkan_low_underflow_dark.h5"), dark) > 0.1

@@ -336,10 +336,13 @@ def summary_lines(doc: dict) -> list[str]:
                          f"kept producers on this backend); keeping one layer less gives rel L2 {error:.3g}")
         else:
             lines.append(f"  {item['layer']}: moving it to {config} breaks the outputs (rel L2 {error:.3g})")
-    per = doc["runs"] / max(1, len(doc["culprits"]))
-    lines.append(f"bisect: {doc['runs']} plain run(s) for {doc['layers_movable']} layers ({per:.1f} per culprit, "
-                 f"log2({doc['layers_movable']}) = {math.log2(max(1, doc['layers_movable'])):.1f}), + "
-                 f"{doc['reference_runs']} reference; only the outputs were observed")
+    trials = len(doc["trials"])
+    per = trials / max(1, len(doc["culprits"]))
+    inputs = f" x {doc['reference_runs']} inputs" if doc["reference_runs"] > 1 else ""
+    lines.append(f"bisect: {doc['runs']} plain run(s) ({trials} trials{inputs}) for {doc['layers_movable']} layers "
+                 f"({per:.1f} trials per culprit, log2({doc['layers_movable']}) = "
+                 f"{math.log2(max(1, doc['layers_movable'])):.1f}), + {doc['reference_runs']} reference; "
+                 "only the outputs were observed")
     return lines
 
 
