@@ -209,6 +209,15 @@ class DumpSink:
 
             os.abort()
 
+    def fed(self, name: str, array: np.ndarray, layout: str, axes: tuple[int, ...] | None = None) -> None:
+        """Record input `name` as the engine received it, read back from the engine's own input tensor
+        after feeding (FORMATS.md `input_fed`): the collector checks it against the input given.
+        Not filtered by --layers nor counted against --max-bytes: it is the run's input, not a layer."""
+        try:
+            self.writer.add_fed(name=name, array=array, layout=layout, axes=axes)
+        except OSError as err:
+            raise HarnessExit(EXIT_WRITE, f"writing the dump failed ({err})") from None
+
     def close(self, infer_ms: float) -> None:
         status = f"byte budget of {self.args.max_bytes} exhausted" if self.budget_hit else "ok"
         self.writer.close(infer_ms=infer_ms, status=status)

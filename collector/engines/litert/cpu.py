@@ -93,6 +93,13 @@ def feed(interpreter, inputs: dict[str, np.ndarray]) -> None:
         interpreter.set_tensor(details[name]["index"], np.asarray(array, dtype=details[name]["dtype"]))
 
 
+def read_inputs(interpreter) -> list[tuple[str, np.ndarray]]:
+    """Each model input read back from the interpreter's own input tensor after `set_tensor`: the
+    values LiteRT computes on (the dump's `input_fed` records)."""
+    return [(d["name"], np.array(interpreter.get_tensor(d["index"]), copy=True))
+            for d in interpreter.get_input_details()]
+
+
 def invoke(interpreter) -> float:
     begin = now_ms()
     try:

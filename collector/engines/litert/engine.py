@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from layerdiff.vocabulary import host_abi
+from layerdiff.analyzer.formats.layouts import plain_layout
 from layerdiff.collector.engines.harness_cli import (
     EXIT_ARGS,
     EXIT_BACKEND,
@@ -91,6 +92,12 @@ def dump_array(sink: DumpSink, graph: Graph, labels: dict[int, str], op, k: int,
              inputs=inputs, layout="NHWC" if array.ndim == 4 else "", memory=extra.pop("memory", "host"), **extra)
 
 
+def record_fed(sink: DumpSink, fed: list[tuple[str, np.ndarray]]) -> None:
+    """Inputs as LiteRT holds them (its graph's own order: NHWC for images) into the dump's `input_fed`."""
+    for name, array in fed:
+        sink.fed(name, array, "NHWC" if array.ndim == 4 else plain_layout(array.ndim))
+
+
 def run_cpu(args: HarnessArgs, graph: Graph, inputs: dict[str, np.ndarray]) -> None:
     interpreter, kernels, why = cpu.open_interpreter(str(args.models[0]), args.precision, args.threads, inputs)
     labels = tensor_labels(graph)
@@ -102,6 +109,7 @@ def run_cpu(args: HarnessArgs, graph: Graph, inputs: dict[str, np.ndarray]) -> N
     ops = graph.computing_ops()
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(ops))
+        record_fed(sink, cpu.read_inputs(interpreter))
         elapsed = cpu.invoke(interpreter)
         for op, index, t, array in cpu.read_activations(interpreter, graph):
             dump_array(sink, graph, labels, op, index, t, array)
@@ -135,6 +143,7 @@ def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.n
         if r == 0:
             header["options"]["plain_run"] = gpu.plain_check(data, graph, args.precision, args.threads, inputs, values)
         sink = DumpSink(args, out, {**header, "repeat": r}, total_ops=len(ops))
+        record_fed(sink, runner.read_inputs())
         for op in ops:
             for k, t in enumerate(op.outputs):
                 if t in labels and t not in never:

@@ -173,7 +173,30 @@ def compile_model(data: bytes, precision: str, threads: int, log: list[str]):
             raise HarnessExit(EXIT_BACKEND, f"WebGPU found no GPU adapter on the Vulkan driver {vulkan_icd()[0] or '(system default)'}"
                                             f"{' (' + needs.group(1) + ')' if needs else ''}; use SwiftShader "
                                             "(chromium-common) or point VK_ICD_FILENAMES at another driver") from None
-        raise HarnessExit(EXIT_BACKEND, f"LiteRT's GPU accelerator cannot compile the model ({_first(err)})") from None
+        raise HarnessExit(EXIT_BACKEND, f"LiteRT's GPU accelerator cannot compile the model ({refusal(err, text)})") from None
+
+
+LOCATION_LINE = re.compile(r"^ERROR: \[[^\]]*\]$")  # `ERROR: [./litert/cc/litert_compiled_model.h:1961]`: where, not why
+REFUSAL_LIMIT = 600
+
+
+def refusal(err: BaseException, log: str) -> str:
+    """Why LiteRT refused, in one line: the exception's own lines (`Failed to modify graph with
+    delegate`) and the ERROR lines its log gave for it (`Encountered unresolved custom op: X`,
+    `... dynamic-sized tensors`), source locations and repeats dropped; the first line alone is
+    usually a source location."""
+    reasons: list[str] = []
+    error_lines = [ln for ln in log.splitlines() if ln.startswith("ERROR: ") and "Could not load shared library" not in ln
+                   and "compiler_plugin" not in ln]
+    for line in str(err).splitlines() + error_lines:
+        text = line.strip().lstrip("└").strip()
+        if not text or LOCATION_LINE.match(text):
+            continue
+        text = text.removeprefix("ERROR: ").rstrip(".")
+        if text not in reasons:
+            reasons.append(text)
+    joined = "; ".join(reasons) or _first(err)
+    return joined if len(joined) <= REFUSAL_LIMIT else joined[: REFUSAL_LIMIT - 3] + "..."
 
 
 def _first(err: BaseException) -> str:
@@ -207,6 +230,16 @@ class GpuRunner:
         for buffer, alias in zip(self.inputs, input_names):
             buffer.write(np.asarray(given[alias], dtype=in_details[alias]["dtype"]).reshape(-1))
         self.outputs = model.create_output_buffers(0)
+        self.fed_inputs = [(by_tensor[alias], in_details[alias]) for alias in input_names]
+
+    def read_inputs(self) -> list[tuple[str, np.ndarray]]:
+        """Each input read back from the accelerator's own input buffer after writing it (`input_fed`)."""
+        out = []
+        for buffer, (name, detail) in zip(self.inputs, self.fed_inputs):
+            shape = [int(d) for d in detail["shape"]]
+            count = int(np.prod(shape, dtype=np.int64))
+            out.append((name, np.asarray(buffer.read(count, np.dtype(detail["dtype"]))).reshape(shape)))
+        return out
 
     def run(self, fill_index: int, log: list[str]) -> tuple[dict[int, np.ndarray], float]:
         """Every output's values by tensor index, and the run's time in ms."""
@@ -217,7 +250,7 @@ class GpuRunner:
             with native_stderr(log):
                 self.model.run_by_index(0, self.inputs, self.outputs)
         except RuntimeError as err:
-            raise HarnessExit(EXIT_RUN, f"LiteRT's GPU accelerator failed to run the model ({_first(err)})") from None
+            raise HarnessExit(EXIT_RUN, f"LiteRT's GPU accelerator failed to run the model ({refusal(err, ''.join(log))})") from None
         elapsed = now_ms() - begin
         values = {}
         for buffer, name in zip(self.outputs, self.output_names):

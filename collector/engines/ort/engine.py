@@ -75,6 +75,12 @@ def probe() -> dict:
             "engines": {"onnxruntime": {"version": engine_version(), "backends": backends}}}
 
 
+def model_precision(model) -> str:
+    from layerdiff.collector.engines.ort.modelfile import model_precision as declared
+
+    return declared(model)
+
+
 def load_model(args: HarnessArgs):
     import onnx
 
@@ -202,17 +208,25 @@ def run(args: HarnessArgs) -> None:
     session = session_for([o for n in nodes for o in n.outputs][:1])
     feeds = feeds_for(session, inputs)
     header = base_header(args, engine_version(), inputs)
-    header.update({"backends_actual": ["cpu"], "precision_effective": "fp32", "node_names": node_names(nodes),
+    header.update({"backends_actual": ["cpu"], "precision_effective": model_precision(model), "node_names": node_names(nodes),
                    "options": {"providers": session.get_providers(), "graph_optimization_level": "ORT_DISABLE_ALL"}})
     whole_graph = segmentable(model)
     header["options"]["dump"] = "segments" if whole_graph else "output groups"
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(nodes))
+        record_fed(sink, feeds)
         if whole_graph:
             sink.close(run_segments(model, feeds, lambda segment: create_session(segment.SerializeToString(), args),
                                     _dumper(nodes, sink), GROUP_BYTES))
         else:
             sink.close(run_once(session_for, feeds, nodes, sink, GROUP_BYTES))
+
+
+def record_fed(sink: DumpSink, feeds: dict[str, np.ndarray]) -> None:
+    """The arrays handed to `InferenceSession.run` (ONNX Runtime reads them in place, in the graph's
+    own order and the element type the model declares): the dump's `input_fed` records."""
+    for name, array in feeds.items():
+        sink.fed(name, array, plain_layout(array.ndim))
 
 
 def _dumper(nodes: list[NodeOutputs], sink: DumpSink):

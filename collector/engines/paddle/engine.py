@@ -162,6 +162,8 @@ def run(args: HarnessArgs) -> None:
                                "variables": len(variables)}})
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(variables))
+        for name, array in feeds.items():  # the arrays handed to Executor.run: what Paddle reads (`input_fed`)
+            sink.fed(name, array, "NCHW" if array.ndim == 4 else "")
         sink.close(run_once(executor, program, feeds, variables, sink, GROUP_BYTES))
 
 

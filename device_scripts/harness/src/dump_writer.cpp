@@ -51,7 +51,7 @@ bool DumpWriter::wants(const std::string& op) const {
 }
 
 bool DumpWriter::begin(const TensorInfo& info, uint64_t nbytes) {
-    if (limits_.max_bytes >= 0 && static_cast<int64_t>(offset_ + nbytes) > limits_.max_bytes) {
+    if (limits_.max_bytes >= 0 && static_cast<int64_t>(offset_ - fed_bytes_ + nbytes) > limits_.max_bytes) {
         budget_hit_ = true;
         return false;
     }
@@ -115,6 +115,27 @@ void DumpWriter::write(const TensorInfo& info, const void* data, uint64_t nbytes
     if (!begin(info, nbytes)) return;
     append(data, nbytes);
     end();
+}
+
+void DumpWriter::write_fed(const std::string& name, const std::vector<int64_t>& shape, const std::string& dtype,
+                           const std::string& layout, const void* data, uint64_t nbytes) {
+    if (nbytes > 0) check_io(std::fwrite(data, 1, nbytes, tensors_) == nbytes, "write tensors.bin");
+    check_io(std::fflush(tensors_) == 0, "flush tensors.bin");
+    std::vector<int64_t> axes;
+    for (size_t i = 0; i < shape.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    JsonObject line;
+    line.add("record", "input_fed")
+        .add("name", name)
+        .add("shape", shape)
+        .add("dtype", dtype)
+        .add("layout", layout)
+        .add("axes", axes)
+        .add("offset", static_cast<int64_t>(offset_))
+        .add("nbytes", static_cast<int64_t>(nbytes));
+    check_io(std::fputs((line.str() + "\n").c_str(), manifest_) >= 0, "write manifest.jsonl");
+    check_io(std::fflush(manifest_) == 0, "flush manifest.jsonl");
+    offset_ += nbytes;
+    fed_bytes_ += nbytes;  // the run's inputs: not counted against --max-bytes
 }
 
 void DumpWriter::write_footer(double infer_ms) {

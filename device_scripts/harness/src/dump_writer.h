@@ -50,6 +50,10 @@ public:
     // Convenience for a tensor already contiguous in memory.
     void write(const TensorInfo& info, const void* data, uint64_t nbytes);
     void write_footer(double infer_ms);
+    // An input as the engine received it, read back from its own input tensor after feeding
+    // (FORMATS.md `input_fed`): bytes, then the line; neither filtered nor counted as a layer.
+    void write_fed(const std::string& name, const std::vector<int64_t>& shape, const std::string& dtype,
+                   const std::string& layout, const void* data, uint64_t nbytes);
 
     int64_t tensors() const { return count_; }
     uint64_t bytes() const { return offset_; }
@@ -64,6 +68,7 @@ private:
     int64_t ops_total_;
     int64_t count_ = 0;
     uint64_t offset_ = 0;
+    uint64_t fed_bytes_ = 0;  // bytes of input_fed records (inside offset_)
     bool budget_hit_ = false;
     // the tensor being streamed
     TensorInfo current_;
