@@ -283,6 +283,46 @@ def fix_command(
         raise typer.Exit(1)
 
 
+@app.command("bisect")
+def bisect_command(
+    device: str = typer.Option("local", "--device", "-d", help="local or a serial"),
+    model: Path = typer.Option(..., "--model", "-m"),
+    engine: str = typer.Option("auto", "--engine", callback=choices(("auto", *ENGINES), "engine")),
+    backend: str = typer.Option(..., "--backend", "-b", callback=choices(BACKENDS, "backend")),
+    precision: str = typer.Option("low", "--precision", "-p", help="the failing precision",
+                                  callback=choices(PRECISIONS, "precision")),
+    input: List[str] = typer.Option(None, "--input", "-i", help="as for collect; the outputs must hold on every input"),
+    preprocess: Optional[str] = typer.Option(None, "--preprocess"),
+    ref_config: Optional[str] = typer.Option(None, "--ref-config", help="BACKEND/PRECISION of the reference (default: the same backend, high)"),
+    out: Path = typer.Option(Path("bisect"), "--out", "-o"),
+    tolerance: float = typer.Option(1e-2, "--tolerance", help="max relative L2 of every output vs the reference"),
+    adb_server: List[str] = typer.Option(None, "--adb-server"),
+    deadline: float = typer.Option(900.0, "--deadline"),
+) -> None:
+    """Find the layer(s) whose move to the failing backend/precision breaks the outputs; only outputs are observed."""
+    from layerdiff.collector.fix.bisect import bisect, bisect_document, mechanism_for, parse_ref_config, summary_lines
+
+    if out.exists() and not out.is_dir():
+        raise StorageError(f"output {out} is a file; pass a directory to -o")
+    files = resolve_model(model, engine)
+    mechanism_for(files.engine)  # an engine without a per-layer switch refuses before anything runs
+    reference = parse_ref_config(ref_config, backend, BACKENDS, PRECISIONS)
+    inputs, errors = resolve_inputs(input or [], input_shapes(files), parse_preprocess(preprocess),
+                                    ENGINES[files.engine].prompt_input)
+    if errors:
+        raise InputError(errors[0])
+    target = resolve_devices([device], adb_server or [])[0]
+    result = bisect(target, files, backend, precision, inputs, out, tolerance=tolerance, ref_config=reference,
+                    deadline_s=deadline)
+    doc = bisect_document(result, device=target.serial, model=files.name, backend=backend, precision=precision,
+                          ref_config=reference)
+    (out / "bisect.json").write_text(json.dumps(doc, indent=1) + "\n")
+    for line in summary_lines(doc):
+        print(terminal_lines(line), file=sys.stderr)
+    if result.status == "not_layerwise":
+        raise typer.Exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (`_main`); a process whose HDF5 library met a failed write (a disk that
     filled under it) ends here without the library's exit clean-up, which would crash it."""

@@ -67,6 +67,11 @@ class Engine:
     # Op types its isolation refuses (ggml: views compute nothing, KV cache stores write in place):
     # `collect isolate --failing-from` leaves layers of these types out, saying so, instead of failing.
     not_isolatable: tuple[str, ...] = ()
+    # How `collect bisect` moves single layers back to the reference configuration while the others run the
+    # failing one (a name in collector/fix/bisect.py's MECHANISMS); "" when the engine has no per-layer
+    # switch, and then `bisect_refusal` is the one line bisect answers with.
+    bisect_mechanism: str = ""
+    bisect_refusal: str = ""
     # What separates two of its precisions on a backend, as the op types through which that setting can
     # change a value: (backend, precision, other precision, op types). A graph holding none of those op
     # types computes the same at both, so identical bytes under the two labels are expected, not a label

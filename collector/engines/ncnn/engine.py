@@ -261,14 +261,19 @@ def dump_layer(ex, layer, blobs, sink: DumpSink, memory: str, failure_hint: str,
 
 
 def run_once(net, args: HarnessArgs, inputs: dict[str, np.ndarray], sink: DumpSink, ncnn) -> float:
-    """Extract every layer's tops in order; returns the total inference time in ms."""
+    """Extract every layer's tops in order; returns the total inference time in ms.
+
+    With `--layers`, only the selected layers are extracted: a layer not dumped is not downloaded
+    either, so `--layers` matching the output layers runs the model as an app does (what `collect
+    bisect` relies on), and a dumped layer's time covers every layer run since the previous one."""
     blobs = net.blobs()
     ex = net.create_extractor()
     record_fed(sink, feed(ex, net, inputs, ncnn), inputs)
     memory = "device" if args.backend == "vulkan" else "host"
     hint = "check the input shape against the model"
     gpu = ncnn if args.backend == "vulkan" else None
-    return sum(dump_layer(ex, layer, blobs, sink, memory, hint, gpu) for layer in net.layers())
+    chosen = [layer for layer in net.layers() if args.layers is None or args.layers.search(layer.name)]
+    return sum(dump_layer(ex, layer, blobs, sink, memory, hint, gpu) for layer in chosen)
 
 
 def ncnn_dims(array: np.ndarray) -> np.ndarray:
