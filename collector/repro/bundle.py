@@ -1,0 +1,277 @@
+"""`collect repro`: one failing ncnn layer packed as a bundle an engine maintainer runs without layerdiff.
+
+The bundle holds the layer (or a run of layers) cut out as an ncnn model, the reference's tensors it
+reads and writes, the failing run's output and its measured error, a runner that needs only the
+`ncnn` wheel and numpy, a C++ file doing the same against ncnn's headers, the device and driver
+fingerprint, and a README to paste into an upstream issue. It is written as a directory and a `.zip`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.collector.inputs.modelfiles import ModelFiles
+from layerdiff.collector.repro.ncnn_cut import CutModel, cut
+from layerdiff.collector.repro.ncnn_runner import measure
+from layerdiff.errors import InputError, NothingToCompareError, UsageError
+from layerdiff.vocabulary import ncnn_precision_flags
+
+RANGE = ".."
+RUNNER = Path(__file__).with_name("ncnn_runner.py")
+CPP_TEMPLATE = Path(__file__).with_name("ncnn_repro.cpp.in")
+MODEL_STEM = "repro"
+FINGERPRINT_FIELDS = ("device_model", "device_serial", "soc", "board", "abi", "android_release", "gpu", "engine",
+                      "engine_version", "backend_requested", "backend_actual", "precision_requested",
+                      "precision_effective", "threads", "harness", "model_name", "model_sha256")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """What `write_bundle` wrote: the directory, its zip, and the layer(s) it holds."""
+
+    directory: Path
+    archive: Path
+    layer: str
+    recorded_error: dict
+
+
+def write_bundle(model: ModelFiles, run_path: Path, ref_path: Path, layer: str, out_dir: Path) -> Bundle:
+    """Cut `layer` (a key, or FIRST..LAST in file order) out of `model` and write the bundle to `out_dir`."""
+    if model.engine != "ncnn":
+        raise UsageError(f"{model.name}: `collect repro` writes bundles for ncnn models only; MNN and ggml are not "
+                         "supported yet")
+    param = next(f for f in model.files if f.suffix == ".param")
+    weights = next((f for f in model.files if f.suffix == ".bin"), param.with_suffix(".bin"))
+    with DumpFile(ref_path) as ref, DumpFile(run_path) as run:
+        for dump in (ref, run):
+            recorded = dump.attrs.get("model_sha256")
+            if recorded and recorded != model.sha256:
+                raise InputError(f"{dump.path} was made with another model than {model.name}; bundle against its own runs")
+        first, last = (_layer_name(ref, side) for side in (layer.split(RANGE, 1) if RANGE in layer else (layer, layer)))
+        shapes = _blob_shapes(ref)
+        piece = cut(param, weights, first, last, shapes)
+        return _write(piece, ref, run, first if first == last else f"{first}{RANGE}{last}", Path(out_dir))
+
+
+def _layer_name(ref: DumpFile, key: str) -> str:
+    """The ncnn layer a key names (`block2/amplify`, `block2/amplify:0`)."""
+    layers = ref.layers
+    rows = layers[(layers["key"] == key) | (layers["key"] == f"{key}:0") | (layers["op"] == key)]
+    if rows.empty:
+        raise InputError(f"{ref.path}: no layer {key!r} in the reference; `analyze inspect {ref.path}` lists them")
+    return str(rows.iloc[0]["op"])
+
+
+def _blob_shapes(ref: DumpFile) -> dict[str, tuple[int, ...]]:
+    shapes = {str(row.name): tuple(json.loads(row.shape) if isinstance(row.shape, str) else row.shape)
+              for row in ref.layers.itertuples() if row.shape is not None}
+    for name, array in ref.inputs():
+        shapes.setdefault(name, tuple(array.shape))
+    return shapes
+
+
+def _blob_tensor(dump: DumpFile, blob: str) -> np.ndarray | None:
+    layers = dump.layers
+    rows = layers[layers["name"] == blob]
+    if not rows.empty:
+        return np.asarray(dump.tensor(int(rows.iloc[0]["order"])), dtype=np.float32)
+    return next((np.asarray(a, dtype=np.float32) for name, a in dump.inputs() if name == blob), None)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "tensor"
+
+
+def measure_error(out: np.ndarray, ref: np.ndarray) -> dict:
+    """The failing run's error at the layer, measured as the bundle's runner measures it (one definition)."""
+    error = measure(out, ref)
+    error.pop("bit_identical")
+    return error
+
+
+def config_of(dump: DumpFile) -> dict:
+    """The backend, precision, threads and ncnn Option flags the run used (as recorded, else as layerdiff sets them)."""
+    attrs, prov = dump.attrs, dump.provenance
+    backend, precision = str(attrs.get("backend_requested", "cpu")), str(attrs.get("precision_requested", "high"))
+    recorded = (prov.get("raw_header") or {}).get("options") or {}
+    options = {k: bool(v) for k, v in recorded.items() if k.startswith("use_")}
+    if not options:
+        fp16 = backend == "vulkan" or str(attrs.get("abi", "")).startswith("arm64")
+        options = {"use_vulkan_compute": backend == "vulkan", **ncnn_precision_flags(precision, fp16=fp16)}
+    return {"backend": backend, "precision": precision, "threads": int(attrs.get("threads", 1) or 1),
+            "options": options, "options_recorded": bool(recorded), "source": dump.path.name}
+
+
+def fingerprint(dump: DumpFile) -> dict:
+    """Device, SoC, GPU, driver (if recorded), engine version, backend, precision and options of a run."""
+    attrs, prov = dump.attrs, dump.provenance
+    out = {field: attrs[field] for field in FINGERPRINT_FIELDS if field in attrs}
+    device = prov.get("device") or {}
+    out.update({f"device_{k}": v for k, v in device.items() if k in ("manufacturer", "sdk", "abis") and v})
+    options = (prov.get("raw_header") or {}).get("options") or {}
+    out["options"] = options
+    drivers = {k: v for src in (prov, device, options, prov.get("raw_header") or {}) for k, v in src.items()
+               if "driver" in k.lower() and v}
+    out["driver"] = drivers or "not recorded"
+    return out
+
+
+def _write_tensor(folder: Path, stem: str, array: np.ndarray, table: dict, role: str, blob: str) -> str:
+    array = np.ascontiguousarray(array, dtype="<f4")
+    np.save(folder / f"{stem}.npy", array)
+    (folder / f"{stem}.bin").write_bytes(array.tobytes())
+    table[f"tensors/{stem}.bin"] = {"role": role, "blob": blob, "shape": list(array.shape), "dtype": "float32",
+                                    "byte_order": "little", "npy": f"tensors/{stem}.npy"}
+    return f"tensors/{stem}.npy"
+
+
+def _write(piece: CutModel, ref: DumpFile, run: DumpFile, layer: str, out_dir: Path) -> Bundle:
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / "repro.json").is_file():
+        raise InputError(f"{out_dir}: exists and is not a repro bundle; name a new directory")
+    tensors = out_dir / "tensors"
+    (out_dir / "model").mkdir(parents=True, exist_ok=True)
+    tensors.mkdir(exist_ok=True)
+    (out_dir / "model" / f"{MODEL_STEM}.param").write_text(piece.param_text)
+    (out_dir / "model" / f"{MODEL_STEM}.bin").write_bytes(piece.weights)
+    table: dict[str, dict] = {}
+    inputs = []
+    for k, blob in enumerate(piece.inputs):
+        array = _blob_tensor(ref, blob)
+        if array is None:
+            raise InputError(f"{ref.path}: the reference has no tensor {blob!r} that {layer!r} reads")
+        inputs.append({"blob": blob, "shape": list(array.shape),
+                       "npy": _write_tensor(tensors, f"input{k}_{_safe(blob)}", array, table, "input", blob)})
+    outputs = []
+    for k, blob in enumerate(piece.outputs):
+        expected = _blob_tensor(ref, blob)
+        if expected is None:
+            raise InputError(f"{ref.path}: the reference has no output {blob!r} of {layer!r}")
+        failed = _blob_tensor(run, blob)
+        if failed is None:
+            raise NothingToCompareError(f"{run.path}: the run has no tensor {blob!r}; it may have stopped before {layer!r}")
+        stem = f"output{k}_{_safe(blob)}"
+        outputs.append({"blob": blob, "shape": list(expected.shape), "npy_name": f"{stem}.npy",
+                        "reference_npy": _write_tensor(tensors, f"reference_{stem}", expected, table, "reference output", blob),
+                        "run_npy": _write_tensor(tensors, f"run_{stem}", failed, table, "failing run output", blob),
+                        "recorded_error": measure_error(failed, expected)})
+    spec = {"format": "layerdiff-repro", "format_version": 1, "engine": "ncnn", "layer": layer, "layers": piece.layers,
+            "model": {"param": f"model/{MODEL_STEM}.param", "bin": f"model/{MODEL_STEM}.bin"},
+            "inputs": inputs, "outputs": outputs,
+            "configs": {"run": config_of(run), "reference": config_of(ref)},
+            "fingerprint": {"run": fingerprint(run), "reference": fingerprint(ref)}}
+    (out_dir / "repro.json").write_text(json.dumps(spec, indent=2))
+    (out_dir / "tensors.json").write_text(json.dumps(table, indent=2))
+    (out_dir / "fingerprint.json").write_text(json.dumps(spec["fingerprint"], indent=2))
+    shutil.copyfile(RUNNER, out_dir / "run_repro.py")
+    (out_dir / "repro.cpp").write_text(cpp_source(spec))
+    (out_dir / "README.md").write_text(readme(spec))
+    archive = Path(shutil.make_archive(str(out_dir), "zip", root_dir=out_dir.parent, base_dir=out_dir.name))
+    return Bundle(out_dir, archive, layer, outputs[0]["recorded_error"])
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def readme(spec: dict) -> str:
+    """The one-minute text for the maintainer, paste-able into an upstream issue."""
+    run, ref = spec["configs"]["run"], spec["configs"]["reference"]
+    device = spec["fingerprint"]["run"]
+    err = spec["outputs"][0]["recorded_error"]
+    inputs = ", ".join(f"`{item['blob']}` {item['shape']}" for item in spec["inputs"])
+    flags = ", ".join(f"{k}={int(v)}" for k, v in sorted(run["options"].items()))
+    return f"""# ncnn: `{spec['layer']}` diverges on {run['backend']}/{run['precision']}
+
+**What**: layer{'s' if len(spec['layers']) > 1 else ''} {', '.join(f'`{n}`' for n in spec['layers'])} fed with the
+reference's own input tensor(s) ({inputs}) give a wrong output on **{run['backend']}** with precision
+**{run['precision']}**; the same model on {ref['backend']}/{ref['precision']} is the reference.
+
+**Measured in the failing run** (output `{spec['outputs'][0]['blob']}` against the reference): rel L2 {_fmt(err['rel_l2'])},
+max abs {_fmt(err['max_abs'])}, NaN {err['nan']}, +Inf {err['pos_inf']}, -Inf {err['neg_inf']}
+(of {int(np.prod(spec['outputs'][0]['shape']))} values).
+
+**Target platform**: {device.get('device_model', '?')} ({device.get('device_manufacturer', '')} {device.get('soc', '')}),
+ABI {device.get('abi', '?')}, Android {device.get('android_release') or 'n/a'}, GPU {device.get('gpu') or 'n/a'},
+driver {device.get('driver')}; ncnn {device.get('engine_version', '?')}; effective precision
+{device.get('precision_effective', '?')}. Full fingerprint: `fingerprint.json`.
+
+**Options of the failing run**: num_threads={run['threads']}, lightmode=1, {flags}
+
+## Run it
+
+```
+pip install ncnn=={device.get('engine_version', '')} numpy
+python run_repro.py          # both configurations: prints rel L2, max abs, NaN/Inf against the reference
+```
+
+`repro.cpp` does the same against ncnn's headers (for a phone: build it with the NDK against ncnn's
+Android release, push this folder, run `./repro run` and `./repro reference` from inside it).
+
+## Files
+
+- `model/repro.param`, `model/repro.bin`: the layer(s) alone, an `Input` per tensor they read
+- `tensors/input*.npy|.bin`: the reference's inputs; `tensors/reference_output*`: the reference's output;
+  `tensors/run_output*`: the failing run's output. `.bin` files are raw little-endian float32, shapes in `tensors.json`
+- `repro.json`: the configurations' ncnn options; `fingerprint.json`: device, GPU, driver, engine version
+"""
+
+
+def cpp_source(spec: dict) -> str:
+    """`repro.cpp`: the runner against ncnn's C++ API, the bundle's names, shapes and options written in."""
+    def options(config: dict) -> str:
+        lines = [f"        opt.num_threads = {config['threads']};", "        opt.lightmode = true;"]
+        lines += [f"        opt.{flag} = {'true' if value else 'false'};" for flag, value in sorted(config["options"].items())
+                  if flag in CPP_OPTION_FIELDS]
+        return "\n".join(lines)
+
+    def c_string(text: str) -> str:
+        return json.dumps(text)
+
+    feeds = "\n".join(f"    feed(ex, {c_string(item['blob'])}, {c_string(item['npy'][:-4] + '.bin')}, "
+                      f"{{{', '.join(str(d) for d in _ncnn_dims(item['shape']))}}});" for item in spec["inputs"])
+    checks = "\n".join(f"    check(ex, {c_string(item['blob'])}, {c_string(item['reference_npy'][:-4] + '.bin')});"
+                       for item in spec["outputs"])
+    text = CPP_TEMPLATE.read_text()
+    return (text.replace("@RUN_OPTIONS@", options(spec["configs"]["run"]))
+            .replace("@REFERENCE_OPTIONS@", options(spec["configs"]["reference"]))
+            .replace("@FEEDS@", feeds).replace("@CHECKS@", checks)
+            .replace("@LAYER@", spec["layer"].replace("*/", "* /")))
+
+
+# ncnn::Option fields the C++ file may set (src/option.h of ncnn 1.0.20261020); others stay ncnn's defaults.
+CPP_OPTION_FIELDS = frozenset("""use_winograd_convolution use_sgemm_convolution use_int8_inference use_vulkan_compute
+use_bf16_storage use_fp16_packed use_fp16_storage use_fp16_arithmetic use_int8_packed use_int8_storage
+use_int8_arithmetic use_packing_layout use_subgroup_ops use_tensor_storage use_winograd23_convolution
+use_winograd43_convolution use_winograd63_convolution use_bf16_packed""".split())
+
+
+def _ncnn_dims(shape: list[int]) -> list[int]:
+    """w, h, [d,] c as ncnn::Mat's constructor takes them, from the recorded NCHW shape."""
+    dims = shape[1:] if len(shape) in (2, 4, 5) and shape[0] == 1 else shape
+    return list(reversed(dims))
+
+
+def report_failure(report_dir: Path, backend: str | None = None, precision: str | None = None) -> tuple[Path, Path, str]:
+    """(run file, reference file, layer) of the first failure source the analyzer's report names."""
+    path = Path(report_dir) / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: cannot read the analyzer's results ({err}); run `analyze ... -o {report_dir}` first") from None
+    files = {run.get("run"): run.get("file") for run in results.get("runs", [])}
+    for run in results.get("runs", []):
+        prov = run.get("provenance", {})
+        if backend and prov.get("backend_requested") != backend or precision and prov.get("precision_requested") != precision:
+            continue
+        source = next((f for f in run.get("findings", []) if f.get("kind") == "failure_source" and f.get("layer")), None)
+        if source is not None:
+            ref_file = files.get(run.get("reference")) or results.get("reference", {}).get("file")
+            return Path(run["file"]), Path(ref_file), str(source["layer"])
+    raise NothingToCompareError(f"{path}: the report names no failure source"
+                                f"{f' for {backend}/{precision}' if backend or precision else ''}; name one with --layer")

@@ -1,0 +1,142 @@
+"""Re-run one ncnn layer cut out of a model, as the failing and the reference configuration ran it.
+
+Needs only the `ncnn` wheel (pip install ncnn) and numpy. Reads repro.json beside it: the cut model,
+the reference's input and output tensors, and each configuration's ncnn options. Prints, per
+configuration, the output against the reference output (rel L2, max abs, NaN/Inf counts) and whether
+the failure reproduces; `--json` prints the same as one JSON document.
+
+    python run_repro.py            # both configurations
+    python run_repro.py --config run --json
+"""
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def ncnn_dims(array):
+    """ncnn blobs have no batch axis: drop the batch of 1 the recorded NCHW shape put back."""
+    if array.ndim in (2, 4, 5) and array.shape[0] == 1:
+        return array.reshape(array.shape[1:])
+    return array
+
+
+def configure(opt, config):
+    opt.lightmode = True
+    opt.num_threads = int(config.get("threads", 1))
+    for flag, value in config["options"].items():
+        if flag.startswith("use_") and hasattr(opt, flag):
+            setattr(opt, flag, bool(value))
+
+
+def run_config(ncnn, spec, config):
+    """The cut model's outputs under one configuration, or the reason it could not run here."""
+    if config["options"].get("use_vulkan_compute") and ncnn.get_gpu_count() == 0:
+        return None, "no Vulkan device here (install a Vulkan driver, or run on the device the bundle names)"
+    net = ncnn.Net()
+    configure(net.opt, config)
+    if net.load_param(str(HERE / spec["model"]["param"])) != 0:
+        return None, "ncnn could not parse the .param"
+    if net.load_model(str(HERE / spec["model"]["bin"])) != 0:
+        return None, "ncnn could not load the .bin"
+    ex = net.create_extractor()
+    for item in spec["inputs"]:
+        array = np.load(HERE / item["npy"]).astype(np.float32)
+        ex.input(item["blob"], ncnn.Mat(np.ascontiguousarray(ncnn_dims(array))).clone())
+    outputs = {}
+    for item in spec["outputs"]:
+        status, mat = ex.extract(item["blob"])
+        if status != 0:
+            return None, f"extracting {item['blob']!r} failed (ncnn status {status})"
+        outputs[item["blob"]] = np.array(mat, dtype=np.float32).reshape(item["shape"])
+    return outputs, ""
+
+
+def measure(out, ref):
+    """How far `out` is from `ref` (float64), with the non-finite values counted."""
+    a, b = out.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    both = np.isfinite(a) & np.isfinite(b)
+    norm = float(np.linalg.norm(b[both])) if both.any() else 0.0
+    diff = a[both] - b[both]
+    finite_ok = bool(np.isfinite(a).all())
+    return {
+        "rel_l2": (float(np.linalg.norm(diff)) / norm if norm else float(np.linalg.norm(diff))) if finite_ok else None,
+        "max_abs": float(np.abs(diff).max()) if diff.size and finite_ok else None,
+        "nan": int(np.isnan(a).sum()),
+        "pos_inf": int(np.isposinf(a).sum()),
+        "neg_inf": int(np.isneginf(a).sum()),
+        "bit_identical": bool(out.shape == ref.shape and np.array_equal(out.view(np.uint32), ref.view(np.uint32))),
+    }
+
+
+def reproduces(error, recorded):
+    """The failure is there again: non-finite values if the failing run had them, else at least half its error."""
+    if recorded["nan"] + recorded["pos_inf"] + recorded["neg_inf"]:
+        return error["nan"] + error["pos_inf"] + error["neg_inf"] > 0
+    if error["rel_l2"] is None:
+        return True
+    return error["rel_l2"] >= 0.5 * (recorded["rel_l2"] or 0.0) and error["rel_l2"] > 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Re-run the cut-out layer and compare it with the reference.")
+    parser.add_argument("--config", choices=("run", "reference", "both"), default="both")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--save", metavar="DIR", help="also write each configuration's outputs as .npy into DIR")
+    args = parser.parse_args(argv)
+    import ncnn
+
+    spec = json.loads((HERE / "repro.json").read_text())
+    names = ("run", "reference") if args.config == "both" else (args.config,)
+    result = {"ncnn_version": getattr(ncnn, "__version__", "unknown"), "platform": platform.platform(),
+              "gpu": ncnn.get_gpu_info(ncnn.get_default_gpu_index()).device_name() if ncnn.get_gpu_count() else "",
+              "layer": spec["layer"], "configs": {}}
+    for name in names:
+        config = spec["configs"][name]
+        outputs, reason = run_config(ncnn, spec, config)
+        entry = {"backend": config["backend"], "precision": config["precision"], "ran": outputs is not None,
+                 "reason": reason, "outputs": {}}
+        for item in spec["outputs"] if outputs is not None else ():
+            ref = np.load(HERE / item["reference_npy"])
+            error = measure(outputs[item["blob"]], ref)
+            if name == "run":
+                error["reproduces"] = reproduces(error, item["recorded_error"])
+            entry["outputs"][item["blob"]] = error
+            if args.save:
+                Path(args.save, name).mkdir(parents=True, exist_ok=True)
+                np.save(Path(args.save, name, item["npy_name"]), outputs[item["blob"]])
+        result["configs"][name] = entry
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_text(result, spec)
+    return 0
+
+
+def print_text(result, spec):
+    print(f"layer {result['layer']}  ncnn {result['ncnn_version']}  {result['platform']}  GPU: {result['gpu'] or 'none'}")
+    for name, entry in result["configs"].items():
+        head = f"{name:9s} {entry['backend']}/{entry['precision']}"
+        if not entry["ran"]:
+            print(f"{head}: not run: {entry['reason']}")
+            continue
+        for blob, e in entry["outputs"].items():
+            rel = "n/a" if e["rel_l2"] is None else f"{e['rel_l2']:.3e}"
+            peak = "n/a" if e["max_abs"] is None else f"{e['max_abs']:.3e}"
+            line = (f"{head} {blob}: rel L2 {rel}, max abs {peak}, NaN {e['nan']}, +Inf {e['pos_inf']}, "
+                    f"-Inf {e['neg_inf']}, bit-identical to reference: {'yes' if e['bit_identical'] else 'no'}")
+            if "reproduces" in e:
+                line += f"  => {'REPRODUCES' if e['reproduces'] else 'does not reproduce'}"
+            print(line)
+    recorded = spec["outputs"][0]["recorded_error"]
+    print(f"recorded in the failing run: rel L2 {recorded['rel_l2']}, max abs {recorded['max_abs']}, "
+          f"NaN {recorded['nan']}, +Inf {recorded['pos_inf']}, -Inf {recorded['neg_inf']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

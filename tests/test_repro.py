@@ -1,0 +1,198 @@
+"""`collect repro`: a failing ncnn layer as a bundle that runs with only the `ncnn` wheel and numpy.
+
+The scenario is the sample `overflow` model on vulkan/low against cpu/high, collected for real; the
+analyzer names `block2/amplify` as the failure source (its fp16 accumulation overflows). The bundle's
+runner is executed in a fresh venv holding only `ncnn` (the version pyproject.toml pins) and numpy.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.samples.catalog import stored_network
+from tests.conftest import MODELS, REPO, SAMPLES
+from tests.test_collect_cli import collect
+
+LAYER = "block2/amplify"
+RUN_H5, REF_H5 = "ncnn_vulkan_low_overflow.h5", "ncnn_cpu_high_overflow.h5"
+
+
+def _ncnn_pin() -> str:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return next(req for req in extras["ncnn"] if req.startswith("ncnn=="))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """vulkan/low and cpu/high of the overflow sample, with the analyzer's report."""
+    out = tmp_path_factory.mktemp("repro") / "runs"
+    done = collect("--device", "local", "--model", MODELS / "overflow.param", "--config", "cpu/high,vulkan/low",
+                   "--input", SAMPLES / "inputs" / "overflow.npy", "-o", out)
+    assert done.returncode == 0, done.stderr
+    assert (out / "report" / "results.json").is_file()
+    return out
+
+
+@pytest.fixture(scope="module")
+def bundle(runs) -> Path:
+    """The bundle of the failure source the report names."""
+    target = runs.parent / "bundle"
+    done = collect("repro", "--model", MODELS / "overflow.param", "--from-report", runs / "report", "-o", target)
+    assert done.returncode == 0, done.stderr
+    assert LAYER in done.stderr
+    return target
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> Path:
+    """A venv without system site-packages holding only the pinned `ncnn` wheel and numpy."""
+    root = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, capture_output=True, timeout=300)
+    python = root / "bin" / "python"
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", _ncnn_pin(), "numpy"], capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return python
+
+
+def _run_bundle(python: Path, bundle: Path) -> dict:
+    done = subprocess.run([str(python), str(bundle / "run_repro.py"), "--json"], capture_output=True, text=True,
+                          timeout=600, cwd="/", env=_bare_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def _bare_env() -> dict[str, str]:
+    """The environment without anything that would put layerdiff on the path."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+
+
+def _conv3x3(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """A 3x3, stride 1, pad 1 convolution in float64 (NCHW, batch 1)."""
+    x = np.pad(x[0].astype(np.float64), ((0, 0), (1, 1), (1, 1)))
+    c_out, _, kh, kw = weight.shape
+    h, w = x.shape[1] - 2, x.shape[2] - 2
+    out = np.zeros((c_out, h, w))
+    for i in range(kh):
+        for j in range(kw):
+            out += np.einsum("oc,chw->ohw", weight[:, :, i, j].astype(np.float64), x[:, i:i + h, j:j + w])
+    return (out + bias[:, None, None])[None]
+
+
+def test_bundle_holds_the_layer_as_an_ncnn_model_with_the_reference_tensors(bundle, runs):
+    spec = json.loads((bundle / "repro.json").read_text())
+    assert spec["layer"] == LAYER and spec["layers"] == [LAYER]
+    lines = (bundle / "model" / "repro.param").read_text().splitlines()
+    assert lines[0] == "7767517" and lines[1] == "2 2"
+    assert lines[2] == "Input block1/add 0 1 block1/add 2=8 1=16 0=16"
+    assert lines[3].split()[:2] == ["Convolution", LAYER]
+
+    # the weights cut from the .bin are the sample's own, judged against the network definition
+    layer = stored_network("overflow").layer(LAYER)
+    raw = (bundle / "model" / "repro.bin").read_bytes()
+    assert len(raw) == 4 + layer.weights["weight"].size * 4 + layer.weights["bias"].size * 4
+    assert raw[:4] == b"\0\0\0\0"
+    weight = np.frombuffer(raw[4:4 + layer.weights["weight"].size * 4], "<f4").reshape(layer.weights["weight"].shape)
+    np.testing.assert_array_equal(weight, layer.weights["weight"].astype(np.float32))
+
+    table = json.loads((bundle / "tensors.json").read_text())
+    with DumpFile(runs / REF_H5) as ref, DumpFile(runs / RUN_H5) as run:
+        add, amplify, failed = ref.tensor_by_key("block1/add:0"), ref.tensor_by_key(f"{LAYER}:0"), run.tensor_by_key(f"{LAYER}:0")
+    for path, info in table.items():
+        array = np.load(bundle / info["npy"])
+        assert np.frombuffer((bundle / path).read_bytes(), "<f4").reshape(info["shape"]).tobytes() == array.tobytes()
+    np.testing.assert_array_equal(np.load(bundle / spec["inputs"][0]["npy"]), add)
+    np.testing.assert_array_equal(np.load(bundle / spec["outputs"][0]["reference_npy"]), amplify)
+    np.testing.assert_array_equal(np.load(bundle / spec["outputs"][0]["run_npy"]), failed)
+    recorded = spec["outputs"][0]["recorded_error"]
+    assert recorded["nan"] == int(np.isnan(failed).sum()) and recorded["nan"] + recorded["pos_inf"] + recorded["neg_inf"] > 0
+
+    # the reference output is the convolution of the reference input with those weights
+    expected = _conv3x3(add, layer.weights["weight"], layer.weights["bias"])
+    assert np.abs(amplify - expected).max() <= 1e-5 * np.abs(expected).max()
+
+    print_ = spec["fingerprint"]["run"]
+    assert print_["backend_requested"] == "vulkan" and print_["precision_requested"] == "low"
+    assert print_["engine_version"] and print_["gpu"] and print_["options"]["use_fp16_arithmetic"] is True
+    assert spec["configs"]["run"]["options"]["use_vulkan_compute"] is True
+    assert spec["configs"]["reference"]["options"]["use_vulkan_compute"] is False
+    readme = (bundle / "README.md").read_text()
+    assert LAYER in readme and "vulkan" in readme and _ncnn_pin() in readme and "python run_repro.py" in readme
+    cpp = (bundle / "repro.cpp").read_text()
+    assert '#include "net.h"' in cpp and "opt.use_fp16_arithmetic = true;" in cpp and "@" not in cpp
+
+    with zipfile.ZipFile(bundle.with_suffix(".zip")) as archive:
+        names = set(archive.namelist())
+    on_disk = {f"bundle/{p.relative_to(bundle)}" for p in bundle.rglob("*") if p.is_file()}
+    assert on_disk <= names
+
+
+def test_runner_without_layerdiff_shows_the_overflow_and_the_reference_bit_for_bit(bundle, bare_python):
+    isolated = subprocess.run([str(bare_python), "-c", "import layerdiff"], capture_output=True, timeout=60, cwd="/",
+                              env=_bare_env())
+    assert isolated.returncode != 0  # the venv really lacks layerdiff
+    result = _run_bundle(bare_python, bundle)
+    run = result["configs"]["run"]
+    assert run["ran"] and (run["backend"], run["precision"]) == ("vulkan", "low")
+    error = run["outputs"][LAYER]
+    assert error["nan"] + error["pos_inf"] + error["neg_inf"] > 0 and error["reproduces"] is True
+    reference = result["configs"]["reference"]["outputs"][LAYER]
+    assert reference["bit_identical"] is True and reference["rel_l2"] == 0.0
+
+
+def test_check_confirms_the_bundle_reproduces_and_says_when_it_does_not(bundle, tmp_path):
+    done = collect("repro", "--check", bundle)
+    assert done.returncode == 0, done.stderr
+    assert "still reproduces" in done.stderr and "bit for bit" in done.stderr
+
+    # the same layer under the reference's own options cannot fail: the check says so and exits 1
+    tamed = tmp_path / "tamed"
+    subprocess.run(["cp", "-r", str(bundle), str(tamed)], check=True)
+    spec = json.loads((tamed / "repro.json").read_text())
+    spec["configs"]["run"] = spec["configs"]["reference"]
+    (tamed / "repro.json").write_text(json.dumps(spec))
+    done = collect("repro", "--check", tamed)
+    assert done.returncode == 1 and "does not reproduce" in done.stderr
+
+
+def test_a_range_bundles_the_island_and_names_the_tensors_it_reads(runs, tmp_path, bare_python):
+    target = tmp_path / "island"
+    done = collect("repro", "--model", MODELS / "overflow.param", "--run", runs / RUN_H5, "--ref", runs / REF_H5,
+                   "--layer", f"{LAYER}..block2/shrink", "-o", target)
+    assert done.returncode == 0, done.stderr
+    spec = json.loads((target / "repro.json").read_text())
+    assert spec["layers"] == [LAYER, "block2/shrink"] and [i["blob"] for i in spec["inputs"]] == ["block1/add"]
+    result = _run_bundle(bare_python, target)
+    assert result["configs"]["run"]["outputs"]["block2/shrink"]["reproduces"] is True
+    with DumpFile(runs / REF_H5) as ref:
+        shrink = ref.tensor_by_key("block2/shrink:0")
+    assert result["configs"]["reference"]["outputs"]["block2/shrink"]["bit_identical"] is True
+    np.testing.assert_array_equal(np.load(target / spec["outputs"][0]["reference_npy"]), shrink)
+
+
+def test_bad_requests_get_one_line(runs, tmp_path):
+    common = ["repro", "--run", runs / RUN_H5, "--ref", runs / REF_H5, "-o", tmp_path / "b"]
+    done = collect(*common, "--model", MODELS / "overflow.param", "--layer", "no/such")
+    assert done.returncode != 0 and "no layer 'no/such'" in done.stderr and "Traceback" not in done.stderr
+    done = collect(*common, "--model", MODELS / "convnet.param", "--layer", LAYER)
+    assert done.returncode != 0 and "another model" in done.stderr and "Traceback" not in done.stderr
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "overflow.param").write_text((MODELS / "overflow.param").read_text().replace("Convolution      stem/conv",
+                                                                                        "Mystery          stem/conv"))
+    (odd / "overflow.bin").write_bytes((MODELS / "overflow.bin").read_bytes())
+    from layerdiff.collector.repro.ncnn_cut import cut
+    from layerdiff.errors import InputError
+    with pytest.raises(InputError, match="Mystery"):
+        cut(odd / "overflow.param", odd / "overflow.bin", LAYER, LAYER, {"block1/add": (1, 8, 16, 16)})
+    done = collect("repro", "--check", tmp_path)
+    assert done.returncode != 0 and "not a repro bundle" in done.stderr
