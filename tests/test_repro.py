@@ -196,3 +196,29 @@ def test_bad_requests_get_one_line(runs, tmp_path):
         cut(odd / "overflow.param", odd / "overflow.bin", LAYER, LAYER, {"block1/add": (1, 8, 16, 16)})
     done = collect("repro", "--check", tmp_path)
     assert done.returncode != 0 and "not a repro bundle" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_cpp_file_builds_against_ncnn_and_shows_the_overflow(bundle, tmp_path):
+    """repro.cpp with its CMakeLists.txt against the host ncnn layerdiff builds (Vulkan on; no NDK here)."""
+    from layerdiff.collector.harness.build import cache_root, ncnn_key
+    from tests.test_harness_support import HOST_SPEC, host_harness
+
+    host_harness()  # builds (or finds cached) the host ncnn the harness links
+    ncnn_dir = cache_root() / "harness" / f"ncnn-{HOST_SPEC.target}-{ncnn_key(HOST_SPEC)}" / "lib" / "cmake" / "ncnn"
+    build = tmp_path / "build"
+    for cmd in (["cmake", "-S", str(bundle), "-B", str(build), f"-Dncnn_DIR={ncnn_dir}", "-DCMAKE_BUILD_TYPE=Release"],
+                ["cmake", "--build", str(build)]):
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run = subprocess.run([str(build / "repro"), "run"], capture_output=True, text=True, timeout=300, cwd=bundle)
+    assert run.returncode == 0, run.stderr
+    spec = json.loads((bundle / "repro.json").read_text())
+    recorded = spec["outputs"][0]["recorded_error"]
+    line = next(x for x in run.stdout.splitlines() if x.startswith(LAYER))
+    assert "non-finite" in line and f"NaN {recorded['nan']}," in line
+    ref = subprocess.run([str(build / "repro"), "reference"], capture_output=True, text=True, timeout=300, cwd=bundle)
+    assert ref.returncode == 0, ref.stderr
+    numbers = next(x for x in ref.stdout.splitlines() if x.startswith(LAYER))
+    rel_l2 = float(numbers.split("rel L2 ")[1].split(",")[0])
+    assert "NaN 0, +Inf 0, -Inf 0" in numbers and rel_l2 < 1e-5  # another build of ncnn: close, maybe not bitwise

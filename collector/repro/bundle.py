@@ -26,6 +26,13 @@ RANGE = ".."
 RUNNER = Path(__file__).with_name("ncnn_runner.py")
 CPP_TEMPLATE = Path(__file__).with_name("ncnn_repro.cpp.in")
 MODEL_STEM = "repro"
+CMAKE_LISTS = """cmake_minimum_required(VERSION 3.10)
+project(ncnn_repro CXX)
+# -Dncnn_DIR=<ncnn install or release>/lib/cmake/ncnn (Android release: <abi>/lib/cmake/ncnn)
+find_package(ncnn REQUIRED)
+add_executable(repro repro.cpp)
+target_link_libraries(repro ncnn)
+"""
 FINGERPRINT_FIELDS = ("device_model", "device_serial", "soc", "board", "abi", "android_release", "gpu", "engine",
                       "engine_version", "backend_requested", "backend_actual", "precision_requested",
                       "precision_effective", "threads", "harness", "model_name", "model_sha256")
@@ -170,6 +177,7 @@ def _write(piece: CutModel, ref: DumpFile, run: DumpFile, layer: str, out_dir: P
     (out_dir / "fingerprint.json").write_text(json.dumps(spec["fingerprint"], indent=2))
     shutil.copyfile(RUNNER, out_dir / "run_repro.py")
     (out_dir / "repro.cpp").write_text(cpp_source(spec))
+    (out_dir / "CMakeLists.txt").write_text(CMAKE_LISTS)
     (out_dir / "README.md").write_text(readme(spec))
     archive = Path(shutil.make_archive(str(out_dir), "zip", root_dir=out_dir.parent, base_dir=out_dir.name))
     return Bundle(out_dir, archive, layer, outputs[0]["recorded_error"])
@@ -210,8 +218,18 @@ pip install ncnn=={device.get('engine_version', '')} numpy
 python run_repro.py          # both configurations: prints rel L2, max abs, NaN/Inf against the reference
 ```
 
-`repro.cpp` does the same against ncnn's headers (for a phone: build it with the NDK against ncnn's
-Android release, push this folder, run `./repro run` and `./repro reference` from inside it).
+## C++ (phones)
+
+`repro.cpp` does the same against ncnn's C++ API, with the options written in:
+
+```
+cmake -S . -B build -Dncnn_DIR=<ncnn>/lib/cmake/ncnn && cmake --build build
+./build/repro run && ./build/repro reference
+```
+
+For a phone add `-DCMAKE_TOOLCHAIN_FILE=$ANDROID_NDK/build/cmake/android.toolchain.cmake -DANDROID_ABI=arm64-v8a
+-DANDROID_PLATFORM=android-24` with ncnn's Android release as `ncnn_DIR`, `adb push` this folder and the binary,
+and run it from inside the folder.
 
 ## Files
 
