@@ -185,6 +185,8 @@ def test_bad_requests_get_one_line(runs, tmp_path):
     assert done.returncode != 0 and "no layer 'no/such'" in done.stderr and "Traceback" not in done.stderr
     done = collect(*common, "--model", MODELS / "convnet.param", "--layer", LAYER)
     assert done.returncode != 0 and "another model" in done.stderr and "Traceback" not in done.stderr
+    done = collect(*common, "--model", MODELS / "overflow.mnn", "--layer", LAYER)
+    assert done.returncode != 0 and "ncnn models only" in done.stderr and "Traceback" not in done.stderr
     odd = tmp_path / "odd"
     odd.mkdir()
     (odd / "overflow.param").write_text((MODELS / "overflow.param").read_text().replace("Convolution      stem/conv",
