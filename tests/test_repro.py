@@ -198,6 +198,16 @@ def test_bad_requests_get_one_line(runs, tmp_path):
         cut(odd / "overflow.param", odd / "overflow.bin", LAYER, LAYER, {"block1/add": (1, 8, 16, 16)})
     done = collect("repro", "--check", tmp_path)
     assert done.returncode != 0 and "not a repro bundle" in done.stderr
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "notes.txt").write_text("mine")
+    done = collect(*common[:-1], occupied, "--model", MODELS / "overflow.param", "--layer", LAYER)
+    assert done.returncode != 0 and "not a repro bundle" in done.stderr and (occupied / "notes.txt").is_file()
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "results.json").write_text('{"runs": {"not": "a list"}}')
+    done = collect("repro", "--model", MODELS / "overflow.param", "--from-report", report, "-o", tmp_path / "r")
+    assert done.returncode != 0 and "not the analyzer's results" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.slow

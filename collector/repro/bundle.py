@@ -8,6 +8,7 @@ fingerprint, and a README to paste into an upstream issue. It is written as a di
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.collector.inputs.modelfiles import ModelFiles
 from layerdiff.collector.repro.ncnn_cut import CutModel, cut
 from layerdiff.collector.repro.ncnn_runner import measure
-from layerdiff.errors import InputError, NothingToCompareError, UsageError
+from layerdiff.errors import InputError, NothingToCompareError, StorageError, UsageError
 from layerdiff.vocabulary import ncnn_precision_flags
 
 RANGE = ".."
@@ -139,8 +140,24 @@ def _write_tensor(folder: Path, stem: str, array: np.ndarray, table: dict, role:
 
 
 def _write(piece: CutModel, ref: DumpFile, run: DumpFile, layer: str, out_dir: Path) -> Bundle:
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / "repro.json").is_file():
-        raise InputError(f"{out_dir}: exists and is not a repro bundle; name a new directory")
+    """The bundle is built beside `out_dir` and renamed into place: an interrupted write leaves no half bundle."""
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()) and not (out_dir / "repro.json").is_file()):
+        raise StorageError(f"{out_dir}: exists and is not a repro bundle; name a new directory with -o")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    recorded = _fill(piece, ref, run, layer, partial)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(partial, out_dir)
+    archive = out_dir.with_name(out_dir.name + ".zip")
+    tmp_archive = Path(shutil.make_archive(str(partial), "zip", root_dir=out_dir.parent, base_dir=out_dir.name))
+    os.replace(tmp_archive, archive)
+    return Bundle(out_dir, archive, layer, recorded)
+
+
+def _fill(piece: CutModel, ref: DumpFile, run: DumpFile, layer: str, out_dir: Path) -> dict:
+    """Every file of the bundle into `out_dir`; returns the error recorded in the failing run."""
     tensors = out_dir / "tensors"
     (out_dir / "model").mkdir(parents=True, exist_ok=True)
     tensors.mkdir(exist_ok=True)
@@ -179,8 +196,7 @@ def _write(piece: CutModel, ref: DumpFile, run: DumpFile, layer: str, out_dir: P
     (out_dir / "repro.cpp").write_text(cpp_source(spec))
     (out_dir / "CMakeLists.txt").write_text(CMAKE_LISTS)
     (out_dir / "README.md").write_text(readme(spec))
-    archive = Path(shutil.make_archive(str(out_dir), "zip", root_dir=out_dir.parent, base_dir=out_dir.name))
-    return Bundle(out_dir, archive, layer, outputs[0]["recorded_error"])
+    return outputs[0]["recorded_error"]
 
 
 def _fmt(value) -> str:
@@ -282,14 +298,22 @@ def report_failure(report_dir: Path, backend: str | None = None, precision: str 
         results = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise InputError(f"{path}: cannot read the analyzer's results ({err}); run `analyze ... -o {report_dir}` first") from None
-    files = {run.get("run"): run.get("file") for run in results.get("runs", [])}
-    for run in results.get("runs", []):
-        prov = run.get("provenance", {})
+    runs = results.get("runs") if isinstance(results, dict) else None
+    if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
+        raise InputError(f"{path}: not the analyzer's results (no list of runs); run `analyze ... -o {report_dir}` again")
+    files = {run.get("run"): run.get("file") for run in runs}
+    for run in runs:
+        prov = run.get("provenance") if isinstance(run.get("provenance"), dict) else {}
         if backend and prov.get("backend_requested") != backend or precision and prov.get("precision_requested") != precision:
             continue
-        source = next((f for f in run.get("findings", []) if f.get("kind") == "failure_source" and f.get("layer")), None)
-        if source is not None:
-            ref_file = files.get(run.get("reference")) or results.get("reference", {}).get("file")
-            return Path(run["file"]), Path(ref_file), str(source["layer"])
+        findings = run.get("findings") if isinstance(run.get("findings"), list) else []
+        source = next((f for f in findings if isinstance(f, dict) and f.get("kind") == "failure_source" and f.get("layer")), None)
+        if source is None:
+            continue
+        reference = results.get("reference") if isinstance(results.get("reference"), dict) else {}
+        ref_file = files.get(run.get("reference")) or reference.get("file")
+        if not isinstance(run.get("file"), str) or not isinstance(ref_file, str):
+            raise InputError(f"{path}: run {run.get('run')!r} names no run file or reference file; pass --run and --ref")
+        return Path(run["file"]), Path(ref_file), str(source["layer"])
     raise NothingToCompareError(f"{path}: the report names no failure source"
                                 f"{f' for {backend}/{precision}' if backend or precision else ''}; name one with --layer")

@@ -26,6 +26,16 @@ def ncnn_dims(array):
     return array
 
 
+def gpu_info(ncnn):
+    """The Vulkan device ncnn uses: name, vendor/device ids, driver and API version (empty without one)."""
+    if ncnn.get_gpu_count() == 0:
+        return {}
+    info = ncnn.get_gpu_info(ncnn.get_default_gpu_index())
+    api = info.api_version()
+    return {"device": info.device_name(), "vendor_id": hex(info.vendor_id()), "device_id": hex(info.device_id()),
+            "driver_version": info.driver_version(), "api_version": f"{api >> 22}.{(api >> 12) & 0x3FF}.{api & 0xFFF}"}
+
+
 def configure(opt, config):
     opt.lightmode = True
     opt.num_threads = int(config.get("threads", 1))
@@ -94,8 +104,7 @@ def main(argv=None):
     spec = json.loads((HERE / "repro.json").read_text())
     names = ("run", "reference") if args.config == "both" else (args.config,)
     result = {"ncnn_version": getattr(ncnn, "__version__", "unknown"), "platform": platform.platform(),
-              "gpu": ncnn.get_gpu_info(ncnn.get_default_gpu_index()).device_name() if ncnn.get_gpu_count() else "",
-              "layer": spec["layer"], "configs": {}}
+              "gpu": gpu_info(ncnn), "layer": spec["layer"], "configs": {}}
     for name in names:
         config = spec["configs"][name]
         outputs, reason = run_config(ncnn, spec, config)
@@ -119,7 +128,10 @@ def main(argv=None):
 
 
 def print_text(result, spec):
-    print(f"layer {result['layer']}  ncnn {result['ncnn_version']}  {result['platform']}  GPU: {result['gpu'] or 'none'}")
+    gpu = result["gpu"]
+    gpu_text = (f"{gpu['device']} (vendor {gpu['vendor_id']}, device {gpu['device_id']}, driver {gpu['driver_version']}, "
+                f"Vulkan {gpu['api_version']})" if gpu else "none")
+    print(f"layer {result['layer']}  ncnn {result['ncnn_version']}  {result['platform']}  GPU: {gpu_text}")
     for name, entry in result["configs"].items():
         head = f"{name:9s} {entry['backend']}/{entry['precision']}"
         if not entry["ran"]:
@@ -134,7 +146,9 @@ def print_text(result, spec):
                 line += f"  => {'REPRODUCES' if e['reproduces'] else 'does not reproduce'}"
             print(line)
     recorded = spec["outputs"][0]["recorded_error"]
-    print(f"recorded in the failing run: rel L2 {recorded['rel_l2']}, max abs {recorded['max_abs']}, "
+    rel = "n/a" if recorded["rel_l2"] is None else f"{recorded['rel_l2']:.3e}"
+    peak = "n/a" if recorded["max_abs"] is None else f"{recorded['max_abs']:.3e}"
+    print(f"recorded in the failing run: rel L2 {rel}, max abs {peak}, "
           f"NaN {recorded['nan']}, +Inf {recorded['pos_inf']}, -Inf {recorded['neg_inf']}")
 
 
