@@ -234,3 +234,78 @@ def test_the_cpp_file_builds_against_ncnn_and_shows_the_overflow(bundle, tmp_pat
     numbers = next(x for x in ref.stdout.splitlines() if x.startswith(LAYER))
     rel_l2 = float(numbers.split("rel L2 ")[1].split(",")[0])
     assert "NaN 0, +Inf 0, -Inf 0" in numbers and rel_l2 < 1e-5  # another build of ncnn: close, maybe not bitwise
+
+
+@pytest.fixture(scope="module")
+def pnnx_models(tmp_path_factory) -> dict:
+    """The corpus's real ONNX models converted to ncnn by pnnx, with their inputs by pnnx's names."""
+    from tests.corpus import INPUT_MAKERS, MODELS as CORPUS, convert_with_pnnx, wheel_file
+
+    work = tmp_path_factory.mktemp("pnnx")
+    out = {}
+    for model in CORPUS:
+        onnx = work / f"{model.stem}.onnx"
+        onnx.write_bytes(wheel_file(model).read_bytes())
+        param = convert_with_pnnx(onnx, model.pnnx_shapes, work)
+        out[model.stem] = (param, dict(zip(model.ncnn_names, INPUT_MAKERS[model.make_inputs]().values())))
+    return out
+
+
+def _ncnn_fp32_net(param: Path):
+    import ncnn
+
+    net = ncnn.Net()
+    for flag in ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_storage", "use_bf16_packed"):
+        if hasattr(net.opt, flag):
+            setattr(net.opt, flag, False)
+    net.opt.num_threads = 1
+    assert net.load_param(str(param)) == 0 and net.load_model(str(param.with_suffix(".bin"))) == 0
+    return net
+
+
+def _extract(net, feeds: dict[str, np.ndarray], blobs: list[str]) -> dict[str, np.ndarray]:
+    import ncnn
+
+    ex = net.create_extractor()
+    for name, array in feeds.items():
+        data = array[0] if array.ndim in (2, 4, 5) and array.shape[0] == 1 else array
+        ex.input(name, ncnn.Mat(np.ascontiguousarray(data, dtype=np.float32)).clone())
+    out = {}
+    for blob in blobs:
+        status, mat = ex.extract(blob)
+        assert status == 0, blob
+        out[blob] = np.array(mat, dtype=np.float32)
+    return out
+
+
+# One layer of every weighted type pnnx writes for the corpus (first of its type in the model).
+CORPUS_CUTS = {"ocr_det": ("Convolution", "ConvolutionDepthWise", "Deconvolution", "InnerProduct"),
+               "ocr_rec": ("MultiHeadAttention", "Gemm", "InnerProduct"), "vad_lstm": ("LSTM",)}
+
+
+def test_real_pnnx_models_cut_into_layers_that_compute_what_they_computed_in_the_full_graph(pnnx_models, tmp_path):
+    """Each cut layer, fed the full graph's own tensors (pip ncnn, fp32), gives its full-graph output bit for bit."""
+    from layerdiff.collector.repro.ncnn_cut import cut, read_param, weight_spans
+
+    compared = []
+    for stem, (param, feeds) in pnnx_models.items():
+        layers = read_param(param)
+        spans = weight_spans(layers, param.with_suffix(".bin").read_bytes(), param)  # ends at the .bin's end
+        assert len(spans) == len(layers)
+        full = _ncnn_fp32_net(param)
+        for kind in CORPUS_CUTS.get(stem, ()):
+            layer = next(item for item in layers if item.type == kind)
+            blobs = _extract(full, feeds, [*layer.bottoms, *layer.tops])
+            shapes = {b: ((1, *a.shape) if a.ndim in (1, 3, 4) else a.shape) for b, a in blobs.items()}
+            piece = cut(param, param.with_suffix(".bin"), layer.name, layer.name, shapes)
+            folder = tmp_path / f"{stem}_{kind}"
+            folder.mkdir()
+            (folder / "m.param").write_text(piece.param_text)
+            (folder / "m.bin").write_bytes(piece.weights)
+            alone = _extract(_ncnn_fp32_net(folder / "m.param"), {b: blobs[b] for b in piece.inputs}, piece.outputs)
+            for top in piece.outputs:
+                assert alone[top].shape == blobs[top].shape, (stem, kind)
+                assert np.array_equal(alone[top], blobs[top]), (stem, kind, np.abs(alone[top] - blobs[top]).max())
+                assert np.abs(blobs[top]).max() > 0, (stem, kind)  # a real value, not an all-zero blob
+            compared.append(kind)
+    assert sorted(compared) == sorted(kind for kinds in CORPUS_CUTS.values() for kind in kinds)

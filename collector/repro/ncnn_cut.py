@@ -19,15 +19,20 @@ TAG_FP16 = 0x01306B47
 TAG_INT8 = 0x000D4B38
 TAG_FP32_RAW = 0x0002C056
 
-# Layer types that read nothing from the .bin (ncnn src/layer/*.cpp load_model is absent or a no-op).
+# Layer types that read nothing from the .bin: ncnn 1.0.20261020's src/layer/*.cpp without `mb.load`.
 NO_WEIGHTS = frozenset("""
-AbsVal ArgMax BNLL BinaryOp Cast Clip Concat Crop CumulativeSum DeepCopy Dequantize Dropout ELU Einsum Eltwise Erf Exp
-ExpandDims Flatten Fold GELU GLU GridSample Gemm GroupNorm HardSigmoid HardSwish Input InstanceNorm Interp LRN Log
-LSTM_placeholder MVN Mish Noop Normalize Packing Padding Permute PixelShuffle Pooling Pooling1D Pooling3D Power Reduction
-ReLU Reorg Reshape RMSNorm_placeholder SELU Shrink ShuffleChannel Sigmoid Slice Softmax Softplus Split Squeeze StatisticsPooling
-Swish TanH Threshold Tile UnaryOp Unfold Yolov3DetectionOutput YoloDetectionOutput DetectionOutput PriorBox Proposal
-ROIPooling ROIAlign PSROIPooling Spp CopyTo
+AbsVal ArgMax BNLL BinaryOp Cast Clip Concat CopyTo Crop CumulativeSum DeepCopy DetectionOutput Dropout ELU Einsum
+Eltwise Erf Exp ExpandDims Flatten Fold GELU GLU GridSample HardSigmoid HardSwish Input Interp Log LRN MVN Mish Noop
+Packing Permute PixelShuffle Pooling Pooling1D Pooling3D Power PriorBox Proposal PSROIPooling Reduction ReLU Reorg
+Reshape ROIAlign ROIPooling SELU Shrink ShuffleChannel Sigmoid Slice Softmax Softplus Split Squeeze StatisticsPooling
+Swish TanH Threshold Tile UnaryOp Unfold Yolov3DetectionOutput YoloDetectionOutput
 """.split())
+
+# Layers whose weights are raw fp32 (ModelBin type 1) arrays: (count key, affine key or None, arrays when affine).
+AFFINE_RAW = {"GroupNorm": ("1", "3", 2), "InstanceNorm": ("0", "2", 2), "LayerNorm": ("0", "2", 2),
+              "RMSNorm": ("0", "2", 1), "Normalize": ("3", None, 1), "PReLU": ("0", None, 1), "Bias": ("0", None, 1),
+              "BatchNorm": ("0", None, 4), "Padding": ("6", None, 1)}
+AFFINE_DEFAULT = {"GroupNorm": 1, "InstanceNorm": 1, "RMSNorm": 1, "LayerNorm": 1}
 
 CONV_TYPES = ("Convolution", "ConvolutionDepthWise", "Deconvolution", "DeconvolutionDepthWise",
               "Convolution1D", "ConvolutionDepthWise1D", "Deconvolution1D", "DeconvolutionDepthWise1D",
@@ -96,29 +101,75 @@ def _reads(layer: ParamLayer) -> list[tuple[int, int]]:
     kind = layer.type
     if kind in NO_WEIGHTS:
         return []
-    if kind in CONV_TYPES or kind == "InnerProduct":
-        if _int(layer, "8"):
+    if kind in CONV_TYPES or kind in ("InnerProduct", "Embed"):
+        keys = {"InnerProduct": ("1", "2", "8"), "Embed": ("2", "3", "18")}.get(kind, ("5", "6", "8"))
+        bias, weight_size = _int(layer, keys[0]), _int(layer, keys[1])
+        if _int(layer, keys[2]):
             raise InputError(f"layer {layer.name!r} ({kind}) is int8-quantized; cutting int8 layers is not supported")
-        num_output = _int(layer, "0")
-        bias = _int(layer, "5" if kind != "InnerProduct" else "1")
-        weight_size = _int(layer, "6" if kind != "InnerProduct" else "2")
-        return [(weight_size, 0)] + ([(num_output, 1)] if bias else [])
-    if kind == "BatchNorm":
-        return [(_int(layer, "0"), 1)] * 4
+        if kind in CONV_TYPES and _int(layer, "19"):  # dynamic_weight: the weights are an input blob
+            return []
+        return [(weight_size, 0)] + ([(_int(layer, "0"), 1)] if bias else [])
+    if kind in AFFINE_RAW:
+        count_key, affine_key, arrays = AFFINE_RAW[kind]
+        if affine_key is not None and not _int(layer, affine_key, AFFINE_DEFAULT.get(kind, 0)):
+            return []
+        count = _int(layer, count_key)
+        return [(count, 1)] * arrays if count else []
     if kind == "Scale":
         size = _int(layer, "0")
-        return ([(size, 1)] if size != -233 else []) + ([(size, 1)] if _int(layer, "1") else [])
-    if kind == "PReLU":
-        return [(_int(layer, "0"), 1)]
-    if kind == "Bias":
-        return [(_int(layer, "0"), 1)]
+        return [] if size == -233 else [(size, 1)] * (2 if _int(layer, "1") else 1)
+    if kind in RECURRENT:
+        return _recurrent_reads(layer)
+    if kind == "Gemm":
+        return _gemm_reads(layer)
+    if kind == "MultiHeadAttention":
+        if _int(layer, "18"):
+            raise InputError(f"layer {layer.name!r} ({kind}) is quantized; cutting quantized layers is not supported")
+        embed = _int(layer, "0")
+        qdim = _int(layer, "2") // max(embed, 1)
+        kdim, vdim = _int(layer, "3", embed), _int(layer, "4", embed)
+        return [(embed * qdim, 0), (embed, 1), (embed * kdim, 0), (embed, 1), (embed * vdim, 0), (embed, 1),
+                (qdim * embed, 0), (qdim, 1)]
     if kind == "MemoryData":
         w, h, d, c = (max(_int(layer, k), 1) for k in ("0", "1", "11", "2"))
-        return [(w * h * d * c, 1)]
-    if kind == "LayerNorm":
-        return [(_int(layer, "0"), 1)] * 2 if _int(layer, "2") else []
+        return [(w * h * d * c, _int(layer, "21", 1))]
     raise InputError(f"layer {layer.name!r}: how ncnn lays out a {kind} layer's weights is not known to layerdiff; "
                      "only layers of known types can be cut out (name a layer of another type, or a smaller range)")
+
+
+RECURRENT = ("LSTM", "GRU", "RNN")
+
+
+def _recurrent_reads(layer: ParamLayer) -> list[tuple[int, int]]:
+    """LSTM / GRU / RNN: input weights, biases, hidden weights (and LSTM's projection), per direction."""
+    if _int(layer, "8"):
+        raise InputError(f"layer {layer.name!r} ({layer.type}) is int8-quantized; cutting int8 layers is not supported")
+    out, size, dirs = _int(layer, "0"), _int(layer, "1"), 2 if _int(layer, "2") == 2 else 1
+    if layer.type == "LSTM":
+        hidden = _int(layer, "3", out)
+        per = size // dirs // max(hidden, 1) // 4
+        reads = [(per * hidden * 4 * dirs, 0), (hidden * 4 * dirs, 0), (out * hidden * 4 * dirs, 0)]
+        return reads + ([(hidden * out * dirs, 0)] if out != hidden else [])
+    gates = 3 if layer.type == "GRU" else 1
+    per = size // dirs // max(out, 1) // gates
+    bias_rows = 4 if layer.type == "GRU" else 1
+    return [(per * out * gates * dirs, 0), (out * bias_rows * dirs, 0), (out * out * gates * dirs, 0)]
+
+
+GEMM_C_SIZE = {0: lambda m, n: 1, 1: lambda m, n: m, 2: lambda m, n: m, 3: lambda m, n: n * m, 4: lambda m, n: n}
+
+
+def _gemm_reads(layer: ParamLayer) -> list[tuple[int, int]]:
+    """Gemm's constant A, B and C (ncnn src/layer/gemm.cpp), each a tagged (type 0) read."""
+    if _int(layer, "18"):
+        raise InputError(f"layer {layer.name!r} (Gemm) is quantized; cutting quantized layers is not supported")
+    m, n, k = _int(layer, "7"), _int(layer, "8"), _int(layer, "9")
+    reads = [(m * k, 0)] if _int(layer, "4") else []
+    reads += [(n * k, 0)] if _int(layer, "5") else []
+    broadcast = _int(layer, "10")
+    if _int(layer, "6") and broadcast in GEMM_C_SIZE:
+        reads.append((GEMM_C_SIZE[broadcast](m, n), 0))
+    return reads
 
 
 def _read_size(data: memoryview, offset: int, count: int, kind: int, where: str) -> int:
