@@ -291,8 +291,10 @@ def repro_command(
                                     "repeatable: one bundle each under -o"),
     from_report: Optional[Path] = typer.Option(None, "--from-report", help="a report dir: bundle the failure source it "
                                                "names, with its run and reference"),
-    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="with --from-report: the run's backend"),
-    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="with --from-report: the run's precision"),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="with --from-report: the run's backend",
+                                          callback=choices(BACKENDS, "backend")),
+    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="with --from-report: the run's precision",
+                                            callback=choices(PRECISIONS, "precision")),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="the bundle directory (a .zip of it is written beside)"),
     check: Optional[Path] = typer.Option(None, "--check", help="a bundle directory: re-run its runner, say whether it "
                                          "still reproduces"),
