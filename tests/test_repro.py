@@ -26,9 +26,23 @@ LAYER = "block2/amplify"
 RUN_H5, REF_H5 = "ncnn_vulkan_low_overflow.h5", "ncnn_cpu_high_overflow.h5"
 
 
-def _ncnn_pin() -> str:
+def _pin(extra: str, dist: str) -> str:
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    return next(req for req in extras["ncnn"] if req.startswith("ncnn=="))
+    return next(req for req in extras[extra] if req.startswith(f"{dist}=="))
+
+
+def _ncnn_pin() -> str:
+    return _pin("ncnn", "ncnn")
+
+
+def _bare_venv(root: Path, *requirements: str) -> Path:
+    """A venv without system site-packages holding only `requirements`."""
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, capture_output=True, timeout=300)
+    python = root / "bin" / "python"
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", *requirements], capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return python
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +69,11 @@ def bundle(runs) -> Path:
 @pytest.fixture(scope="module")
 def bare_python(tmp_path_factory) -> Path:
     """A venv without system site-packages holding only the pinned `ncnn` wheel and numpy."""
-    root = tmp_path_factory.mktemp("bare") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, capture_output=True, timeout=300)
-    python = root / "bin" / "python"
-    done = subprocess.run([str(python), "-m", "pip", "install", "-q", _ncnn_pin(), "numpy"], capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return python
+    return _bare_venv(tmp_path_factory.mktemp("bare") / "venv", _ncnn_pin(), "numpy")
 
 
-def _run_bundle(python: Path, bundle: Path) -> dict:
-    done = subprocess.run([str(python), str(bundle / "run_repro.py"), "--json"], capture_output=True, text=True,
+def _run_bundle(python: Path, bundle: Path, *extra: str) -> dict:
+    done = subprocess.run([str(python), str(bundle / "run_repro.py"), "--json", *extra], capture_output=True, text=True,
                           timeout=600, cwd="/", env=_bare_env())
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
@@ -185,8 +193,8 @@ def test_bad_requests_get_one_line(runs, tmp_path):
     assert done.returncode != 0 and "no layer 'no/such'" in done.stderr and "Traceback" not in done.stderr
     done = collect(*common, "--model", MODELS / "convnet.param", "--layer", LAYER)
     assert done.returncode != 0 and "another model" in done.stderr and "Traceback" not in done.stderr
-    done = collect(*common, "--model", MODELS / "overflow.mnn", "--layer", LAYER)
-    assert done.returncode != 0 and "ncnn models only" in done.stderr and "Traceback" not in done.stderr
+    done = collect(*common, "--model", MODELS / "overflow.onnx", "--layer", LAYER)
+    assert done.returncode != 0 and "ncnn and MNN models only" in done.stderr and "Traceback" not in done.stderr
     odd = tmp_path / "odd"
     odd.mkdir()
     (odd / "overflow.param").write_text((MODELS / "overflow.param").read_text().replace("Convolution      stem/conv",
@@ -309,3 +317,39 @@ def test_real_pnnx_models_cut_into_layers_that_compute_what_they_computed_in_the
                 assert np.abs(blobs[top]).max() > 0, (stem, kind)  # a real value, not an all-zero blob
             compared.append(kind)
     assert sorted(compared) == sorted(kind for kinds in CORPUS_CUTS.values() for kind in kinds)
+
+
+def test_an_mnn_op_bundle_runs_with_only_the_mnn_wheel_and_reproduces_both_runs_bit_for_bit(tmp_path):
+    """MNN: the op cut with MNN's expression API; the runner, in a venv with only MNN and numpy, computes the
+    reference's and the failing run's own tensors again, bit for bit."""
+    runs = tmp_path / "runs"
+    done = collect("--device", "local", "--model", MODELS / "overflow.mnn", "--config", "cpu/high,cpu/low",
+                   "--input", SAMPLES / "inputs" / "overflow.npy", "-o", runs, "--no-report")
+    assert done.returncode == 0, done.stderr
+    target = tmp_path / "bundle"
+    done = collect("repro", "--model", MODELS / "overflow.mnn", "--run", runs / "mnn_cpu_low_overflow.h5",
+                   "--ref", runs / "mnn_cpu_high_overflow.h5", "--layer", f"{LAYER}:0", "-o", target)
+    assert done.returncode == 0, done.stderr
+    spec = json.loads((target / "repro.json").read_text())
+    assert spec["engine"] == "mnn" and spec["model"] == {"mnn": "model/repro.mnn"}
+    assert [item["blob"] for item in spec["inputs"]] == ["block1/add"]
+    assert "MNN==" in (target / "README.md").read_text() and not (target / "repro.cpp").exists()
+
+    python = _bare_venv(tmp_path / "venv", _pin("mnn", "MNN"), "numpy")
+    result = _run_bundle(python, target, "--save", str(tmp_path / "out"))
+    assert result["engine_version"] == _pin("mnn", "MNN").split("==")[1]
+    assert result["configs"]["reference"]["outputs"][LAYER]["bit_identical"] is True
+    with DumpFile(runs / "mnn_cpu_low_overflow.h5") as run, DumpFile(runs / "mnn_cpu_high_overflow.h5") as ref:
+        failed, expected = run.tensor_by_key(f"{LAYER}:0"), ref.tensor_by_key(f"{LAYER}:0")
+    name = spec["outputs"][0]["npy_name"]
+    assert np.array_equal(np.load(tmp_path / "out" / "run" / name), failed)
+    assert np.array_equal(np.load(tmp_path / "out" / "reference" / name), expected)
+    layer = stored_network("overflow").layer(LAYER)
+    with DumpFile(runs / "mnn_cpu_high_overflow.h5") as ref:
+        add = ref.tensor_by_key("block1/add:0")
+    reference = _conv3x3(add, layer.weights["weight"], layer.weights["bias"])
+    assert np.abs(expected - reference).max() <= 1e-5 * np.abs(reference).max()
+
+    done = collect("repro", "--model", MODELS / "overflow.mnn", "--run", runs / "mnn_cpu_low_overflow.h5",
+                   "--ref", runs / "mnn_cpu_high_overflow.h5", "--layer", f"{LAYER}..block2/shrink", "-o", tmp_path / "r")
+    assert done.returncode != 0 and "one op" in done.stderr

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,13 +19,13 @@ import numpy as np
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.collector.inputs.modelfiles import ModelFiles
-from layerdiff.collector.repro.ncnn_cut import CutModel, cut
-from layerdiff.collector.repro.ncnn_runner import measure
+from layerdiff.collector.repro.ncnn_cut import cut
+from layerdiff.collector.repro.runner import measure
 from layerdiff.errors import InputError, NothingToCompareError, StorageError, UsageError
 from layerdiff.vocabulary import ncnn_precision_flags
 
 RANGE = ".."
-RUNNER = Path(__file__).with_name("ncnn_runner.py")
+RUNNER = Path(__file__).with_name("runner.py")
 CPP_TEMPLATE = Path(__file__).with_name("ncnn_repro.cpp.in")
 MODEL_STEM = "repro"
 CMAKE_LISTS = """cmake_minimum_required(VERSION 3.10)
@@ -49,31 +50,64 @@ class Bundle:
     recorded_error: dict
 
 
+@dataclass(frozen=True)
+class Piece:
+    """The cut model as the bundle stores it: its files, how repro.json names them, the tensors it reads and writes."""
+
+    engine: str
+    files: dict[str, bytes]
+    model: dict[str, str]
+    inputs: list[str]
+    outputs: list[str]
+    layers: list[str]
+
+
 def write_bundle(model: ModelFiles, run_path: Path, ref_path: Path, layer: str, out_dir: Path) -> Bundle:
-    """Cut `layer` (a key, or FIRST..LAST in file order) out of `model` and write the bundle to `out_dir`."""
-    if model.engine != "ncnn":
-        raise UsageError(f"{model.name}: `collect repro` writes bundles for ncnn models only; MNN and ggml are not "
-                         "supported yet")
-    param = next(f for f in model.files if f.suffix == ".param")
-    weights = next((f for f in model.files if f.suffix == ".bin"), param.with_suffix(".bin"))
+    """Cut `layer` (a key; ncnn also FIRST..LAST in file order) out of `model` and write the bundle to `out_dir`."""
+    if model.engine not in ("ncnn", "mnn"):
+        raise UsageError(f"{model.name}: `collect repro` writes bundles for ncnn and MNN models only, not "
+                         f"{model.engine}; `collect isolate` re-runs its layers")
+    if model.engine == "mnn" and RANGE in layer:
+        raise UsageError(f"--layer {layer}: an MNN bundle holds one op; name the ops one by one")
     with DumpFile(ref_path) as ref, DumpFile(run_path) as run:
         for dump in (ref, run):
             recorded = dump.attrs.get("model_sha256")
             if recorded and recorded != model.sha256:
                 raise InputError(f"{dump.path} was made with another model than {model.name}; bundle against its own runs")
-        first, last = (_layer_name(ref, side) for side in (layer.split(RANGE, 1) if RANGE in layer else (layer, layer)))
-        shapes = _blob_shapes(ref)
-        piece = cut(param, weights, first, last, shapes)
-        return _write(piece, ref, run, first if first == last else f"{first}{RANGE}{last}", Path(out_dir))
+        sides = layer.split(RANGE, 1) if RANGE in layer else (layer, layer)
+        if model.engine == "mnn":
+            piece = _mnn_piece(model, _row(ref, layer)["name"], _blob_shapes(ref))
+        else:
+            piece = _ncnn_piece(model, *(_row(ref, side)["op"] for side in sides), _blob_shapes(ref))
+        name = piece.layers[0] if len(piece.layers) == 1 else f"{piece.layers[0]}{RANGE}{piece.layers[-1]}"
+        return _write(piece, ref, run, name, Path(out_dir))
 
 
-def _layer_name(ref: DumpFile, key: str) -> str:
-    """The ncnn layer a key names (`block2/amplify`, `block2/amplify:0`)."""
+def _ncnn_piece(model: ModelFiles, first: str, last: str, shapes: dict) -> Piece:
+    param = next(f for f in model.files if f.suffix == ".param")
+    weights = next((f for f in model.files if f.suffix == ".bin"), param.with_suffix(".bin"))
+    cut_model = cut(param, weights, str(first), str(last), shapes)
+    files = {f"model/{MODEL_STEM}.param": cut_model.param_text.encode(), f"model/{MODEL_STEM}.bin": cut_model.weights}
+    return Piece("ncnn", files, {"param": f"model/{MODEL_STEM}.param", "bin": f"model/{MODEL_STEM}.bin"},
+                 cut_model.inputs, cut_model.outputs, cut_model.layers)
+
+
+def _mnn_piece(model: ModelFiles, tensor: str, shapes: dict) -> Piece:
+    from layerdiff.collector.repro.mnn_cut import cut as cut_mnn
+
+    with tempfile.TemporaryDirectory(prefix="layerdiff-repro-") as scratch:
+        cut_model = cut_mnn(model.files[0], str(tensor), shapes, Path(scratch))
+    path = f"model/{MODEL_STEM}.mnn"
+    return Piece("mnn", {path: cut_model.model}, {"mnn": path}, cut_model.inputs, cut_model.outputs, cut_model.layers)
+
+
+def _row(ref: DumpFile, key: str):
+    """The reference's row of the layer a key names (`block2/amplify`, `block2/amplify:0`)."""
     layers = ref.layers
     rows = layers[(layers["key"] == key) | (layers["key"] == f"{key}:0") | (layers["op"] == key)]
     if rows.empty:
         raise InputError(f"{ref.path}: no layer {key!r} in the reference; `analyze inspect {ref.path}` lists them")
-    return str(rows.iloc[0]["op"])
+    return rows.iloc[0]
 
 
 def _blob_shapes(ref: DumpFile) -> dict[str, tuple[int, ...]]:
@@ -103,10 +137,15 @@ def measure_error(out: np.ndarray, ref: np.ndarray) -> dict:
     return error
 
 
-def config_of(dump: DumpFile) -> dict:
-    """The backend, precision, threads and ncnn Option flags the run used (as recorded, else as layerdiff sets them)."""
+def config_of(dump: DumpFile, engine: str = "ncnn") -> dict:
+    """The backend, precision, threads and ncnn Option flags the run used (as recorded, else as layerdiff sets them).
+
+    MNN takes backend, precision and thread count as its session config; it has no option flags."""
     attrs, prov = dump.attrs, dump.provenance
     backend, precision = str(attrs.get("backend_requested", "cpu")), str(attrs.get("precision_requested", "high"))
+    if engine == "mnn":
+        return {"backend": backend, "precision": precision, "threads": int(attrs.get("threads", 1) or 1),
+                "options": {}, "options_recorded": False, "source": dump.path.name}
     recorded = (prov.get("raw_header") or {}).get("options") or {}
     options = {k: bool(v) for k, v in recorded.items() if k.startswith("use_")}
     if not options:
@@ -139,7 +178,7 @@ def _write_tensor(folder: Path, stem: str, array: np.ndarray, table: dict, role:
     return f"tensors/{stem}.npy"
 
 
-def _write(piece: CutModel, ref: DumpFile, run: DumpFile, layer: str, out_dir: Path) -> Bundle:
+def _write(piece: Piece, ref: DumpFile, run: DumpFile, layer: str, out_dir: Path) -> Bundle:
     """The bundle is built beside `out_dir` and renamed into place: an interrupted write leaves no half bundle."""
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()) and not (out_dir / "repro.json").is_file()):
         raise StorageError(f"{out_dir}: exists and is not a repro bundle; name a new directory with -o")
@@ -156,13 +195,13 @@ def _write(piece: CutModel, ref: DumpFile, run: DumpFile, layer: str, out_dir: P
     return Bundle(out_dir, archive, layer, recorded)
 
 
-def _fill(piece: CutModel, ref: DumpFile, run: DumpFile, layer: str, out_dir: Path) -> dict:
+def _fill(piece: Piece, ref: DumpFile, run: DumpFile, layer: str, out_dir: Path) -> dict:
     """Every file of the bundle into `out_dir`; returns the error recorded in the failing run."""
     tensors = out_dir / "tensors"
     (out_dir / "model").mkdir(parents=True, exist_ok=True)
     tensors.mkdir(exist_ok=True)
-    (out_dir / "model" / f"{MODEL_STEM}.param").write_text(piece.param_text)
-    (out_dir / "model" / f"{MODEL_STEM}.bin").write_bytes(piece.weights)
+    for relative, data in piece.files.items():
+        (out_dir / relative).write_bytes(data)
     table: dict[str, dict] = {}
     inputs = []
     for k, blob in enumerate(piece.inputs):
@@ -184,17 +223,17 @@ def _fill(piece: CutModel, ref: DumpFile, run: DumpFile, layer: str, out_dir: Pa
                         "reference_npy": _write_tensor(tensors, f"reference_{stem}", expected, table, "reference output", blob),
                         "run_npy": _write_tensor(tensors, f"run_{stem}", failed, table, "failing run output", blob),
                         "recorded_error": measure_error(failed, expected)})
-    spec = {"format": "layerdiff-repro", "format_version": 1, "engine": "ncnn", "layer": layer, "layers": piece.layers,
-            "model": {"param": f"model/{MODEL_STEM}.param", "bin": f"model/{MODEL_STEM}.bin"},
-            "inputs": inputs, "outputs": outputs,
-            "configs": {"run": config_of(run), "reference": config_of(ref)},
+    spec = {"format": "layerdiff-repro", "format_version": 1, "engine": piece.engine, "layer": layer,
+            "layers": piece.layers, "model": piece.model, "inputs": inputs, "outputs": outputs,
+            "configs": {"run": config_of(run, piece.engine), "reference": config_of(ref, piece.engine)},
             "fingerprint": {"run": fingerprint(run), "reference": fingerprint(ref)}}
     (out_dir / "repro.json").write_text(json.dumps(spec, indent=2))
     (out_dir / "tensors.json").write_text(json.dumps(table, indent=2))
     (out_dir / "fingerprint.json").write_text(json.dumps(spec["fingerprint"], indent=2))
     shutil.copyfile(RUNNER, out_dir / "run_repro.py")
-    (out_dir / "repro.cpp").write_text(cpp_source(spec))
-    (out_dir / "CMakeLists.txt").write_text(CMAKE_LISTS)
+    if piece.engine == "ncnn":
+        (out_dir / "repro.cpp").write_text(cpp_source(spec))
+        (out_dir / "CMakeLists.txt").write_text(CMAKE_LISTS)
     (out_dir / "README.md").write_text(readme(spec))
     return outputs[0]["recorded_error"]
 
@@ -203,14 +242,24 @@ def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
+ENGINE_TITLES = {"ncnn": "ncnn", "mnn": "MNN"}
+ENGINE_WHEELS = {"ncnn": "ncnn", "mnn": "MNN"}
+
+
 def readme(spec: dict) -> str:
     """The one-minute text for the maintainer, paste-able into an upstream issue."""
+    engine = spec["engine"]
     run, ref = spec["configs"]["run"], spec["configs"]["reference"]
     device = spec["fingerprint"]["run"]
     err = spec["outputs"][0]["recorded_error"]
     inputs = ", ".join(f"`{item['blob']}` {item['shape']}" for item in spec["inputs"])
-    flags = ", ".join(f"{k}={int(v)}" for k, v in sorted(run["options"].items()))
-    return f"""# ncnn: `{spec['layer']}` diverges on {run['backend']}/{run['precision']}
+    if engine == "ncnn":
+        flags = ", ".join(f"{k}={int(v)}" for k, v in sorted(run["options"].items()))
+        options = f"num_threads={run['threads']}, lightmode=1, {flags}"
+    else:
+        options = f"session config backend={run['backend'].upper()}, precision={run['precision']}, numThread={run['threads']}"
+    model_files = ", ".join(f"`{path}`" for path in spec["model"].values())
+    return f"""# {ENGINE_TITLES[engine]}: `{spec['layer']}` diverges on {run['backend']}/{run['precision']}
 
 **What**: layer{'s' if len(spec['layers']) > 1 else ''} {', '.join(f'`{n}`' for n in spec['layers'])} fed with the
 reference's own input tensor(s) ({inputs}) give a wrong output on **{run['backend']}** with precision
@@ -222,18 +271,28 @@ max abs {_fmt(err['max_abs'])}, NaN {err['nan']}, +Inf {err['pos_inf']}, -Inf {e
 
 **Target platform**: {device.get('device_model', '?')} ({device.get('device_manufacturer', '')} {device.get('soc', '')}),
 ABI {device.get('abi', '?')}, Android {device.get('android_release') or 'n/a'}, GPU {device.get('gpu') or 'n/a'},
-driver {device.get('driver')}; ncnn {device.get('engine_version', '?')}; effective precision
+driver {device.get('driver')}; {ENGINE_TITLES[engine]} {device.get('engine_version', '?')}; effective precision
 {device.get('precision_effective', '?')}. Full fingerprint: `fingerprint.json`.
 
-**Options of the failing run**: num_threads={run['threads']}, lightmode=1, {flags}
+**Options of the failing run**: {options}
 
 ## Run it
 
 ```
-pip install ncnn=={device.get('engine_version', '')} numpy
+pip install {ENGINE_WHEELS[engine]}=={device.get('engine_version', '')} numpy
 python run_repro.py          # both configurations: prints rel L2, max abs, NaN/Inf against the reference
 ```
+{CPP_README if engine == "ncnn" else ""}
+## Files
 
+- {model_files}: the layer(s) alone, an input per tensor they read
+- `tensors/input*.npy|.bin`: the reference's inputs; `tensors/reference_output*`: the reference's output;
+  `tensors/run_output*`: the failing run's output. `.bin` files are raw little-endian float32, shapes in `tensors.json`
+- `repro.json`: the two configurations; `fingerprint.json`: device, GPU, driver, engine version
+"""
+
+
+CPP_README = """
 ## C++ (phones)
 
 `repro.cpp` does the same against ncnn's C++ API, with the options written in:
@@ -246,13 +305,6 @@ cmake -S . -B build -Dncnn_DIR=<ncnn>/lib/cmake/ncnn && cmake --build build
 For a phone add `-DCMAKE_TOOLCHAIN_FILE=$ANDROID_NDK/build/cmake/android.toolchain.cmake -DANDROID_ABI=arm64-v8a
 -DANDROID_PLATFORM=android-24` with ncnn's Android release as `ncnn_DIR`, `adb push` this folder and the binary,
 and run it from inside the folder.
-
-## Files
-
-- `model/repro.param`, `model/repro.bin`: the layer(s) alone, an `Input` per tensor they read
-- `tensors/input*.npy|.bin`: the reference's inputs; `tensors/reference_output*`: the reference's output;
-  `tensors/run_output*`: the failing run's output. `.bin` files are raw little-endian float32, shapes in `tensors.json`
-- `repro.json`: the configurations' ncnn options; `fingerprint.json`: device, GPU, driver, engine version
 """
 
 

@@ -1,6 +1,6 @@
-"""Re-run one ncnn layer cut out of a model, as the failing and the reference configuration ran it.
+"""Re-run one layer cut out of a model, as the failing and the reference configuration ran it.
 
-Needs only the `ncnn` wheel (pip install ncnn) and numpy. Reads repro.json beside it: the cut model,
+Needs only the engine's wheel (pip install ncnn, or pip install MNN) and numpy. Reads repro.json beside it: the cut model,
 the reference's input and output tensors, and each configuration's ncnn options. Prints, per
 configuration, the output against the reference output (rel L2, max abs, NaN/Inf counts) and whether
 the failure reproduces; `--json` prints the same as one JSON document.
@@ -10,6 +10,7 @@ the failure reproduces; `--json` prints the same as one JSON document.
 """
 import argparse
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -24,6 +25,14 @@ def ncnn_dims(array):
     if array.ndim in (2, 4, 5) and array.shape[0] == 1:
         return array.reshape(array.shape[1:])
     return array
+
+
+def engine_version(engine):
+    """ncnn has `__version__`; MNN has `version()`."""
+    version = getattr(engine, "__version__", None)
+    if version is None and callable(getattr(engine, "version", None)):
+        version = engine.version()
+    return str(version or "unknown")
 
 
 def gpu_info(ncnn):
@@ -44,8 +53,38 @@ def configure(opt, config):
             setattr(opt, flag, bool(value))
 
 
-def run_config(ncnn, spec, config):
+def run_config(engine, spec, config):
     """The cut model's outputs under one configuration, or the reason it could not run here."""
+    if spec["engine"] == "mnn":
+        return run_mnn(engine, spec, config)
+    return run_ncnn(engine, spec, config)
+
+
+def run_mnn(MNN, spec, config):
+    interpreter = MNN.Interpreter(str(HERE / spec["model"]["mnn"]))
+    session = interpreter.createSession({"backend": config["backend"].upper(), "precision": config["precision"],
+                                         "numThread": int(config.get("threads", 1))})
+    if session is None:
+        return None, "MNN could not create a session"
+    arrays = {item["blob"]: np.load(HERE / item["npy"]).astype(np.float32) for item in spec["inputs"]}
+    for name, array in arrays.items():
+        interpreter.resizeTensor(interpreter.getSessionInput(session, name), tuple(array.shape))
+    interpreter.resizeSession(session)
+    for name, array in arrays.items():
+        host = MNN.Tensor(tuple(array.shape), MNN.Halide_Type_Float, np.ascontiguousarray(array),
+                          MNN.Tensor_DimensionType_Caffe)
+        interpreter.getSessionInput(session, name).copyFrom(host)
+    interpreter.runSession(session)
+    outputs = {}
+    for item in spec["outputs"]:
+        tensor = interpreter.getSessionOutput(session, item["blob"])
+        host = MNN.Tensor(tuple(item["shape"]), MNN.Halide_Type_Float, MNN.Tensor_DimensionType_Caffe)
+        tensor.copyToHostTensor(host)
+        outputs[item["blob"]] = np.array(host.getNumpyData(), dtype=np.float32, copy=True).reshape(item["shape"])
+    return outputs, ""
+
+
+def run_ncnn(ncnn, spec, config):
     if config["options"].get("use_vulkan_compute") and ncnn.get_gpu_count() == 0:
         return None, "no Vulkan device here (install a Vulkan driver, or run on the device the bundle names)"
     net = ncnn.Net()
@@ -99,15 +138,20 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--save", metavar="DIR", help="also write each configuration's outputs as .npy into DIR")
     args = parser.parse_args(argv)
-    import ncnn
-
+    json_out = None
+    if args.json:  # engines print to fd 1 from C (MNN: "MNN use low precision"): keep stdout for the JSON alone
+        sys.stdout.flush()
+        json_out = os.dup(1)
+        os.dup2(2, 1)
     spec = json.loads((HERE / "repro.json").read_text())
+    engine = __import__("MNN" if spec["engine"] == "mnn" else "ncnn")
     names = ("run", "reference") if args.config == "both" else (args.config,)
-    result = {"ncnn_version": getattr(ncnn, "__version__", "unknown"), "platform": platform.platform(),
-              "gpu": gpu_info(ncnn), "layer": spec["layer"], "configs": {}}
+    result = {"engine": spec["engine"], "engine_version": engine_version(engine),
+              "platform": platform.platform(), "gpu": gpu_info(engine) if spec["engine"] == "ncnn" else {},
+              "layer": spec["layer"], "configs": {}}
     for name in names:
         config = spec["configs"][name]
-        outputs, reason = run_config(ncnn, spec, config)
+        outputs, reason = run_config(engine, spec, config)
         entry = {"backend": config["backend"], "precision": config["precision"], "ran": outputs is not None,
                  "reason": reason, "outputs": {}}
         for item in spec["outputs"] if outputs is not None else ():
@@ -120,8 +164,10 @@ def main(argv=None):
                 Path(args.save, name).mkdir(parents=True, exist_ok=True)
                 np.save(Path(args.save, name, item["npy_name"]), outputs[item["blob"]])
         result["configs"][name] = entry
-    if args.json:
-        print(json.dumps(result, indent=2))
+    if json_out is not None:
+        sys.stdout.flush()
+        with os.fdopen(json_out, "w") as out:
+            out.write(json.dumps(result, indent=2) + "\n")
     else:
         print_text(result, spec)
     return 0
@@ -131,7 +177,7 @@ def print_text(result, spec):
     gpu = result["gpu"]
     gpu_text = (f"{gpu['device']} (vendor {gpu['vendor_id']}, device {gpu['device_id']}, driver {gpu['driver_version']}, "
                 f"Vulkan {gpu['api_version']})" if gpu else "none")
-    print(f"layer {result['layer']}  ncnn {result['ncnn_version']}  {result['platform']}  GPU: {gpu_text}")
+    print(f"layer {result['layer']}  {result['engine']} {result['engine_version']}  {result['platform']}  GPU: {gpu_text}")
     for name, entry in result["configs"].items():
         head = f"{name:9s} {entry['backend']}/{entry['precision']}"
         if not entry["ran"]:
