@@ -52,7 +52,7 @@ def _num(value) -> str:
 def check_bundle(bundle: Path, device: str = "local", python: str | None = None) -> CheckResult:
     """Run `bundle`'s runner with `python` (default: this interpreter) and read its JSON answer."""
     if device != "local":
-        raise UsageError(f"--device {device}: a bundle is checked on this machine only (--device local); on a phone, "
+        raise UsageError(f"--device {device}: a bundle is checked where collect runs (--device local); on a phone, "
                          "run the bundle's repro.cpp")
     bundle = Path(bundle)
     if bundle.suffix == ".zip":
