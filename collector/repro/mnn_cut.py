@@ -35,16 +35,23 @@ def cut(model: Path, op: str, shapes: dict[str, tuple[int, ...]], scratch: Path)
     if target is None:
         raise InputError(f"{model}: no tensor {op!r} in the model's graph; MNN's run-time ops (`*_raster_*`) cannot "
                          "be cut out, name the op they belong to")
-    inputs = []
-    for var in target.inputs:
-        if var.op_type in ("Const", "TrainableParam"):
-            continue
-        name = var.name
-        shape = list(shapes.get(name) or var.shape)
-        placeholder = F.placeholder(shape, var.data_format, F.float)
-        placeholder.name = name
-        var.replace(placeholder)
-        inputs.append(name)
     path = scratch / "cut.mnn"
-    F.save([target], str(path))
-    return MnnCut(path.read_bytes(), inputs, [op], [op])
+    try:
+        inputs = [_placeholder_for(F, var, shapes) for var in target.inputs if var.op_type not in CONSTANTS]
+        F.save([target], str(path))
+        data = path.read_bytes()
+    except Exception as err:  # noqa: BLE001 - pymnn raises bare exceptions
+        raise InputError(f"{model}: MNN could not cut out {op!r} ({err}); name another op") from None
+    return MnnCut(data, inputs, [op], [op])
+
+
+CONSTANTS = ("Const", "TrainableParam")  # an op's weights: kept in the cut model
+
+
+def _placeholder_for(F, var, shapes: dict[str, tuple[int, ...]]) -> str:
+    """Replace `var` in the graph by a placeholder of its recorded shape and its data format; returns its name."""
+    name = var.name
+    placeholder = F.placeholder(list(shapes.get(name) or var.shape), var.data_format, F.float)
+    placeholder.name = name
+    var.replace(placeholder)
+    return name
