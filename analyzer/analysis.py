@@ -18,6 +18,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from layerdiff.analyzer.formats.fedinputs import fed_ok
 from layerdiff.analyzer.measure import resultcache
 from layerdiff.analyzer.align.byname import NameRules
 from layerdiff.analyzer.measure.compare import Comparison, compare_all
@@ -100,9 +101,19 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
         findings = merge_findings(all_findings(comparison, sources.runs, thresholds, judgements), isolation.findings)
         summary = run_summary(comparison, sources.runs, findings, thresholds, judgements)
     comparison.graphs.clear()  # they served the findings; the report does not need them (Comparison.graph rebuilds)
-    problems = sources.problems + comparison.problems + isolation.problems
+    problems = sources.problems + comparison.problems + isolation.problems + fed_input_problems(sources.runs)
     problems += [f"{label}: not compared: {why}" for label, why in plan.uncompared.items()]
     return Analysis(sources, comparison, findings, summary, thresholds, problems, isolation)
+
+
+def fed_input_problems(runs: list[Run]) -> list[str]:
+    """One line per run whose engine received another input than the one given (its `input_fed_check`)."""
+    lines = []
+    for run in runs:
+        check = str(run.attrs.get("input_fed_check", "") or "")
+        if not fed_ok(check):
+            lines.append(f"{run.label}: {check}")
+    return lines
 
 
 def _measured(plan, rules: NameRules, thresholds: Thresholds,

@@ -262,6 +262,9 @@ def fix_command(
     from layerdiff.collector.fix.search import fix
     from layerdiff.collector.fix.fixjson import fix_document, summary_lines, write_fix_json
 
+    from layerdiff.clioptions import check_number
+
+    check_number("--tolerance", tolerance, 0.0, above_minimum=True)
     if out.exists() and not out.is_dir():
         raise StorageError(f"output {out} is a file; pass a directory to -o")
     files = resolve_model(model, engine)

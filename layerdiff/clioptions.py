@@ -33,3 +33,18 @@ def choices(allowed: Iterable[str], what: str) -> Callable:
         return values
 
     return check
+
+
+def check_number(flag: str, value: float, minimum: float, maximum: float | None = None, *,
+                 above_minimum: bool = False, hint: str = "") -> None:
+    """Refuse a numeric option that is NaN, infinite or out of range, naming the flag (UsageError,
+    exit 1): `collect` and `analyze` check their numbers with this one rule."""
+    import math
+
+    from layerdiff.errors import UsageError
+
+    low_ok = value > minimum if above_minimum else value >= minimum
+    if not (math.isfinite(value) and low_ok and (maximum is None or value <= maximum)):
+        bound = f"> {minimum:g}" if above_minimum else f">= {minimum:g}"
+        span = f"from {minimum:g} to {maximum:g}" if maximum is not None else bound
+        raise UsageError(f"{flag} {value}: give a finite number {span}{hint}")

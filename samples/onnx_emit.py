@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -134,14 +135,22 @@ def write_onnx(net: Network, path: str | os.PathLike) -> None:
 # script's wrapper (MNN/tools/utils/log.py) runs `pip install -U aliyun-log-python-sdk` when that
 # package is missing (downgrading protobuf below what `onnx` needs) and then sends telemetry.
 # One child process converts a batch (importing MNN costs ~0.5 s) and reports, on marked lines,
-# the UUID MNN stamped into each model (MNN prints a banner on import, hence the markers).
+# the UUID MNN stamped into each model (MNN prints a banner on import, hence the markers). The
+# converter prints with C stdio, which a pipe buffers: it is flushed after each model, so what it
+# said about a model comes before that model's marker line.
 _CONVERT = """
-import json, sys, MNN, _tools
+import ctypes, json, os, sys, MNN, _tools
+libc = ctypes.CDLL(None)
 for index, argv in enumerate(json.loads(sys.argv[1])):
     sys.stdout.flush()
     _tools.mnnconvert(argv)
-    print(f"UUID={index}=" + MNN.get_model_uuid(argv[argv.index("--MNNModel") + 1]), flush=True)
+    libc.fflush(None)
+    target = argv[argv.index("--MNNModel") + 1]
+    uuid = MNN.get_model_uuid(target) if os.path.exists(target) else "none"
+    print(f"UUID={index}=" + uuid, flush=True)
 """
+# What MNN's converter prints when it drops or refuses operators, yet exits 0 (sometimes with a file).
+_REFUSALS = ("NOT_SUPPORTED_OP", "These Op Not Support", "Converted Failed", "Convert error")
 
 
 def convert_onnx_to_mnn(onnx_path: str | os.PathLike, mnn_path: str | os.PathLike,
@@ -151,31 +160,64 @@ def convert_onnx_to_mnn(onnx_path: str | os.PathLike, mnn_path: str | os.PathLik
 
 
 def convert_many(jobs: Sequence[tuple[str | os.PathLike, str | os.PathLike, bool]],
-                 biz_code: str = "layerdiff") -> None:
-    """Convert (onnx, mnn, fp16_weights) jobs with MNN's converter, deterministically.
+                 biz_code: str = "layerdiff", source_format: str = "ONNX") -> None:
+    """Convert (source, mnn, fp16_weights) jobs with MNN's converter, deterministically.
 
-    Same flags as `mnnconvert -f ONNX --modelFile X --MNNModel Y --bizCode B [--fp16]`; `--fp16`
-    stores conv weights as half floats (truncated). The converter stamps a random UUID into each
-    model; we replace it by a UUID derived from the ONNX file's sha256 (same length, same place)
-    so regenerating gives identical bytes. Models are written under a temporary name, then renamed.
+    Same flags as `mnnconvert -f ONNX --modelFile X --MNNModel Y --bizCode B [--fp16]` (`source_format`
+    TFLITE for `.tflite` files); `--fp16` stores conv weights as half floats (truncated). The
+    converter stamps a random UUID into each model; we replace it by a UUID derived from the source
+    file's sha256 (same length, same place) so regenerating gives identical bytes. Models are written
+    under a temporary name, then renamed. A conversion the converter says it refused or cut short
+    (`NOT_SUPPORTED_OP`, exit status 0 all the same) is a failed one: no model is left, and the
+    error names the operators.
     """
     paths = [(Path(o), Path(m), Path(m).with_name(f".{Path(m).name}.partial"), fp16) for o, m, fp16 in jobs]
     argvs = []
     for onnx_path, _, tmp, fp16 in paths:
         tmp.unlink(missing_ok=True)
-        argvs.append(["mnnconvert", "-f", "ONNX", "--modelFile", str(onnx_path), "--MNNModel", str(tmp),
+        argvs.append(["mnnconvert", "-f", source_format, "--modelFile", str(onnx_path), "--MNNModel", str(tmp),
                       "--bizCode", biz_code] + (["--fp16"] if fp16 else []))
     proc = subprocess.run([sys.executable, "-c", _CONVERT, json.dumps(argvs)], capture_output=True, text=True)
+    said = _said_per_job(proc.stdout + "\n" + proc.stderr)
     uuids = dict(line[5:].split("=", 1) for line in proc.stdout.splitlines() if line.startswith("UUID="))
     for index, (onnx_path, mnn_path, tmp, _) in enumerate(paths):
-        if str(index) not in uuids or not tmp.exists():
+        refusal = converter_refusal(said.get(index, ""))
+        if str(index) not in uuids or uuids[str(index)] == "none" or not tmp.exists() or refusal:
             for _, _, leftover, _ in paths:
                 leftover.unlink(missing_ok=True)
-            tail = (proc.stdout + proc.stderr).strip()[-800:]
-            raise ConversionError(f"MNN could not convert {onnx_path}: {tail}")
+            crashed = f" (the converter crashed, exit status {proc.returncode})" if proc.returncode else ""
+            tail = refusal or (proc.stdout + proc.stderr).strip()[-800:]
+            raise ConversionError(f"MNN could not convert {onnx_path}{crashed}: {tail}")
         digest = hashlib.sha256(onnx_path.read_bytes()).digest()
         _replace_uuid(tmp, uuids[str(index)], str(uuid.UUID(bytes=digest[:16], version=4)))
         os.replace(tmp, mnn_path)
+
+
+def _said_per_job(text: str) -> dict[int, str]:
+    """The converter's words about each job: the text before that job's `UUID=<index>=` marker."""
+    said: dict[int, str] = {}
+    current: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("UUID="):
+            said[int(line.split("=", 2)[1])] = "\n".join(current)
+            current = []
+        else:
+            current.append(line)
+    said.setdefault(len(said), "\n".join(current))  # a crash mid-job: what it said before dying
+    return said
+
+
+def converter_refusal(text: str) -> str:
+    """'' when MNN's converter reported no refusal, else one line naming the operators it refused."""
+    if not any(marker in text for marker in _REFUSALS):
+        return ""
+    ops: list[str] = []
+    for match in re.finditer(r"NOT_SUPPORTED_OP: \[ ([^\]]+?) \]|These Op Not Support: (.*)", text):
+        for op in (match.group(1) or match.group(2) or "").split():
+            if op not in ops:
+                ops.append(op)
+    named = f"operators it does not support: {', '.join(ops)}" if ops else "it reported a failed conversion"
+    return f"MNN's converter refused the model ({named}); it exits 0 all the same, so no model is kept"
 
 
 def _replace_uuid(mnn_path: Path, old_uuid: str, new_uuid: str) -> None:

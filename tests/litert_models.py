@@ -16,8 +16,10 @@ MEMBERS = {
     "face_detection_short_range": "mediapipe/modules/face_detection/face_detection_short_range.tflite",
     "selfie_segmentation": "mediapipe/modules/selfie_segmentation/selfie_segmentation.tflite",
     "pose_detection": "mediapipe/modules/pose_detection/pose_detection.tflite",
-    "pose_landmark_full": "mediapipe/modules/pose_landmark/pose_landmark_full.tflite",
     "face_landmark": "mediapipe/modules/face_landmark/face_landmark.tflite",
+    "face_landmark_with_attention": "mediapipe/modules/face_landmark/face_landmark_with_attention.tflite",
+    "pose_landmark_full": "mediapipe/modules/pose_landmark/pose_landmark_full.tflite",
+    "face_detection_full_range_sparse": "mediapipe/modules/face_detection/face_detection_full_range_sparse.tflite",
 }
 
 

@@ -7,6 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
+from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.collector.transport.adb import AdbDevice
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import resolve_model
@@ -65,6 +66,9 @@ def test_real_host_harness_on_an_x86_64_standin(standin, monkeypatch, tmp_path):
     with h5py.File(outcome.paths[0]) as f:
         assert bool(f.attrs["complete"]) and f.attrs["engine"] == "ncnn" and len(f["layers"]) > 3
         assert f.attrs["abi"] == "x86_64" and f.attrs["device_serial"] == standin.serial
+    with DumpFile(outcome.paths[0]) as dump:  # the plain run's outputs came over adb with the dump (docs/fidelity.md)
+        assert dump.provenance["raw_footer"]["plain_run"]["identical"] is True
+        assert dump.plain_outputs()["prob:0"].tobytes() == dump.tensor_by_key("prob:0").tobytes()
 
 
 @pytest.mark.skipif(not (shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-g++")),

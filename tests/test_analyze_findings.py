@@ -64,13 +64,13 @@ def test_failure_source_names_the_layers_between_that_were_not_compared(tmp_path
 
 @pytest.mark.parametrize("observed, second, varying, said", [
     (0.0, 0.0, 0, None),
-    (0.4, 0.0, 0, "changed what the accelerator computes"),
     (0.0, 1.7, 0, "two plain runs of the same input differ"),
     (0.0, 0.0, 2, "two runs of the observed graph on the same input differ at 2 of 7"),
 ])
 def test_observation_check_says_when_a_plain_run_disagrees(tmp_path, ref_dump, observed, second, varying, said):
-    """The GPU engine's own check (options.plain_run: the model run as an app runs it, twice, against the
-    observed run's outputs) becomes a finding only when the outputs disagree beyond the warn threshold."""
+    """The GPU engine's own check (options.plain_run in the header of older LiteRT GPU dumps: the model run as
+    an app runs it, twice, against the observed run's outputs) says when two plain runs, or two calibration
+    runs, disagree beyond the warn threshold."""
     def diff(rel):
         return {"compared": True, "rel_l2": rel, "max_abs": rel * 10}
 
@@ -88,6 +88,31 @@ def test_observation_check_says_when_a_plain_run_disagrees(tmp_path, ref_dump, o
             (finding,) = found
             assert said in finding.sentence and finding.run == "gpu/high"
             assert finding.layer == ("pool:0" if varying else "prob")
+    finally:
+        analysis.close()
+
+
+@pytest.mark.parametrize("observed, severity", [(0.0, None), (1e-7, "warn"), (0.4, "fail")])
+def test_a_plain_run_that_disagrees_is_an_observation_changed_finding(tmp_path, ref_dump, observed, severity):
+    """The footer's plain_run (every engine: the model run as an app runs it, against the observed run's outputs):
+    any output not identical is `observation_changed`, failing past --warn-rel-l2, naming what the engine does
+    differently when observed (the record's `observing`, the engine's own words)."""
+    diff = {"compared": True, "identical": observed == 0.0, "rel_l2": observed, "max_abs": observed * 10}
+    same = {"compared": True, "identical": True, "rel_l2": 0.0, "max_abs": 0.0}
+    check = {"runs": 2, "observing": "fusion is off while observed", "identical": observed == 0.0,
+             "outputs": [{"name": "prob", "key": "prob:0", "vs_observed": diff, "vs_second_plain_run": same}]}
+    write_dump(tmp_path / "run.h5", perturbed(reference_arrays(), FP16_LIKE), backend="cpu", precision="low",
+               extra_attrs={"provenance": {"raw_footer": {"plain_run": check}}})
+    analysis = analyze_paths([tmp_path])
+    try:
+        found = kinds(analysis, "observation_changed")
+        if severity is None:
+            assert found == []
+        else:
+            (finding,) = found
+            assert finding.severity == severity and finding.layer == "prob:0" and finding.run == "cpu/low"
+            assert "Observing changed the result" in finding.sentence and "fusion is off while observed" in finding.sentence
+            assert "two plain runs agree bit for bit" in finding.sentence
     finally:
         analysis.close()
 

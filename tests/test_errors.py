@@ -94,7 +94,7 @@ def test_finding_kinds_and_severities_are_str_enums_with_the_file_values():
     from layerdiff.analyzer.findings.divergence import KIND_ORDER
     from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
 
-    assert KIND_ORDER[:4] == ["incomplete_run", "backend_fallback", "split_graph", "output_unmatched"]
+    assert KIND_ORDER[:5] == ["incomplete_run", "backend_fallback", "split_graph", "observation_changed", "output_unmatched"]
     assert KIND_ORDER == [k.value for k in FindingKind]
     finding = Finding("saturation", "run", "conv:0", "Conv", "sentence", severity="warn")
     assert finding.kind is FindingKind.SATURATION and finding.severity is Severity.WARN

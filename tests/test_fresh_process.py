@@ -51,7 +51,7 @@ def test_pose_detection_gpu_spread_over_fresh_processes_is_a_finding(tmp_path):
     for path in files:
         with DumpFile(path) as dump:
             assert dump.attrs["backend_actual"] == "gpu+cpu"
-            # three processes, each setting WebGPU up twice: the observed graph and the plain run (options.plain_run)
+            # three processes, each setting WebGPU up twice: the observed graph and the plain run (the footer's plain_run)
             assert dump.stderr().count("Selected adapter: SwiftShader") == 6
             outputs.append(dump.tensor_by_key("Identity:0"))
     spread = max(float(np.linalg.norm(o - outputs[0]) / np.linalg.norm(outputs[0])) for o in outputs)

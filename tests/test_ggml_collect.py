@@ -39,6 +39,8 @@ def test_collect_tinyllama_high_low_and_analyze_by_node_name(ggml_binary, ggml_s
     with DumpFile(files[0]) as dump:
         keys = list(dump.layers["key"])
         assert dump.attrs["engine"] == "ggml" and dump.attrs["backend_actual"] == "cpu"
+        # what separates high from normal, as the engine declares it: only these ops can differ
+        assert json.loads(dump.attrs["precision_reach"]) == {"normal": ["IM2COL", "SET_ROWS"]}
         assert {"attn_norm-0:0", "Qcur-0:0", "ffn_out-1:0", "result_output:0"} <= set(keys)
     doc = _analyze(tmp_path / "c")
     low = next(r for r in doc["runs"] if r["run"] == "cpu/low")

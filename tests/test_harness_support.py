@@ -89,10 +89,14 @@ def max_scaled_diff(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray
 
 
 def check_well_formed(run: HarnessRun) -> RawDump:
-    """The raw-dump invariants this harness promises: contiguous bytes, sizes, footer, progress."""
+    """The raw-dump invariants this harness promises: contiguous bytes (the inputs read back first,
+    then the tensors), sizes, footer, progress."""
     dump = run.dump()
     assert dump.footer is not None and dump.footer["status"] == "ok", dump.problems
     offset = 0
+    for fed in dump.fed:
+        assert fed.offset == offset and fed.nbytes == int(np.prod(fed.shape)) * 4
+        offset += fed.nbytes
     for order, tensor in enumerate(dump.tensors):
         assert tensor.order == order and tensor.offset == offset
         assert tensor.dtype == "float32"

@@ -63,7 +63,7 @@ def test_cpu_vs_gpu_passes_with_every_unobservable_tensor_marked(tmp_path, stem,
 def _plain_run(out: Path) -> dict:
     [gpu] = sorted(out.glob("litert_gpu_*.h5"))
     with DumpFile(gpu) as dump:
-        return dump.provenance["raw_header"]["options"]["plain_run"]
+        return dump.provenance["raw_footer"]["plain_run"]
 
 
 def test_pose_detection_split_is_named_with_its_first_divergent_tensor(tmp_path):

@@ -19,7 +19,6 @@ axes in another order (NHWC against NCHW) are mapped from the recorded layouts o
 from __future__ import annotations
 
 import csv
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ import pandas as pd
 
 from layerdiff.errors import InputError, UsageError
 from layerdiff.analyzer.align.axes import axis_map, recorded_layouts
+from layerdiff.analyzer.formats.limits import load_json
 from layerdiff.analyzer.align.naming import canonical_from_key
 from layerdiff.analyzer.align.unmatched import (EXPECTED_EXTRAS, Unmatched, _shape, _squeezed,  # noqa: F401 (API)
                                                 expected_extra_reason)
@@ -94,10 +94,7 @@ def load_name_map(path: Path | str) -> dict[str, str]:
 
 
 def _map_from_json(path: Path, text: str) -> dict[str, str]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path}: name map is not valid JSON (line {err.lineno}: {err.msg})") from None
+    value = load_json(text, f"{path}: name map", InputError)
     if isinstance(value, dict):
         return {str(k): str(v) for k, v in value.items()}
     if isinstance(value, list) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):

@@ -28,6 +28,8 @@ from layerdiff.analyzer.findings.wording import layer_name, percent, with_node_n
 from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
 from layerdiff.analyzer.findings.provenance import provenance_findings
 from layerdiff.analyzer.findings.spread import run_spread
+from layerdiff.analyzer.findings.anomalies import (RANGE, ZERO, anomaly_numbers, input_anomaly, layer_anomalies,
+                                                   moved_clause)
 
 __all__ = ["Finding", "KIND_ORDER", "all_findings"]
 
@@ -45,10 +47,12 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
     found: list[Finding] = []
     judgements = judgements or {}
     reference_of = {p.other.label: p.base for p in comparison.plan.pairs if p.kind == "reference"}
+    facts_of = {p.other.label: layer_facts(comparison.pair_rows(i), "run_key")
+                for i, p in enumerate(comparison.plan.pairs) if p.kind == "reference"}
     for run in runs:
         found += run_state_findings(run)
         found += observed_vs_plain(run, t.warn_rel_l2)
-        found += nonfinite_origins(run, comparison.graph(run), reference_of.get(run.label))
+        found += nonfinite_origins(run, comparison.graph(run), reference_of.get(run.label), facts_of.get(run.label))
     zero_starts: dict[str, Finding] = {}
     for index, pair in enumerate(comparison.plan.pairs):
         rows = comparison.pair_rows(index)
@@ -66,12 +70,12 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
             sources = failure_sources(rows, graph, None if verdict == "fail" else (verdict, why),
                                       dict(zip(pair.base.layers["key"].tolist(), pair.base.layers["op_type"].astype(str).tolist())))
             found += sources
-            found += _capped(first_divergence(rows), verdict)
+            found += _capped(first_divergence(rows, t, graph), verdict)
             # values in another order are not zeroed by arithmetic: the packed-order finding says why
             zeros = [z for z in zero_collapse_origin(rows, graph, t, pair.base, pair.other) if z.layer not in mislaid]
             zero_starts.update((f.run, f) for f in zeros)
             found += zeros
-            found += error_growth(rows, {f.layer for f in sources}, t)
+            found += error_growth(rows, {f.layer for f in sources} | {f.numbers.get("moved_from") for f in sources}, t)
             found += error_curve(rows)
         found += nondeterminism(pair, rows)
     found += run_spread(comparison)
@@ -144,11 +148,29 @@ def _cpu_by_design(run: Run, requested: str) -> Finding:
                             "cpu_nodes": nodes, "buffer": buffer})
 
 
-def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None) -> list[Finding]:
+FACT_COLUMNS = ("key", "run_key", "status", "rel_l2", "growth", "worst_input", "n_nan_new", "n_posinf_new",
+                "n_neginf_new", "n_nonfinite_mismatch", "n_zero_new", "n_out_of_range", "range_excess", "ref_min",
+                "ref_max", "run_min", "run_max")  # what the anomaly and entry decisions read
+
+
+def layer_facts(rows: pd.DataFrame, key_column: str = "key") -> dict[str, dict]:
+    """A pair's measured rows as {layer key: the facts the decisions read}, keyed by the reference's keys
+    or the run's own (only those columns: a dict of every column per layer cost seconds at 50,000 layers)."""
+    if rows.empty:
+        return {}
+    columns = [c for c in FACT_COLUMNS if c in rows.columns]
+    return {str(r[key_column]): r for r in rows[columns].to_dict("records")}
+
+
+def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None,
+                      facts: dict[str, dict] | None = None) -> list[Finding]:
     """First layer with NaN (and with Inf) whose own inputs have none: where the NaN was born.
 
     The sentence adds what explains it: an Inf origin whose reference values pass 65504 is fp16
-    overflow; a NaN origin fed by an Inf is the Inf's heir (inf - inf, 0 x inf), not a new fault.
+    overflow; a NaN origin fed by an Inf is the Inf's heir (inf - inf, 0 x inf), not a new fault. An
+    origin whose input already holds an anomaly (`facts`: the run's measured rows against its reference,
+    keyed by the run's layer keys) moves to where that anomaly starts: a Log fed zeros the reference does
+    not have, or an op fed values far outside the reference's range, did not make the NaN/Inf itself.
     """
     layers = run.layers
     keys = layers["key"].tolist()
@@ -165,11 +187,20 @@ def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None) -> l
             numbers = {"count": int(counts[key]), "numel": int(row["numel"]), "position": graph.position(key)}
             fed = (f"its inputs ({', '.join(producers[:3])}) have no {what}" if producers
                    else "it is fed by the model input")
-            why = _nonfinite_cause(kind, key, producers, inf, base, numbers)
+            moved = input_anomaly(key, graph, facts or {}, _explaining_origin(kind, _reference_peak(base, key)))
+            if moved is None or (kind == FindingKind.NAN_ORIGIN and any(inf.get(p, 0) for p in producers)):
+                why = _nonfinite_cause(kind, key, producers, inf, base, numbers)
+                layer, op_type = key, str(row["op_type"])
+            else:
+                anomaly, start = moved
+                op_types = dict(zip(keys, layers["op_type"].astype(str).tolist()))
+                why = moved_clause(what, layer_name(key), anomaly, start, facts, op_types)
+                numbers.update(anomaly_numbers(anomaly, start, key))
+                layer, op_type = start, op_types.get(start, "")
             block = block_clause(blocks.get(key))
             if block:
                 numbers["block"] = blocks[key]
-            out.append(Finding(kind, run.label, key, str(row["op_type"]),
+            out.append(Finding(kind, run.label, layer, op_type,
                                f"{what} origin in {run.label}{block}: layer {layer_name(key, row.get('op'))} ({row['op_type']}) is the first with "
                                f"{what} ({counts[key]} of {int(row['numel'])} values) while {fed}{why}.",
                                numbers=numbers))
@@ -223,14 +254,28 @@ def saturation(rows: pd.DataFrame, base: Run) -> list[Finding]:
                              "layers_saturated": int(len(hit)), "position": int(first["position"])})]
 
 
-def first_divergence(rows: pd.DataFrame) -> list[Finding]:
-    """The first layer in execution order that diverges (warns or fails), with the first failing one
-    named separately: one definition for every run, so "first divergence" means the same everywhere."""
+def first_divergence(rows: pd.DataFrame, t: Thresholds | None = None, graph: LayerGraph | None = None) -> list[Finding]:
+    """Where the error that makes a run diverge enters: one definition for every run, so "first
+    divergence" means the same everywhere.
+
+    The first layer in execution order that warns or fails is where the error crossed a threshold,
+    often layers after it entered: a layer whose error doubles its input's is carrying it on. From that
+    layer the worst inputs (the `worst_input` column: the compared feeding layer with the largest rel L2)
+    are followed back while their error is still a visible share of it (`ENTRY_SHARE`); the most
+    upstream layer on that path whose error jumps `growth_factor` times past its inputs' is where it
+    entered, and is named (without one, the layer that crossed). The first failing layer is named apart.
+    An input of that layer already holding what rel L2 cannot show (exact zeros the reference lacks,
+    values far outside its range; `graph` gives the edges) is said too: the failure source says where it starts.
+    """
+    t = t or Thresholds()
     ordered = rows.sort_values("position")
     diverging = ordered[ordered["status"].isin(["warn", "fail"])]
     if diverging.empty:
         return []
-    r = diverging.iloc[0]
+    crossed = diverging.iloc[0].to_dict()
+    facts = layer_facts(rows)
+    entry = _error_entry(crossed, facts, t)
+    r = crossed if entry["key"] == crossed["key"] else ordered[ordered["key"] == entry["key"]].iloc[0].to_dict()
     numbers = _metric_numbers(r)
     failing = ordered[ordered["status"] == "fail"]
     if failing.empty:
@@ -243,14 +288,68 @@ def first_divergence(rows: pd.DataFrame) -> list[Finding]:
         numbers.update(first_fail=str(f["key"]), first_fail_op=str(f["op_type"]), first_fail_position=int(f["position"]))
         then = (f" The first layer that fails is {layer_name(f['key'], f.get('op'))} ({f['op_type']}), #{int(f['position']) + 1}, "
                 f"rel L2 {f['rel_l2']:.3g} ({f['reasons']}).")
-    status = str(r["status"])
+    status = str(crossed["status"])
     block = block_clause(r.get("block"))
     if block:
         numbers["block"] = int(r["block"])
-    return [Finding("first_divergence", r["run"], r["key"], r["op_type"],
-                    f"First divergence in {r['run']}{block}: layer {layer_name(r['key'], r.get('op'))} ({r['op_type']}), #{int(r['position']) + 1} "
-                    f"in execution order, {status}s with rel L2 {r['rel_l2']:.3g}, max abs {r['max_abs']:.3g}, "
-                    f"SQNR {r['sqnr_db']:.1f} dB ({r['reasons']}).{then}", severity=status, numbers=numbers)]
+    if r["key"] == crossed["key"]:
+        text = (f"First divergence in {r['run']}{block}: layer {layer_name(r['key'], r.get('op'))} ({r['op_type']}), "
+                f"#{int(r['position']) + 1} in execution order, {status}s with rel L2 {r['rel_l2']:.3g}, max abs "
+                f"{r['max_abs']:.3g}, SQNR {r['sqnr_db']:.1f} dB ({r['reasons']}).")
+    else:
+        worst_in = r["rel_l2"] / r["growth"] if _finite(r.get("growth")) else 0.0
+        numbers.update(threshold_layer=str(crossed["key"]), threshold_op=str(crossed["op_type"]),
+                       threshold_position=int(crossed["position"]), threshold_rel_l2=float(crossed["rel_l2"]),
+                       input_rel_l2=float(worst_in))
+        jump = (f"rel L2 {worst_in:.2g} at its inputs, {r['rel_l2']:.2g} at its output ({r['growth']:.0f}x)"
+                if worst_in > 0 else f"its inputs are exact, its output has rel L2 {r['rel_l2']:.2g}")
+        text = (f"First divergence in {r['run']}{block}: the error enters at layer {layer_name(r['key'], r.get('op'))} "
+                f"({r['op_type']}), #{int(r['position']) + 1} in execution order: {jump}, max abs {r['max_abs']:.3g}. "
+                f"It is carried on from there to layer {layer_name(crossed['key'], crossed.get('op'))} "
+                f"({crossed['op_type']}), #{int(crossed['position']) + 1}, the first that {status}s: rel L2 "
+                f"{crossed['rel_l2']:.3g}, SQNR {crossed['sqnr_db']:.1f} dB ({crossed['reasons']}), "
+                f"{_growth_text(crossed)}.")
+    hidden = input_anomaly(r["key"], graph, facts, (RANGE, ZERO)) if graph is not None and graph.has_edges else None
+    if hidden is not None:
+        anomaly, start = hidden
+        numbers.update(anomalous_input=anomaly.key, input_anomaly=anomaly.kind, anomaly_start=start)
+        text += f" Its input {layer_name(anomaly.key)} already holds {anomaly.text}."
+    return [Finding("first_divergence", r["run"], r["key"], r["op_type"], text + then, severity=status, numbers=numbers)]
+
+
+ENTRY_SHARE = 0.01  # inputs whose error is below this share of the diverging layer's carry none of it
+
+
+def _error_entry(crossed: dict, facts: dict[str, dict], t: Thresholds) -> dict:
+    """The layer where the error of the first diverging layer `crossed` entered (itself when no layer
+    upstream on its path of worst inputs jumps: the error grew gradually, or entered right there)."""
+    rel = crossed["rel_l2"]
+    if not _finite(rel) or rel <= 0:
+        return crossed
+    floor, path, current = rel * ENTRY_SHARE, [crossed], crossed
+    while True:
+        upstream = facts.get(str(current.get("worst_input") or ""))
+        if (upstream is None or any(upstream["key"] == p["key"] for p in path) or not _finite(upstream["rel_l2"])
+                or upstream["rel_l2"] < floor):
+            break
+        path.append(upstream)
+        current = upstream
+    for row in reversed(path):  # most upstream first
+        growth = row.get("growth")
+        if _finite(growth) and growth >= t.growth_factor:
+            return row
+    # no jump: the error grew step by step (a layer fed exact values that rounds is no jump either, or
+    # every fp16 run would name its first layer), so the layer that crossed the threshold is named
+    return crossed
+
+
+def _growth_text(row: dict) -> str:
+    growth = row.get("growth")
+    return f"{growth:.2g}x its inputs' error" if _finite(growth) else "its inputs exact"
+
+
+def _finite(value) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str, str] | None = None,
@@ -273,6 +372,7 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str,
     failing = list(rows.sort_values("position").loc[rows["status"] == "fail", "key"])
     op_type = dict(zip(keys, rows["op_type"].tolist()))
     op_name = dict(zip(keys, rows["op"].tolist())) if "op" in rows else {}
+    facts = layer_facts(rows)
     out = []
     for r in rows[rows["status"] == "fail"].sort_values("position").itertuples():
         nearest, walked = graph.nearest(r.key, set(status))
@@ -299,6 +399,13 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str,
         where = f"layer {layer_name(r.key, op_name.get(r.key))} ({r.op_type}){block}"
         if block:
             numbers["block"] = int(r.block)
+        source_key, source_type = r.key, r.op_type
+        moved = None if stretch else input_anomaly(r.key, graph, facts, _explaining_kinds(facts[r.key]))
+        if moved is not None:
+            anomaly, start = moved
+            blame = moved_clause("failure", layer_name(r.key), anomaly, start, facts, op_type)[2:] + "."
+            numbers.update(anomaly_numbers(anomaly, start, r.key))
+            source_key, source_type = start, op_type.get(start, "")
         if output_ok is not None:
             verdict, why = output_ok
             out.append(Finding("layer_divergence", r.run, r.key, r.op_type,
@@ -307,12 +414,41 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str,
                                f"{verdict}{': ' + why if why else ''}), so no failure source is named. "
                                f"{_heirs_clause(others, heirs)}", severity="warn", numbers=numbers))
             break
-        out.append(Finding("failure_source", r.run, r.key, r.op_type,
+        out.append(Finding("failure_source", r.run, source_key, source_type,
                            f"Failure source in {r.run}: {where} fails ({r.reasons}) while {fed}; "
                            f"{blame} {_heirs_clause(others, heirs)}", numbers=numbers))
         if len(out) >= MAX_PER_KIND:
             break
     return out
+
+
+def _explaining_kinds(fact: dict) -> tuple[str, ...]:
+    """Which input anomalies explain a failing layer: values far outside the reference's range always;
+    exact zeros when the layer's own output is NaN/Inf or far outside the reference's range (a Log of
+    zero: -Inf, or -65504 where fp16 saturates); a few zeros in the input of a layer that fails
+    otherwise explain nothing."""
+    own = {a.kind for a in layer_anomalies(str(fact.get("key", "")), fact)}
+    if _beyond_fp16(fact.get("ref_min")) or _beyond_fp16(fact.get("ref_max")):
+        return (RANGE,)  # the reference itself passes fp16's range here: overflow explains it, not zeros fed in
+    return (RANGE, ZERO) if _count_of(fact, "n_nonfinite_mismatch") or RANGE in own else (RANGE,)
+
+
+def _explaining_origin(kind: str, reference_peak: float | None) -> tuple[str, ...]:
+    """Which input anomalies explain a NaN/Inf origin: values far outside the reference's range always;
+    zeros the reference lacks (a Log or a Div of them) unless the reference's own values at an Inf origin
+    pass fp16's largest value, where overflow explains the Inf (a sum that fp16 cannot hold)."""
+    if kind == FindingKind.INF_ORIGIN and reference_peak is not None and reference_peak > FP16_MAX:
+        return (RANGE,)
+    return (RANGE, ZERO)
+
+
+def _beyond_fp16(value) -> bool:
+    return value is not None and math.isfinite(float(value)) and abs(float(value)) > FP16_MAX
+
+
+def _count_of(fact: dict, column: str) -> int:
+    value = fact.get(column)
+    return int(value) if value is not None and math.isfinite(float(value)) else 0
 
 
 def _unobserved_stretch(graph: LayerGraph, walked: set[str], uncompared: list[str],

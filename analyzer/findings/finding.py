@@ -20,6 +20,7 @@ class FindingKind(StrEnum):
     INCOMPLETE_RUN = "incomplete_run"
     BACKEND_FALLBACK = "backend_fallback"
     SPLIT_GRAPH = "split_graph"  # a GPU accelerator ran part of the graph on the CPU (observability.py)
+    OBSERVATION_CHANGED = "observation_changed"  # the dumped run's outputs differ from a plain run's (observability.py)
     OUTPUT_UNMATCHED = "output_unmatched"
     PRECISION_LABEL = "precision_label"  # a run's precision label disagrees with its bytes (provenance.py)
     OUTPUT_DECISION = "output_decision"

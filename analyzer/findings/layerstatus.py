@@ -8,6 +8,7 @@ status measuring gave them.
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.findings.observability import mark_unwritten_zeros
@@ -15,6 +16,8 @@ from layerdiff.analyzer.findings.verdict import Thresholds, classify
 from layerdiff.analyzer.measure.compare import MEASURED, Comparison
 from layerdiff.analyzer.runs.header import declared_unobservable
 
+PLAIN_JUDGED = ("judged on the plain run's output (the model run as an app runs it), which differs from the observed "
+                "run's: observing every layer changed this output")
 # Every metric classify reads: a row's dict is built from these columns alone (a whole-row dict per layer
 # costs ~3 KB and is built for nothing else).
 CLASSIFY_COLUMNS = ("n_nonfinite_mismatch", "rel_l2", "max_abs", "zero_collapse", "n_zero_collapsed", "n_saturated",
@@ -30,8 +33,10 @@ def judge_layers(comparison: Comparison, thresholds: Thresholds) -> pd.DataFrame
     if len(measured):
         columns = {c: _cells(c, table.loc[measured, c].tolist()) for c in CLASSIFY_COLUMNS if c in table}
         verdicts = [classify({c: values[i] for c, values in columns.items()}, thresholds) for i in range(len(measured))]
+        plain = table.loc[measured, "plain_judged"].tolist() if "plain_judged" in table else [False] * len(measured)
         table.loc[measured, "status"] = [status for status, _ in verdicts]
-        table.loc[measured, "reasons"] = [reasons for _, reasons in verdicts]
+        table.loc[measured, "reasons"] = ["; ".join(r for r in (reasons, PLAIN_JUDGED if _flag(p) else "") if r)
+                                          for (_, reasons), p in zip(verdicts, plain)]
     graphs = {pair.base.label: comparison.graph(pair.base) for pair in comparison.plan.pairs
               if declared_unobservable(pair.other) is not None}  # only those runs' zeros are looked at
     comparison.table = mark_unwritten_zeros(table, comparison.plan.pairs, graphs)
@@ -44,3 +49,8 @@ def _cells(column: str, values: list) -> list:
     if not column.startswith("n_"):
         return values
     return [int(v) if v == v else 0 for v in values]
+
+
+def _flag(value) -> bool:
+    """A boolean cell that is set (NaN, the mark of an unmeasured row, is not)."""
+    return isinstance(value, (bool, np.bool_)) and bool(value)

@@ -81,49 +81,104 @@ def _cpu_operators(per_op) -> tuple[str, list[str] | None]:
             [c.get("name") for c in cpu if not c.get("weight")])
 
 
-def observed_vs_plain(run, warn_rel_l2: float) -> list[Finding]:
-    """A GPU run whose observed outputs (every activation made a model output) differ from a plain run of
-    the model, or whose plain runs differ from each other (`options.plain_run`, written by the engine), or
-    whose two calibration runs differ tensor by tensor (`options.run_to_run`):
-    the dumped layer values then describe another computation than the app's, or one draw of a
-    backend that is not reproducible."""
-    check = raw_header(run).get("options", {}).get("plain_run")
-    if not isinstance(check, dict):
+def raw_footer(run) -> dict:
+    """The harness's own footer, as the HDF5 provenance keeps it ({} for other sources)."""
+    try:
+        footer = run.dump.provenance.get("raw_footer") or {}
+    except Exception:  # noqa: BLE001 - a foreign dump without provenance declares nothing
+        return {}
+    return footer if isinstance(footer, dict) else {}
+
+
+def plain_run_record(run) -> dict | None:
+    """The engine's comparison of the observed run with a plain run (FORMATS.md §1 `plain_run`): the footer's,
+    or the header's `options.plain_run` of dumps written before the footer carried it; None when absent."""
+    record = raw_footer(run).get("plain_run")
+    if not isinstance(record, dict):
+        record = raw_header(run).get("options", {}).get("plain_run")
+    return record if isinstance(record, dict) else None
+
+
+def observation_changed(run, warn_rel_l2: float) -> list[Finding]:
+    """The model run as an app runs it (no tensor observed) gives other outputs than the dumped run: observing
+    changed the computation. The verdict then judges the plain run's outputs (compare.py), the layer values
+    describe the observed computation, and the sentence says what the engine does differently when observed
+    (the record's `observing`, written by the engine)."""
+    record = plain_run_record(run)
+    if record is None:
         return []
+    outputs = [o for o in record.get("outputs") or [] if isinstance(o, dict)]
+    moved = [o for o in outputs if _moved(o.get("vs_observed"))]
+    if not moved:
+        return []
+    far = [o for o in moved if _beyond(o.get("vs_observed"), warn_rel_l2)]
+    spread = [o.get("vs_second_plain_run") for o in outputs if isinstance(o.get("vs_second_plain_run"), dict)]
+    steady = bool(spread) and all(d.get("identical") for d in spread if d.get("compared"))
+    observing = str(record.get("observing") or "the engine did not say what it does differently when observed")
+    sentence = (f"Observing changed the result in {run.label}: the model run as an app runs it (no layer observed, "
+                f"same input and configuration) gives other outputs than the dumped run: {_listed(moved, 'vs_observed')}"
+                f"{' (two plain runs agree bit for bit: the difference is the observation, not run-to-run spread)' if steady else ''}. "
+                "The verdict judges the plain run's outputs; the layer values describe the observed computation. "
+                f"Observed, this engine runs differently: {observing}.")
+    return [Finding(FindingKind.OBSERVATION_CHANGED, run.label, str(moved[0].get("key") or moved[0].get("name") or ""), "",
+                    sentence, severity=Severity.FAIL if far else Severity.WARN,
+                    numbers={"outputs_moved_by_observation": [o.get("name") for o in moved],
+                             "beyond_warn_rel_l2": [o.get("name") for o in far], "plain_runs_identical": steady,
+                             "observing": observing, "plain_run": record})]
+
+
+def observed_vs_plain(run, warn_rel_l2: float) -> list[Finding]:
+    """Whether the dumped values describe the app's computation: `observation_changed` when a plain run's
+    outputs differ from the observed run's, and `nondeterminism` when two plain runs differ beyond
+    `--warn-rel-l2` or the two calibration runs of an observed graph differ at any dumped tensor
+    (`options.run_to_run`): the layer values are then one draw of a backend that is not reproducible."""
+    found = observation_changed(run, warn_rel_l2)
+    check = plain_run_record(run) or {}
     outputs = [o for o in check.get("outputs") or [] if isinstance(o, dict)]
-    moved = [o for o in outputs if _beyond(o.get("vs_observed"), warn_rel_l2)]
     unstable = [o for o in outputs if _beyond(o.get("vs_second_plain_run"), warn_rel_l2)]
     varying = raw_header(run).get("options", {}).get("run_to_run") or {}
     first_varying = (varying.get("first_differing") or [{}])[0] if varying.get("tensors_differing") else None
-    if not moved and not unstable and first_varying is None:
-        return []
+    if not unstable and first_varying is None:
+        return found
     parts = []
     if first_varying is not None:
         parts.append(f"two runs of the observed graph on the same input differ at {varying['tensors_differing']} of "
                      f"{varying.get('tensors_compared')} dumped tensors, first {first_varying.get('key')} "
-                     f"({first_varying.get('op_type')}, max abs {float(first_varying.get('max_abs', 0.0)):.3g}): "
+                     f"({first_varying.get('op_type')}, max abs {_figure(first_varying, 'max_abs'):.3g}): "
                      "its layer values are one draw of a backend that is not reproducible")
-    if moved:
-        parts.append("a plain run of the model (no activation made an output, as an app runs it) gives other outputs "
-                     "than the observed run: " + _listed(moved, "vs_observed")
-                     + "; making the activations observable changed what the accelerator computes, so the layer "
-                       "values describe the observed graph")
     if unstable:
         parts.append("two plain runs of the same input differ: " + _listed(unstable, "vs_second_plain_run")
-                     + "; the accelerator's results for this model are not reproducible (each run is one draw)")
-    layer = str(first_varying.get("key", "")) if first_varying is not None else str((moved or unstable)[0].get("name", ""))
-    return [Finding(FindingKind.NONDETERMINISM, run.label, layer, "",
-                    f"Observation check in {run.label}: " + "; and ".join(parts) + ".", severity=Severity.WARN,
-                    numbers={"outputs_moved_by_observation": [o.get("name") for o in moved],
-                             "outputs_not_reproducible": [o.get("name") for o in unstable], "plain_run": check,
-                             "run_to_run": varying})]
+                     + "; the engine's results for this model are not reproducible (each run is one draw)")
+    layer = str(first_varying.get("key", "")) if first_varying is not None else str(unstable[0].get("name", ""))
+    return found + [Finding(FindingKind.NONDETERMINISM, run.label, layer, "",
+                            f"Observation check in {run.label}: " + "; and ".join(parts) + ".", severity=Severity.WARN,
+                            numbers={"outputs_not_reproducible": [o.get("name") for o in unstable], "plain_run": check,
+                                     "run_to_run": varying})]
+
+
+def _moved(diff) -> bool:
+    """Observed and plain outputs differ: bit for bit where the record says (`identical`), else by any amount."""
+    if not isinstance(diff, dict) or not diff.get("compared"):
+        return False
+    if "identical" in diff:
+        return not diff.get("identical")
+    return not _figure(diff, "rel_l2") == 0.0
 
 
 def _beyond(diff, warn_rel_l2: float) -> bool:
-    return isinstance(diff, dict) and bool(diff.get("compared")) and not float(diff.get("rel_l2", 0.0)) <= warn_rel_l2
+    return isinstance(diff, dict) and bool(diff.get("compared")) and not _figure(diff, "rel_l2") <= warn_rel_l2
+
+
+def _figure(diff, name: str) -> float:
+    """A difference figure as a number: a missing, null (JSON has no infinity) or odd value is infinite."""
+    try:
+        value = float(diff.get(name, 0.0) if isinstance(diff, dict) else "inf")
+    except (TypeError, ValueError):
+        return float("inf")
+    return value if value == value else float("inf")
 
 
 def _listed(outputs: list[dict], side: str) -> str:
-    return ", ".join(f"{o.get('name')} by rel L2 {float(o[side]['rel_l2']):.3g} (max abs {float(o[side]['max_abs']):.3g})"
+    return ", ".join(f"{o.get('name')} by rel L2 {_figure(o.get(side), 'rel_l2'):.3g} (max abs {_figure(o.get(side), 'max_abs'):.3g})"
                      for o in outputs[:MAX_NAMED])
 

@@ -15,6 +15,7 @@ tensor), then confirmed on sampled values; no tensor is ever read whole a second
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 
@@ -91,6 +92,10 @@ def _identical_under_other_labels(runs: list) -> list[Finding]:
         confirmed = _same_samples(a, b)
         if confirmed is None:
             continue
+        unreached = _settings_unreached(a, b)
+        if unreached is not None:
+            found.append(_same_by_design(a, b, unreached, confirmed))
+            continue
         found.append(Finding(FindingKind.PRECISION_LABEL, b.label, "", "",
                              f"Provenance question: {a.label} (labelled {_label(a)!r}) and {b.label} (labelled "
                              f"{_label(b)!r}) are bit-identical: all {len(a.layers)} layers have the same statistics "
@@ -100,6 +105,44 @@ def _identical_under_other_labels(runs: list) -> list[Finding]:
                              numbers={"runs": [a.label, b.label], "labels": [_label(a), _label(b)],
                                       "layers": len(a.layers), "sampled_values": confirmed}))
     return found
+
+
+def _settings_unreached(a, b) -> list[str] | None:
+    """The op types through which the two runs' precisions could differ, when the dump records them
+    (`precision_reach`, declared by the engine) and neither graph holds one: then the two configurations
+    are the same computation for this graph (None: they could differ, or nothing is recorded)."""
+    ops = _reach(a).get(str(b.attrs.get("precision_requested") or "")) or _reach(b).get(
+        str(a.attrs.get("precision_requested") or ""))
+    if not ops:
+        return None
+    present = set(a.layers["op_type"].astype(str)) | set(b.layers["op_type"].astype(str))
+    return None if present & set(ops) else list(ops)
+
+
+def _reach(run) -> dict[str, list[str]]:
+    """A dump's `precision_reach` attribute ({other precision: op types}); {} when absent or malformed
+    (a dump is untrusted: a bad value makes no finding, it only leaves the question asked)."""
+    raw = run.attrs.get("precision_reach")
+    try:
+        reach = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    except ValueError:
+        return {}
+    if not isinstance(reach, dict):
+        return {}
+    return {str(k): [str(op) for op in v] for k, v in reach.items() if isinstance(v, list)}
+
+
+def _same_by_design(a, b, ops: list[str], confirmed: int) -> Finding:
+    """Identical bytes that the engine's own settings explain: an info, not a question."""
+    engine = a.attrs.get("engine") or "the engine"
+    return Finding(FindingKind.PRECISION_LABEL, b.label, "", "",
+                   f"{a.label} (labelled {_label(a)!r}) and {b.label} (labelled {_label(b)!r}) are bit-identical, as "
+                   f"expected for this graph: in {engine} the two precisions differ only through "
+                   f"{', '.join(ops)} layers, and this graph has none, so both "
+                   "run the same computation and comparing them measures nothing.",
+                   severity=Severity.INFO,
+                   numbers={"runs": [a.label, b.label], "labels": [_label(a), _label(b)], "layers": len(a.layers),
+                            "sampled_values": confirmed, "same_by_design": True, "differing_through": ops})
 
 
 def _same_statistics(a, b) -> bool:

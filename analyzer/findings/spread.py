@@ -24,6 +24,25 @@ def _finite_max(values) -> float:
     return max(values, default=0.0)
 
 
+UNMEASURED = ("unreadable", "shape_mismatch")  # rows compare.py could not measure: they prove nothing equal
+
+
+def _no_spread(label: str, repeats: int, how: str, unmeasured, numbers: dict) -> Finding:
+    """No measured layer differs: "bit-identical" only when every layer was measured; otherwise
+    the layers that could not be compared are counted and named, and the finding warns."""
+    if unmeasured.empty:
+        return Finding(FindingKind.RUN_SPREAD, label, "", "",
+                       f"Run-to-run spread of {label} over {repeats} repeats ({how}): none, every "
+                       f"layer bit-identical.", severity=Severity.INFO, numbers=numbers)
+    first = unmeasured.sort_values("position").iloc[0]
+    count, total = numbers["layers_unmeasured"], numbers["layers"]
+    return Finding(FindingKind.RUN_SPREAD, label, str(first["key"]), str(first["op_type"]),
+                   f"Run-to-run spread of {label} over {repeats} repeats ({how}): no difference in the "
+                   f"{total - count} layers that could be compared, but {count} of {total} could not "
+                   f"(unreadable or of another shape; first {first['key']}), so identity is not shown.",
+                   severity=Severity.WARN, numbers=numbers)
+
+
 def run_spread(comparison) -> list[Finding]:
     """One finding per configuration and input with repeats: the spread of its outputs across them."""
     groups: dict[int, list[int]] = {}
@@ -44,10 +63,10 @@ def run_spread(comparison) -> list[Finding]:
         numbers = {"repeats": len(runs), "fresh_process": how.startswith("each"), "runs": [r.label for r in runs],
                    "output_rel_l2_max": _finite_max(outputs["rel_l2"]), "output_max_abs": _finite_max(outputs["max_abs"]),
                    "layers_differing": int(differing["key"].nunique()), "layers": int(rows["key"].nunique())}
+        unmeasured = rows[rows["status"].isin(UNMEASURED)]
+        numbers["layers_unmeasured"] = int(unmeasured["key"].nunique())
         if differing.empty:
-            out.append(Finding(FindingKind.RUN_SPREAD, base.label, "", "",
-                               f"Run-to-run spread of {base.label} over {len(runs)} repeats ({how}): none, every "
-                               f"layer bit-identical.", severity=Severity.INFO, numbers=numbers))
+            out.append(_no_spread(base.label, len(runs), how, unmeasured, numbers))
             continue
         first = differing.iloc[0]
         per_run = {r["run"]: float(r["rel_l2"]) for _, r in outputs.iterrows() if math.isfinite(float(r["rel_l2"]))}

@@ -27,6 +27,18 @@ class Thresholds:
     underflow_risk_share: float = 0.1  # fp16 risk: share of values in (0, 6.1e-5)
     growth_factor: float = 10.0  # error growth finding: output error / worst input error
 
+    def __post_init__(self) -> None:
+        """Checked however they are built (CLI, notebook): NaN or a negative tolerance would judge
+        every layer silently wrong (`--atol nan` passes nothing, `--fail-rel-l2 -1` fails everything)."""
+        from layerdiff.clioptions import check_number
+
+        for name, value in asdict(self).items():
+            flag = f"--{name.replace('_', '-')}"
+            if name in ("min_pass_fraction", "underflow_risk_share", "warn_zero_collapse", "fail_zero_collapse"):
+                check_number(flag, value, 0.0, 1.0)
+            else:
+                check_number(flag, value, 0.0)
+
     @property
     def tolerances(self) -> "Tolerances":
         from layerdiff.analyzer.measure.metrics import Tolerances  # numpy: only when measuring

@@ -20,7 +20,7 @@ from layerdiff.analyzer.formats.dumpformat import (FORMAT_NAME, FORMAT_VERSION, 
 from layerdiff.analyzer.formats.dumpwriter import DumpWriter  # noqa: F401  (re-exported)
 from layerdiff.errors import DumpFormatError
 from layerdiff.analyzer.formats.h5guard import local_dataset, local_group
-from layerdiff.analyzer.formats.limits import check_tensor_bytes, checked_numel, human_bytes
+from layerdiff.analyzer.formats.limits import MAX_ATTR_BYTES, MAX_JSON_DEPTH, check_plain_file, check_tensor_bytes, checked_numel, human_bytes, load_json
 from layerdiff.analyzer.formats.tensorread import (FastReader, TensorBuffer, blocks_by_chunks,  # noqa: F401 (re-exported)
                                  implausibly_sparse, small_metadata_cache)
 from layerdiff.analyzer.formats.timestamps import utc_now  # noqa: F401  (re-exported: callers import it from here)
@@ -34,6 +34,10 @@ class DumpFile:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
+        if not self.path.exists():
+            raise DumpFormatError(f"{self.path}: no such file")
+        if check_plain_file(self.path, follow=True).st_size == 0:
+            raise DumpFormatError(f"{self.path}: an empty file (0 bytes), not a dump; the run that wrote it was cut short")
         try:
             self._file = h5py.File(self.path, "r")
         except FileNotFoundError:
@@ -61,6 +65,7 @@ class DumpFile:
         self._file.close()
 
     def _check_format(self) -> None:
+        self._check_attribute_bytes()
         attrs = self._file.attrs
         fmt = _as_str(attrs.get("layerdiff_format", ""))
         if fmt != FORMAT_NAME:
@@ -81,6 +86,15 @@ class DumpFile:
             raise DumpFormatError(f"{self.path}: dump lacks its /layers table or /tensors group (file truncated?)")
         self._bounded(layers, "/layers")
 
+    def _check_attribute_bytes(self) -> None:
+        """HDF5 reads every root attribute whole when their names are listed: their total size, which
+        the object header states, is checked first (a 256 MB unused attribute took analyze from 97 to 880 MB)."""
+        info = h5py.h5o.get_info(self._file.id)
+        size = int(info.meta_size.attr.heap_size) + int(info.hdr.space.total)
+        if size > MAX_ATTR_BYTES:
+            raise DumpFormatError(f"{self.path}: its root attributes hold {human_bytes(size)}, over the "
+                                  f"{human_bytes(MAX_ATTR_BYTES)} a dump's attributes may hold (set LAYERDIFF_MAX_ATTR_BYTES to allow it)")
+
     @property
     def attrs(self) -> dict[str, Any]:
         """Root attributes as plain Python values, with defaults for ones an older writer omitted."""
@@ -92,10 +106,7 @@ class DumpFile:
     @property
     def provenance(self) -> dict[str, Any]:
         raw = _as_str(self._file.attrs.get("provenance", "{}"))
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            raise DumpFormatError(f"{self.path}: provenance attribute is not valid JSON") from None
+        value = load_json(raw, f"{self.path}: provenance attribute")
         return value if isinstance(value, dict) else {}
 
     @property
@@ -107,8 +118,10 @@ class DumpFile:
         """The per-tensor table (one row per tensor, execution order), strings decoded."""
         if self._layers is None:
             self._layers = _read_layers(self._file["layers"], self.path)
-            for order, shape in zip(self._layers["order"].tolist(), self._layers["shape"].tolist()):
+            for order, shape, inputs in zip(self._layers["order"].tolist(), self._layers["shape"].tolist(),
+                                            self._layers["inputs"].tolist()):
                 _check_shape_cell(shape, f"{self.path}: /layers row {order}")
+                _check_inputs_cell(inputs, f"{self.path}: /layers row {order} inputs")
         return self._layers
 
     def tensor(self, order: int, buffer: "TensorBuffer | None" = None) -> np.ndarray:
@@ -218,6 +231,43 @@ class DumpFile:
             except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
                 raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
 
+    def inputs_fed(self) -> Iterator[tuple[str, np.ndarray, str, tuple[int, ...]]]:
+        """(name, array, layout, axes) of each input as the engine received it (`/inputs_fed`, read back
+        from the engine's own input tensor after feeding); nothing for a dump that recorded none."""
+        group = local_group(self._file, "inputs_fed", self.path, "/inputs_fed")
+        if group is None:
+            return
+        for name in sorted(group, key=_input_order):
+            where = f"/inputs_fed/{name}"
+            ds = self._numeric(group, name, where)
+            try:
+                axes = tuple(int(a) for a in json.loads(_as_str(ds.attrs.get("axes", "[]"))))
+                yield _as_str(ds.attrs.get("name", name)), ds[()], _as_str(ds.attrs.get("layout", "")), axes
+            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
+                raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
+
+    def plain_outputs(self) -> dict[str, np.ndarray]:
+        """The plain run's outputs by layer key (`/plain_outputs`, FORMATS.md §2): the model run as an app
+        runs it, no tensor observed; {} when the producer stored none."""
+        group = local_group(self._file, "plain_outputs", self.path, "/plain_outputs")
+        out: dict[str, np.ndarray] = {}
+        for name in sorted(group or (), key=_input_order):
+            where = f"/plain_outputs/{name}"
+            ds = self._numeric(group, name, where)
+            try:
+                out[_as_str(ds.attrs.get("key", name))] = ds[()]
+            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
+                raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
+        return out
+
+    def _numeric(self, group, name: str, where: str):
+        """A local numeric dataset of `group`, bounded like every tensor, or DumpFormatError."""
+        ds = local_dataset(group, name, self.path, where)
+        if ds is None or ds.dtype.kind not in "fiub":
+            raise DumpFormatError(f"{self.path}: {where} is not a numeric dataset")
+        self._bounded(ds, where)
+        return ds
+
     def stderr(self) -> str:
         group = local_group(self._file, "log", self.path, "/log")
         ds = None if group is None else local_dataset(group, "stderr", self.path, "/log/stderr")
@@ -245,13 +295,20 @@ def _check_shape_cell(cell: str, where: str) -> None:
     checked_numel(list(shape), where)
 
 
+def _check_inputs_cell(cell: str, where: str) -> None:
+    """Every reader of an inputs cell (alignment, isolate) parses it and treats bad JSON as no edges;
+    nesting is what would break them (a RecursionError), so only a cell with that many brackets is parsed here."""
+    if cell.count("[") + cell.count("{") > MAX_JSON_DEPTH:
+        load_json(cell, where)
+
+
 @functools.lru_cache(maxsize=4096)
 def _shape_cell(cell: str) -> tuple | None:
     """A /layers shape cell parsed (None: not a JSON list). Layers share a few shapes, and every cell
     was parsed twice (checked on load, read before each tensor): ~8 us each, 0.06 s at 2,000 layers."""
     try:
-        value = json.loads(cell)
-    except (ValueError, TypeError):
+        value = load_json(cell, "shape")
+    except (DumpFormatError, TypeError):
         return None
     return tuple(value) if isinstance(value, list) else None
 

@@ -85,6 +85,17 @@ class DumpWriter:
         group = self._file.require_group("inputs")
         self._create_dataset(group, str(len(group)), array, {"name": name, "sha256": sha256})
 
+    def add_fed_input(self, name: str, array: np.ndarray, layout: str, axes: tuple[int, ...]) -> None:
+        """An input as the engine received it (read back after feeding): `/inputs_fed/<i>`."""
+        group = self._file.require_group("inputs_fed")
+        self._create_dataset(group, str(len(group)), array,
+                             {"name": name, "layout": layout, "axes": json.dumps([int(a) for a in axes])})
+
+    def add_plain_output(self, key: str, name: str, array: np.ndarray) -> None:
+        """One output of the plain run (the model run without observation, FORMATS.md §2 `/plain_outputs`)."""
+        group = self._file.require_group("plain_outputs")
+        self._create_dataset(group, str(len(group)), array, {"key": key, "name": name})
+
     def set_log(self, stderr: str) -> None:
         self._check_space(len(stderr.encode("utf-8", "replace")), 0)
         self._file.require_group("log").create_dataset("stderr", data=stderr, dtype=STRING_DTYPE)

@@ -13,6 +13,8 @@ import csv
 import os
 from pathlib import Path
 
+from layerdiff.errors import StorageError
+
 INDEX_NAME = "index.csv"
 SWEEP_COLUMNS = ["serial", "engine", "backend", "precision", "input", "repeat", "status", "reason", "duration_s",
                  "files", "model_sha256", "input_sha256", "harness", "settings"]
@@ -57,6 +59,8 @@ def header_for(rows: list[dict[str, str]]) -> list[str]:
 def write_rows(out_dir: Path, rows: list[dict[str, str]]) -> Path:
     """Replace `out_dir/index.csv` whole (temporary name, then rename); the caller guards the disk."""
     path = Path(out_dir) / INDEX_NAME
+    if os.path.lexists(path) and not path.is_file():
+        raise StorageError(f"{path}: not a file (a folder or link where the index goes); move it away and re-run")
     partial = path.with_name(f".{INDEX_NAME}.partial")
     try:
         with open(partial, "w", newline="", encoding="utf-8") as fh:

@@ -6,13 +6,15 @@ machine's RAM (25%), and each limit can be raised or lowered with an environment
 """
 from __future__ import annotations
 
+import json
 import math
 import os
-from typing import Iterable
+import re
+from typing import Any, Iterable
 
 import numpy as np
 
-from layerdiff.errors import DumpFormatError, UsageError
+from layerdiff.errors import DumpFormatError, LayerdiffError, UsageError
 
 RAM_SHARE = 0.25
 
@@ -59,7 +61,18 @@ MAX_TENSOR_BYTES = env_bytes("LAYERDIFF_MAX_TENSOR_BYTES", int(total_ram() * RAM
 # Parsing JSON holds about 3.5x the file in Python objects: a quarter of the layer limit keeps its peak under it.
 MAX_JSON_BYTES = env_bytes("LAYERDIFF_MAX_JSON_BYTES", MAX_TENSOR_BYTES // 4)
 MAX_EXTRACT_BYTES = env_bytes("LAYERDIFF_MAX_EXTRACT_BYTES", 4 * MAX_TENSOR_BYTES)
+# ... and at most this many times the archive's own size (float tensors deflate 1-3x; a bomb 1000x),
+# never under EXTRACT_FLOOR_BYTES, so a small archive of sparse activations still opens.
+MAX_EXTRACT_RATIO = env_bytes("LAYERDIFF_MAX_EXTRACT_RATIO", 100)
+EXTRACT_FLOOR_BYTES = 1 << 30
+
+
+def extract_limit(archive_bytes: int) -> int:
+    """Bytes an archive of `archive_bytes` may extract to: proportional to it, within the absolute cap."""
+    return min(MAX_EXTRACT_BYTES, max(EXTRACT_FLOOR_BYTES, MAX_EXTRACT_RATIO * archive_bytes))
 MAX_DIM_PRODUCT = 1 << 62
+# One HDF5 attribute (provenance and friends are a few KiB): read only after its size is known.
+MAX_ATTR_BYTES = env_bytes("LAYERDIFF_MAX_ATTR_BYTES", 16 << 20)
 
 
 def checked_numel(shape: Iterable, where: str) -> int:
@@ -94,3 +107,61 @@ def check_tensor_bytes(shape: Iterable, itemsize: int, where: str, limit: int | 
 def _short_shape(dims: list) -> str:
     text = str([d for d in dims[:8]])
     return text if len(dims) <= 8 else text[:-1] + ", ...]"
+
+
+MAX_JSON_DEPTH = 100  # nesting levels; real layerdiff JSON (and every format it imports) nests under 10
+_DEPTH_SCAN_BYTES = 1 << 20  # longer texts rely on the parser's own recursion guard (same message)
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def load_json(text: str | bytes, where: str, error: type[LayerdiffError] = DumpFormatError) -> Any:
+    """`json.loads` for untrusted text: one line (`error`, naming `where`) for invalid JSON and for
+    nesting deeper than MAX_JSON_DEPTH, where the parser alone would raise RecursionError (at about
+    1,000 levels, fewer when called deep in a stack) with a traceback."""
+    if _nested_deeper(text, MAX_JSON_DEPTH):
+        raise error(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep; the file is damaged: regenerate it")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise error(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep; the file is damaged: regenerate it") from None
+    except (ValueError, TypeError) as err:
+        detail = f"line {err.lineno}: {err.msg}" if isinstance(err, json.JSONDecodeError) else str(err)[:120]
+        raise error(f"{where}: not valid JSON ({detail})") from None
+
+
+def _nested_deeper(text: str | bytes, limit: int) -> bool:
+    """Whether brackets outside strings nest deeper than `limit`: free for texts with few brackets
+    (every /layers cell), a regex scan for short ones, left to the parser for long ones."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", errors="replace")
+    if len(text) > _DEPTH_SCAN_BYTES or text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for token in _JSON_TOKENS.finditer(text):
+        mark = token.group()
+        if mark in ("[", "{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif mark in ("]", "}"):
+            depth -= 1
+    return False
+
+
+def check_plain_file(path: "os.PathLike[str] | str", error: type[LayerdiffError] = DumpFormatError,
+                     *, follow: bool = False) -> os.stat_result:
+    """The stat of a regular file, refusing what a reader must not open: inside a folder a symbolic
+    link (`tensors.bin -> /etc/passwd` would land in the output), and anywhere a FIFO, device or
+    socket (opening a FIFO waits forever for a writer). `follow`: a path the user named themselves."""
+    import stat
+
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except OSError as err:
+        raise error(f"{path}: cannot read ({err.strerror or err})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise error(f"{path}: a symbolic link inside a dump folder is not followed; copy the file it points to in its place")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+        raise error(f"{path}: {kind}, not a file; give a regular file")
+    return st

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -18,11 +19,13 @@ import numpy as np
 
 from layerdiff.analyzer.formats.timestamps import utc_now
 from layerdiff.errors import DumpFormatError, Interrupted
+from layerdiff.analyzer.formats.limits import check_plain_file
 
 RAW_FORMAT = "layerdiff-raw"
 RAW_VERSION = 1
 MANIFEST = "manifest.jsonl"
 TENSORS = "tensors.bin"
+PLAIN_DIR = "plain"  # the plain run's outputs: a raw dump inside the observed run's (collector/engines/plainrun.py)
 MAX_ELEMENTS = 1 << 40
 MAX_TENSOR_BYTES = 8 << 30  # one layer larger than this is a lying manifest, not a real tensor
 MAX_MANIFEST_BYTES = 256 << 20  # ~1M tensor lines: more than any model has layers
@@ -71,6 +74,20 @@ class RawTensor:
 
 
 @dataclass
+class FedInput:
+    """One `input_fed` record: an input as the engine holds it after feeding, read back from the
+    engine's own input tensor. `axes` maps the given array onto these bytes: fed = given.transpose(axes)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+    axes: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass
 class RawDump:
     """A parsed raw dump directory; tensors are read lazily from `tensors.bin`."""
 
@@ -81,6 +98,7 @@ class RawDump:
     problems: list[str] = field(default_factory=list)
 
     truncated: bool = False
+    fed: list["FedInput"] = field(default_factory=list)  # `input_fed` records: what the engine received
 
     @property
     def complete(self) -> bool:
@@ -88,11 +106,17 @@ class RawDump:
 
     def read(self, tensor: RawTensor) -> np.ndarray:
         count = int(np.prod(tensor.shape, dtype=np.int64)) if tensor.shape else 1
+        check_plain_file(self.path / TENSORS)
         with open(self.path / TENSORS, "rb") as fh:
             array = np.fromfile(fh, dtype=np.dtype(DTYPES[tensor.dtype]), count=count, offset=tensor.offset)
         if array.size != count:
             raise DumpFormatError(f"{self.path / TENSORS}: tensor {tensor.name!r} is truncated at offset {tensor.offset}")
         return array.reshape(tensor.shape)
+
+    def read_fed(self, fed: FedInput) -> np.ndarray:
+        """The bytes an engine received for one input (an `input_fed` record)."""
+        return self.read(RawTensor(0, fed.name, "", 0, fed.name, [], fed.shape, fed.dtype, fed.layout,
+                                   fed.offset, fed.nbytes))
 
     def iter_arrays(self) -> Iterator[tuple[RawTensor, np.ndarray]]:
         for tensor in self.tensors:
@@ -105,7 +129,8 @@ def read_raw_dump(path: Path | str) -> RawDump:
     manifest = root / MANIFEST
     if not manifest.is_file():
         raise DumpFormatError(f"{root}: not a raw dump directory (no {MANIFEST})")
-    data_size = (root / TENSORS).stat().st_size if (root / TENSORS).is_file() else 0
+    check_plain_file(manifest)
+    data_size = check_plain_file(root / TENSORS).st_size if os.path.lexists(root / TENSORS) else 0
     lines = _manifest_lines(manifest)
     if not lines:
         raise DumpFormatError(f"{manifest}: empty manifest (the harness died before writing its header)")
@@ -114,6 +139,7 @@ def read_raw_dump(path: Path | str) -> RawDump:
     footer = None
     problems: list[str] = []
     truncated = False
+    fed_inputs: list[FedInput] = []
     for lineno, record in lines[1:]:
         kind = record.get("record")
         if kind == "tensor" and not truncated:
@@ -127,12 +153,34 @@ def read_raw_dump(path: Path | str) -> RawDump:
                                 f"({manifest.name}:{lineno}); the {len(tensors)} tensors before it are kept")
                 continue
             tensors.append(tensor)
+        elif kind == "input_fed" and not truncated:
+            fed = _parse_fed(manifest, lineno, record)
+            if fed.offset + fed.nbytes <= data_size:
+                fed_inputs.append(fed)
         elif kind == "footer":
             footer = record
     if footer is None:
         last = tensors[-1].op if tensors else "(none)"
         problems.append(f"no footer: the harness stopped after {len(tensors)} tensors, last op {last!r}")
-    return RawDump(root, header, tensors, footer, problems, truncated)
+    return RawDump(root, header, tensors, footer, problems, truncated, fed_inputs)
+
+
+def _parse_fed(manifest: Path, lineno: int, rec: dict[str, Any]) -> FedInput:
+    """An `input_fed` line, checked like a tensor line (extent, dtype) plus its axes (a permutation)."""
+    where = f"{manifest}:{lineno}"
+    try:
+        shape = tuple(int(d) for d in rec["shape"])
+        fed = FedInput(name=str(rec["name"]), shape=shape, dtype=str(rec["dtype"]), layout=str(rec.get("layout", "")),
+                       axes=tuple(int(a) for a in rec.get("axes", range(len(shape)))),
+                       offset=int(rec["offset"]), nbytes=int(rec["nbytes"]))
+    except (KeyError, TypeError, ValueError, OverflowError) as err:
+        raise DumpFormatError(f"{where}: malformed input_fed line ({type(err).__name__}: {err})") from None
+    if sorted(fed.axes) != list(range(len(shape))):
+        raise DumpFormatError(f"{where}: input {fed.name!r}: axes {list(fed.axes)} is not a permutation of its "
+                              f"{len(shape)} dimensions")
+    _check_extent(where, RawTensor(0, f"input {fed.name}", "", 0, fed.name, [], shape, fed.dtype, fed.layout,
+                                   fed.offset, fed.nbytes))
+    return fed
 
 
 def _manifest_lines(manifest: Path) -> list[tuple[int, dict[str, Any]]]:
@@ -264,8 +312,21 @@ class RawDumpWriter:
         self._offset += int(array.nbytes)
         self._count += 1
 
-    def close(self, *, infer_ms: float, status: str = "ok") -> None:
-        footer = {"record": "footer", "tensors": self._count, "bytes": self._offset, "infer_ms": infer_ms}
+    def add_fed(self, *, name: str, array: np.ndarray, layout: str, axes: tuple[int, ...] | None = None) -> None:
+        """Record what the engine received for input `name`, read back from its own input tensor after
+        feeding (FORMATS.md §1 `input_fed`): bytes in `tensors.bin`, then the line."""
+        array = np.asarray(array, order="C")
+        dtype = array.dtype.name if array.dtype.name in DTYPES else "float32"
+        data = np.asarray(array.astype(DTYPES[dtype], copy=False), order="C")
+        self._data.write(data.data)
+        self._data.flush()
+        self._write_line({"record": "input_fed", "name": name, "shape": [int(d) for d in array.shape], "dtype": dtype,
+                          "layout": layout, "axes": list(axes) if axes is not None else list(range(array.ndim)),
+                          "offset": self._offset, "nbytes": int(data.nbytes)})
+        self._offset += int(data.nbytes)
+
+    def close(self, *, infer_ms: float, status: str = "ok", extra: dict[str, Any] | None = None) -> None:
+        footer = {"record": "footer", "tensors": self._count, "bytes": self._offset, "infer_ms": infer_ms, **(extra or {})}
         self._write_line({**footer, "finished": utc_now(), "status": status})
         self._data.close()
         self._manifest.close()
@@ -349,12 +410,15 @@ def convert_raw_dump(
         "exit_status": int(exit_status),
         **(attrs or {}),
     }
+    if "input_fed_check" not in merged and dump.fed:
+        merged["input_fed_check"] = fed_check(dump, inputs or [])
     provenance = dict(merged.pop("provenance", {}) or {})
     provenance.update({"raw_header": header, "raw_footer": dump.footer, "raw_problems": dump.problems})
     merged["provenance"] = provenance
     from layerdiff.analyzer.formats.dumpwriter import DumpWriter  # h5py loads only where HDF5 is written, not in engine children
 
-    expected = sum(t.nbytes for t in dump.tensors) + sum(a.nbytes for _, a in inputs or [])
+    expected = (sum(t.nbytes for t in dump.tensors) + sum(a.nbytes for _, a in inputs or [])
+                + sum(f.nbytes for f in dump.fed))
     with DumpWriter(out_path, merged, compression=compression, expected_bytes=expected) as writer:
         for tensor, array in dump.iter_arrays():
             if cancel is not None and cancel():
@@ -362,9 +426,36 @@ def convert_raw_dump(
             writer.add_tensor({**tensor.meta(), "op": tensor.op}, array)
         for name, array in inputs or []:
             writer.add_input(name, array, _array_sha256(array))
+        for fed in dump.fed:
+            writer.add_fed_input(fed.name, dump.read_fed(fed), fed.layout, fed.axes)
+        for tensor, array in _plain_outputs(dump, merged["provenance"]["raw_problems"]):
+            writer.add_plain_output(f"{tensor.op}:{tensor.output_index}", tensor.name, array)
         if stderr:
             writer.set_log(stderr)
     return Path(out_path)
+
+
+def fed_check(dump: RawDump, inputs: list[tuple[str, np.ndarray]]) -> str:
+    """`equal`, '' (nothing read back) or one line naming the input the engine received differently."""
+    from layerdiff.analyzer.formats.fedinputs import check_fed
+
+    fed = [(f.name, dump.read_fed(f), f.axes, f.layout) for f in dump.fed]
+    return check_fed(dict(inputs), fed, str(dump.header.get("precision_effective") or ""))
+
+
+def _plain_outputs(dump: RawDump, problems: list[str]) -> Iterator[tuple[RawTensor, np.ndarray]]:
+    """The plain run's outputs a harness stored beside the dump (none when it stored none); a plain
+    dump that does not read is one problem line, never a lost run."""
+    where = dump.path / PLAIN_DIR
+    if not (where / MANIFEST).is_file():
+        return
+    try:
+        plain = read_raw_dump(where)
+        arrays = [(t, plain.read(t)) for t in plain.tensors]
+    except (DumpFormatError, OSError) as err:
+        problems.append(f"{where}: the plain run's outputs are unreadable ({err}); only the observed outputs are judged")
+        return
+    yield from arrays
 
 
 def _array_sha256(array: np.ndarray) -> str:

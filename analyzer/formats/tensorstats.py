@@ -15,6 +15,10 @@ import numpy as np
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 6.103515625e-05  # 2**-14: below this fp16 loses precision, then flushes to zero
 CHUNK_ELEMENTS = 1 << 18  # 1 MiB of float32: stays in L2 while the counts run
+# Largest |value| whose chunk sums stay exact enough and finite in float32: a chunk's sum of squared
+# deviations reaches CHUNK_ELEMENTS x (2 x peak)^2, which passes float32's 3.4e38 near a peak of 1.8e16.
+# Beyond it (an attention mask's -3.4e38 bias) the chunk is summed in float64, where it stays finite.
+FLOAT32_SAFE_PEAK = 1e15
 
 
 @dataclass
@@ -59,9 +63,15 @@ class _Accumulator:
         s, n = self.stats, chunk.size
         scratch, mask = self.scratch[:n], self.mask[:n]
         self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
-        chunk_mean = float(np.add.reduce(chunk, dtype=np.float64 if chunk.dtype != np.float32 else None)) / n
-        np.subtract(chunk, chunk_mean, out=scratch)
-        chunk_m2 = float(np.dot(scratch, scratch))
+        if chunk.dtype == np.float32 and max(-lo, hi) > FLOAT32_SAFE_PEAK:
+            wide = chunk.astype(np.float64)  # rare: values near float32's limit; the float32 sums would overflow
+            chunk_mean = float(np.add.reduce(wide)) / n
+            wide -= chunk_mean
+            chunk_m2 = float(np.dot(wide, wide))
+        else:
+            chunk_mean = float(np.add.reduce(chunk, dtype=np.float64 if chunk.dtype != np.float32 else None)) / n
+            np.subtract(chunk, chunk_mean, out=scratch)
+            chunk_m2 = float(np.dot(scratch, scratch))
         self._merge(n, chunk_mean, chunk_m2)
         zeros = int(np.count_nonzero(np.equal(chunk, 0, out=mask)))
         s.n_zero += zeros

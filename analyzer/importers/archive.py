@@ -13,7 +13,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from layerdiff.errors import DumpFormatError
-from layerdiff.analyzer.formats.limits import MAX_EXTRACT_BYTES
+from layerdiff.analyzer.formats.limits import MAX_EXTRACT_BYTES, MAX_EXTRACT_RATIO, extract_limit, human_bytes
 
 MAX_MEMBERS = 200_000
 _BLOCK = 1 << 20
@@ -33,8 +33,13 @@ def safe_member_path(name: str, archive: Path) -> PurePosixPath:
     return PurePosixPath(*parts)
 
 
-def extract_zip(archive: Path, dest: Path, max_bytes: int = MAX_EXTRACT_BYTES) -> Path:
-    """Extract every member under `dest` (created); returns `dest`. All-or-nothing on refusal."""
+def extract_zip(archive: Path, dest: Path, max_bytes: int | None = None) -> Path:
+    """Extract every member under `dest` (created); returns `dest`. All-or-nothing on refusal.
+
+    `max_bytes` defaults to limits.extract_limit of the archive's size (a 23 MB zip of zeros could
+    otherwise write 23 GB before an absolute cap alone stopped it)."""
+    if max_bytes is None:
+        max_bytes = extract_limit(archive.stat().st_size)
     try:
         with zipfile.ZipFile(archive) as zf:
             infos = zf.infolist()
@@ -75,6 +80,8 @@ def _extract_all(zf: zipfile.ZipFile, infos: list[zipfile.ZipInfo], archive: Pat
                 total += len(block)
                 if total > max_bytes:
                     raise DumpFormatError(
-                        f"{archive}: extracts to more than {max_bytes} bytes (LAYERDIFF_MAX_EXTRACT_BYTES); archive refused"
+                        f"{archive}: extracts to more than {human_bytes(max_bytes)} ({MAX_EXTRACT_RATIO}x its size, at most "
+                        f"{human_bytes(MAX_EXTRACT_BYTES)}); archive refused (set LAYERDIFF_MAX_EXTRACT_RATIO or "
+                        "LAYERDIFF_MAX_EXTRACT_BYTES to allow it)"
                     )
                 out.write(block)

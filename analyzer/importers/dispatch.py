@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from layerdiff.analyzer.importers import convcache
 from layerdiff.errors import DumpFormatError, InputError, LayerdiffError, UsageError
+from layerdiff.analyzer.formats.limits import check_plain_file
 from layerdiff.analyzer.importers import archive, hdf5dump, mnn_text, npyfiles, paddle_debug, paddle_profiler, polygraphy_json, rawdir
 from layerdiff.analyzer.importers.common import ForeignDump, parse_set_options, write_dump
 
@@ -76,6 +77,8 @@ def import_one(path: Path | str, attrs: dict[str, Any] | None = None, out: Path 
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
+    if not path.is_dir():
+        check_plain_file(path, follow=True)  # a FIFO would block the format detection forever
     fmt = options.pop("format", None) or detect_format(path)
     if fmt is None:
         raise DumpFormatError(f"{path}: not a dump layerdiff can read (supported: {', '.join(SUPPORTED_FORMATS)})")

@@ -12,6 +12,7 @@ import zlib
 from pathlib import Path
 
 from layerdiff.errors import DumpFormatError
+from layerdiff.analyzer.formats.limits import check_plain_file
 from layerdiff.analyzer.importers.common import ForeignDump, Layer, apply_order, natural_key, read_order_file
 from layerdiff.analyzer.importers.npyformat import read_npy
 
@@ -30,7 +31,9 @@ def detect_npz(path: Path) -> bool:
 
 
 def read_npy_dir(path: Path, order_file: Path | None = None) -> ForeignDump:
-    files = {p.stem: p for p in path.iterdir() if p.suffix == ".npy" and p.is_file()}
+    files = {p.stem: p for p in path.iterdir() if p.suffix == ".npy" and (p.is_file() or p.is_symlink())}
+    for file in files.values():
+        check_plain_file(file)  # a symlink would put the file it points to in the output
     if not files:
         raise DumpFormatError(f"{path}: no .npy files in this directory")
     dump = ForeignDump(source=path, format=NPY_FORMAT)
@@ -76,6 +79,7 @@ def _sidecar(directory: Path, candidates: tuple[str, ...], explicit: Path | None
         return Path(explicit)
     for name in candidates:
         if (directory / name).is_file():
+            check_plain_file(directory / name)
             return directory / name
     return None
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import re
 import zipfile
 import zlib
@@ -30,7 +29,7 @@ import numpy as np
 from layerdiff.errors import DumpFormatError
 from layerdiff.analyzer.importers.common import ForeignDump, Layer
 from layerdiff.analyzer.importers.npyformat import read_npy, read_npy_bytes
-from layerdiff.analyzer.formats.limits import MAX_JSON_BYTES
+from layerdiff.analyzer.formats.limits import MAX_JSON_BYTES, check_plain_file, load_json
 
 POLYGRAPHY_FORMAT = "polygraphy-json"
 TYPE_MARKER = "polygraphy_class"
@@ -52,7 +51,10 @@ def detect_polygraphy(path: Path) -> bool:
 
 
 def read_polygraphy(path: Path, runner: str | int | None = None, iteration: int = 0) -> ForeignDump:
-    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    files = sorted(p for p in path.iterdir() if p.is_file() or p.is_symlink()) if path.is_dir() else [path]
+    if path.is_dir():
+        for file in files:
+            check_plain_file(file)  # a symbolic link would put the file it points to in the output
     runs = _merged_runs([_load_json(p) for p in files], path)
     name, iterations = _pick_runner(runs, runner, path)
     if not 0 <= iteration < len(iterations):
@@ -75,13 +77,8 @@ def _load_json(path: Path) -> Any:
     size = path.stat().st_size
     if size > MAX_JSON_BYTES:
         raise DumpFormatError(f"{path}: {size} bytes of JSON, over the {MAX_JSON_BYTES} byte limit (LAYERDIFF_MAX_JSON_BYTES)")
-    try:
-        with open(path, "rb") as fh:
-            return json.loads(fh.read())
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, integers with too many digits
-        raise DumpFormatError(f"{path}: not valid JSON ({str(err)[:120]})") from None
-    except RecursionError:
-        raise DumpFormatError(f"{path}: JSON nested too deeply to be a Polygraphy result") from None
+    with open(path, "rb") as fh:
+        return load_json(fh.read(), str(path))  # bad JSON, bad UTF-8, huge integers, deep nesting: one line
 
 
 def _merged_runs(documents: list[Any], path: Path) -> list[tuple[str, list]]:

@@ -88,7 +88,7 @@ def compare_all(plan: Plan, rules: NameRules, tolerances: Tolerances, steps: Ste
             _stream_base(base, members, kernel, tolerances, graphs[base.label], rows, comparison.problems,
                          counter.tick)
     comparison.table = rows.frame()
-    comparison.table["growth"] = _growth(comparison.table, plan.pairs, graphs)
+    comparison.table["growth"], comparison.table["worst_input"] = _growth(comparison.table, plan.pairs, graphs)
     blocks = layer_blocks(comparison.table["key"])
     if blocks:  # a graph named block by block (llama.cpp's `Qcur-3`): each row says its block
         comparison.table["block"] = comparison.table["key"].map(blocks).astype(float)
@@ -121,23 +121,27 @@ def value_error(base: Run, other: Run) -> ValueErrors:
 
 
 
-def _growth(table: pd.DataFrame, pairs: list[Pair], graphs: dict[str, LayerGraph]) -> list[float]:
-    """Per row: rel L2 at the layer / worst rel L2 at the layers feeding it (NaN without compared feeders).
+def _growth(table: pd.DataFrame, pairs: list[Pair], graphs: dict[str, LayerGraph]) -> tuple[list[float], list[str]]:
+    """Per row: rel L2 at the layer / worst rel L2 at the layers feeding it (NaN without compared feeders
+    or when they are exact), and which feeding layer that worst one is ("" without one).
 
-    Above 1 the layer amplifies the error it received; the findings name the largest amplifier.
+    Above 1 the layer amplifies the error it received; the findings name the largest amplifier, and
+    follow the worst inputs back to where the error entered (a big jump, not a doubling).
     """
     growth = [math.nan] * len(table)
+    worst = [""] * len(table)
     for index, rows in table.groupby("pair"):
         graph = graphs[pairs[int(index)].base.label]
         keys = rows["key"].tolist()
         rel = dict(zip(keys, rows["rel_l2"].tolist()))
         known = set(rel)
         for i, key in zip(rows.index.tolist(), keys):
-            inputs = [rel[k] for k in graph.upstream(key, known) if math.isfinite(rel[k])]
-            worst_in = max(inputs, default=0.0)
+            inputs = [(rel[k], k) for k in graph.upstream(key, known) if math.isfinite(rel[k])]
+            worst_in, worst_key = max(inputs, default=(0.0, ""))
+            worst[i] = worst_key
             if worst_in > 0.0 and math.isfinite(rel[key]):
                 growth[i] = rel[key] / worst_in
-    return growth
+    return growth, worst
 
 
 class _Progress:
@@ -177,7 +181,8 @@ def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kern
             if base_error:
                 row.update(status="unreadable", reasons=f"reference tensor unreadable: {base_error}")
             else:
-                _measure(row, base_tensor, pair, match, kernel, tolerances, base_stats[order], problems, other_buffer)
+                judged, judged_stats, _moved = _plain_side(base, match["key"], base_tensor, base_stats[order], row["is_output"])
+                _measure(row, judged, pair, match, kernel, tolerances, judged_stats, problems, other_buffer)
             rows.append(row)
             tick()
         del base_tensor
@@ -199,7 +204,8 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
         problems.append(error)
         row.update(status="unreadable", reasons=error)
         return
-    other_stats = pair.other.stats_by_order()[match["other_order"]]
+    other_tensor, other_stats, moved = _plain_side(pair.other, match["other_key"], other_tensor,
+                                                   pair.other.stats_by_order()[match["other_order"]], row["is_output"])
     if other_tensor.size != base_tensor.size:
         row.update(status="shape_mismatch", reasons="stored tensor sizes differ")
         return
@@ -214,6 +220,22 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
         row.update(top1=agree["top1"], top5=agree["top5"], n_top1_flips=agree["n_flips"],
                    n_tie_flips=agree["n_tie_flips"])
     row["status"], row["reasons"] = MEASURED, ""
+    row["plain_judged"] = moved  # a fact for the judge: this output's numbers are the plain run's
+
+
+def _plain_side(run: Run, key: str, tensor: np.ndarray, stats: dict, is_output: bool) -> tuple[np.ndarray, dict, bool]:
+    """(tensor, stats, moved): a model output is judged as the plain run computed it, when the dump stored that
+    run (FORMATS.md §2 `/plain_outputs`); `moved` says observing changed it. Other layers are as dumped."""
+    plain = run.plain_outputs().get(key) if is_output else None
+    if plain is None or plain.size != tensor.size:
+        return tensor, stats, False
+    observed = np.asarray(tensor).reshape(plain.shape)
+    moved = observed.dtype != plain.dtype or observed.tobytes() != plain.tobytes()
+    if not moved:
+        return tensor, stats, False
+    from layerdiff.analyzer.formats.tensorstats import tensor_stats
+
+    return plain, {**stats, **tensor_stats(plain).as_dict()}, True
 
 
 def matched_axes(match: dict) -> AxisMap:
@@ -266,8 +288,9 @@ TABLE_COLUMNS = [
     "mean_abs", "median_abs", "p99_abs", "max_rel", "mean_rel", "rel_l2", "cosine", "sqnr_db",
     "pass_fraction", "n_fail", "beyond_scale", "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new",
     "n_posinf_lost", "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed",
-    "n_saturated", "top1", "top5", "n_top1_flips", "n_tie_flips",
-]  # plus "growth", added once every row of a pair is known
+    "n_saturated", "n_zero_new", "n_out_of_range", "ref_min", "ref_max", "run_min", "run_max", "range_excess",
+    "top1", "top5", "n_top1_flips", "n_tie_flips", "plain_judged",
+]  # plus "growth" and "worst_input", added once every row of a pair is known
 
 
 class _Rows:

@@ -69,6 +69,8 @@ class _Sums:
         self.zero_collapsed = 0
         self.ref_significant = 0  # reference values above the negligible floor (zero-collapse denominator)
         self.saturated = 0
+        self.zero_new = 0  # run exactly 0 where the reference is not (however small): a Log or a Div downstream sees them
+        self.out_of_range = 0  # finite run values outside the reference tensor's [min, max]
         self.counts = {k: 0 for k in ("nan_new", "nan_lost", "posinf_new", "posinf_lost", "neginf_new", "neginf_lost")}
         self.samples: list[np.ndarray] = []
 
@@ -95,7 +97,9 @@ class PairKernel:
             norms_per_chunk=not (clean and _has_moments(ref_stats) and _has_moments(run_stats)),
             floor=NEGLIGIBLE * _rms(x, ref_stats),
             scale_limit=self.tol.atol + self.tol.rtol * _absmax(x, ref_stats),
+            ref_range=_range(ref_stats),
         )
+        options.range_check = _leaves_range(options.ref_range, run_stats)
         same_dtype = x.dtype == work and y.dtype == work
         with np.errstate(all="ignore"):  # inf/huge ratios are results here, not accidents
             self._stream(s, x, y, work, scratch, clean, options, same_dtype)
@@ -112,6 +116,7 @@ class PairKernel:
             s.aa, s.bb = _sum_squares(ref_stats, x.size), _sum_squares(run_stats, y.size)
         result = _finish(s, x.size)
         result["zero_collapse"] = s.zero_collapsed / s.ref_significant if s.ref_significant > 0 else 0.0
+        result.update(_range_facts(options.ref_range, run_stats))
         return result
 
     def _stream(self, s: _Sums, x: np.ndarray, y: np.ndarray, work, scratch, clean: bool,
@@ -170,6 +175,16 @@ class PairKernel:
             s.ref_significant += int(np.count_nonzero(ref_significant))
             run_zero = np.equal(y, 0, out=self._flags[0][:n])
             s.zero_collapsed += int(np.count_nonzero(np.logical_and(run_zero, ref_significant, out=run_zero)))
+            if opt.ref_has_zero:
+                run_zero = np.equal(y, 0, out=self._flags[0][:n])
+                s.zero_new += int(np.count_nonzero(np.logical_and(run_zero, np.not_equal(x, 0, out=self._flags[1][:n]),
+                                                                  out=run_zero)))
+            else:  # the reference has no zero at all: every run zero is a new one
+                s.zero_new += int(np.count_nonzero(np.equal(y, 0, out=self._flags[0][:n])))
+        if opt.range_check:
+            lo, hi = opt.ref_range
+            s.out_of_range += int(np.count_nonzero(np.less(y, lo, out=self._flags[0][:n])))
+            s.out_of_range += int(np.count_nonzero(np.greater(y, hi, out=self._flags[0][:n])))
         if opt.run_saturated:
             s.saturated += int(np.count_nonzero((np.abs(y) == FP16_MAX) & (np.abs(x) > FP16_MAX)))
         return ad
@@ -203,6 +218,40 @@ class _ChunkOptions:
     norms_per_chunk: bool  # False: |ref|^2 and |run|^2 come from the /layers mean and std
     floor: float = 0.0  # NEGLIGIBLE x the reference's RMS: below it a value is noise against its tensor
     scale_limit: float = math.inf  # atol + rtol x max|ref|: beyond it an element changed against its tensor
+    ref_range: tuple[float, float] | None = None  # the reference tensor's finite [min, max]
+    range_check: bool = False  # the run's own min/max leave that range: count the values outside it
+
+
+def _range(stats: dict) -> tuple[float, float] | None:
+    """The reference's finite [min, max] from its stored statistics (None when it has no finite value)."""
+    lo, hi = stats.get("min"), stats.get("max")
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    return float(lo), float(hi)
+
+
+def _leaves_range(ref_range: tuple[float, float] | None, run_stats: dict) -> bool:
+    """Whether any run value can lie outside the reference's range (decided from both min/max: most layers
+    stay inside, and then no element is tested)."""
+    if ref_range is None:
+        return False
+    lo, hi = run_stats.get("min"), run_stats.get("max")
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return True  # unknown: count
+    return lo < ref_range[0] or hi > ref_range[1]
+
+
+def _range_facts(ref_range: tuple[float, float] | None, run_stats: dict) -> dict:
+    """Both tensors' finite ranges and how far the run reaches past the reference's, in units of the
+    reference's own width (its largest |value| when it is constant): a fact for the findings, which decide
+    what counts as out of range (an fp16 rounding of the maximum reaches past it by ~1e-3 of the width)."""
+    run_lo, run_hi = (float(run_stats.get(k, math.nan)) for k in ("min", "max"))
+    if ref_range is None:
+        return {"ref_min": math.nan, "ref_max": math.nan, "run_min": run_lo, "run_max": run_hi, "range_excess": math.nan}
+    lo, hi = ref_range
+    width = hi - lo or max(abs(lo), abs(hi)) or 1.0
+    reach = max(lo - run_lo if math.isfinite(run_lo) else 0.0, run_hi - hi if math.isfinite(run_hi) else 0.0, 0.0)
+    return {"ref_min": lo, "ref_max": hi, "run_min": run_lo, "run_max": run_hi, "range_excess": reach / width}
 
 
 def _rms(x: np.ndarray, stats: dict) -> float:
@@ -307,6 +356,8 @@ def _finish(s: _Sums, n: int) -> dict:
         **{f"n_{k}": v for k, v in s.counts.items()},
         "n_zero_collapsed": s.zero_collapsed,
         "n_saturated": s.saturated,
+        "n_zero_new": s.zero_new,
+        "n_out_of_range": s.out_of_range,
     }
 
 

@@ -24,7 +24,7 @@ def fix_documents(run_paths: list[Path]) -> list[tuple[Path, dict]]:
                 continue
             try:
                 doc = json.loads(candidate.read_text())
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):  # a fix.json from elsewhere: damaged or nested past parsing
                 continue
             if isinstance(doc, dict) and "layers" in doc and "errors" in doc:
                 found[candidate] = doc

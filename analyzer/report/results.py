@@ -31,7 +31,8 @@ LAYER_FIELDS = ["position", "key", "run_key", "op", "op_type", "status", "reason
                 "max_rel", "mean_rel", "rel_l2", "cosine", "sqnr_db", "pass_fraction", "n_fail", "beyond_scale",
                 "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new", "n_posinf_lost",
                 "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed", "n_saturated", "top1", "top5",
-                "n_top1_flips", "n_tie_flips", "growth"]
+                "n_top1_flips", "n_tie_flips", "growth", "worst_input", "n_zero_new", "n_out_of_range", "range_excess",
+                "ref_min", "ref_max", "run_min", "run_max"]
 # Present on every layer when isolated dumps were analyzed (null on layers that were not isolated).
 ISOLATED_LAYER_FIELDS = ATTACHED_COLUMNS
 PROVENANCE_FIELDS = ["engine", "engine_version", "backend_requested", "backend_actual", "precision_requested",
@@ -87,7 +88,7 @@ def _run_entry(run: Run, comparison: Comparison, findings: list[Finding], summar
     if index is not None:
         rows = comparison.pair_rows(index)
         extra = [c for c in (*ISOLATED_LAYER_FIELDS, "block") if c in rows.columns]  # block: findings/blocks.py
-        entry["layers"] = LazyRecords(rows, LAYER_FIELDS + extra)
+        entry["layers"] = LazyRecords(rows, [c for c in LAYER_FIELDS if c in rows.columns] + extra)
         alignment = comparison.alignments[index]
         entry["unmatched"] = {"only_in_reference": records(alignment.only_base),
                               "only_in_run": records(alignment.only_other)}

@@ -28,9 +28,14 @@ def discover(paths: Iterable[Path | str]) -> tuple[list[tuple[Path, Path]], list
             problems.append(f"{path}: no such file or directory")
         elif path.is_dir():
             candidates = _scan_dir(path)
-            if not candidates:
+            links = [c for c in candidates if c.is_symlink()]
+            problems.extend(f"{c}: a symbolic link inside a folder is not followed; name the file it points to" for c in links)
+            candidates = [c for c in candidates if not c.is_symlink()]
+            if not candidates and not links:
                 problems.append(f"{path}: no dumps inside (layerdiff .h5, raw dump directories or other tools' dumps)")
             found.extend((c, path) for c in candidates)
+        elif not path.is_file():
+            problems.append(f"{path}: not a regular file (a FIFO, device or socket); give a dump file or folder")
         else:
             found.append((path, path))
     unique: dict[Path, Path] = {}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from layerdiff.errors import InputError, NothingToCompareError
+from layerdiff.errors import DumpFormatError, InputError, NothingToCompareError
 from layerdiff.analyzer.importers import import_many_results
 from layerdiff.analyzer.formats.index import INDEX_NAME, MERGE_COLUMNS, is_sweep_row, read_rows, write_rows
 from layerdiff.analyzer.importers.hdf5dump import check_readable
@@ -37,7 +37,12 @@ def merge(paths: list[Path | str], out_dir: Path | str, allow_model_mismatch: bo
     out_dir = Path(out_dir)
     imported, errors = import_many_results(list(paths), attrs)
     existing = read_index(out_dir)
-    incoming = [_row(r.path, r.source or r.path) for r in imported]
+    incoming = []
+    for result in imported:
+        try:
+            incoming.append(_row(result.path, result.source or result.path))
+        except DumpFormatError as err:  # a damaged run is reported like an unreadable one; the rest are gathered
+            errors.append(str(err))
     if not incoming and not existing:
         raise NothingToCompareError(f"{out_dir}: nothing to merge ({'; '.join(errors) or 'no inputs'})")
     check_same_model(existing + [row for row, _ in incoming], allow_model_mismatch)
@@ -61,10 +66,22 @@ def merge(paths: list[Path | str], out_dir: Path | str, allow_model_mismatch: bo
 
 def _row(path: Path, source: Path) -> tuple[dict[str, str], Path]:
     attrs = check_readable(path)
+    _check_tensors(path)
     row = {column: _text(attrs.get(column, "")) for column in INDEX_COLUMNS}
     row["source"] = str(source)
     row["file_sha256"] = _file_sha256(path)
     return row, path
+
+
+def _check_tensors(path: Path) -> None:
+    """Every tensor of a run read once before it is copied: a merged set is what others analyze, and
+    a damaged chunk found then would be found far from where it came in."""
+    from layerdiff.analyzer.formats.dumpfile import DumpFile, TensorBuffer
+
+    with DumpFile(path) as dump:
+        buffer = TensorBuffer()
+        for order in dump.layers["order"].tolist():
+            dump.tensor(int(order), buffer)
 
 
 def check_same_model(rows: list[dict[str, str]], allow_model_mismatch: bool) -> None:

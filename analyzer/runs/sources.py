@@ -78,6 +78,14 @@ class Run:
     input_override: str = ""  # the input key a golden without input hash stands for (`--ref-input`)
     _stats: "LayerStats | None" = field(default=None, repr=False)
     _by_design: list[str] | None = field(default=None, repr=False)
+    _plain: "dict[str, np.ndarray] | None" = field(default=None, repr=False)
+
+    def plain_outputs(self) -> "dict[str, np.ndarray]":
+        """The model's outputs from the run without observation, by layer key ({} when the dump has none):
+        what an app gets, so the verdict judges these (FORMATS.md §2 `/plain_outputs`)."""
+        if self._plain is None:
+            self._plain = self.dump.plain_outputs()
+        return self._plain
 
     def stats_by_order(self) -> "LayerStats":
         """Per-layer counts from /layers keyed by order; built once, looked up for every layer."""
@@ -241,9 +249,32 @@ def assign_labels(runs: list[Run]) -> None:
     if not varying:
         varying = ["setting"]
     labels = [" ".join(f[name] for name in varying if f[name]) or run.path.stem for f, run in zip(fields, runs)]
+    labels = _with_models(labels, runs)
     counts = pd.Series(labels).value_counts()
     for run, label in zip(runs, labels):
         run.label = f"{label} [{run.path.stem}]" if counts[label] > 1 or not label else label
+
+
+def _with_models(labels: list[str], runs: list[Run]) -> list[str]:
+    """Runs of different model files that would share a label (an fp32 ONNX and its fp16 copy, one
+    stem in two folders) get their model added: its file name, and its sha256 prefix where the
+    names are the same too. Runs of one model keep their labels."""
+    models = [_model_label(run) for run in runs]
+    out = []
+    for label, model in zip(labels, models):
+        sharing = {m for other, m in zip(labels, models) if other == label}
+        if len(sharing) > 1:
+            names = {m.split(" (", 1)[0] for m in sharing}
+            label = f"{label} {model if len(names) < len(sharing) else model.split(' (', 1)[0]}"
+        out.append(label)
+    return out
+
+
+def _model_label(run: Run) -> str:
+    """`name.onnx (sha256 1a2b3c4d)`: which model file a run computed."""
+    name = str(run.attrs.get("model_name") or "")
+    sha = str(run.attrs.get("model_sha256") or "")
+    return f"{name or '?'} (sha256 {sha[:8] or '?'})"
 
 
 def _label_fields(run: Run) -> dict[str, str]:

@@ -67,6 +67,13 @@ class Engine:
     # Op types its isolation refuses (ggml: views compute nothing, KV cache stores write in place):
     # `collect isolate --failing-from` leaves layers of these types out, saying so, instead of failing.
     not_isolatable: tuple[str, ...] = ()
+    # What separates two of its precisions on a backend, as the op types through which that setting can
+    # change a value: (backend, precision, other precision, op types). A graph holding none of those op
+    # types computes the same at both, so identical bytes under the two labels are expected, not a label
+    # question (ggml on the CPU: high and normal differ only in the KV cache's type, written by SET_ROWS;
+    # an encoder without a cache is the same computation). Each dump records its run's rows
+    # (`precision_reach`, analyzer/FORMATS.md); an engine that declares none leaves every pair a question.
+    precision_reach: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
     # The Python module the host engine runs (`ncnn`, `MNN`, ...): its installed file is part of what a
     # kept `--probe` answer of this machine depends on (collector/transport/probe.py); "" (a native
     # harness built here) means the probe is always asked.
@@ -75,6 +82,14 @@ class Engine:
     # analyzer and the phone collector, each host engine comes with its extra.
     extra: str = ""
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
+
+    def reach_of(self, backend: str, precision: str) -> dict[str, list[str]]:
+        """{other precision: op types through which it differs from `precision`} on `backend` (both ways)."""
+        reach: dict[str, list[str]] = {}
+        for on, a, b, ops in self.precision_reach:
+            if on == backend and precision in (a, b):
+                reach[b if precision == a else a] = list(ops)
+        return reach
 
     @property
     def host_module(self) -> str:

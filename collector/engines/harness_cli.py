@@ -188,8 +188,21 @@ class DumpSink:
         self.dumped_bytes = 0
         self.count = 0
         self.budget_hit = False
+        self.watched: set[str] = set()
+        self.observed: dict = {}  # name -> plainrun.Observed: the model outputs as this run computed them
+
+    def watch(self, names) -> None:
+        """Keep a copy of these tensors (the model's outputs) as they are added, dumped or not, for the
+        comparison with the plain run (collector/engines/plainrun.py)."""
+        self.watched = set(names)
 
     def add(self, *, op: str, array: np.ndarray, **fields) -> None:
+        name = fields.get("name", op)
+        if name in self.watched and name not in self.observed:
+            from layerdiff.collector.engines.plainrun import Observed
+
+            self.observed[name] = Observed(name, op, int(fields.get("output_index", 0)), str(fields.get("op_type", "")),
+                                           str(fields.get("layout", "")), np.array(array, copy=True))
         if self.args.layers is not None and not self.args.layers.search(op):
             return
         if self.args.max_bytes is not None and self.dumped_bytes + array.nbytes > self.args.max_bytes:
@@ -209,9 +222,19 @@ class DumpSink:
 
             os.abort()
 
-    def close(self, infer_ms: float) -> None:
+    def fed(self, name: str, array: np.ndarray, layout: str, axes: tuple[int, ...] | None = None) -> None:
+        """Record input `name` as the engine received it, read back from the engine's own input tensor
+        after feeding (FORMATS.md `input_fed`): the collector checks it against the input given.
+        Not filtered by --layers nor counted against --max-bytes: it is the run's input, not a layer."""
+        try:
+            self.writer.add_fed(name=name, array=array, layout=layout, axes=axes)
+        except OSError as err:
+            raise HarnessExit(EXIT_WRITE, f"writing the dump failed ({err})") from None
+
+    def close(self, infer_ms: float, plain_run: dict | None = None) -> None:
+        """End the dump; `plain_run` (plainrun.check) goes into the footer, known only once the run is over."""
         status = f"byte budget of {self.args.max_bytes} exhausted" if self.budget_hit else "ok"
-        self.writer.close(infer_ms=infer_ms, status=status)
+        self.writer.close(infer_ms=infer_ms, status=status, extra={"plain_run": plain_run} if plain_run else None)
 
 
 def native_argv(engine: str, args: HarnessArgs) -> list[str]:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from layerdiff.errors import InputError, LayerdiffError
+from layerdiff.errors import DumpFormatError, InputError, LayerdiffError
+from layerdiff.analyzer.formats.limits import check_plain_file
 from layerdiff.collector.inputs.preprocess import IMAGE_SUFFIXES, Preprocess, default_for, image_pixel_limit, load_image
 
 _RANDOM = re.compile(r"^random(?::(\d+))?$")
@@ -64,6 +65,10 @@ def resolve_inputs(
                 pairs = {}
             pairs[pair.group(1)] = pair.group(2)
             continue
+        if pair and not Path(spec).exists() and Path(pair.group(2)).exists():
+            errors.append(f"input {spec}: the model has no input {pair.group(1)!r} (its inputs: {', '.join(shapes) or 'none'}); "
+                          "name one of those")
+            continue
         for one in _expand(spec):
             _collect(lambda one=one: [_one_input(one, shapes, preprocess)], sets, errors)
     if pairs:
@@ -103,6 +108,10 @@ def _expand(spec: str) -> list[str]:
     path = Path(spec)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES + DATA_SUFFIXES)
+        links = [p for p in files if p.is_symlink()]
+        if links:
+            raise InputError(f"{links[0]}: a symbolic link inside an input folder is not followed; copy the file in "
+                             "its place or give it with --input itself")
         if not files:
             raise InputError(f"input directory {path} holds no images, .npy or .npz files")
         return [str(f) for f in files]
@@ -132,8 +141,9 @@ def _one_input(spec: str, shapes: dict[str, tuple[int, ...]], preprocess: Prepro
         seed = int(match.group(1) or 0)
         return InputSet(f"random{seed}", random_inputs(shapes, seed), spec)
     path = Path(spec)
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"input {spec}: no such file; give a .npy, .npz, an image, a directory or random[:SEED]")
+    check_plain_file(path, InputError, follow=True)  # a FIFO would block the reader
     if path.suffix.lower() == ".npz":
         arrays = check_against_model(path, _load_npz(path), shapes)
         return InputSet(path.stem, arrays, str(path))
@@ -180,10 +190,17 @@ def _load_file(path: Path, shape: tuple[int, ...] | None, preprocess: Preprocess
 
 
 def _load_npy(path: Path) -> np.ndarray:
+    """Read by the analyzer's checked reader (like `.npz` members): np.load allocates whatever the
+    header declares before reading (a 1 KB file declaring 1x3x1000000x1000000 was a MemoryError)."""
+    from layerdiff.analyzer.importers.npyformat import read_npy
+
     try:
-        array = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as err:
-        raise InputError(f"{path}: not a readable .npy file ({err})") from None
+        with open(path, "rb") as fh:
+            array = read_npy(fh, path.stat().st_size, str(path))
+    except OSError as err:
+        raise InputError(f"{path}: not a readable .npy file ({err.strerror or err})") from None
+    except DumpFormatError as err:
+        raise InputError(str(err)) from None
     if array.dtype.kind not in "fiub":
         raise InputError(f"{path}: input dtype {array.dtype} is not numeric")
     return np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d scalar 1-d
@@ -235,18 +252,36 @@ def fit_shape(actual: tuple[int, ...], expected: tuple[int, ...]) -> tuple[int, 
     if len(actual) == len(expected) and all(e <= 0 or e == a for e, a in zip(expected, actual)):
         return tuple(actual)  # same rank: a free leading dim (ONNX's dynamic batch) takes any size
 
-    def core(shape):
+    def core(shape, free_batch: bool = False):
         dims = list(shape)
+        if free_batch and dims and dims[0] <= 0:
+            dims[0] = 1  # a free batch takes the batch of 1 an array without a batch axis stands for
         while dims and dims[0] == 1:
             dims.pop(0)
         return dims
 
     if len(actual) == len(expected) and all(d <= 0 or d == x for d, x in zip(expected, actual)):
         return tuple(actual)  # same rank: free dims (a dynamic batch -1 included) take the array's size
-    a, e = core(actual), core(expected)
+    a, e = core(actual), core(expected, free_batch=True)
     if len(a) != len(e) or any(d > 0 and d != x for d, x in zip(e, a)):
         return None
     return tuple([1] * (len(expected) - len(e)) + a)
+
+
+def batch_of_one(shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """A declared shape whose one free dimension is its leading one (a free batch) fed with batch 1."""
+    if shape and shape[0] <= 0 and all(d > 0 for d in shape[1:]):
+        return (1, *shape[1:])
+    return shape
+
+
+def _shape_example(shape: tuple[int, ...] | None) -> str:
+    """`1x3xHxW` from the declared dims (a free batch as 1), or a plain image example without one."""
+    if not shape:
+        return "1x3x224x224"
+    letters = iter("HWDTUV")
+    dims = ["1" if k == 0 and d <= 0 else str(d) if d > 0 else next(letters, "N") for k, d in enumerate(shape)]
+    return "x".join(dims)
 
 
 def random_inputs(shapes: dict[str, tuple[int, ...] | None], seed: int) -> dict[str, np.ndarray]:
@@ -256,10 +291,25 @@ def random_inputs(shapes: dict[str, tuple[int, ...] | None], seed: int) -> dict[
     """
     rng = np.random.default_rng(seed)
     arrays = {}
-    for name, shape in shapes.items():
+    for name, declared in shapes.items():
+        shape = batch_of_one(declared)
         if shape is None or any(d <= 0 for d in shape):
-            size = "no declared shape" if shape is None else f"an unknown size {list(shape)}"
-            raise InputError(f"model input {name!r} has {size}; pass --shape {name}=1x3x224x224 "
-                                 "(its real sizes) or --input with a .npy")
+            size = "no declared shape" if shape is None else f"an unknown size {list(declared)}"
+            raise InputError(f"model input {name!r} has {size}; pass --shape {name}={_shape_example(declared)} "
+                             "(its real sizes) or --input with a .npy")
+        _check_random_size(name, shape)
         arrays[name] = rng.random(shape, dtype=np.float32)
     return arrays
+
+
+def _check_random_size(name: str, shape: tuple[int, ...]) -> None:
+    """A declared (or --shape) size is checked before allocating: 1x3x100000x100000 is 120 GB of float32."""
+    from layerdiff.analyzer.formats.limits import MAX_TENSOR_BYTES, human_bytes
+
+    numel = 1
+    for dim in shape:
+        numel *= int(dim)
+    if numel * 4 > MAX_TENSOR_BYTES:
+        raise InputError(f"model input {name!r}: a random input of shape {'x'.join(map(str, shape))} is "
+                         f"{human_bytes(numel * 4)}, over the {human_bytes(MAX_TENSOR_BYTES)} per-tensor limit; pass a "
+                         f"smaller --shape {name}=..., or set LAYERDIFF_MAX_TENSOR_BYTES")

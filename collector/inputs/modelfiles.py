@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layerdiff.errors import InputError, UsageError
+from layerdiff.identity import file_stat
+from layerdiff.analyzer.formats.limits import check_plain_file
 from layerdiff.analyzer.formats.rawdump import combined_sha256, sha256_file
 from layerdiff.collector.engines import ENGINES, engine_for_suffix
 from layerdiff.collector.engines.base import Shape
@@ -39,8 +41,9 @@ def resolve_model(model: Path | str, engine: str = "auto") -> ModelFiles:
     path = Path(model)
     if engine not in ("auto", *ENGINES):
         raise UsageError(f"unknown engine {engine!r}; use auto, {', '.join(ENGINES)}")
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"model file {path} does not exist")
+    check_plain_file(path, InputError, follow=True)  # a folder, or a FIFO that would block the reader
     chosen = engine_for_suffix(path.suffix) if engine == "auto" else engine
     if chosen is None:
         raise InputError(f"{path}: cannot tell the engine from the extension; pass --engine {' or --engine '.join(ENGINES)}")
@@ -63,14 +66,18 @@ def input_dtypes(model: ModelFiles) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _specs(engine: str, path: Path, mtime: float) -> dict[str, tuple[Shape, str]]:
-    return ENGINES[engine].input_specs(path)
+def _specs(engine: str, path: Path, stat: tuple[int, ...]) -> dict[str, tuple[Shape, str]]:
+    from layerdiff.collector.inputs.modelread import read_specs_isolated
+
+    return read_specs_isolated(engine, path)
 
 
 def input_specs(model: ModelFiles) -> dict[str, tuple[Shape, str]]:
-    """Shape and dtype of every model input, read once per model file."""
+    """Shape and dtype of every model input, read once per model file (and version of it), by the
+    engine's reader in a child process with memory and time limits (modelread.py): a model file is
+    untrusted, and a reader crashing on it must not take `collect` with it."""
     path = model.files[0]
-    return dict(_specs(model.engine, path, path.stat().st_mtime))
+    return dict(_specs(model.engine, path, tuple(file_stat(path))))
 
 
 def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:

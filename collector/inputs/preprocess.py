@@ -8,7 +8,6 @@ or the same keys in a JSON/TOML file. Order of operations: decode → color → 
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import tomllib
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from layerdiff.errors import InputError, UsageError
+from layerdiff.analyzer.formats.limits import load_json
 
 KEYS = ("resize", "crop", "color", "mean", "std", "scale", "layout")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
@@ -57,7 +57,7 @@ def parse_preprocess(spec: str | None) -> Preprocess | None:
 def _read_file(path: Path) -> dict:
     try:
         if path.suffix == ".json":
-            data = json.loads(path.read_text())
+            data = load_json(path.read_text(), f"{path}: preprocessing file", InputError)
         else:
             data = tomllib.loads(path.read_text())
     except (ValueError, OSError) as err:

@@ -7,13 +7,13 @@ upstream. Only the tensors the targets consume travel to the device (an "inject"
 """
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
-from layerdiff.errors import InputError, NothingToCompareError, UsageError
+from layerdiff.errors import DumpFormatError, InputError, NothingToCompareError, UsageError
 from layerdiff.analyzer.formats.rawdump import RawDumpWriter, sha256_file
+from layerdiff.analyzer.formats.limits import load_json
 from layerdiff.collector.engines import ENGINES
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.inputs.inputset import InputSet
@@ -41,7 +41,7 @@ def target_inputs(ref: DumpFile, keys: list[str]) -> dict[str, list[str]]:
             out[f"{first.key}{RANGE}{last.key}"] = range_inputs(layers, first.order, last.order, key, ref.path)
             continue
         row = _row(ref, by_key, key)
-        direct = json.loads(row.inputs)
+        direct = _names(row.inputs, f"{ref.path}: /layers {row.key} inputs")
         out[row.key] = list(dict.fromkeys(direct + _through_rasters(direct, by_name)))
     return out
 
@@ -61,8 +61,16 @@ def range_inputs(layers, first: int, last: int, key: str, path: Path) -> list[st
                          "in execution order")
     inside = layers[(layers["order"] >= first) & (layers["order"] <= last)]
     made = set(inside["name"])
-    needed = [name for inputs in inside["inputs"] for name in json.loads(inputs) if name not in made]
+    needed = [name for inputs in inside["inputs"] for name in _names(inputs, f"{path}: /layers inputs") if name not in made]
     return list(dict.fromkeys(needed))
+
+
+def _names(cell: str, where: str) -> list[str]:
+    """An inputs cell of the reference's /layers table: a JSON list of tensor names (one line when not)."""
+    value = load_json(cell, where)
+    if not isinstance(value, list):
+        raise DumpFormatError(f"{where}: not a JSON list of tensor names")
+    return [str(name) for name in value]
 
 
 def _through_rasters(names: list[str], by_name: dict) -> list[str]:
@@ -70,7 +78,7 @@ def _through_rasters(names: list[str], by_name: dict) -> list[str]:
     for name in names:
         producer = by_name.get(name)
         if producer is not None and producer.op_type == "Raster":
-            resolved.extend(_through_rasters(json.loads(producer.inputs), by_name))
+            resolved.extend(_through_rasters(_names(producer.inputs, f"/layers {producer.key} inputs"), by_name))
         elif name not in resolved:
             resolved.append(name)
     return resolved
@@ -151,8 +159,8 @@ def failing_layers(report_dir: Path, backend: str, precision: str) -> list[str]:
     """Layers the analyzer's report (`results.json`) flagged in runs of this backend and precision."""
     path = Path(report_dir) / "results.json"
     try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
+        results = load_json(path.read_text(), f"{path}: the analyzer's results", InputError)
+    except OSError as err:
         raise InputError(f"{path}: cannot read the analyzer's results ({err}); run `analyze ... -o {report_dir}` first") from None
     keys: list[str] = []
     for run in results.get("runs", []):

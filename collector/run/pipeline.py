@@ -7,7 +7,6 @@ partial raw dump into an HDF5 marked incomplete, under a temporary name renamed 
 from __future__ import annotations
 
 import json
-import math
 import re
 import shlex
 import tempfile
@@ -20,9 +19,11 @@ from typing import Callable
 import numpy as np
 
 from layerdiff.vocabulary import RunStatus
+from layerdiff.clioptions import check_number
 from layerdiff.analyzer.formats.diskspace import writing
 from layerdiff.errors import DumpFormatError, Interrupted, LayerdiffError, StorageError, UsageError
-from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, read_raw_dump
+from layerdiff.analyzer.formats.fedinputs import fed_ok
+from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, fed_check, read_raw_dump
 from layerdiff.collector.transport.devices import Device, DeviceError, DeviceInfo, ExecResult
 from layerdiff.collector.engines.harness_cli import INPUT_DTYPES
 from layerdiff.collector.inputs.inputset import InputSet
@@ -71,8 +72,7 @@ def check_run_options(threads: int, repeat: int, deadline_s: float, layers: str 
         raise UsageError(f"--threads {threads}: use a thread count from 1 to {MAX_THREADS}")
     if repeat < 1:
         raise UsageError(f"--repeat {repeat}: dump each configuration at least once (--repeat 1 or more)")
-    if not math.isfinite(deadline_s) or deadline_s <= 0:
-        raise UsageError(f"--deadline {deadline_s}: give the seconds a run may take, a positive number such as 900")
+    check_number("--deadline", deadline_s, 0.0, above_minimum=True, hint=": the seconds a run may take, such as 900")
     if max_bytes is not None and max_bytes <= 0:
         raise UsageError(f"--max-bytes {max_bytes}: give a positive byte count, or leave it out for no limit")
     if layers is not None:
@@ -265,11 +265,13 @@ def _fetch_and_convert(
                 if not message:
                     message = f"the harness wrote no dump at {remote}"
                 continue
-            path, cut = _convert(device, spec, Path(local), target, result, stop, k)
+            path, cut, fed_line = _convert(device, spec, Path(local), target, result, stop, k)
             written.append(path)
             if cut and not message:  # the harness said it finished, yet its dump stops short: not a done run
                 message = (f"the harness reported success but the dump it left is cut short ({cut}); the layers "
                            "before the cut are kept, marked incomplete; re-run with --retry-failed")
+            if fed_line and fed_line not in message:
+                message = f"{message + '; ' if message else ''}{fed_line}"
     return written, message
 
 
@@ -283,8 +285,10 @@ def cut_short(raw) -> str:
 
 
 def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: ExecResult,
-             stop: Callable[[], bool] | None = None, repeat_index: int = 0) -> tuple[Path, str]:
-    """The HDF5 of one raw dump, and why the raw dump was cut short ("" when it is whole)."""
+             stop: Callable[[], bool] | None = None, repeat_index: int = 0) -> tuple[Path, str, str]:
+    """The HDF5 of one raw dump, why the raw dump was cut short ("" when it is whole), and '' or the line
+    saying the engine received another input than the one given (its read-back, `input_fed`, checked here:
+    such a run is converted, and reported as failed)."""
     try:
         raw = read_raw_dump(local)
     except LayerdiffError as err:
@@ -312,12 +316,18 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     if spec.fresh_process and spec.repeat > 1:  # each process's header says repeat 0: the index is the collector's
         attrs["repeat"] = repeat_index
         attrs["provenance"]["fresh_process"] = True
+    reach = _precision_reach(raw.header, spec)
+    if reach:
+        attrs["precision_reach"] = reach
     opencl = opencl_device_name(raw.header)
     if opencl:  # the device that computed, not the phone's display GPU (a CPU OpenCL such as PoCL, too)
         attrs["gpu"] = opencl
+    fed = fed_check(raw, list(spec.inputs.arrays.items())) if raw.fed else ""
+    if fed:
+        attrs["input_fed_check"] = fed
     path = convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
                             stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
-    return path, cut_short(raw)
+    return path, cut_short(raw), "" if fed_ok(fed) else f"{spec.model.engine} was fed another input: {fed}"
 
 
 SETTING_OPTIONS = {"threads_requested": "--threads", "layers_filter": "--layers", "max_bytes": "--max-bytes"}
@@ -333,6 +343,17 @@ def dump_settings(spec: RunOptions) -> dict:
 def settings_text(spec: RunOptions) -> str:
     """`dump_settings` as index.csv's `settings` column writes it (and a reason names a difference)."""
     return ";".join(f"{name}={value}" for name, value in dump_settings(spec).items())
+
+
+def _precision_reach(header: dict, spec: RunSpec) -> str:
+    """What the engine declares separates this run's precision from its others on the backend that ran
+    (JSON {other precision: op types}; "" when it declares nothing): the analyzer asks about two labels
+    with identical bytes only where their settings could differ for the graph."""
+    from layerdiff.collector.engines import ENGINES
+
+    engine = ENGINES.get(str(header.get("engine") or spec.model.engine))
+    reach = engine.reach_of(spec.backend, spec.precision) if engine is not None else {}
+    return json.dumps(reach, sort_keys=True) if reach else ""
 
 
 def _device_info(device: Device, spec: RunSpec, header: dict) -> DeviceInfo:

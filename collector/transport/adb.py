@@ -21,6 +21,7 @@ from pathlib import Path
 
 import adbutils
 
+from layerdiff.analyzer.formats.rawdump import PLAIN_DIR
 from layerdiff.collector.transport.adbproto import SyncFailed, SyncSession, TransferLost, remove_quietly, run_shell_v2, shell_text
 from layerdiff.collector.transport.adbserver import STATE_ADVICE, connect_server, device_state, list_devices, require_online
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo, ExecResult, HarnessInvocation, LineSink
@@ -250,7 +251,13 @@ class AdbDevice:
             with self._sync() as sync:
                 if sync.stat(remote_dir) is None:
                     return local_dir
-                files = sorted((name, size) for name, mode, size in sync.list(remote_dir) if mode & 0o170000 == 0o100000)
+                listing = list(sync.list(remote_dir))
+                files = sorted((name, size) for name, mode, size in listing if mode & 0o170000 == 0o100000)
+                if any(name == PLAIN_DIR and mode & 0o170000 == 0o040000 for name, mode, _size in listing):
+                    # the plain run's outputs (docs/fidelity.md): a raw dump of their own, one level down
+                    files += sorted((f"{PLAIN_DIR}/{name}", size) for name, mode, size in sync.list(f"{remote_dir}/{PLAIN_DIR}")
+                                    if mode & 0o170000 == 0o100000)
+                    (local_dir / PLAIN_DIR).mkdir(exist_ok=True)
                 need = sum(size for _name, size in files)
                 if shutil.disk_usage(local_dir).free < need + SPACE_MARGIN:
                     raise DeviceError(f"not enough space in {local_dir} for the dump from {self.serial}: "
@@ -302,10 +309,10 @@ class AdbDevice:
         """Run under the phone's `timeout`; stream stdout lines; a crash adds logcat's lines for its pid."""
         command = harness_command(argv, env, deadline_s)
         lines = _LineSplitter(on_stdout_line)
-        stderr = bytearray()
+        stderr = _TailBytes(MAX_STDERR_BYTES)
         start = time.monotonic()
         try:
-            code = run_shell_v2(self._dev, command, on_stdout=lines.feed, on_stderr=stderr.extend,
+            code = run_shell_v2(self._dev, command, on_stdout=lines.feed, on_stderr=stderr.feed,
                                 idle_timeout=deadline_s + 60)
         except socket.timeout:
             raise DeviceError(f"{self.serial}: deadline of {deadline_s:.0f}s exceeded and the phone did not stop "
@@ -316,7 +323,7 @@ class AdbDevice:
         elapsed = time.monotonic() - start
         timed_out = code == TIMEOUT_EXIT or (code == 128 + 9 and elapsed >= deadline_s)
         status = -15 if timed_out else (-(code - 128) if 128 < code < 128 + 65 else code)
-        result = ExecResult(exit_status=status, stderr=stderr.decode("utf-8", "replace"), duration_s=elapsed,
+        result = ExecResult(exit_status=status, stderr=stderr.text(), duration_s=elapsed,
                                timed_out=timed_out, pid=lines.pid)
         if status != 0 and not timed_out and lines.pid is not None:
             result.device_log = self.logcat_for_pid(lines.pid)
@@ -330,23 +337,70 @@ class AdbDevice:
         return out
 
 
+MAX_LINE_BYTES = 1 << 20  # one stdout line of the harness (its progress events are ~100 bytes)
+MAX_STDERR_BYTES = 4 << 20  # the harness's stderr kept with the run: its end, where a crash says why
+
+
+class _TailBytes:
+    """The last `limit` bytes of a stream (amortised linear), and how many came before them."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit, self._buf, self.dropped = limit, bytearray(), 0
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+        if len(self._buf) > 2 * self._limit:
+            cut = len(self._buf) - self._limit
+            del self._buf[:cut]
+            self.dropped += cut
+
+    def text(self) -> str:
+        cut = max(0, len(self._buf) - self._limit)
+        body = bytes(self._buf[cut:]).decode("utf-8", "replace")
+        dropped = self.dropped + cut
+        return f"[... {dropped} earlier bytes of stderr not kept]\n{body}" if dropped else body
+
+
+
 class _LineSplitter:
-    """Cuts streamed stdout into lines; keeps our pid marker for itself."""
+    """Cuts streamed stdout into lines; keeps our pid marker for itself.
+
+    Linear in the bytes received: a chunk is searched for newlines once, and a line longer than
+    MAX_LINE_BYTES keeps its first MAX_LINE_BYTES (the rest is counted, not held). A phone writing
+    100 MB without a newline was buffered quadratically before (108 s, 409 MB)."""
 
     def __init__(self, sink: LineSink | None) -> None:
         self._sink = sink
-        self._pending = b""
+        self._pending = bytearray()
+        self._cut = 0  # bytes of the current line dropped past MAX_LINE_BYTES
         self.pid: int | None = None
 
     def feed(self, data: bytes) -> None:
-        *complete, self._pending = (self._pending + data).split(b"\n")
-        for raw in complete:
-            self._line(raw.decode("utf-8", "replace").rstrip("\r"))
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                self._keep(data, start, len(data))
+                return
+            self._keep(data, start, end)
+            self._emit()
+            start = end + 1
+
+    def _keep(self, data: bytes, start: int, end: int) -> None:
+        room = max(0, MAX_LINE_BYTES - len(self._pending))
+        self._pending += data[start:min(end, start + room)]
+        self._cut += max(0, end - start - room)
+
+    def _emit(self) -> None:
+        line = self._pending.decode("utf-8", "replace").rstrip("\r")
+        if self._cut:
+            line += f" [... {self._cut} more bytes of this line not kept]"
+        self._pending, self._cut = bytearray(), 0
+        self._line(line)
 
     def flush(self) -> None:
-        if self._pending:
-            self._line(self._pending.decode("utf-8", "replace"))
-            self._pending = b""
+        if self._pending or self._cut:
+            self._emit()
 
     def _line(self, line: str) -> None:
         if self.pid is None and line.startswith(PID_MARK) and line[len(PID_MARK):].isdigit():

@@ -85,7 +85,7 @@ def probe_harness(device: AdbDevice, abi: str) -> tuple[dict | None, str]:
             if result.exit_status == 0 and line.strip().startswith("{"):
                 try:
                     return json.loads(line), ""
-                except ValueError:
+                except (ValueError, RecursionError):  # a phone's answer: bad or absurdly nested JSON
                     break
         return None, f"harness --probe failed (status {result.exit_status}): {result.stderr.strip()[-200:]}"
     return None, f"no harness built for {abi} yet (`collect` builds it on first use)"

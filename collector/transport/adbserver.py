@@ -89,6 +89,9 @@ def list_devices(client: adbutils.AdbClient) -> list[adbutils.AdbDeviceInfo]:
         return client.list(extended=True)
     except adbutils.AdbError as err:
         raise DeviceError(f"adb server {client.host}:{client.port} refused to list devices: {err}") from None
+    except (OSError, ValueError, UnicodeDecodeError, IndexError) as err:  # the peer is not an adb server
+        raise DeviceError(f"{client.host}:{client.port} does not answer as an adb server ({type(err).__name__}: "
+                          f"{str(err)[:80]}); check that --adb-server names an adb server's host:port") from None
 
 
 def state_error(serial: str, state: str) -> DeviceError:

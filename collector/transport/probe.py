@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 from layerdiff.cache import user_cache_root
-from layerdiff.errors import DeviceError
+from layerdiff.errors import DeviceError, DumpFormatError
+from layerdiff.analyzer.formats.limits import load_json
 from layerdiff.identity import file_stat, library_stat
 
 # Where GPU loaders look for drivers (Vulkan: the loader's manifest folders; OpenCL: the ICD loader's).
@@ -59,8 +60,8 @@ def _ask(device, engine: str, deadline_s: float) -> dict:
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise DeviceError(f"{device.serial}: the {engine} harness --probe failed (status {result.exit_status}: {tail})")
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError:
+        document = load_json(text, "probe")
+    except DumpFormatError:  # not JSON, or nested past the bound: a phone's answer is untrusted
         document = None
     if not isinstance(document, dict):
         raise DeviceError(f"{device.serial}: the {engine} harness --probe printed no JSON document")

@@ -36,4 +36,9 @@ def _phone_harness(abi: str, backend: str) -> Path:
 ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vulkan"), prebuild=_prebuild,
                 arm64_harness=_arm64_harness, prompt_input="prompt", on_phones=True, phone_harness=_phone_harness,
                 isolate_rebuilds_graph=True,
-                not_isolatable=("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"))
+                not_isolatable=("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"),
+                # device_scripts/ggml/src/backends.cpp: on the CPU, high keeps the K/V cache in f32 (normal: f16,
+                # written by SET_ROWS) and rebuilds a convolution's IM2COL in f32 (normal: f16); nothing else
+                # changes, so a graph with neither (an encoder without a cache: BERT) computes the same bytes
+                # at both. Vulkan's high also turns fp16 arithmetic off everywhere: not declared.
+                precision_reach=(("cpu", "high", "normal", ("IM2COL", "SET_ROWS")),))

@@ -93,6 +93,13 @@ def feed(interpreter, inputs: dict[str, np.ndarray]) -> None:
         interpreter.set_tensor(details[name]["index"], np.asarray(array, dtype=details[name]["dtype"]))
 
 
+def read_inputs(interpreter) -> list[tuple[str, np.ndarray]]:
+    """Each model input read back from the interpreter's own input tensor after `set_tensor`: the
+    values LiteRT computes on (the dump's `input_fed` records)."""
+    return [(d["name"], np.array(interpreter.get_tensor(d["index"]), copy=True))
+            for d in interpreter.get_input_details()]
+
+
 def invoke(interpreter) -> float:
     begin = now_ms()
     try:
@@ -109,3 +116,22 @@ def read_activations(interpreter, graph: Graph):
             if t in graph.weights:
                 continue
             yield op, k, t, interpreter.get_tensor(t)
+
+
+def plain_interpreter(model_path: str, xnnpack: bool, threads: int, inputs: dict[str, np.ndarray]):
+    """The model as an app loads it: no tensor preserved, the same kernels as the observed run, inputs set."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    resolver = OpResolverType.BUILTIN if xnnpack else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    try:
+        interpreter = Interpreter(model_path=model_path, num_threads=threads, experimental_op_resolver_type=resolver)
+    except (ValueError, RuntimeError) as err:
+        raise HarnessExit(EXIT_MODEL, f"{model_path}: LiteRT cannot load this model ({first_line(err)})") from None
+    feed(interpreter, inputs)
+    return interpreter
+
+
+def run_plain(interpreter, outputs: dict[int, str]) -> dict[str, np.ndarray]:
+    """One plain run: invoke, then read only the model's outputs (tensor index -> dump name)."""
+    invoke(interpreter)
+    return {name: np.array(interpreter.get_tensor(t), copy=True) for t, name in outputs.items()}

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from layerdiff.vocabulary import host_abi
+from layerdiff.analyzer.formats.layouts import plain_layout
 from layerdiff.collector.engines.harness_cli import (
     EXIT_ARGS,
     EXIT_BACKEND,
@@ -32,12 +33,20 @@ from layerdiff.collector.engines.harness_cli import (
     base_header,
     harness_main,
     load_inputs,
+    now_ms,
     repeat_dirs,
 )
+from layerdiff.collector.engines import plainrun
 from layerdiff.collector.engines.litert import ENGINE, cpu
 from layerdiff.collector.engines.litert.graph import Graph, NotTflite, load_graph
 
 BACKENDS = ENGINE.backends
+# What observing does differently per backend (plainrun.py; shown when the plain run disagrees).
+OBSERVING_CPU = ("the interpreter keeps every intermediate tensor (experimental_preserve_all_tensors: no arena buffer "
+                 "is reused); the plain run is an interpreter without it, same kernels (builtin or XNNPACK)")
+OBSERVING_GPU = ("every activation is made a model output of the GPU-compiled model, which changes how the accelerator "
+                 "partitions and fuses the graph (a fused tensor is never written); the plain run compiles the model "
+                 "with its own outputs only")
 
 
 def engine_version() -> str:
@@ -91,6 +100,12 @@ def dump_array(sink: DumpSink, graph: Graph, labels: dict[int, str], op, k: int,
              inputs=inputs, layout="NHWC" if array.ndim == 4 else "", memory=extra.pop("memory", "host"), **extra)
 
 
+def record_fed(sink: DumpSink, fed: list[tuple[str, np.ndarray]]) -> None:
+    """Inputs as LiteRT holds them (its graph's own order: NHWC for images) into the dump's `input_fed`."""
+    for name, array in fed:
+        sink.fed(name, array, "NHWC" if array.ndim == 4 else plain_layout(array.ndim))
+
+
 def run_cpu(args: HarnessArgs, graph: Graph, inputs: dict[str, np.ndarray]) -> None:
     interpreter, kernels, why = cpu.open_interpreter(str(args.models[0]), args.precision, args.threads, inputs)
     labels = tensor_labels(graph)
@@ -100,12 +115,23 @@ def run_cpu(args: HarnessArgs, graph: Graph, inputs: dict[str, np.ndarray]) -> N
         options["kernels_why"] = why
     header.update({"backends_actual": ["cpu"], "precision_effective": "fp32", "options": options})
     ops = graph.computing_ops()
+    outputs = {t: labels[t] for t in graph.outputs if t in labels}
+    plain: list = []  # the plain interpreter, made after the first observed run (one model in memory until then)
+
+    def run_plain() -> dict[str, np.ndarray]:
+        if not plain:
+            plain.append(cpu.plain_interpreter(str(args.models[0]), kernels == "xnnpack", args.threads, inputs))
+        return cpu.run_plain(plain[0], outputs)
+
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(ops))
+        record_fed(sink, cpu.read_inputs(interpreter))
+        sink.watch(outputs.values())
         elapsed = cpu.invoke(interpreter)
         for op, index, t, array in cpu.read_activations(interpreter, graph):
             dump_array(sink, graph, labels, op, index, t, array)
-        sink.close(elapsed)
+        check = plainrun.check(out, {**header, "repeat": k}, sink.observed, run_plain, OBSERVING_CPU, now_ms)
+        sink.close(elapsed, check)
 
 
 def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.ndarray]) -> None:
@@ -130,16 +156,27 @@ def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.n
                                "run_to_run": run_to_run_summary(graph, labels, varying, never), **graph_summary(graph)}})
     ops = graph.computing_ops()
     on_cpu = placement.cpu_op_indices(graph)  # per tensor: `memory` host where the CPU computed it (FORMATS.md)
+    outputs = {t: labels[t] for t in graph.outputs if t in labels}
+    plain: list = []  # compiled after the first observed run: compiling a second model first changed the
+    # observed graph's outputs on SwiftShader (mediapipe's pose detector, split graph)
+
+    def run_plain() -> dict[str, np.ndarray]:
+        if not plain:
+            plain.append(gpu.GpuRunner(gpu.compile_model(data, args.precision, args.threads, []), graph, inputs))
+        values = plain[0].run(0, [])[0]
+        return {outputs[t]: values[t] for t in outputs if t in values}
+
     for r, out in enumerate(repeat_dirs(args)):
         values, elapsed = runner.run(0, [])
-        if r == 0:
-            header["options"]["plain_run"] = gpu.plain_check(data, graph, args.precision, args.threads, inputs, values)
         sink = DumpSink(args, out, {**header, "repeat": r}, total_ops=len(ops))
+        record_fed(sink, runner.read_inputs())
+        sink.watch(outputs.values())
         for op in ops:
             for k, t in enumerate(op.outputs):
                 if t in labels and t not in never:
                     dump_array(sink, graph, labels, op, k, t, values[t], memory="host" if op.index in on_cpu else "device")
-        sink.close(elapsed)
+        check = plainrun.check(out, {**header, "repeat": r}, sink.observed, run_plain, OBSERVING_GPU, now_ms)
+        sink.close(elapsed, check)
 
 
 def run_to_run_summary(graph: Graph, labels: dict[int, str], varying: dict[int, dict], never: set[int]) -> dict:

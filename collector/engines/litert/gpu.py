@@ -15,6 +15,10 @@ listed in the header as `not_observable`, never dumped as values.
 Placement: the accelerator prints which operator types it rejects and how many operators run on
 the GPU and on the CPU; that log (captured from the native stderr, then passed on) is parsed into
 the header's `placement`. `backends_actual` is ["gpu", "cpu"] when the graph is split.
+
+The model as an app runs it (no activation made an output) is compiled too and run beside the observed
+graph (collector/engines/plainrun.py): making every activation observable changes how the accelerator
+partitions and fuses the graph, so the dumped values are trusted only as far as its outputs agree.
 """
 from __future__ import annotations
 
@@ -173,7 +177,30 @@ def compile_model(data: bytes, precision: str, threads: int, log: list[str]):
             raise HarnessExit(EXIT_BACKEND, f"WebGPU found no GPU adapter on the Vulkan driver {vulkan_icd()[0] or '(system default)'}"
                                             f"{' (' + needs.group(1) + ')' if needs else ''}; use SwiftShader "
                                             "(chromium-common) or point VK_ICD_FILENAMES at another driver") from None
-        raise HarnessExit(EXIT_BACKEND, f"LiteRT's GPU accelerator cannot compile the model ({_first(err)})") from None
+        raise HarnessExit(EXIT_BACKEND, f"LiteRT's GPU accelerator cannot compile the model ({refusal(err, text)})") from None
+
+
+LOCATION_LINE = re.compile(r"^ERROR: \[[^\]]*\]$")  # `ERROR: [./litert/cc/litert_compiled_model.h:1961]`: where, not why
+REFUSAL_LIMIT = 600
+
+
+def refusal(err: BaseException, log: str) -> str:
+    """Why LiteRT refused, in one line: the exception's own lines (`Failed to modify graph with
+    delegate`) and the ERROR lines its log gave for it (`Encountered unresolved custom op: X`,
+    `... dynamic-sized tensors`), source locations and repeats dropped; the first line alone is
+    usually a source location."""
+    reasons: list[str] = []
+    error_lines = [ln for ln in log.splitlines() if ln.startswith("ERROR: ") and "Could not load shared library" not in ln
+                   and "compiler_plugin" not in ln]
+    for line in str(err).splitlines() + error_lines:
+        text = line.strip().lstrip("└").strip()
+        if not text or LOCATION_LINE.match(text):
+            continue
+        text = text.removeprefix("ERROR: ").rstrip(".")
+        if text not in reasons:
+            reasons.append(text)
+    joined = "; ".join(reasons) or _first(err)
+    return joined if len(joined) <= REFUSAL_LIMIT else joined[: REFUSAL_LIMIT - 3] + "..."
 
 
 def _first(err: BaseException) -> str:
@@ -207,6 +234,16 @@ class GpuRunner:
         for buffer, alias in zip(self.inputs, input_names):
             buffer.write(np.asarray(given[alias], dtype=in_details[alias]["dtype"]).reshape(-1))
         self.outputs = model.create_output_buffers(0)
+        self.fed_inputs = [(by_tensor[alias], in_details[alias]) for alias in input_names]
+
+    def read_inputs(self) -> list[tuple[str, np.ndarray]]:
+        """Each input read back from the accelerator's own input buffer after writing it (`input_fed`)."""
+        out = []
+        for buffer, (name, detail) in zip(self.inputs, self.fed_inputs):
+            shape = [int(d) for d in detail["shape"]]
+            count = int(np.prod(shape, dtype=np.int64))
+            out.append((name, np.asarray(buffer.read(count, np.dtype(detail["dtype"]))).reshape(shape)))
+        return out
 
     def run(self, fill_index: int, log: list[str]) -> tuple[dict[int, np.ndarray], float]:
         """Every output's values by tensor index, and the run's time in ms."""
@@ -217,7 +254,7 @@ class GpuRunner:
             with native_stderr(log):
                 self.model.run_by_index(0, self.inputs, self.outputs)
         except RuntimeError as err:
-            raise HarnessExit(EXIT_RUN, f"LiteRT's GPU accelerator failed to run the model ({_first(err)})") from None
+            raise HarnessExit(EXIT_RUN, f"LiteRT's GPU accelerator failed to run the model ({refusal(err, ''.join(log))})") from None
         elapsed = now_ms() - begin
         values = {}
         for buffer, name in zip(self.outputs, self.output_names):
@@ -279,35 +316,3 @@ def run_to_run(first: dict[int, np.ndarray], second: dict[int, np.ndarray], neve
 def _is_fill(array: np.ndarray, index: int) -> np.ndarray:
     fill = _fill({"dtype": array.dtype, "shape": array.shape}, index).reshape(array.shape)
     return np.isnan(array) if np.isnan(fill).all() else array == fill
-
-
-def plain_check(data: bytes, graph: Graph, precision: str, threads: int, inputs: dict[str, np.ndarray],
-                observed: dict[int, np.ndarray]) -> dict:
-    """The model as an app runs it (no activation made an output), twice, against the observed run's
-    outputs: making every activation observable changes how the accelerator partitions and fuses the
-    graph, so the dumped values are trusted only as far as the plain run's outputs agree with them.
-    (Two separately compiled plain models of mediapipe's pose detector gave outputs 250 apart on
-    SwiftShader, in a script outside the engine; within one engine process they agree.)"""
-    runner = GpuRunner(compile_model(data, precision, threads, []), graph, inputs)
-    first, _ = runner.run(0, [])
-    second, _ = runner.run(0, [])
-    return {"runs": 2, "outputs": [{"name": graph.name(t), "vs_observed": _difference(observed.get(t), plain),
-                                    "vs_second_plain_run": _difference(second.get(t), plain)}
-                                   for t, plain in first.items()]}
-
-
-def _difference(other: np.ndarray | None, plain: np.ndarray) -> dict:
-    """max |other - plain| and the relative L2 error against the plain values (NaN-aware: a NaN on one
-    side only is an infinite difference)."""
-    if other is None or other.shape != plain.shape:
-        return {"compared": False}
-    a, b = plain.astype(np.float64).ravel(), other.astype(np.float64).ravel()
-    mismatch = np.isnan(a) != np.isnan(b)
-    both = ~(np.isnan(a) | np.isnan(b))
-    d = b[both] - a[both]
-    if mismatch.any() or not np.isfinite(d).all():
-        return {"compared": True, "max_abs": float("inf"), "rel_l2": float("inf")}
-    norm = float(np.linalg.norm(a[both]))
-    rel = float(np.linalg.norm(d)) / norm if norm else (0.0 if not d.any() else float("inf"))
-    return {"compared": True, "max_abs": float(np.abs(d).max()) if d.size else 0.0, "rel_l2": rel}
-

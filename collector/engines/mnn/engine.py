@@ -47,6 +47,12 @@ from layerdiff.collector.engines.harness_cli import (
     repeat_dirs,
 )
 
+from layerdiff.collector.engines import plainrun
+
+# What observing does differently here (plainrun.py; shown when the plain run disagrees).
+OBSERVING = ("the session runs through runSessionWithCallBackInfo, every op's output copied to the host inside the "
+             "after-callback; the plain run is runSession without callbacks, as an app runs it")
+
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
@@ -71,11 +77,32 @@ def _address(tensor) -> int:
         return 0
 
 
-def written_layout(tensor, array: np.ndarray) -> str:
-    """The layout of the bytes dumped (the graph's order: `_host_copy` has MNN convert from its own
-    format), with MNN's own format of the tensor beside it when it can be read: `NCW (MNN NC4HW4)`."""
+def written_layout(tensor, array: np.ndarray, own_order: bool = False) -> str:
+    """The layout of the bytes dumped, with MNN's own format of the tensor beside it when it can be read:
+    `NCW (MNN NC4HW4)`. Outputs are dumped in the graph's NCHW order (`_host_copy` has MNN convert from its
+    own format, as the C++ harness does); an input read back in its own order (`own_order`) of a tensor MNN
+    holds channels-last (a TFLite graph's) is named `NHWC`, as LiteRT and the user's array name it."""
     held = dimension_format(tensor)
-    return f"{plain_layout(array.ndim)} (MNN {held})" if held else plain_layout(array.ndim)
+    channels_last = own_order and array.ndim == 4 and _channels_last(tensor)
+    order = "NHWC" if channels_last else plain_layout(array.ndim)
+    return f"{order} (MNN {held})" if held else order
+
+
+def _channels_last(tensor) -> bool:
+    """MNN holds the tensor as NHWC (Tensorflow dimension type): TFLite-origin inputs and outputs."""
+    import MNN
+
+    return tensor.getDimensionType() == MNN.Tensor_DimensionType_Tensorflow
+
+
+def _host_dimension_type(MNN, tensor):
+    """The host tensor's dimension type for copies in and out: the session tensor's own order of its
+    shape. `getShape()` of a channels-last tensor is NHWC, so a CAFFE host of that shape would have
+    MNN transpose the values between NCHW and NHWC under the same dimensions (a scrambled image);
+    NC4HW4 tensors report NCHW shapes and are copied through a CAFFE (NCHW) host."""
+    if tensor.getDimensionType() == MNN.Tensor_DimensionType_Tensorflow:
+        return MNN.Tensor_DimensionType_Tensorflow
+    return MNN.Tensor_DimensionType_Caffe
 
 
 def caffe_shape(shape: tuple[int, ...], channels_last: bool) -> tuple[int, ...]:
@@ -87,11 +114,14 @@ def caffe_shape(shape: tuple[int, ...], channels_last: bool) -> tuple[int, ...]:
     return (shape[0], shape[-1], *shape[1:-1])
 
 
-def _host_copy(MNN, tensor) -> np.ndarray:
-    """An op output as an NCHW numpy array of its own element type (int ops such as Shape stay int)."""
-    shape = caffe_shape(tuple(tensor.getShape()), tensor.getDimensionType() == MNN.Tensor_DimensionType_Tensorflow)
+def _host_copy(MNN, tensor, own_order: bool = False) -> np.ndarray:
+    """An op output as an NCHW numpy array of its own element type (int ops such as Shape stay int), as
+    the C++ harness copies it; with `own_order` (a fed input read back) in the order of its own shape."""
+    channels_last = tensor.getDimensionType() == MNN.Tensor_DimensionType_Tensorflow
+    shape = tuple(tensor.getShape()) if own_order else caffe_shape(tuple(tensor.getShape()), channels_last)
+    kind = _host_dimension_type(MNN, tensor) if own_order else MNN.Tensor_DimensionType_Caffe
     halide, _ = _host_type(MNN, tensor, np.empty(0))
-    host = MNN.Tensor(shape, halide, MNN.Tensor_DimensionType_Caffe)
+    host = MNN.Tensor(shape, halide, kind)
     tensor.copyToHostTensor(host)
     return np.array(host.getNumpyData(), copy=True).reshape(shape)
 
@@ -117,10 +147,19 @@ def feed(MNN, interpreter, session, inputs: dict[str, np.ndarray]) -> dict[int, 
     for name, array in inputs.items():
         tensor = interpreter.getSessionInput(session, name)
         halide, values = _host_type(MNN, tensor, array)
-        host = MNN.Tensor(tuple(array.shape), halide, values, MNN.Tensor_DimensionType_Caffe)
+        host = MNN.Tensor(tuple(array.shape), halide, values, _host_dimension_type(MNN, tensor))
         tensor.copyFrom(host)
         seeds[_address(tensor)] = name
     return seeds
+
+
+def record_fed(MNN, interpreter, session, names, sink: DumpSink) -> None:
+    """Read each input back from the session's own input tensor after feeding, the way outputs are
+    read, and record it in the dump (`input_fed`): the bytes MNN computes on, in its shape's order."""
+    for name in names:
+        tensor = interpreter.getSessionInput(session, name)
+        array = _host_copy(MNN, tensor, own_order=True)
+        sink.fed(name, array, written_layout(tensor, array, own_order=True))
 
 
 def _host_type(MNN, tensor, array: np.ndarray):
@@ -135,6 +174,7 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edg
              ops: MnnOps, replace: dict[tuple[str, int], np.ndarray] | None = None) -> float:
     """One session run with every op output dumped; outputs in `replace` are overwritten first (what-if)."""
     producers = feed(MNN, interpreter, session, inputs)
+    record_fed(MNN, interpreter, session, inputs, sink)
     keys = DumpKeys(ops)
     replace = replace or {}
     known = set(inputs)
@@ -190,7 +230,7 @@ def _overwrite(MNN, tensor, value: np.ndarray, name: str) -> None:
         raise HarnessExit(EXIT_ARGS, f"--replace {name}: the injected tensor has shape {list(value.shape)}, "
                                      f"the op writes {list(shape)}")
     value = np.ascontiguousarray(value.reshape(shape), dtype=np.float32)
-    tensor.copyFrom(MNN.Tensor(shape, MNN.Halide_Type_Float, value, MNN.Tensor_DimensionType_Caffe))
+    tensor.copyFrom(MNN.Tensor(shape, MNN.Halide_Type_Float, value, MNN.Tensor_DimensionType_Caffe))  # NCHW values under NCHW dims
 
 
 def replacements(args: HarnessArgs) -> dict[tuple[str, int], np.ndarray]:
@@ -282,10 +322,23 @@ def run(args: HarnessArgs) -> None:
     replace = replacements(args)
     if replace:
         header.update({"mode": "replace", "replaced": args.replace})
+    outputs = list(interpreter.getSessionOutputAll(session))
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=0)
+        sink.watch(outputs)
         infer_ms = run_once(MNN, interpreter, session, inputs, sink, memory, edges, ops, dict(replace))
-        sink.close(infer_ms)
+        check = None if replace else plainrun.check(out, {**header, "repeat": k}, sink.observed,
+                                                    lambda: run_plain(MNN, interpreter, session, inputs), OBSERVING, now_ms)
+        sink.close(infer_ms, check)
+
+
+def run_plain(MNN, interpreter, session, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One run as an app runs it: the inputs fed, runSession without callbacks, the outputs read."""
+    feed(MNN, interpreter, session, inputs)
+    status = interpreter.runSession(session)
+    if status not in (0, None):
+        raise HarnessExit(EXIT_RUN, f"MNN's plain run (runSession) failed with status {status}")
+    return {name: _host_copy(MNN, tensor) for name, tensor in interpreter.getSessionOutputAll(session).items()}
 
 
 def _run_modules(args: HarnessArgs, graph: dict, inputs: dict[str, np.ndarray], header: dict, memory: str) -> None:

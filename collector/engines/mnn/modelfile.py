@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from layerdiff.errors import InputError
+from layerdiff.errors import ModelFormatError
 from layerdiff.collector.engines.base import InputSpecs
 
 
@@ -60,6 +60,15 @@ def mnn_dtype(MNN, tensor) -> str:
 
 
 def input_specs(path: Path) -> InputSpecs:
+    """pymnn reads the whole file into memory first: one larger than the reader's memory limit is
+    refused before it is read (a sparse 20 GB file took a minute of reading to fail)."""
+    from layerdiff.analyzer.formats.limits import human_bytes
+    from layerdiff.collector.inputs.modelread import read_memory_limit
+
+    size, limit = path.stat().st_size, read_memory_limit()
+    if size > limit:
+        raise ModelFormatError(f"{path}: {human_bytes(size)}, over the {human_bytes(limit)} memory limit for reading a "
+                               ".mnn model's inputs; check the file, or raise LAYERDIFF_MODEL_READ_MEMORY")
     with quiet_stdout():
         import MNN
 
@@ -69,7 +78,7 @@ def input_specs(path: Path) -> InputSpecs:
         except Exception:  # noqa: BLE001 - pymnn raises a bare Exception for unparsable files
             session = None
         if session is None:
-            raise InputError(f"{path}: MNN could not load this model (not a valid .mnn file?)")
+            raise ModelFormatError(f"{path}: MNN could not load this model (not a valid .mnn file?)")
         inputs = interpreter.getSessionInputAll(session)
         return {name: (tuple(int(d) for d in tensor.getShape()), mnn_dtype(MNN, tensor))
                 for name, tensor in inputs.items()}

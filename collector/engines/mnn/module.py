@@ -69,7 +69,12 @@ def run_module(args, graph: dict, inputs: dict[str, np.ndarray], sink: DumpSink,
             module = nn.load_module_from_file(str(args.models[0]), model_inputs, names, runtime_manager=runtime)
     except Exception:  # noqa: BLE001 - pymnn raises bare Exceptions
         raise HarnessExit(EXIT_MODEL, f"{args.models[0]}: MNN's Module API could not load this model") from None
-    feeds = [_variable(F, inputs[n]) for n in model_inputs]
+    feeds = [_variable(F, inputs[n], _declared_format(F, graph[n])) for n in model_inputs]
+    for name, var in zip(model_inputs, feeds):
+        array, held = _read(F, var)
+        if array is not None:
+            order = "NHWC" if held == "NHWC" and array.ndim == 4 else plain_layout(array.ndim)
+            sink.fed(name, array, f"{order} (MNN {held})" if held else order)
     start = now_ms()
     outputs = module.forward(feeds)
     values = [_read(F, v) for v in outputs]  # reading computes: the forward's time includes it
@@ -85,11 +90,21 @@ def run_module(args, graph: dict, inputs: dict[str, np.ndarray], sink: DumpSink,
     return elapsed
 
 
-def _variable(F, array: np.ndarray):
-    """An input variable of the model's element type: MNN computes integers as int32."""
+def _declared_format(F, var):
+    """The format the model declares for an input: NHWC for TFLite-origin graphs, else NCHW (MNN
+    converts NCHW to its packed NC4HW4 itself). A variable made as NCHW for an NHWC input would be
+    read by the graph in the other order."""
+    declared = str(getattr(var, "data_format", "")).rsplit(".", 1)[-1]
+    return F.NHWC if declared == "NHWC" else F.NCHW
+
+
+def _variable(F, array: np.ndarray, data_format=None):
+    """An input variable of the model's element type (MNN computes integers as int32), in the format
+    the model declares for it."""
+    data_format = F.NCHW if data_format is None else data_format
     if array.dtype.kind in "iub":
-        return F.const(np.ascontiguousarray(array, dtype=np.int32), list(array.shape), F.NCHW, F.int)
-    return F.const(np.ascontiguousarray(array, dtype=np.float32), list(array.shape), F.NCHW, F.float)
+        return F.const(np.ascontiguousarray(array, dtype=np.int32), list(array.shape), data_format, F.int)
+    return F.const(np.ascontiguousarray(array, dtype=np.float32), list(array.shape), data_format, F.float)
 
 
 def _read(F, var) -> tuple[np.ndarray | None, str]:

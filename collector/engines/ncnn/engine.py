@@ -40,6 +40,11 @@ from layerdiff.collector.engines.harness_cli import (
     repeat_dirs,
 )
 from layerdiff.vocabulary import ncnn_cpu_has_fp16, ncnn_precision_flags
+from layerdiff.collector.engines import plainrun
+
+# What observing does differently here (plainrun.py; shown when the plain run disagrees).
+OBSERVING = ("every blob is extracted in layer order, one layer at a time (light mode), and on Vulkan each blob's host "
+             "copy is downloaded and dropped; the plain run extracts only the model's outputs, as an app does")
 
 NO_VULKAN = (
     "no Vulkan device found; install a Vulkan driver (Debian: apt-get install mesa-vulkan-drivers "
@@ -145,10 +150,38 @@ def load_net(args: HarnessArgs, ncnn):
     net = ncnn.Net()
     configure(net.opt, args)
     if net.load_param(str(param)) != 0:
-        raise HarnessExit(EXIT_MODEL, f"{param}: ncnn could not parse this .param file")
+        raise HarnessExit(EXIT_MODEL, param_refusal(param, ncnn))
     if net.load_model(str(weights)) != 0:
         raise HarnessExit(EXIT_MODEL, f"{weights}: ncnn could not load the weights (does it match {param.name}?)")
     return net, effective_precision(net.opt, args, ncnn)
+
+
+def unknown_layer_types(param: Path, ncnn) -> list[str]:
+    """Layer types the .param lists that this ncnn does not know (`layer_to_index` says -1), in file
+    order: what pnnx leaves unconverted (`Tensor.slice`, `torch.where`, `Gather`, ...) shows here."""
+    try:
+        lines = param.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in lines[2:]:  # magic, then "layer_count blob_count"
+        fields = line.split()
+        if len(fields) < 2 or fields[0] in found:
+            continue
+        if ncnn.layer_to_index(fields[0]) < 0:
+            found.append(fields[0])
+    return found
+
+
+def param_refusal(param: Path, ncnn) -> str:
+    """Why ncnn refused a .param, in one line: the layer types it does not know, when that is the cause."""
+    unknown = unknown_layer_types(param, ncnn)
+    if not unknown:
+        return f"{param}: ncnn could not parse this .param file"
+    shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+    return (f"{param}: ncnn does not know the layer type(s) {shown}: the converter left them unconverted "
+            "(pnnx keeps operators it cannot map to ncnn layers under their PyTorch names); rewrite the model "
+            "around them or run it on an engine that implements them")
 
 
 def _model_pair(models: list[Path]) -> tuple[Path, Path]:
@@ -173,15 +206,29 @@ def nchw_shape(mat_array: np.ndarray) -> tuple[int, ...]:
     return tuple(mat_array.shape)
 
 
-def feed(ex, net, inputs: dict[str, np.ndarray], ncnn) -> None:
+def feed(ex, net, inputs: dict[str, np.ndarray], ncnn) -> dict[str, object]:
+    """Give the extractor every input as an ncnn Mat (no batch axis); returns the Mats fed, by name."""
     names = set(net.input_names())
+    mats = {}
     for name, array in inputs.items():
         if name not in names:
             raise HarnessExit(EXIT_RUN, f"model has no input {name!r}; its inputs are {', '.join(sorted(names))}")
         data = array[0] if array.ndim in (2, 4, 5) and array.shape[0] == 1 else array
         # a copy ncnn owns: wrapping the numpy buffer, an in-place first layer (LayerNorm) in light mode
         # wrote into memory ncnn does not own and crashed (SIGSEGV, measured with a pnnx transformer)
-        ex.input(name, ncnn.Mat(np.ascontiguousarray(data, dtype=np.float32)).clone())
+        mats[name] = ncnn.Mat(np.ascontiguousarray(data, dtype=np.float32)).clone()
+        ex.input(name, mats[name])
+    return mats
+
+
+def record_fed(sink: DumpSink, mats: dict[str, object], inputs: dict[str, np.ndarray]) -> None:
+    """Each Mat handed to the extractor, read back (`input_fed`): in the given shape when its elements
+    match (ncnn has no batch axis), its ncnn dims in the layout."""
+    for name, mat in mats.items():
+        array = np.array(mat, dtype=np.float32, copy=True)
+        given = inputs[name]
+        shaped = array.reshape(given.shape) if array.size == given.size else array.reshape(nchw_shape(array))
+        sink.fed(name, shaped, f"{BLOB_LAYOUTS.get(mat.dims, 'flat')} (ncnn dims {mat.dims})")
 
 
 def dump_layer(ex, layer, blobs, sink: DumpSink, memory: str, failure_hint: str, ncnn=None) -> float:
@@ -217,7 +264,7 @@ def run_once(net, args: HarnessArgs, inputs: dict[str, np.ndarray], sink: DumpSi
     """Extract every layer's tops in order; returns the total inference time in ms."""
     blobs = net.blobs()
     ex = net.create_extractor()
-    feed(ex, net, inputs, ncnn)
+    record_fed(sink, feed(ex, net, inputs, ncnn), inputs)
     memory = "device" if args.backend == "vulkan" else "host"
     hint = "check the input shape against the model"
     gpu = ncnn if args.backend == "vulkan" else None
@@ -275,10 +322,28 @@ def run(args: HarnessArgs) -> None:
     gpu = _gpu_info(ncnn) if args.backend == "vulkan" else {}
     if gpu.get("device"):
         header["options"]["vulkan_device"] = gpu["device"]
+    outputs = list(net.output_names())
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=sum(len(layer.tops) for layer in net.layers()))
+        sink.watch(outputs)
         infer_ms = run_once(net, args, inputs, sink, ncnn)
-        sink.close(infer_ms)
+        check = plainrun.check(out, {**header, "repeat": k}, sink.observed,
+                               lambda: run_plain(net, inputs, outputs, ncnn), OBSERVING, now_ms)
+        sink.close(infer_ms, check)
+
+
+def run_plain(net, inputs: dict[str, np.ndarray], outputs: list[str], ncnn) -> dict[str, np.ndarray]:
+    """One run as an app runs it: a fresh extractor, the inputs fed, only the model's outputs extracted."""
+    ex = net.create_extractor()
+    feed(ex, net, inputs, ncnn)
+    values = {}
+    for name in outputs:
+        status, mat = ex.extract(name, 0)
+        if status != 0:
+            raise HarnessExit(EXIT_RUN, f"ncnn failed to extract output {name!r} in a plain run (status {status})")
+        array = np.array(mat, dtype=np.float32, copy=True)
+        values[name] = array.reshape(nchw_shape(array))
+    return values
 
 
 def isolate(net, args: HarnessArgs, precision: str, ncnn) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from layerdiff.errors import InputError
+from layerdiff.errors import InputError, ModelFormatError
 from layerdiff.collector.engines.base import InputSpecs, Shape
 
 
@@ -22,7 +22,14 @@ def input_specs(param: Path) -> InputSpecs:
     return {name: (shape, "float32") for name, shape in input_shapes(param).items()}
 
 
+MAX_PARAM_BYTES = 64 << 20  # a .param is the graph as text: the largest real ones are a few MB
+
+
 def input_shapes(param: Path) -> dict[str, Shape]:
+    size = param.stat().st_size
+    if size > MAX_PARAM_BYTES:
+        raise ModelFormatError(f"{param}: {size} bytes, larger than any ncnn .param ({MAX_PARAM_BYTES}); "
+                               "check that it is the graph text, not the weights")
     lines = param.read_text(errors="replace").split("\n")
     if not lines or lines[0].strip() != "7767517":
         raise InputError(f"{param}: not an ncnn .param file (first line must be 7767517)")

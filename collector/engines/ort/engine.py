@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layerdiff.analyzer.formats.layouts import plain_layout
+from layerdiff.collector.engines import plainrun
 from layerdiff.collector.engines.ort.segments import run_segments, segmentable
 from layerdiff.vocabulary import host_abi
 from layerdiff.collector.engines.harness_cli import (
@@ -75,6 +76,12 @@ def probe() -> dict:
             "engines": {"onnxruntime": {"version": engine_version(), "backends": backends}}}
 
 
+def model_precision(model) -> str:
+    from layerdiff.collector.engines.ort.modelfile import model_precision as declared
+
+    return declared(model)
+
+
 def load_model(args: HarnessArgs):
     import onnx
 
@@ -114,10 +121,30 @@ def with_outputs(model, names: list[str]):
     return model
 
 
+OPTIMIZATION_ENV = "LAYERDIFF_ORT_OPTIMIZATION"  # disable (default: the golden) / basic / extended / all
+OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                       "all": "ORT_ENABLE_ALL"}
+# What observing does differently here (plainrun.py; shown when the plain run disagrees).
+OBSERVING = ("every node output is fetched as a graph output, the graph run as segments; ONNX Runtime keeps a node "
+             "whose output is a graph output out of its graph optimisations (fusions such as Conv+BatchNorm, "
+             "Conv+Add, Gelu), so with optimisations on the observed run computes unfused kernels the plain run fuses")
+
+
+def optimization_level() -> str:
+    """ONNX Runtime's graph optimisation level for both runs: off unless LAYERDIFF_ORT_OPTIMIZATION asks
+    (the golden computes each node as the ONNX graph defines it; an app's session optimises by default)."""
+    import os
+
+    wanted = os.environ.get(OPTIMIZATION_ENV, "disable").strip().lower() or "disable"
+    if wanted not in OPTIMIZATION_LEVELS:
+        raise HarnessExit(EXIT_ARGS, f"{OPTIMIZATION_ENV}={wanted!r}; use one of {', '.join(OPTIMIZATION_LEVELS)}")
+    return OPTIMIZATION_LEVELS[wanted]
+
+
 def create_session(model_bytes: bytes, args: HarnessArgs):
     ort = _ort()
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, optimization_level())
     options.intra_op_num_threads = args.threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
@@ -195,6 +222,7 @@ def run(args: HarnessArgs) -> None:
     inputs = load_inputs(args.inputs)
     model = load_model(args)
     nodes = dumped_nodes(model)
+    outputs = [o.name for o in model.graph.output]  # read before with_outputs rewrites the graph's outputs
 
     def session_for(group: list[str]):
         return create_session(with_outputs(model, group).SerializeToString(), args)
@@ -202,17 +230,51 @@ def run(args: HarnessArgs) -> None:
     session = session_for([o for n in nodes for o in n.outputs][:1])
     feeds = feeds_for(session, inputs)
     header = base_header(args, engine_version(), inputs)
-    header.update({"backends_actual": ["cpu"], "precision_effective": "fp32", "node_names": node_names(nodes),
-                   "options": {"providers": session.get_providers(), "graph_optimization_level": "ORT_DISABLE_ALL"}})
+    header.update({"backends_actual": ["cpu"], "precision_effective": model_precision(model), "node_names": node_names(nodes),
+                   "options": {"providers": session.get_providers(), "graph_optimization_level": optimization_level()}})
     whole_graph = segmentable(model)
     header["options"]["dump"] = "segments" if whole_graph else "output groups"
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(nodes))
+        record_fed(sink, feeds)
+        sink.watch(outputs)
         if whole_graph:
-            sink.close(run_segments(model, feeds, lambda segment: create_session(segment.SerializeToString(), args),
-                                    _dumper(nodes, sink), GROUP_BYTES))
+            elapsed = run_segments(model, feeds, lambda segment: create_session(segment.SerializeToString(), args),
+                                   _dumper(nodes, sink), GROUP_BYTES)
         else:
-            sink.close(run_once(session_for, feeds, nodes, sink, GROUP_BYTES))
+            elapsed = run_once(session_for, feeds, nodes, sink, GROUP_BYTES)
+        check = plainrun.check(out, {**header, "repeat": k}, sink.observed, plain_runner(args, outputs, feeds),
+                               OBSERVING, now_ms)
+        sink.close(elapsed, check)
+
+
+def plain_runner(args: HarnessArgs, outputs: list[str], feeds: dict):
+    """One run of the model as an app runs it per call: the unmodified model, its own outputs fetched. Its session
+    is made at the first call, after the observed run, and goes with the check (no second copy of the weights
+    held while the observed run's segments run)."""
+    sessions: list = []
+
+    def run_plain() -> dict[str, np.ndarray]:
+        if not sessions:
+            sessions.append(create_session(args.models[0].read_bytes(), args))
+        return run_session(sessions[0], outputs, feeds)
+
+    return run_plain
+
+
+def run_session(session, outputs: list[str], feeds: dict) -> dict[str, np.ndarray]:
+    """The model's outputs from one plain run."""
+    try:
+        return dict(zip(outputs, session.run(outputs, feeds)))
+    except Exception as err:  # noqa: BLE001 - ORT raises its own runtime error types
+        raise HarnessExit(EXIT_RUN, f"ONNX Runtime failed to run the model plainly ({_first_line(err)})") from None
+
+
+def record_fed(sink: DumpSink, feeds: dict[str, np.ndarray]) -> None:
+    """The arrays handed to `InferenceSession.run` (ONNX Runtime reads them in place, in the graph's
+    own order and the element type the model declares): the dump's `input_fed` records."""
+    for name, array in feeds.items():
+        sink.fed(name, array, plain_layout(array.ndim))
 
 
 def _dumper(nodes: list[NodeOutputs], sink: DumpSink):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from layerdiff.errors import InputError
+from layerdiff.errors import ModelFormatError
 from layerdiff.collector.engines.base import InputSpecs
 
 
@@ -15,7 +15,7 @@ def input_specs(path: Path) -> InputSpecs:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as err:  # noqa: BLE001 - protobuf raises DecodeError and friends
-        raise InputError(f"{path}: not a readable ONNX model ({err})") from None
+        raise ModelFormatError(f"{path}: not a readable ONNX model ({str(err)[:200] or type(err).__name__})") from None
     weights = {init.name for init in model.graph.initializer}
     specs: InputSpecs = {}
     for value in model.graph.input:
@@ -26,3 +26,18 @@ def input_specs(path: Path) -> InputSpecs:
             if tensor.HasField("shape") else None
         specs[value.name] = (shape, str(helper.tensor_dtype_to_np_dtype(tensor.elem_type)))
     return specs
+
+
+def model_precision(model) -> str:
+    """The precision the model's own tensors set (ONNX Runtime computes a float16 tensor in float16):
+    `fp16` when every float graph input and weight is float16, `fp16+fp32` when both kinds are there,
+    else `fp32`. An fp16 copy of a model is an fp16 run whatever precision was asked for."""
+    from onnx import TensorProto
+
+    kinds = [init.data_type for init in model.graph.initializer]
+    kinds += [value.type.tensor_type.elem_type for value in model.graph.input]
+    half = TensorProto.FLOAT16 in kinds or TensorProto.BFLOAT16 in kinds
+    full = TensorProto.FLOAT in kinds or TensorProto.DOUBLE in kinds
+    if half and full:
+        return "fp16+fp32"
+    return "fp16" if half else "fp32"

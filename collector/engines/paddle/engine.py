@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from layerdiff.vocabulary import host_abi
+from layerdiff.collector.engines import plainrun
 from layerdiff.collector.engines.harness_cli import (
     HARNESS_VERSION,
     EXIT_ARGS,
@@ -140,6 +141,20 @@ def run_once(executor, program, feeds: dict, variables: list[Variable], sink: Du
     return total
 
 
+# What observing does differently here (plainrun.py; shown when the plain run disagrees).
+OBSERVING = ("every op output is fetched, in groups, each group one run of the program; the plain run fetches only "
+             "the program's own fetch targets, as an app does")
+
+
+def run_plain(executor, program, feeds: dict, fetches: list[str]) -> dict[str, np.ndarray]:
+    """One run as an app runs it: the program's own fetch targets only."""
+    try:
+        values = executor.run(program, feed=feeds, fetch_list=fetches, return_numpy=True)
+    except Exception as err:  # noqa: BLE001 - Paddle raises its own enforce errors
+        raise HarnessExit(EXIT_RUN, f"Paddle failed to run the model plainly ({_first_line(err)})") from None
+    return dict(zip(fetches, (np.asarray(v) for v in values)))
+
+
 def run(args: HarnessArgs) -> None:
     if args.backend != "cpu":
         raise HarnessExit(EXIT_BACKEND, f"the paddle engine runs on the CPU only; use --backend cpu, not {args.backend}")
@@ -160,9 +175,16 @@ def run(args: HarnessArgs) -> None:
     header.update({"backends_actual": ["cpu"], "precision_effective": "fp32",
                    "options": {"executor": "paddle.static.Executor(CPUPlace)", "onednn": False,
                                "variables": len(variables)}})
+    fetches = described.fetches()
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(variables))
-        sink.close(run_once(executor, program, feeds, variables, sink, GROUP_BYTES))
+        for name, array in feeds.items():  # the arrays handed to Executor.run: what Paddle reads (`input_fed`)
+            sink.fed(name, array, "NCHW" if array.ndim == 4 else "")
+        sink.watch(fetches)
+        elapsed = run_once(executor, program, feeds, variables, sink, GROUP_BYTES)
+        check = plainrun.check(out, {**header, "repeat": k}, sink.observed,
+                               lambda: run_plain(executor, program, feeds, fetches), OBSERVING, now_ms) if fetches else None
+        sink.close(elapsed, check)
 
 
 def main() -> int:

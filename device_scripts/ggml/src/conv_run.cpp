@@ -108,7 +108,7 @@ RunFacts ConvRun::prepare(ModelInput* input, NodeRecorder* recorder) {
     return facts;
 }
 
-double ConvRun::compute(const ModelInput& input, DumpWriter* out, NodeDumper* dumper) {
+double ConvRun::compute(const ModelInput& input, DumpWriter* out, NodeDumper* dumper, PlainOutput* result) {
     Backends backends;
     ggml_backend_dev_t device = device_for(backend_);
     if (device != nullptr) backends.list.push_back(ggml_backend_dev_init(device, nullptr));
@@ -148,11 +148,20 @@ double ConvRun::compute(const ModelInput& input, DumpWriter* out, NodeDumper* du
 
     ggml_backend_sched_t sched = ggml_backend_sched_new(backends.list.data(), nullptr, static_cast<int>(backends.list.size()),
                                                         GGML_DEFAULT_GRAPH_SIZE, false, true);
-    dumper->start(out);
+    if (!dumper->plain()) dumper->start(out);  // a plain run's dumper stays plain
     ggml_backend_sched_set_eval_callback(sched, NodeDumper::callback, dumper);
     double start = monotonic_ms();
     ggml_status status = ggml_backend_sched_graph_compute(sched, graph);
     double ms = monotonic_ms() - start;
+    if (result != nullptr && status == GGML_STATUS_SUCCESS) {  // the plain run's output, read as the dump reads nodes
+        std::vector<char> bytes;
+        std::string dtype;
+        result->name = "conv.out";
+        if (read_node(y, &bytes, &result->shape, &dtype) && dtype == "float32") {
+            const float* values = reinterpret_cast<const float*>(bytes.data());
+            result->values.assign(values, values + bytes.size() / sizeof(float));
+        }
+    }
     ggml_backend_sched_free(sched);
     ggml_backend_buffer_free(weights);
     if (status != GGML_STATUS_SUCCESS) {
@@ -163,5 +172,13 @@ double ConvRun::compute(const ModelInput& input, DumpWriter* out, NodeDumper* du
 }
 
 double ConvRun::run(const ModelInput& input, DumpWriter& out) { return compute(input, &out, dumper_); }
+
+std::vector<PlainOutput> ConvRun::plain_run(const ModelInput& input) {
+    NodeDumper plain(nullptr);
+    plain.start_plain();
+    PlainOutput output;
+    compute(input, nullptr, &plain, &output);
+    return {output};
+}
 
 }  // namespace ld

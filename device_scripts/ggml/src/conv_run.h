@@ -10,6 +10,7 @@
 #include "backends.h"
 #include "dump_writer.h"
 #include "model_input.h"
+#include "plain_run.h"
 #include "run_facts.h"
 
 struct ggml_context;
@@ -25,9 +26,12 @@ public:
     // `recorder` (--inject): the target nodes are recorded during the placement pass.
     RunFacts prepare(ModelInput* input, class NodeRecorder* recorder = nullptr);
     double run(const ModelInput& input, DumpWriter& out);
+    // The plain run (docs/fidelity.md): the graph computed with no node asked for, conv.out read back.
+    std::vector<std::string> output_names() const { return {"conv.out"}; }
+    std::vector<PlainOutput> plain_run(const ModelInput& input);
 
 private:
-    double compute(const ModelInput& input, DumpWriter* out, class NodeDumper* dumper);
+    double compute(const ModelInput& input, DumpWriter* out, class NodeDumper* dumper, PlainOutput* result = nullptr);
     gguf_context* gguf_ = nullptr;
     ggml_context* weights_ = nullptr;   // the GGUF's tensors, on the host
     ggml_tensor* kernel_ = nullptr;

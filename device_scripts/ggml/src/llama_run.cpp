@@ -131,12 +131,27 @@ RunFacts LlamaRun::prepare(ModelInput* input, NodeRecorder* recorder) {
     return facts;
 }
 
-void LlamaRun::decode(const ModelInput& input, DumpWriter* out) {
+void LlamaRun::decode(const ModelInput& input, DumpWriter* out, bool plain) {
     std::vector<int32_t> tokens = input.tokens;  // llama_batch_get_one takes a non-const pointer
-    dumper_->start(out);
+    if (plain) dumper_->start_plain();
+    else dumper_->start(out);
     if (llama_decode(ctx_, llama_batch_get_one(tokens.data(), static_cast<int32_t>(tokens.size()))) != 0) {
         throw HarnessError(kExitRun, "llama_decode failed on --backend " + backend_ + " (its messages are above)");
     }
+}
+
+std::vector<PlainOutput> LlamaRun::plain_run(const ModelInput& input) {
+    llama_memory_clear(llama_get_memory(ctx_), true);  // the observed run's tokens are in the KV cache
+    decode(input, nullptr, true);
+    int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model_));
+    const float* logits = llama_get_logits_ith(ctx_, -1);
+    if (logits == nullptr) throw HarnessError(kExitRun, "llama.cpp returned no logits in the plain run");
+    PlainOutput output;
+    output.name = "result_output";
+    output.shape = {n_vocab};  // the last token's logits, as the observed run dumps result_output (ne1 = 1)
+    output.values.assign(logits, logits + n_vocab);
+    llama_memory_clear(llama_get_memory(ctx_), true);
+    return {output};
 }
 
 double LlamaRun::run(const ModelInput& input, DumpWriter& out) {

@@ -8,6 +8,7 @@
 #include "backends.h"
 #include "dump_writer.h"
 #include "model_input.h"
+#include "plain_run.h"
 #include "run_facts.h"
 
 struct llama_model;
@@ -26,9 +27,13 @@ public:
     // target nodes). Throws HarnessError(kExitRun/kExitBadArgs).
     RunFacts prepare(ModelInput* input, class NodeRecorder* recorder = nullptr);
     double run(const ModelInput& input, DumpWriter& out);
+    // The plain run (docs/fidelity.md): the prompt decoded with no node asked for, the logits read as
+    // llama.cpp hands them to an app; the KV cache is cleared before and after.
+    std::vector<std::string> output_names() const { return {"result_output"}; }
+    std::vector<PlainOutput> plain_run(const ModelInput& input);
 
 private:
-    void decode(const ModelInput& input, DumpWriter* out);
+    void decode(const ModelInput& input, DumpWriter* out, bool plain = false);
     std::unique_ptr<class NodeDumper> dumper_;  // cb_eval's user data: fixed when the context is made
     llama_model* model_ = nullptr;
     llama_context* ctx_ = nullptr;

@@ -19,6 +19,7 @@
 #include "json.h"
 #include "llama.h"
 #include "llama_run.h"
+#include "plain_run.h"
 #include "node_dump.h"
 #include "node_isolate.h"
 #include "options.h"
@@ -115,9 +116,11 @@ int run_with(Runner& runner, const Options& o, ModelInput& input, const GgmlPrec
     for (int r = 0; r < o.repeat; ++r) {
         std::string dir = o.repeat > 1 ? join_path(o.out, "r" + std::to_string(r)) : o.out;
         DumpWriter writer(dir, limits_from(o), facts.nodes);
-        writer.write_header(header_json(o, facts, input, r));
+        std::string header = header_json(o, facts, input, r);
+        writer.write_header(header);
+        writer.watch(runner.output_names());
         double ms = runner.run(input, writer);
-        writer.write_footer(ms);
+        writer.write_footer(ms, plain_run_check([&] { return runner.plain_run(input); }, kGgmlObserving, writer, header));
     }
     return kExitOk;
 }

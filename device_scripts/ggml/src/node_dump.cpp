@@ -19,6 +19,7 @@ std::string strip_copy_name(const std::string& name) {
 
 bool NodeDumper::callback(ggml_tensor* t, bool ask, void* user_data) {
     auto* self = static_cast<NodeDumper*>(user_data);
+    if (self->plain_) return false;  // the plain run: no node asked for, none handed back
     if (ask) return self->ask(t);
     self->dump(t);
     return true;  // never stop the graph: every later node still runs

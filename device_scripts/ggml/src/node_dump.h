@@ -32,9 +32,17 @@ public:
     // Before each graph: names restart (the next graph reuses tensor memory), counters stay.
     void start(DumpWriter* writer) {
         writer_ = writer;
+        plain_ = false;
         names_.clear(); name_uses_.clear(); ggml_names_.clear(); last_writer_.clear();
         rotated_.clear(); rotated_by_name_.clear(); rotated_roots_.clear(); transposed_v_roots_.clear();
     }
+    // The plain run (docs/fidelity.md): no node asked for, so the scheduler computes the graph whole, as an
+    // app's graph runs (fusion across nodes allowed); nothing is recorded.
+    void start_plain() {
+        start(nullptr);
+        plain_ = true;
+    }
+    bool plain() const { return plain_; }
     // --inject: while the graph runs (placement pass), hand the target nodes to `recorder` as they are computed.
     void set_recorder(NodeRecorder* recorder) { recorder_ = recorder; }
 
@@ -52,6 +60,7 @@ private:
     void record(const ggml_tensor* t, const std::string& name);
 
     DumpWriter* writer_;
+    bool plain_ = false;
     NodeRecorder* recorder_ = nullptr;
     std::map<const ggml_tensor*, std::string> names_;  // node -> its unique dump name
     std::map<std::string, int> name_uses_;             // llama.cpp reuses names (Qcur-0 thrice)

@@ -15,6 +15,12 @@ struct RunFacts {
     int64_t nodes = 0;                         // graph nodes the scheduler computes (progress total)
 };
 
+// What the observed run does differently from the plain run (the footer's plain_run.observing).
+constexpr const char* kGgmlObserving =
+    "the scheduler's eval callback asks for every node, so each node is computed as a split of its own and handed "
+    "back (a backend never fuses consecutive nodes); the plain run asks for none and the scheduler computes the "
+    "graph whole, as an app's graph runs";
+
 // "CPU" -> "cpu", "Vulkan0" -> "vulkan", "OpenCL" -> "opencl": ggml buffer names as backend words.
 std::vector<std::string> backend_words(const std::map<std::string, int64_t>& per_buffer);
 

@@ -51,7 +51,7 @@ bool DumpWriter::wants(const std::string& op) const {
 }
 
 bool DumpWriter::begin(const TensorInfo& info, uint64_t nbytes) {
-    if (limits_.max_bytes >= 0 && static_cast<int64_t>(offset_ + nbytes) > limits_.max_bytes) {
+    if (limits_.max_bytes >= 0 && static_cast<int64_t>(offset_ - fed_bytes_ + nbytes) > limits_.max_bytes) {
         budget_hit_ = true;
         return false;
     }
@@ -64,6 +64,8 @@ bool DumpWriter::begin(const TensorInfo& info, uint64_t nbytes) {
     current_ = info;
     current_expected_ = nbytes;
     current_written_ = 0;
+    watching_current_ = watched_names_.count(info.name) > 0 && watched_.count(info.name) == 0;
+    if (watching_current_) watched_[info.name] = WatchedTensor{info, {}};
     return true;
 }
 
@@ -71,6 +73,11 @@ void DumpWriter::append(const void* data, size_t size) {
     if (size == 0) return;
     check_io(std::fwrite(data, 1, size, tensors_) == size, "write tensors.bin");
     current_written_ += size;
+    if (watching_current_) {
+        const unsigned char* bytes = static_cast<const unsigned char*>(data);
+        std::vector<unsigned char>& kept = watched_[current_.name].bytes;
+        kept.insert(kept.end(), bytes, bytes + size);
+    }
 }
 
 void DumpWriter::end() {
@@ -117,7 +124,28 @@ void DumpWriter::write(const TensorInfo& info, const void* data, uint64_t nbytes
     end();
 }
 
-void DumpWriter::write_footer(double infer_ms) {
+void DumpWriter::write_fed(const std::string& name, const std::vector<int64_t>& shape, const std::string& dtype,
+                           const std::string& layout, const void* data, uint64_t nbytes) {
+    if (nbytes > 0) check_io(std::fwrite(data, 1, nbytes, tensors_) == nbytes, "write tensors.bin");
+    check_io(std::fflush(tensors_) == 0, "flush tensors.bin");
+    std::vector<int64_t> axes;
+    for (size_t i = 0; i < shape.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    JsonObject line;
+    line.add("record", "input_fed")
+        .add("name", name)
+        .add("shape", shape)
+        .add("dtype", dtype)
+        .add("layout", layout)
+        .add("axes", axes)
+        .add("offset", static_cast<int64_t>(offset_))
+        .add("nbytes", static_cast<int64_t>(nbytes));
+    check_io(std::fputs((line.str() + "\n").c_str(), manifest_) >= 0, "write manifest.jsonl");
+    check_io(std::fflush(manifest_) == 0, "flush manifest.jsonl");
+    offset_ += nbytes;
+    fed_bytes_ += nbytes;  // the run's inputs: not counted against --max-bytes
+}
+
+void DumpWriter::write_footer(double infer_ms, const std::string& plain_run_json) {
     std::string status = "ok";
     if (budget_hit_) status = "byte budget exhausted (--max-bytes " + std::to_string(limits_.max_bytes) + ")";
     JsonObject footer;
@@ -127,6 +155,7 @@ void DumpWriter::write_footer(double infer_ms) {
         .add("infer_ms", infer_ms)
         .add("finished", iso_utc_now())
         .add("status", status);
+    if (!plain_run_json.empty()) footer.add_raw("plain_run", plain_run_json);
     check_io(std::fflush(tensors_) == 0, "flush tensors.bin");
     check_io(std::fputs((footer.str() + "\n").c_str(), manifest_) >= 0, "write manifest.jsonl");
     check_io(std::fflush(manifest_) == 0, "flush manifest.jsonl");

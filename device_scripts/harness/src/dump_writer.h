@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,12 @@ struct DumpLimits {
     int64_t abort_after = -1;    // < 0: never; testing aid for dumps without footer
 };
 
+// A watched tensor (a model output) as the observed run wrote it, for the plain run's comparison.
+struct WatchedTensor {
+    TensorInfo info;
+    std::vector<unsigned char> bytes;
+};
+
 class DumpWriter {
 public:
     DumpWriter(const std::string& dir, const DumpLimits& limits, int64_t ops_total);
@@ -49,7 +57,16 @@ public:
     void end();
     // Convenience for a tensor already contiguous in memory.
     void write(const TensorInfo& info, const void* data, uint64_t nbytes);
-    void write_footer(double infer_ms);
+    // `plain_run_json`: the footer's plain_run record (plain_run.h), already JSON, or empty for none.
+    void write_footer(double infer_ms, const std::string& plain_run_json = "");
+    // Keep a copy of the tensors with these names as they are written (the model's outputs).
+    void watch(const std::vector<std::string>& names) { watched_names_.insert(names.begin(), names.end()); }
+    const std::map<std::string, WatchedTensor>& watched() const { return watched_; }
+    const std::string& dir() const { return dir_; }
+    // An input as the engine received it, read back from its own input tensor after feeding
+    // (FORMATS.md `input_fed`): bytes, then the line; neither filtered nor counted as a layer.
+    void write_fed(const std::string& name, const std::vector<int64_t>& shape, const std::string& dtype,
+                   const std::string& layout, const void* data, uint64_t nbytes);
 
     int64_t tensors() const { return count_; }
     uint64_t bytes() const { return offset_; }
@@ -64,7 +81,11 @@ private:
     int64_t ops_total_;
     int64_t count_ = 0;
     uint64_t offset_ = 0;
+    uint64_t fed_bytes_ = 0;  // bytes of input_fed records (inside offset_)
     bool budget_hit_ = false;
+    std::set<std::string> watched_names_;
+    std::map<std::string, WatchedTensor> watched_;
+    bool watching_current_ = false;
     // the tensor being streamed
     TensorInfo current_;
     uint64_t current_expected_ = 0;

@@ -10,6 +10,7 @@
 #include "errors.h"
 #include "inject_source.h"
 #include "npy.h"
+#include "plain_run.h"
 
 namespace ld {
 
@@ -46,6 +47,13 @@ public:
     // Runs once, dumping every wanted tensor into `out`; returns inference time in ms.
     // Throws HarnessError(kExitRun) on a shape mismatch or a failing op.
     virtual double run(const std::vector<NpyArray>& inputs, DumpWriter& out) = 0;
+    // The plain run (docs/fidelity.md): the model's output names (the tensors the dump gives them under),
+    // empty when the engine has no plain run; then one run without any tensor observed, on the same
+    // session/net and inputs, returning only the model's outputs. `observing` says, in the engine's words,
+    // what the observed run does differently.
+    virtual std::vector<std::string> output_names() const { return {}; }
+    virtual std::vector<PlainOutput> plain_run(const std::vector<NpyArray>& inputs) { (void)inputs; return {}; }
+    virtual std::string observing() const { return ""; }
     // Op isolation (--inject/--target): runs each target op alone, fed the reference tensors it
     // consumes (looked up by tensor name in `source`), and dumps its outputs; returns total ms.
     virtual double isolate(const std::vector<std::string>& targets, const InjectSource& source, DumpWriter& out) {

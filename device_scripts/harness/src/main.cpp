@@ -139,9 +139,15 @@ int run(const Options& o) {
         int ops = config.isolate ? static_cast<int>(o.targets.size()) : engine->op_count();
         if (!o.replace.empty()) engine->replace_outputs(o.replace, *inject);  // before the dump: bad keys leave none
         DumpWriter writer(dir, limits_from(o), ops);
-        writer.write_header(header_json(o, facts, models_json, inputs, r));
+        std::string header = header_json(o, facts, models_json, inputs, r);
+        writer.write_header(header);
+        // a what-if run is not the app's run by design; an engine without output names has no plain run
+        bool plain = !config.isolate && o.replace.empty() && !engine->output_names().empty();
+        if (plain) writer.watch(engine->output_names());
         double infer_ms = config.isolate ? engine->isolate(o.targets, *inject, writer) : engine->run(inputs, writer);
-        writer.write_footer(infer_ms);
+        std::string record;
+        if (plain) record = plain_run_check([&] { return engine->plain_run(inputs); }, engine->observing(), writer, header);
+        writer.write_footer(infer_ms, record);
     }
     return kExitOk;
 }

@@ -3,7 +3,10 @@
 // op writes, read from the model file (mnn_model.h), like the host engine of the `local` device.
 //
 // Why Tensor(t, CAFFE) + copyToHostTensor: it converts NC4HW4 and device memory to plain NCHW on
-// the host (createHostTensorFromDevice would keep NC4HW4). Edges come from Tensor* identity:
+// the host (createHostTensorFromDevice would keep NC4HW4). A tensor MNN holds channels-last (the
+// inputs and outputs of a TFLite-origin model, TENSORFLOW dimension type) is copied through a host
+// tensor of its own type instead: its image is NHWC, as the model declares and the user gives it.
+// Each input is read back after feeding and recorded (`input_fed`). Edges come from Tensor* identity:
 // the after-callback records which op produced each tensor, the before-callback looks the
 // op's inputs up, corrected by the model's graph where addresses mislead (mnn_edges.h). MNN falls
 // back to the CPU silently when a GPU backend is missing, so the header's backends_actual, threads
@@ -36,7 +39,14 @@
 namespace ld {
 namespace {
 
-std::string layout_of(size_t dims) {
+// The host tensor's dimension type for copies in and out: the tensor's own (NHWC stays NHWC),
+// CAFFE (NCHW) for NCHW and packed NC4HW4 tensors.
+MNN::Tensor::DimensionType host_type_of(const MNN::Tensor* t) {
+    return t->getDimensionType() == MNN::Tensor::TENSORFLOW ? MNN::Tensor::TENSORFLOW : MNN::Tensor::CAFFE;
+}
+
+std::string layout_of(size_t dims, MNN::Tensor::DimensionType type = MNN::Tensor::CAFFE) {
+    if (dims == 4 && type == MNN::Tensor::TENSORFLOW) return "NHWC";
     if (dims == 4) return "NCHW";
     if (dims == 2) return "NC";
     return "flat";
@@ -92,6 +102,7 @@ public:
     double run(const std::vector<NpyArray>& inputs, DumpWriter& out) override {
         if (!session_) throw HarnessError(kExitBadArgs, "this MNN engine was opened for --inject; run without it");
         feed_inputs(inputs);
+        record_fed(inputs, out);
         std::map<const MNN::Tensor*, std::string> producer;
         for (const auto& entry : net_->getSessionInputAll(session_)) producer[entry.second] = entry.first;
         std::set<std::string> known;  // the inputs and names dumped so far: what graph edges may map to
@@ -149,6 +160,39 @@ public:
         return infer_ms;
     }
 
+    std::vector<std::string> output_names() const override {
+        std::vector<std::string> names;
+        if (!session_) return names;
+        for (const auto& entry : net_->getSessionOutputAll(session_)) names.push_back(entry.first);
+        return names;
+    }
+
+    // The same session run as an app runs it: runSession, no per-op callback, only the outputs read.
+    std::vector<PlainOutput> plain_run(const std::vector<NpyArray>& inputs) override {
+        feed_inputs(inputs);
+        MNN::ErrorCode code = net_->runSession(session_);
+        if (code != MNN::NO_ERROR) throw HarnessError(kExitRun, "MNN's plain run (runSession) failed with error code " + std::to_string(code));
+        std::vector<PlainOutput> outputs;
+        for (const auto& entry : net_->getSessionOutputAll(session_)) {
+            const MNN::Tensor* t = entry.second;
+            if (t->elementSize() <= 0) continue;
+            MNN::Tensor host(t, MNN::Tensor::CAFFE);
+            t->copyToHostTensor(&host);
+            if (host.getType() != halide_type_of<float>()) continue;  // compared where the dump holds float32
+            PlainOutput output;
+            output.name = entry.first;
+            for (int dim : host.shape()) output.shape.push_back(dim);
+            output.values.assign(host.host<float>(), host.host<float>() + host.elementSize());
+            outputs.push_back(std::move(output));
+        }
+        return outputs;
+    }
+
+    std::string observing() const override {
+        return "the session runs through runSessionWithCallBackInfo, every op's output copied to the host inside the "
+               "after-callback; the plain run is runSession of the same session without callbacks, as an app runs it";
+    }
+
     void replace_outputs(const std::vector<std::string>& keys, const InjectSource& source) override {
         replace_.clear();
         replace_source_ = &source;
@@ -199,7 +243,7 @@ private:
         if (resized) net_->resizeSession(session_);
         for (const NpyArray& input : inputs) {
             MNN::Tensor* t = net_->getSessionInput(session_, input.name.c_str());
-            MNN::Tensor host(t, MNN::Tensor::CAFFE);
+            MNN::Tensor host(t, host_type_of(t));
             if (static_cast<size_t>(host.elementSize()) != input.data.size()) {
                 throw HarnessError(kExitRun, "input " + input.file + " has " + std::to_string(input.data.size()) +
                                                  " values but MNN input '" + input.name + "' takes " + std::to_string(host.elementSize()));
@@ -209,13 +253,29 @@ private:
         }
     }
 
+    // Each input read back from the session's own input tensor after feeding, the way outputs are
+    // read: the bytes MNN computes on, recorded for the collector to check against the input given.
+    void record_fed(const std::vector<NpyArray>& inputs, DumpWriter& out) {
+        for (const NpyArray& input : inputs) {
+            MNN::Tensor* t = net_->getSessionInput(session_, input.name.c_str());
+            MNN::Tensor host(t, host_type_of(t));
+            t->copyToHostTensor(&host);
+            std::vector<int64_t> shape;
+            for (int dim : host.shape()) shape.push_back(dim);
+            std::string dtype = mnn_dtype_name(host.getType());
+            if (dtype.empty()) continue;
+            out.write_fed(input.name, shape, dtype, layout_of(shape.size(), host_type_of(t)), host.host<void>(),
+                          static_cast<uint64_t>(host.usize()));
+        }
+    }
+
     // --replace: writes the reference value into an op's output inside the after-callback, so the
     // ops after it read it (each key once: a repeated name's `#k` copies keep what MNN computed).
     void overwrite_if_replaced(MNN::Tensor* t, const std::string& op, int index, const std::string& name) {
         auto found = replace_.find({op, index});
         if (found == replace_.end()) return;
         std::vector<float> values = replace_source_->read(found->second);
-        MNN::Tensor host(t, MNN::Tensor::CAFFE);
+        MNN::Tensor host(t, host_type_of(t));
         if (host.getType() != halide_type_of<float>() || static_cast<size_t>(host.elementSize()) != values.size()) {
             throw HarnessError(kExitBadArgs, "--replace " + name + ": the injected tensor has " + std::to_string(values.size()) +
                                                  " float values, the op writes " + std::to_string(host.elementSize()) +
@@ -248,7 +308,7 @@ private:
 
     void dump_output(const MNN::Tensor& t, const std::string& op, const std::string& op_type, int index,
                      const std::string& name, const std::vector<std::string>& inputs, double elapsed, DumpWriter& out) {
-        MNN::Tensor host(&t, MNN::Tensor::CAFFE);
+        MNN::Tensor host(&t, host_type_of(&t));
         t.copyToHostTensor(&host);
         TensorInfo record;
         record.op = op;
@@ -259,7 +319,7 @@ private:
         for (int dim : host.shape()) record.shape.push_back(dim);
         record.dtype = mnn_dtype_name(host.getType());
         if (record.dtype.empty()) return;  // a type the raw format has no name for
-        record.layout = layout_of(record.shape.size());
+        record.layout = layout_of(record.shape.size(), host_type_of(&t));
         record.memory = t.host<void>() == nullptr && t.deviceId() != 0 ? "device" : "host";
         record.time_ms = elapsed;
         out.write(record, host.host<void>(), static_cast<uint64_t>(host.usize()));

@@ -9,6 +9,9 @@
 // would stay in the extractor to its end, so once written it is replaced by an empty Mat (the
 // consumer reads the GPU copy, or downloads it again if it runs on the CPU).
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,7 @@
 #include "sysutil.h"
 
 #include <cpu.h>
+#include <layer.h>
 #include <net.h>
 #include <platform.h>
 #if NCNN_VULKAN
@@ -125,6 +129,23 @@ ncnn::Mat mat_from_array(const std::vector<int64_t>& shape, const float* values,
     return m;
 }
 
+// Layer types a .param lists that ncnn does not know (ncnn::layer_to_index < 0), comma-joined, in file
+// order: what a converter left unconverted (pnnx: torch.where, Tensor.slice, ...); "" when none.
+std::string unknown_layer_types(const std::string& param) {
+    std::ifstream file(param);
+    std::string line, listed;
+    std::set<std::string> seen;
+    for (int number = 0; std::getline(file, line); ++number) {
+        if (number < 2) continue;  // magic, then "layer_count blob_count"
+        std::istringstream fields(line);
+        std::string type;
+        if (!(fields >> type) || seen.count(type)) continue;
+        seen.insert(type);
+        if (ncnn::layer_to_index(type.c_str()) < 0) listed += (listed.empty() ? "" : ", ") + type;
+    }
+    return listed;
+}
+
 ncnn::Mat mat_from_npy(const NpyArray& input) {
     return mat_from_array(input.shape, input.data.data(), "input " + input.file);
 }
@@ -151,6 +172,13 @@ public:
         const std::string& param = config.model_files[0];
         const std::string& bin = config.model_files[1];
         if (net_.load_param(param.c_str()) != 0) {
+            std::string unknown = unknown_layer_types(param);
+            if (!unknown.empty()) {
+                throw HarnessError(kExitModel, param + ": ncnn does not know the layer type(s) " + unknown +
+                                                   ": the converter left them unconverted (pnnx keeps operators it cannot map to "
+                                                   "ncnn layers under their PyTorch names); rewrite the model around them or run it "
+                                                   "on an engine that implements them");
+            }
             throw HarnessError(kExitModel, "ncnn cannot parse " + param + " (is it an ncnn .param built with layers this harness has?)");
         }
         if (net_.load_model(bin.c_str()) != 0) {
@@ -168,7 +196,7 @@ public:
 
     double run(const std::vector<NpyArray>& inputs, DumpWriter& out) override {
         ncnn::Extractor ex = net_.create_extractor();
-        feed_inputs(ex, inputs);
+        feed_inputs(ex, inputs, &out);
         double started = monotonic_ms();
         const std::vector<ncnn::Layer*>& layers = net_.layers();
         for (const ncnn::Layer* layer : layers) {
@@ -254,7 +282,45 @@ private:
         return {"vulkan"};
     }
 
-    void feed_inputs(ncnn::Extractor& ex, const std::vector<NpyArray>& inputs) {
+    std::vector<std::string> output_names() const override {
+        std::vector<std::string> names;
+        for (const char* name : net_.output_names()) names.push_back(name);
+        return names;
+    }
+
+    // A fresh extractor, the inputs fed, only the model's outputs extracted: as an app runs the net.
+    std::vector<PlainOutput> plain_run(const std::vector<NpyArray>& inputs) override {
+        ncnn::Extractor ex = net_.create_extractor();
+        feed_inputs(ex, inputs);
+        std::vector<PlainOutput> outputs;
+        for (const char* name : net_.output_names()) {
+            ncnn::Mat m;
+            if (ex.extract(name, m, 0) != 0) throw HarnessError(kExitRun, std::string("ncnn failed computing output ") + name + " in a plain run");
+            if (m.empty() || m.elemsize != 4 || m.elempack != 1) continue;
+            PlainOutput output;
+            output.name = name;
+            std::string layout;
+            blob_shape(m, &output.shape, &layout);
+            size_t plane = size_t(m.w) * m.h * m.d;
+            for (int q = 0; q < m.c; ++q) {
+                const float* values = m.channel(q);
+                output.values.insert(output.values.end(), values, values + plane);
+            }
+            outputs.push_back(std::move(output));
+        }
+        return outputs;
+    }
+
+    std::string observing() const override {
+        return vulkan_ ? "every blob is extracted in layer order (light mode), each one's host copy downloaded and then "
+                         "dropped; the plain run extracts only the model's outputs, as an app does"
+                       : "every blob is extracted in layer order (light mode); the plain run extracts only the model's "
+                         "outputs, as an app does";
+    }
+
+    // Each Mat handed to the extractor is recorded as read back (`input_fed`, with `out`): in the
+    // given shape (ncnn has no batch axis), channel by channel (planes are cstep apart).
+    void feed_inputs(ncnn::Extractor& ex, const std::vector<NpyArray>& inputs, DumpWriter* out = nullptr) {
         std::vector<std::string> model_inputs;
         for (const char* name : net_.input_names()) model_inputs.push_back(name);
         std::string listed;
@@ -263,15 +329,29 @@ private:
             bool known = false;
             for (const std::string& name : model_inputs) known = known || name == input.name;
             // Checked here: ex.input() on an unknown name prints ncnn's own multi-line hint.
-            if (!known || ex.input(input.name.c_str(), mat_from_npy(input)) != 0) {
+            ncnn::Mat fed = known ? mat_from_npy(input) : ncnn::Mat();
+            if (!known || ex.input(input.name.c_str(), fed) != 0) {
                 throw HarnessError(kExitRun, "model has no input blob '" + input.name + "' (its inputs: " + listed + ")");
             }
+            if (out) record_fed(input, fed, *out);
         }
         for (const std::string& name : model_inputs) {
             bool given = false;
             for (const NpyArray& input : inputs) given = given || input.name == name;
             if (!given) throw HarnessError(kExitRun, "model input '" + name + "' was not given: add --input " + name + "=FILE.npy");
         }
+    }
+
+    void record_fed(const NpyArray& input, const ncnn::Mat& fed, DumpWriter& out) {
+        std::vector<int64_t> shape;
+        std::string layout;
+        blob_shape(fed, &shape, &layout);
+        size_t plane = size_t(fed.w) * fed.h * fed.d;
+        if (static_cast<size_t>(fed.c) * plane == input.data.size()) shape = input.shape;
+        std::vector<float> values(static_cast<size_t>(fed.c) * plane);
+        for (int q = 0; q < fed.c; ++q) std::memcpy(values.data() + q * plane, fed.channel(q).data, plane * sizeof(float));
+        out.write_fed(input.name, shape, "float32", layout + " (ncnn dims " + std::to_string(fed.dims) + ")", values.data(),
+                      values.size() * sizeof(float));
     }
 
     void dump_blob(ncnn::Extractor& ex, const ncnn::Layer& layer, int top, DumpWriter& out) {

@@ -151,6 +151,7 @@ public:
 
     double run(const std::vector<NpyArray>& inputs, DumpWriter& out) override {
         for (const NpyArray& input : inputs) feed(input);
+        for (const NpyArray& input : inputs) record_fed(input, out);
         double started = monotonic_ms();
         predictor_->Run();
         double infer_ms = monotonic_ms() - started;
@@ -167,6 +168,18 @@ private:
         std::unique_ptr<paddle::lite_api::Tensor> tensor = predictor_->GetInputByName(input.name);
         tensor->Resize(std::vector<int64_t>(input.shape.begin(), input.shape.end()));
         std::memcpy(tensor->mutable_data<float>(), input.data.data(), input.data.size() * sizeof(float));
+    }
+
+    // The input tensor read back after feeding (`input_fed`): the values Paddle-Lite computes on.
+    void record_fed(const NpyArray& input, DumpWriter& out) {
+        std::unique_ptr<const paddle::lite_api::Tensor> t = predictor_->GetInputByName(input.name);
+        if (!t) return;
+        std::vector<int64_t> shape = t->shape();
+        int64_t numel = 1;
+        for (int64_t d : shape) numel *= d;
+        if (numel <= 0) return;
+        out.write_fed(input.name, shape, "float32", shape.size() == 4 ? "NCHW" : "", t->data<float>(),
+                      static_cast<uint64_t>(numel) * sizeof(float));
     }
 
     // Every op output in runtime order, once; weights and feed/fetch are not layers.
