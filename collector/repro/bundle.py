@@ -334,7 +334,7 @@ def cpp_source(spec: dict) -> str:
 CPP_OPTION_FIELDS = frozenset("""use_winograd_convolution use_sgemm_convolution use_int8_inference use_vulkan_compute
 use_bf16_storage use_fp16_packed use_fp16_storage use_fp16_arithmetic use_int8_packed use_int8_storage
 use_int8_arithmetic use_packing_layout use_subgroup_ops use_tensor_storage use_winograd23_convolution
-use_winograd43_convolution use_winograd63_convolution use_bf16_packed""".split())
+use_winograd43_convolution use_winograd63_convolution use_bf16_packed use_fp16_uniform""".split())
 
 
 def _ncnn_dims(shape: list[int]) -> list[int]:
