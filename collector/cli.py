@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -321,6 +322,55 @@ def bisect_command(
         print(terminal_lines(line), file=sys.stderr)
     if result.status == "not_layerwise":
         raise typer.Exit(1)
+
+
+@app.command("repro")
+def repro_command(
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="the ncnn .param (its .bin beside it)"),
+    engine: str = typer.Option("auto", "--engine", callback=choices(("auto", *ENGINES), "engine")),
+    run: Optional[Path] = typer.Option(None, "--run", help="the failing run's HDF5"),
+    ref: Optional[Path] = typer.Option(None, "--ref", help="the reference run's HDF5 (its tensors feed the layer)"),
+    layer: List[str] = typer.Option(None, "--layer", "-l", help="layer key, or FIRST..LAST (file order) as one piece; "
+                                    "repeatable: one bundle each under -o"),
+    from_report: Optional[Path] = typer.Option(None, "--from-report", help="a report dir: bundle the failure source it "
+                                               "names, with its run and reference"),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="with --from-report: the run's backend",
+                                          callback=choices(BACKENDS, "backend")),
+    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="with --from-report: the run's precision",
+                                            callback=choices(PRECISIONS, "precision")),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="the bundle directory (a .zip of it is written beside)"),
+    check: Optional[Path] = typer.Option(None, "--check", help="a bundle directory: re-run its runner, say whether it "
+                                         "still reproduces"),
+    device: str = typer.Option("local", "--device", "-d", help="with --check: where to run it (local)"),
+) -> None:
+    """A failing layer as a bundle an engine maintainer runs without layerdiff (ncnn), or --check one."""
+    if check is not None:
+        from layerdiff.collector.repro.check import check_bundle
+
+        result = check_bundle(check, device)
+        for line in result.lines():
+            print(terminal_lines(f"repro: {line}"), file=sys.stderr)
+        if not (result.reproduces and result.reference_bit_identical is not False):
+            raise typer.Exit(1)
+        return
+    from layerdiff.collector.repro.bundle import report_failure, write_bundle
+
+    if model is None or out is None:
+        raise typer.BadParameter("writing a bundle needs --model and -o (or pass --check BUNDLE)")
+    keys = list(layer or [])
+    if from_report is not None:
+        run, ref, flagged = report_failure(from_report, backend, precision)
+        keys = keys or [flagged]
+    if run is None or ref is None or not keys:
+        raise typer.BadParameter("name --run, --ref and --layer, or --from-report REPORT_DIR")
+    files = resolve_model(model, engine)
+    for key in keys:
+        target = out if len(keys) == 1 else out / re.sub(r"[^A-Za-z0-9_.-]+", "_", key)
+        bundle = write_bundle(files, run, ref, key, target)
+        error = bundle.recorded_error
+        rel = "n/a (non-finite)" if error["rel_l2"] is None else f"{error['rel_l2']:.3g}"
+        print(terminal_lines(f"repro: {bundle.layer} -> {bundle.directory} and {bundle.archive} (failing run: rel L2 "
+                             f"{rel}, NaN {error['nan']}, Inf {error['pos_inf'] + error['neg_inf']})"), file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -66,7 +66,7 @@ def test_the_docs_name_only_paths_that_exist():
 ANALYZER_ROOMS = {"formats": 0, "importers": 1, "runs": 2, "align": 3, "measure": 4, "outputs": 5, "findings": 5,
                   "analysis": 6, "report": 7, "cli": 8}
 # The collector's rooms after the engines and the devices, in the order a sweep uses them.
-COLLECTOR_ROOMS = {"inputs": 0, "run": 1, "sweep": 2, "fix": 3, "cli": 4}
+COLLECTOR_ROOMS = {"inputs": 0, "run": 1, "sweep": 2, "fix": 3, "repro": 3, "cli": 4}
 
 
 def later_room_imports(package: str, rooms: dict[str, int]) -> list[str]:

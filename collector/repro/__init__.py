@@ -1,0 +1,1 @@
+"""collector/repro: `collect repro`, a failing layer packed as a bundle a maintainer runs without layerdiff."""
