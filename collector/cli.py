@@ -95,6 +95,8 @@ def collect(
     max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="stop dumping past this many bytes"),
     exclude: List[str] = typer.Option(None, "--exclude", help="serials to leave out of --device all"),
     adb_server: List[str] = typer.Option(None, "--adb-server", help="host:port of an adb server (repeatable)"),
+    connect: List[str] = typer.Option(None, "--connect", help="host:port of a device-lab phone to `adb connect` "
+                                      "through the (first) adb server and run on too (repeatable)"),
     keep: bool = typer.Option(False, "--keep", help="keep the run's files on the device"),
     force: bool = typer.Option(False, "--force", help="re-run and overwrite runs already collected"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="re-run runs the index records as failed"),
@@ -116,7 +118,7 @@ def collect(
         backends=split_list(backend) or ["cpu"], precisions=split_list(precision) or ["high"],
         inputs=input or [], shapes=shape or [], out=out, threads=threads, repeat=repeat, deadline=deadline, layers=layers,
         max_bytes=max_bytes, exclude=split_list(exclude), adb_servers=adb_server or [], keep=keep, force=force,
-        retry_failed=retry_failed, configs=configs, fresh_process=fresh_process,
+        retry_failed=retry_failed, configs=configs, fresh_process=fresh_process, connect=split_list(connect),
     )
     if task:
         plan.extra_attrs["task"] = task
@@ -165,6 +167,8 @@ def _sweep_report(out_dir: Path, **options) -> bool:
 @app.command("devices")
 def devices_command(
     adb_server: List[str] = typer.Option(None, "--adb-server", help="host:port of an adb server (repeatable)"),
+    connect: List[str] = typer.Option(None, "--connect", help="host:port of a device-lab phone to `adb connect` "
+                                      "through the (first) adb server first (repeatable)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output on stdout"),
     probe: bool = typer.Option(True, "--probe/--no-probe", help="ask a built harness which backends work"),
 ) -> None:
@@ -174,9 +178,9 @@ def devices_command(
 
     reports = machine_reports(probe=probe)
     try:
-        reports += list_adb_devices(adb_server or None, probe=probe)
+        reports += list_adb_devices(adb_server or None, probe=probe, connect=split_list(connect))
     except DeviceError as err:
-        if adb_server:
+        if adb_server or connect:
             raise
         print(terminal_lines(f"collect: no phones listed: {err}"), file=sys.stderr)
     if json_out:

@@ -30,7 +30,7 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
                max_bytes: int | None, exclude: list[str], adb_servers: list[str], keep: bool, force: bool,
                retry_failed: bool = False, preprocess: str | None = None,
                shapes: list[str] | None = None, configs: list[tuple[str, str]] | None = None,
-               fresh_process: bool = False) -> tuple[SweepPlan, list[str]]:
+               fresh_process: bool = False, connect: list[str] | None = None) -> tuple[SweepPlan, list[str]]:
     """Everything `collect` needs, checked before any device is touched; plus unusable-input lines."""
     check_run_options(threads, repeat, deadline, layers, max_bytes)
     if out.exists() and not out.is_dir():
@@ -45,7 +45,7 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
     if configs:
         backends = list(dict.fromkeys(b for b, _ in configs))
         precisions = list(dict.fromkeys(p for _, p in configs))
-    resolved = resolve_devices(devices, adb_servers, exclude)
+    resolved = resolve_devices(devices, adb_servers, exclude, connect)
     if any(type(device) is LocalDevice for device in resolved):  # arm64 runs its own wheels
         ENGINES[model_files.engine].require_installed()  # one line naming the extra, before anything runs
     return SweepPlan(
@@ -100,7 +100,8 @@ def collect(model: Path | str | None = None, *, devices: Iterable[str] = ("local
             preprocess: str | None = None, out: Path | str = "runs", threads: int = 1, repeat: int = 1,
             deadline: float = 900.0, layers: str | None = None, max_bytes: int | None = None,
             exclude: Iterable[str] = (), adb_servers: Iterable[str] = (), keep: bool = False, force: bool = False,
-            retry_failed: bool = False, fresh_process: bool = False, task: str | None = None) -> Collected:
+            retry_failed: bool = False, fresh_process: bool = False, task: str | None = None,
+            connect: Iterable[str] = ()) -> Collected:
     """Run `model` with every layer dumped on each device x backend x precision x input, as `collect`
     does (same files, same index.csv, resumes the same way), without printing progress."""
     plan, input_errors = build_plan(
@@ -108,7 +109,7 @@ def collect(model: Path | str | None = None, *, devices: Iterable[str] = ("local
         backends=list(backends), precisions=list(precisions), inputs=list(inputs), shapes=list(shapes),
         preprocess=preprocess, out=Path(out), threads=threads, repeat=repeat, deadline=deadline, layers=layers,
         max_bytes=max_bytes, exclude=list(exclude), adb_servers=list(adb_servers), keep=keep, force=force,
-        retry_failed=retry_failed, configs=list(configs), fresh_process=fresh_process)
+        retry_failed=retry_failed, configs=list(configs), fresh_process=fresh_process, connect=list(connect))
     if task:  # what the outputs are (analyze --task), recorded in every dump
         plan.extra_attrs["task"] = task
     prepare(plan)

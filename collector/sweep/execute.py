@@ -109,7 +109,18 @@ class _Worker(threading.Thread):
                 return
 
     def _one(self, run: PlannedRun) -> str:
-        """Run one configuration; returns a reason when the device itself is gone."""
+        """Run one configuration; returns a reason when the device itself is gone.
+
+        A device-lab endpoint that dropped is reconnected (bounded tries within a deadline) and the
+        run tried once more before it counts as failed and the device as lost."""
+        lost = self._attempt(run)
+        if lost and not self.stop.is_set() and _reconnected(self.device):
+            self.index.update(run.row, status=RunStatus.RUNNING, reason="")
+            lost = self._attempt(run)
+        return lost
+
+    def _attempt(self, run: PlannedRun) -> str:
+        """One try at a configuration; returns a reason when the device itself is gone."""
         start = time.monotonic()
         sink = (lambda k, n, op: self.observer.layer(run, k, n, op)) if self.observer else None
         try:
@@ -160,6 +171,15 @@ def remove_partials(run: PlannedRun) -> None:
             partial_path(run.out_dir / name).unlink(missing_ok=True)
         except OSError:
             pass
+
+
+def _reconnected(device: Device) -> bool:
+    """True when a dropped device could be reconnected (only endpoints layerdiff connected can)."""
+    reconnect = getattr(device, "reconnect", None)
+    try:
+        return bool(reconnect()) if reconnect is not None else False
+    except (DeviceError, OSError):
+        return False
 
 
 def device_alive(device: Device) -> bool:

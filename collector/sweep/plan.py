@@ -81,11 +81,13 @@ def parse_configs(items: list[str], backends: tuple[str, ...], precisions: tuple
     return pairs
 
 
-def resolve_devices(names: list[str], adb_servers: list[str] | None = None, exclude: list[str] | None = None) -> list[Device]:
-    """`local`, `arm64[:CPU]`, serials, or `all` → Device objects.
+def resolve_devices(names: list[str], adb_servers: list[str] | None = None, exclude: list[str] | None = None,
+                    connect: list[str] | None = None) -> list[Device]:
+    """`local`, `arm64[:CPU]`, serials, `host:port` endpoints, or `all` → Device objects.
 
     `all` is this machine, the emulated arm64 core (when qemu-user is installed) and every online
-    phone of the adb server(s); without a running adb server it is just the first two.
+    phone of the adb server(s); without a running adb server it is just the first two. `connect`
+    endpoints are connected through the first adb server and added (layerdiff.collector.transport.endpoints).
     """
     from layerdiff.collector.transport.arm64 import Arm64Device, is_arm64_name
 
@@ -99,8 +101,8 @@ def resolve_devices(names: list[str], adb_servers: list[str] | None = None, excl
         devices.append(LocalDevice())
     devices.extend(Arm64Device.from_name(n) for n in dict.fromkeys(wanted) if is_arm64_name(n))
     adb_names = [n for n in wanted if n != "local" and not is_arm64_name(n)]
-    if adb_names:
-        devices.extend(_phones(adb_names, adb_servers or []))
+    if adb_names or connect:
+        devices.extend(_phones(adb_names, adb_servers or [], connect or []))
     devices = [d for d in devices if d.serial not in excluded]
     if not devices:
         raise DeviceError("no device left to run on; check --device and --exclude")
@@ -115,14 +117,14 @@ def _qemu_available() -> bool:
     return shutil.which(QEMU) is not None
 
 
-def _phones(names: list[str], adb_servers: list[str]) -> list[Device]:
+def _phones(names: list[str], adb_servers: list[str], connect: list[str]) -> list[Device]:
     """ADB devices by serial; `all` alone with no adb server running (and none named) means no phones."""
     from layerdiff.collector.transport.adb import adb_devices  # the ADB stack loads only when a phone is asked for
 
     try:
-        return list(adb_devices(names, adb_servers))
+        return list(adb_devices(names, adb_servers, connect))
     except DeviceError:
-        if names == ["all"] and not adb_servers:
+        if names == ["all"] and not adb_servers and not connect:
             return []
         raise
 

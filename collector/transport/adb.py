@@ -24,6 +24,7 @@ import adbutils
 from layerdiff.analyzer.formats.rawdump import PLAIN_DIR
 from layerdiff.collector.transport.adbproto import SyncFailed, SyncSession, TransferLost, remove_quietly, run_shell_v2, shell_text
 from layerdiff.collector.transport.adbserver import STATE_ADVICE, connect_server, device_state, list_devices, require_online
+from layerdiff.collector.transport.endpoints import connect_endpoint, is_endpoint, reconnect_endpoint
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo, ExecResult, HarnessInvocation, LineSink
 
 ROOT = "/data/local/tmp/layerdiff"
@@ -64,9 +65,12 @@ class AdbDevice:
     """One phone on one adb server (see `layerdiff.collector.transport.devices.Device`)."""
 
     def __init__(self, serial: str, *, server: str | None = None, client: adbutils.AdbClient | None = None,
-                 root: str = ROOT) -> None:
+                 root: str = ROOT, endpoint: bool = False) -> None:
         self.serial = serial
         self.client = client if client is not None else connect_server(server)
+        self.endpoint = endpoint  # a host:port layerdiff connected (`--connect`): reconnected when it drops
+        if endpoint:
+            connect_endpoint(self.client, serial)
         require_online(self.client, serial)
         self._dev = adbutils.AdbDevice(self.client, serial=serial)
         self.root = root.rstrip("/")
@@ -98,6 +102,11 @@ class AdbDevice:
             return SyncSession(self._dev)
         except _Lost as err:
             raise self._lost("opening a file transfer", err) from None
+
+    def reconnect(self) -> bool:
+        """Bring a dropped endpoint back (bounded tries, see layerdiff.collector.transport.endpoints);
+        False for a phone layerdiff did not connect itself, or one that stays away."""
+        return self.endpoint and reconnect_endpoint(self.client, self.serial)
 
     # -- facts ----------------------------------------------------------------------------------------
     def properties(self) -> tuple[dict[str, str], str]:
@@ -409,18 +418,34 @@ class _LineSplitter:
             self._sink(line)
 
 
-def adb_devices(names: list[str], adb_servers: list[str] | None = None) -> list[AdbDevice]:
-    """`all` (every online device of every server) or serials → AdbDevice objects.
+def adb_devices(names: list[str], adb_servers: list[str] | None = None,
+                connect: list[str] | None = None) -> list[AdbDevice]:
+    """`all` (every online device of every server), serials and endpoints → AdbDevice objects.
 
-    A serial not on any server is an error naming the devices that are there.
+    `connect` endpoints (host:port) are connected through the first server before anything is
+    listed, so `all` includes them, and each is one of the devices. A name on no server that is a
+    host:port is connected the same way; any other serial not on a server is an error naming the
+    devices that are there.
     """
     clients = [connect_server(spec) for spec in (adb_servers or [None])]
-    found: list[AdbDevice] = []
+    found: list[AdbDevice] = [AdbDevice(endpoint, client=clients[0], endpoint=True)
+                              for endpoint in dict.fromkeys(connect or [])]
     for name in names:
         if name == "all":
             for client in clients:
                 found += [AdbDevice(i.serial, client=client) for i in list_devices(client) if i.state == "device"]
             continue
         owner = next((c for c in clients if any(i.serial == name for i in list_devices(c))), None)
+        if owner is None and is_endpoint(name):
+            found.append(AdbDevice(name, client=clients[0], endpoint=True))
+            continue
         found.append(AdbDevice(name, client=owner or clients[0]))
-    return found
+    return _unique(found)
+
+
+def _unique(devices: list[AdbDevice]) -> list[AdbDevice]:
+    """One object per (server, serial): an endpoint named by --connect and listed by `all` runs once."""
+    seen: dict[tuple[str, int, str], AdbDevice] = {}
+    for device in devices:
+        seen.setdefault((device.client.host, device.client.port, device.serial), device)
+    return list(seen.values())

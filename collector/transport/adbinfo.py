@@ -15,6 +15,7 @@ from rich.table import Table
 from layerdiff.collector.transport.adb import AdbDevice
 from layerdiff.collector.transport.adbserver import STATE_ADVICE, connect_server, list_devices
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo
+from layerdiff.collector.transport.endpoints import connect_endpoint
 from layerdiff.collector.transport.probe import probe_document
 from layerdiff.errors import LayerdiffError
 from layerdiff.safetext import terminal_cell
@@ -111,11 +112,17 @@ def describe_device(client, serial: str, state: str, server: str, *, probe: bool
     return report
 
 
-def list_adb_devices(servers: list[str] | None = None, *, probe: bool = True) -> list[AdbDeviceReport]:
-    """One report per device on each server (default: this machine's server; none is ever started)."""
+def list_adb_devices(servers: list[str] | None = None, *, probe: bool = True,
+                     connect: list[str] | None = None) -> list[AdbDeviceReport]:
+    """One report per device on each server (default: this machine's server; none is ever started).
+
+    `connect` endpoints (host:port) are `adb connect`ed through the first server first, so they are
+    listed with the endpoint as their serial."""
     reports = []
-    for spec in servers or [None]:
+    for position, spec in enumerate(servers or [None]):
         client = connect_server(spec)
+        for endpoint in (connect or []) if position == 0 else []:
+            connect_endpoint(client, endpoint)
         label = f"{client.host}:{client.port}"
         for entry in list_devices(client):
             reports.append(describe_device(client, entry.serial, entry.state, label, probe=probe))
