@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
-from layerdiff.collector.sweep.collect import collect
+from layerdiff.collector.sweep.collect import build_plan, collect, prepare
+from layerdiff.collector.sweep.execute import run_sweep
+from layerdiff.collector.transport import endpoints
 from layerdiff.collector.sweep.index import read_index
 from layerdiff.collector.transport.adbinfo import list_adb_devices
+from layerdiff.errors import DeviceError
 from layerdiff.collector.transport.endpoints import is_endpoint
 from tests.conftest import MODELS
 from tests.standin.launcher import AdbServer, StandIn, free_port
@@ -32,6 +35,33 @@ def fake_phone_harness(fake_harness, monkeypatch):
 
 def _collect(out: Path, devices: list[str], **options):
     return collect(MODELS / "convnet.param", devices=devices, inputs=INPUTS, out=out, deadline=60, **options)
+
+
+def _plan(devices: list[str], out: Path):
+    plan, _errors = build_plan(devices=devices, model=MODELS / "convnet.param", engine="auto", backends=["cpu"],
+                               precisions=["high"], inputs=INPUTS, out=out, threads=1, repeat=1, deadline=60,
+                               layers=None, max_bytes=None, exclude=[], adb_servers=[], keep=False, force=False)
+    prepare(plan)
+    return plan
+
+
+class ArmAfterTwo:
+    """A sweep observer that makes the phone die 0.3 s into its harness run once two runs are done."""
+
+    def __init__(self, phone: StandIn) -> None:
+        self.phone, self.done = phone, 0
+
+    def started(self, run) -> None:
+        pass
+
+    def layer(self, run, k, n, op) -> None:
+        pass
+
+    def finished(self, run) -> None:
+        if run.row.status == "done":
+            self.done += 1
+            if self.done == 2:
+                self.phone.set_faults(die_on_command=r"--out ", die_after_s=0.3)
 
 
 def _statuses(result) -> dict[str, list[str]]:
@@ -106,33 +136,11 @@ def test_endpoint_dropped_mid_sweep_is_reconnected_and_the_run_retried(adb_serve
         endpoint.start()
         restarts.append(time.monotonic())
 
-    class DropAfterTwo:
-        done = 0
-
-        def started(self, run):
-            pass
-
-        def layer(self, run, k, n, op):
-            pass
-
-        def finished(self, run):
-            if run.row.status == "done":
-                self.done += 1
-                if self.done == 2:
-                    endpoint.set_faults(die_on_command=r"--out ", die_after_s=0.3)
-
-    from layerdiff.collector.sweep.collect import build_plan, prepare
-    from layerdiff.collector.sweep.execute import run_sweep
-
     watcher = threading.Thread(target=drop_once_then_come_back, daemon=True)
     watcher.start()
-    plan, _errors = build_plan(devices=[endpoint.serial], model=MODELS / "convnet.param", engine="auto",
-                               backends=["cpu"], precisions=["high"], inputs=INPUTS, out=tmp_path / "out", threads=1,
-                               repeat=1, deadline=60, layers=None, max_bytes=None, exclude=[], adb_servers=[],
-                               keep=False, force=False)
-    prepare(plan)
+    plan = _plan([endpoint.serial], tmp_path / "out")
     started = time.monotonic()
-    result = run_sweep(plan, observer=DropAfterTwo())
+    result = run_sweep(plan, observer=ArmAfterTwo(endpoint))
     watcher.join(timeout=30)
     assert len(restarts) == 1, "the endpoint never dropped"
     assert [run.row.status for run in result.runs] == ["done"] * len(INPUTS), \
@@ -140,6 +148,25 @@ def test_endpoint_dropped_mid_sweep_is_reconnected_and_the_run_retried(adb_serve
     assert adb_server.devices()[endpoint.serial] == "device"
     print(f"figure: endpoint dropped mid-run, back after 1 s: {len(INPUTS)} of {len(INPUTS)} runs done, "
           f"sweep {time.monotonic() - started:.1f} s")
+
+
+def test_endpoint_that_stays_away_fails_its_runs_after_the_reconnect_deadline(standins, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERDIFF_FAKE_HARNESS_SLEEP", "0.3")
+    monkeypatch.setattr(endpoints, "RECONNECT_DEADLINE_S", 3.0)
+    endpoint = standins.start(connect=False)
+    plan = _plan([endpoint.serial], tmp_path / "out")
+    started = time.monotonic()
+    result = run_sweep(plan, observer=ArmAfterTwo(endpoint))
+    took = time.monotonic() - started
+    statuses = [run.row.status for run in result.runs]
+    assert statuses == ["done", "done", "failed", "failed"], [(r.row.status, r.row.reason) for r in result.runs]
+    dropped = result.runs[2].row.reason
+    assert endpoint.serial in dropped and "lab session" in dropped and "within 3 s of reconnecting" in dropped, dropped
+    assert "device lost earlier in the sweep" in result.runs[3].row.reason
+    for run in result.runs[:2]:
+        with DumpFile(run.paths[0]) as dump:
+            assert dump.complete
+    print(f"figure: endpoint gone for good: 2 runs kept, 2 failed, sweep {took:.1f} s with a 3 s reconnect deadline")
 
 
 def test_refused_endpoint_is_one_line_and_exit_1(adb_server, tmp_path):
@@ -151,5 +178,14 @@ def test_refused_endpoint_is_one_line_and_exit_1(adb_server, tmp_path):
     assert proc.returncode == 1, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert nobody in lines[0] and f"adb connect {nobody}" in lines[0], lines[0]
+    assert nobody in lines[0] and f"adb -P {adb_server.port} connect {nobody}" in lines[0], lines[0]
     assert nobody not in adb_server.devices()
+
+
+def test_unauthorized_endpoint_says_to_add_the_servers_key(adb_server, standins, tmp_path):
+    locked = standins.start(connect=False, auth="reject")
+    with pytest.raises(DeviceError) as caught:
+        _collect(tmp_path / "out", [locked.serial])
+    line = str(caught.value)
+    assert "\n" not in line and locked.serial in line and "unauthorized" in line and "adbkey.pub" in line, line
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.h5"))

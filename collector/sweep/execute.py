@@ -114,10 +114,16 @@ class _Worker(threading.Thread):
         A device-lab endpoint that dropped is reconnected (bounded tries within a deadline) and the
         run tried once more before it counts as failed and the device as lost."""
         lost = self._attempt(run)
-        if lost and not self.stop.is_set() and _reconnected(self.device):
+        if not lost or self.stop.is_set() or not getattr(self.device, "endpoint", False):
+            return lost
+        if _reconnected(self.device):
             self.index.update(run.row, status=RunStatus.RUNNING, reason="")
-            lost = self._attempt(run)
-        return lost
+            return self._attempt(run)
+        from layerdiff.collector.transport import endpoints  # only phones reach here: adb loads with them
+
+        gave_up = f"{self.device.serial} did not come back within {endpoints.RECONNECT_DEADLINE_S:g} s of reconnecting"
+        self.index.update(run.row, reason=f"{run.row.reason}; {gave_up}")
+        return f"{lost}; {gave_up}"
 
     def _attempt(self, run: PlannedRun) -> str:
         """One try at a configuration; returns a reason when the device itself is gone."""
@@ -174,10 +180,9 @@ def remove_partials(run: PlannedRun) -> None:
 
 
 def _reconnected(device: Device) -> bool:
-    """True when a dropped device could be reconnected (only endpoints layerdiff connected can)."""
-    reconnect = getattr(device, "reconnect", None)
+    """True when a dropped endpoint is back (layerdiff.collector.transport.endpoints)."""
     try:
-        return bool(reconnect()) if reconnect is not None else False
+        return bool(device.reconnect())
     except (DeviceError, OSError):
         return False
 

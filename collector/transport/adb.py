@@ -24,7 +24,7 @@ import adbutils
 from layerdiff.analyzer.formats.rawdump import PLAIN_DIR
 from layerdiff.collector.transport.adbproto import SyncFailed, SyncSession, TransferLost, remove_quietly, run_shell_v2, shell_text
 from layerdiff.collector.transport.adbserver import STATE_ADVICE, connect_server, device_state, list_devices, require_online
-from layerdiff.collector.transport.endpoints import connect_endpoint, is_endpoint, reconnect_endpoint
+from layerdiff.collector.transport.endpoints import ENDPOINT_ADVICE, connect_endpoint, is_endpoint, reconnect_endpoint
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo, ExecResult, HarnessInvocation, LineSink
 
 ROOT = "/data/local/tmp/layerdiff"
@@ -87,7 +87,7 @@ class AdbDevice:
         detail = f" ({err})" if err and str(err) else ""
         if state == "device":
             return DeviceError(f"{self.serial}: {doing} failed{detail}")
-        advice = STATE_ADVICE.get(state, "check the phone and the cable")
+        advice = ENDPOINT_ADVICE if self.endpoint else STATE_ADVICE.get(state, "check the phone and the cable")
         return DeviceError(f"{self.serial}: device lost during {doing} (now {state}: {advice})")
 
     def shell(self, command: str, doing: str = "a shell command", timeout: float = 60.0) -> tuple[int, str, str]:
