@@ -77,6 +77,14 @@ def test_endpoint_syntax():
                                      "emulator-5554", "a b:5555"]))
 
 
+def test_connect_needs_host_and_port(adb_server):
+    from layerdiff.collector.sweep.plan import resolve_devices
+    from layerdiff.errors import UsageError
+
+    with pytest.raises(UsageError, match="--connect 'stf.example.com': expected the HOST:PORT"):
+        resolve_devices(["local"], connect=["stf.example.com"])
+
+
 def test_endpoint_and_a_second_adb_server_in_one_sweep(adb_server, standins, tmp_path):
     """`--device HOST:PORT` connects the endpoint through the first server; a phone of another server
     runs in the same sweep; `collect devices` then lists the endpoint with the endpoint as serial."""

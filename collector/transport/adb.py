@@ -25,6 +25,7 @@ from layerdiff.analyzer.formats.rawdump import PLAIN_DIR
 from layerdiff.collector.transport.adbproto import SyncFailed, SyncSession, TransferLost, remove_quietly, run_shell_v2, shell_text
 from layerdiff.collector.transport.adbserver import STATE_ADVICE, connect_server, device_state, list_devices, require_online
 from layerdiff.collector.transport.endpoints import ENDPOINT_ADVICE, connect_endpoint, is_endpoint, reconnect_endpoint
+from layerdiff.errors import UsageError
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo, ExecResult, HarnessInvocation, LineSink
 
 ROOT = "/data/local/tmp/layerdiff"
@@ -427,6 +428,10 @@ def adb_devices(names: list[str], adb_servers: list[str] | None = None,
     host:port is connected the same way; any other serial not on a server is an error naming the
     devices that are there.
     """
+    bad = next((endpoint for endpoint in connect or [] if not is_endpoint(endpoint)), None)
+    if bad is not None:
+        raise UsageError(f"--connect {bad!r}: expected the HOST:PORT a lab gives for `adb connect`, "
+                         f"e.g. stf.example.com:7401")
     clients = [connect_server(spec) for spec in (adb_servers or [None])]
     found: list[AdbDevice] = [AdbDevice(endpoint, client=clients[0], endpoint=True)
                               for endpoint in dict.fromkeys(connect or [])]
