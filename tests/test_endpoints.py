@@ -154,6 +154,11 @@ def test_endpoint_dropped_mid_sweep_is_reconnected_and_the_run_retried(adb_serve
     assert [run.row.status for run in result.runs] == ["done"] * len(INPUTS), \
         [(r.row.status, r.row.reason) for r in result.runs]
     assert adb_server.devices()[endpoint.serial] == "device"
+    on_file = read_index(tmp_path / "out")
+    assert sorted(row.status for row in on_file.values()) == ["done"] * len(INPUTS)
+    for run in result.runs:
+        with DumpFile(run.paths[0]) as dump:
+            assert dump.complete and len(dump.layers) > 0
     print(f"figure: endpoint dropped mid-run, back after 1 s: {len(INPUTS)} of {len(INPUTS)} runs done, "
           f"sweep {time.monotonic() - started:.1f} s")
 
