@@ -168,7 +168,7 @@ def devices_command(
     json_out: bool = typer.Option(False, "--json", help="machine-readable output on stdout"),
     probe: bool = typer.Option(True, "--probe/--no-probe", help="ask a built harness which backends work"),
 ) -> None:
-    """This machine (`local`, `arm64`) and every device the adb server(s) know, with what it can run."""
+    """The host (`local`, `arm64`) and every device the adb server(s) know, with what it can run."""
     from layerdiff.collector.transport.adbinfo import devices_json, devices_table, list_adb_devices, machine_reports
     from layerdiff.collector.transport.devices import DeviceError
 

@@ -84,7 +84,7 @@ def parse_configs(items: list[str], backends: tuple[str, ...], precisions: tuple
 def resolve_devices(names: list[str], adb_servers: list[str] | None = None, exclude: list[str] | None = None) -> list[Device]:
     """`local`, `arm64[:CPU]`, serials, or `all` → Device objects.
 
-    `all` is this machine, the emulated arm64 core (when qemu-user is installed) and every online
+    `all` is the host, the emulated arm64 core (when qemu-user is installed) and every online
     phone of the adb server(s); without a running adb server it is just the first two.
     """
     from layerdiff.collector.transport.arm64 import Arm64Device, is_arm64_name
@@ -258,7 +258,7 @@ def _capabilities(plan: SweepPlan, device: Device) -> tuple[dict[str, dict] | No
 
 
 def _host_cpu_only(plan: SweepPlan, device: Device) -> bool:
-    """This machine's own engines (PyPI wheels) always have their CPU backend: a probe process cost
+    """The host's own engines (PyPI wheels) always have their CPU backend: a probe process cost
     a third of a one-run `collect`'s CPU and could tell a cpu-only plan nothing else it uses."""
     backends = {backend for backend, _ in plan.configs} if plan.configs else set(plan.backends)
     return type(device) is LocalDevice and backends == {"cpu"}
