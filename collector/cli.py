@@ -133,7 +133,9 @@ def collect(
     report_written = True
     if report if report is not None else len(result.runs) > 1:
         report_written = _sweep_report(plan.out_dir)
-    if result.failed or input_errors or not report_written:
+    if result.index.write_error is not None:  # the runs are kept; the index that lists them is not
+        print(terminal_lines(f"collect: {result.index.write_error}"), file=sys.stderr)
+    if result.failed or input_errors or not report_written or result.index.write_error is not None:
         raise typer.Exit(1)
     if any(run.row.status == RunStatus.SKIPPED for run in result.runs):
         raise typer.Exit(EXIT_SOME_SKIPPED)
@@ -172,7 +174,7 @@ def devices_command(
     json_out: bool = typer.Option(False, "--json", help="machine-readable output on stdout"),
     probe: bool = typer.Option(True, "--probe/--no-probe", help="ask a built harness which backends work"),
 ) -> None:
-    """This machine (`local`, `arm64`) and every device the adb server(s) know, with what it can run."""
+    """The host (`local`, `arm64`) and every device the adb server(s) know, with what it can run."""
     from layerdiff.collector.transport.adbinfo import devices_json, devices_table, list_adb_devices, machine_reports
     from layerdiff.collector.transport.devices import DeviceError
 
@@ -247,6 +249,23 @@ def isolate_command(
           file=sys.stderr)
 
 
+def _model_and_inputs(model: Path, engine: str, inputs: list[str] | None, preprocess: str | None, out: Path,
+                      check=None):
+    """The model files and input sets a search over trial runs (`fix`, `bisect`) uses, checked before any
+    device is touched: -o is a directory, the model resolves, every input is usable (`check`: the caller's
+    own refusal, given the model files, before the inputs are read)."""
+    if out.exists() and not out.is_dir():
+        raise StorageError(f"output {out} is a file; pass a directory to -o")
+    files = resolve_model(model, engine)
+    if check is not None:
+        check(files)
+    sets, errors = resolve_inputs(inputs or [], input_shapes(files), parse_preprocess(preprocess),
+                                  ENGINES[files.engine].prompt_input)
+    if errors:
+        raise InputError(errors[0])
+    return files, sets
+
+
 @app.command("fix")
 def fix_command(
     device: str = typer.Option("local", "--device", "-d", help="local or a serial"),
@@ -269,13 +288,7 @@ def fix_command(
     from layerdiff.clioptions import check_number
 
     check_number("--tolerance", tolerance, 0.0, above_minimum=True)
-    if out.exists() and not out.is_dir():
-        raise StorageError(f"output {out} is a file; pass a directory to -o")
-    files = resolve_model(model, engine)
-    inputs, errors = resolve_inputs(input or [], input_shapes(files), parse_preprocess(preprocess),
-                                    ENGINES[files.engine].prompt_input)
-    if errors:
-        raise InputError(errors[0])
+    files, inputs = _model_and_inputs(model, engine, input, preprocess, out)
     target = resolve_devices([device], adb_server or [])[0]
     result = fix(target, files, backend, precision, inputs, out, tolerance=tolerance, deadline_s=deadline)
     doc = fix_document(result, device=target.serial, model=files.name, engine=files.engine, backend=backend,
@@ -307,15 +320,9 @@ def bisect_command(
     """Find the layer(s) whose move to the failing backend/precision breaks the outputs; only outputs are observed."""
     from layerdiff.collector.fix.bisect import bisect, bisect_document, mechanism_for, parse_ref_config, summary_lines
 
-    if out.exists() and not out.is_dir():
-        raise StorageError(f"output {out} is a file; pass a directory to -o")
-    files = resolve_model(model, engine)
-    mechanism_for(files.engine)  # an engine without a per-layer switch refuses before anything runs
     reference = parse_ref_config(ref_config, backend, BACKENDS, PRECISIONS)
-    inputs, errors = resolve_inputs(input or [], input_shapes(files), parse_preprocess(preprocess),
-                                    ENGINES[files.engine].prompt_input)
-    if errors:
-        raise InputError(errors[0])
+    # an engine without a per-layer switch refuses before any input is read or device touched
+    files, inputs = _model_and_inputs(model, engine, input, preprocess, out, check=lambda f: mechanism_for(f.engine))
     target = resolve_devices([device], adb_server or [])[0]
     result = bisect(target, files, backend, precision, inputs, out, tolerance=tolerance, ref_config=reference,
                     deadline_s=deadline)

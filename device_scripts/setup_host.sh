@@ -55,7 +55,7 @@ fi
 
 pip_flags=(-q)
 if python3 -c 'import os, sys, sysconfig; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'; then
-    pip_flags+=(--break-system-packages)  # Debian's own python3: this machine is dedicated to the tool
+    pip_flags+=(--break-system-packages)  # Debian's own python3: the host is dedicated to the tool
 fi
 cd "$repo"
 python3 -m pip install "${pip_flags[@]}" --disable-pip-version-check -e "$extras"

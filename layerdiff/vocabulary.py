@@ -44,7 +44,7 @@ MACHINE_ABI = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64-v8a", "a
 
 
 def host_abi(machine: str | None = None) -> str:
-    """The Android-style ABI name of this machine (`platform.machine()` mapped; unknown names unchanged)."""
+    """The Android-style ABI name of the host (`platform.machine()` mapped; unknown names unchanged)."""
     import platform
 
     machine = (machine if machine is not None else platform.machine()).lower()

@@ -1,4 +1,4 @@
-"""Measure what each sample model shows on this machine's real engines: `python samples/measure.py`.
+"""Measure what each sample model shows on the host's real engines: `python samples/measure.py`.
 
 For every catalog model and input, runs pip ncnn (cpu, vulkan) at high and low precision and pymnn
 (cpu, high) on the committed files, and prints per run: the worst layer error against the numpy

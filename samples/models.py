@@ -1,7 +1,7 @@
 """The two basic sample networks (deterministic recipes: fixed seeds, fixed structure).
 
 Each recipe takes the input shape and returns a `Network`; samples/catalog.py lists every sample
-model with its inputs. The scenario networks of issue 8 live in samples/scenarios.py.
+model with its inputs. The scenario networks of the five field reports live in samples/scenarios.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run the generated sample models on this machine's real engines and return every layer's output.
+"""Run the generated sample models on the host's real engines and return every layer's output.
 
 Why here and not in the collector: samples must prove themselves (ncnn and MNN give what the numpy
 reference says) without depending on the tool they are meant to test. These runners are small and

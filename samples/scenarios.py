@@ -1,5 +1,5 @@
-"""Networks for the five field reports of issue 8 (each shows its effect through real low-precision
-arithmetic of an engine on this machine; see samples/README.md for what was measured where).
+"""Networks for the five field reports (each shows its effect through real low-precision
+arithmetic of an engine on the host; see samples/README.md for what was measured where).
 
 1. `deepnet`    28 layers; cpu/high vs vulkan/low gives an error curve that grows with depth.
 2. `convnet_fp16w` (in catalog.py): convnet with weights *stored* as fp16 (ncnn tag 0x01306B47,

@@ -1,5 +1,5 @@
 """Engine against engine, every name different: structure pairs the layers, values must not be
-overruled by edges where they plainly name the partner (issue 28).
+overruled by edges where they plainly name the partner.
 
 Two parallel branches fed by one tensor, run in opposite orders by two engines:
 

@@ -56,7 +56,7 @@ def pnnx_case(tmp_path_factory):
     shutil.copy(SAMPLES / "convnet.onnx", work / "net.onnx")
     subprocess.run([pnnx, "net.onnx"], cwd=work, check=True, capture_output=True, timeout=600)
     param = work / "net.ncnn.param"
-    # pnnx declares no Input shape; give it one (the collector side reads it from the input, issue 15)
+    # pnnx declares no Input shape; give it one (the collector side reads it from the input)
     text = re.sub(r"^(Input\s+\S+\s+0 1 \S+)\s*$", rf"\1 0={shape[3]} 1={shape[2]} 2={shape[1]}",
                   param.read_text(), flags=re.M)
     param.write_text(text)

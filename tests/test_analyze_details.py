@@ -1,4 +1,4 @@
-"""Report details that misled users (issue 15 point 9): near-zero references, empty op types of
+"""Report details that misled users: near-zero references, empty op types of
 imported layers, a single zero called a collapse, a run that never started said to have died in a layer."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Verdicts weighed by impact (issue 15 point 8): what reaches the outputs decides a run's verdict,
+"""Verdicts weighed by impact: what reaches the outputs decides a run's verdict,
 first divergence has one definition, and explanations fit the precisions involved."""
 from __future__ import annotations
 

@@ -217,7 +217,7 @@ def _output(path: Path) -> np.ndarray:
 
 
 def test_reduced_precision_detector_is_judged_by_its_output(corpus, tmp_path):
-    """Issue 15 point 8, on a 256x256 page of text: fp16 Vulkan (lavapipe) flushes background
+    """On a 256x256 page of text: fp16 Vulkan (lavapipe) flushes background
     probabilities to zero and moves a few mask pixels: the run warns, no layer or output fails. bf16
     on the CPU moves many more: judged at least as severely, never better than the fp16 run."""
     from layerdiff.analyzer.analysis import analyze_paths
@@ -359,7 +359,7 @@ class _Opened:
 @pytest.mark.parametrize("engine", ["mnn", "ncnn"])
 @pytest.mark.parametrize("stem", [m.stem for m in MODELS])
 def test_golden_aligns_every_tensor_the_engine_reproduces(corpus_run, stem, engine):
-    """Issue 28: >= 90% of the golden tensors a correct fp32 run reproduces (one of its layers holds
+    """>= 90% of the golden tensors a correct fp32 run reproduces (one of its layers holds
     them to rel L2 0.02) are aligned, and no match joins different values. MNN's converter names
     some real ops like its layout copies (a Pooling writing `pool2d_0.tmp_0_raster_0`) and the
     classifier's golden aligned at 89.9% before name leftovers went through value-confirmed structure."""

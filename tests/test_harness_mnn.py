@@ -50,7 +50,7 @@ def harness() -> list[str]:
 
 @pytest.fixture(scope="module")
 def probe(harness) -> dict:
-    """The MNN engine's `--probe` backends on this machine."""
+    """The MNN engine's `--probe` backends on the host."""
     result = subprocess.run([*harness, "--probe"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["engines"]["mnn"]["backends"]

@@ -1,4 +1,4 @@
-"""The C++ harness's MNN OpenCL path on a real OpenCL: MNN's kernels on Debian's PoCL (issue 33, item 7).
+"""The C++ harness's MNN OpenCL path on a real OpenCL: MNN's kernels on Debian's PoCL.
 
 PoCL is a CPU OpenCL without fp16, which MNN's OpenCL backend (GPU-type devices only) cannot see by
 itself; tests/opencl_pocl.py builds the loader shim that makes it visible. What runs here is real: the
@@ -51,7 +51,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(_missing()), reason=f"MN
 
 STEMS = sorted(p.stem for p in MODELS.glob("*.mnn") if (INPUTS / f"{p.stem}.npy").is_file())
 POCL_PLATFORM = "Portable Computing Language"
-TOLERANCE = 1e-4  # issue 33: opencl/high within 1e-4 of cpu/high (absolute, relative past |x| = 1)
+TOLERANCE = 1e-4  # opencl/high within 1e-4 of cpu/high (absolute, relative past |x| = 1)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def layer_figures(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray])
     return worst_abs, max_scaled_diff(ours, reference)
 
 
-# Seen here (issue 33): gridwarp in image memory, in some processes only (2 of 6 in a row), gets wrong values
+# Seen here: gridwarp in image memory, in some processes only (2 of 6 in a row), gets wrong values
 # from MNN's image GridSample on PoCL (layer warp off by up to 6.4 on 65,507 of 65,536 elements, the output
 # by 13.9); other processes agree to 1.6e-6, and buffer memory always did. Each process tunes its kernels'
 # work-group sizes anew (MNN_GPU_TUNING_WIDE): the likely difference between them, not confirmed.

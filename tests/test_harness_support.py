@@ -77,7 +77,7 @@ def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 def max_scaled_diff(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> float:
     """Largest |ours - reference| over layers, divided by max(1, the layer's largest |reference|).
 
-    Absolute on O(1) activations (the 1e-4 of issue 4), relative on layers that reach 1e5 and
+    Absolute on O(1) activations (the harness's 1e-4), relative on layers that reach 1e5 and
     more (the overflow sample), where fp32 rounding alone exceeds 1e-4 absolute.
     """
     worst = 0.0

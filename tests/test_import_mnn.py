@@ -155,7 +155,7 @@ def test_ort_npz_aligns_with_mnn_dump_without_a_name_map(tmp_path):
 
 @pytest.mark.parametrize("layout", ["root-renamed", "output-renamed-order-inside", "output-renamed-order-beside"])
 def test_renamed_dump_folders_are_recognised_by_content(tmp_path, layout):
-    """Issue 15 point 11: a colleague's MNNV2Basic dump sent as a renamed folder still imports."""
+    """a colleague's MNNV2Basic dump sent as a renamed folder still imports."""
     import os
     import shutil
 

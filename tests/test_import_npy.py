@@ -95,7 +95,7 @@ def test_not_a_zip_npz_is_one_line(tmp_path):
 
 
 def test_npz_import_opens_the_archive_once_whatever_its_members(tmp_path, monkeypatch):
-    """Opening an archive reads its whole central directory: once per member was quadratic (issue 28)."""
+    """Opening an archive reads its whole central directory: once per member was quadratic."""
     from layerdiff.analyzer.importers import npyfiles
 
     opened = []

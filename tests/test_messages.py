@@ -1,4 +1,4 @@
-"""Messages true for the device and engine at hand (issue 28, item 7): what the user typed names the
+"""Messages true for the device and engine at hand: what the user typed names the
 device and the command, an emulated phone is said to have no GPU, a piped device table is whole."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Outputs judged by what they are (issue 28): top-1 only for class scores, whatever the engine's batch
+"""Outputs judged by what they are: top-1 only for class scores, whatever the engine's batch
 axis; declared detector tasks decoded into boxes and compared as a user would; one rounding rule."""
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _detector_dump(path, head: np.ndarray, **attrs):
 
 
 def test_one_flipped_argmax_among_anchors_is_no_decision(tmp_path):
-    """Issue 28 point 2: a detector head's axes are anchors and coordinates; an argmax flip there
+    """a detector head's axes are anchors and coordinates; an argmax flip there
     (values moved far below the tolerance) must not fail the run, nor give another verdict when the
     reference dropped the batch axis (ncnn)."""
     head = _yolo_head([(20, 20, 10, 12, 3), (44, 30, 8, 8, 7)])

@@ -112,7 +112,7 @@ def test_a_nb_for_another_target_is_refused_in_one_line(models, tmp_path):
     assert "cls_arm.nb was optimised for arm but this harness runs x86 kernels" in arm.stdout + arm.stderr
     cl = collect(tmp_path / "b", models["opencl"], models["input"], "--backend", "cpu")
     assert "cls_opencl.nb was optimised for opencl: for --backend cpu optimise it with opt --valid_targets=x86" in cl.stdout + cl.stderr
-    # the harness command line itself (collect would skip opencl first: this machine has no OpenCL device)
+    # the harness command line itself (collect would skip opencl first: the host has no OpenCL device)
     x86 = subprocess.run([sys.executable, "-m", "layerdiff.collector.engines.paddle_lite.engine", "--engine", "paddle-lite",
                           "--model", str(models["x86"]), "--input", f"x={models['input']}", "--backend", "opencl",
                           "--precision", "low", "--out", str(tmp_path / "c")], capture_output=True, text=True, timeout=600)

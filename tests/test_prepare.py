@@ -16,7 +16,7 @@ def test_prepare_stages_the_harness_on_every_phone_and_names_what_cannot_be_had(
     monkeypatch.setenv("LAYERDIFF_HARNESS_X86_64", str(fake_harness))
     monkeypatch.delenv("ANDROID_NDK", raising=False)
     phones = standins(2)
-    arm = standins.start(abi="armeabi-v7a")  # needs an NDK build, which this machine cannot make
+    arm = standins.start(abi="armeabi-v7a")  # needs an NDK build, which the host cannot make
     result = _prepare("--device", "all", "--backend", "cpu", env=dict(os.environ))
     assert result.returncode == 1, result.stderr
     lines = result.stderr.splitlines()

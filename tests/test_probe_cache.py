@@ -1,4 +1,4 @@
-"""This machine's `--probe` answers are kept, and asked again whenever what they depend on changes.
+"""The host's `--probe` answers are kept, and asked again whenever what they depend on changes.
 
 Real probes: the `local` device's ncnn host engine in a child process (pip ncnn, Vulkan on lavapipe
 where installed). The device's `execute` is wrapped only to count the probe processes.

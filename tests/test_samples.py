@@ -4,7 +4,7 @@
 - ncnn (CPU and Vulkan/lavapipe) and MNN (CPU) reproduce the independent numpy forward at high
   precision, layer by layer, under the same `<name>:0` keys;
 - the overflow model's reference passes fp16's range mid-network and stays finite in fp32, and real
-  low-precision arithmetic on this machine shows the effects the samples exist to demonstrate.
+  low-precision arithmetic on the host shows the effects the samples exist to demonstrate.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def test_bf16_storage_on_cpu_differs_from_fp32(references):
     assert max(low_err.values()) > 1e-3  # bf16 keeps ~3 significant digits
 
 
-# --- the five scenarios of issue 8, measured on this machine's real low-precision arithmetic --
+# --- the five field-report scenarios, measured on the host's real low-precision arithmetic --
 def _low(stem: str, label: str = "", backend: str = "vulkan") -> dict[str, np.ndarray]:
     return run_ncnn(*_ncnn_files(stem), sample_input(stem, label), backend, "low")
 

@@ -1,4 +1,4 @@
-"""The five field reports of issue 8, reproduced on the `local` device and pinpointed by `analyze`.
+"""the five field reports, reproduced on the `local` device and pinpointed by `analyze`.
 
 Every number here comes from the engines' own low-precision arithmetic (ncnn on this CPU: bf16
 storage; ncnn Vulkan on Mesa lavapipe: fp16 storage + arithmetic) running the sample models of

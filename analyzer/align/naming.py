@@ -1,6 +1,6 @@
 """Name normalization that lets ONNX Runtime / Polygraphy tensors align with MNN dump names.
 
-Facts this rests on (checked with MNN 3.6.1's converter and session callbacks on this machine, and in
+Facts this rests on (checked with MNN 3.6.1's converter and session callbacks on the host, and in
 MNN's tools/cpp/MNNV2Basic.cpp, ModuleBasic.cpp, ExprDebug.hpp):
 - MNN names each op after the ONNX node's *first output tensor* (`/blk/conv/Conv_output_0`), and
   op output k is the node's k-th ONNX output. A TopK node with outputs `/tk/TopK_output_0` and

@@ -59,7 +59,7 @@ def classify(row: dict, t: Thresholds) -> tuple[str, str]:
     return "pass", ""
 
 
-# A run's verdict weighs what reaches the model's outputs (issue: 17 of 18,988 mask pixels changed
+# A run's verdict weighs what reaches the model's outputs (17 of 18,988 mask pixels changed
 # by an fp16 flush is not "this op breaks"), judged by what each output is:
 # - with a declared task (--task), the decoded outputs compared as a user would (outputs/judge.py);
 # - a recognised class-score output (measure/classes.py): its top-1 decisions, counted only where the

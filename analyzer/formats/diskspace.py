@@ -80,7 +80,7 @@ MARGIN = 64 << 10
 class SpaceGuard:
     """Checks, before HDF5 writes anything, that the file system has room for it and for the
     metadata the file must still flush at close. A write HDF5 sees fail leaves the library in a
-    state that crashes the process at exit (SIGSEGV, issue 28), so the refusal must come first:
+    state that crashes the process at exit (SIGSEGV), so the refusal must come first:
     `reserve` raises NoSpaceError while there is still room to close the file cleanly.
 
     `statvfs` is asked only when the bytes written since the last answer may have used up the

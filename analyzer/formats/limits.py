@@ -20,7 +20,7 @@ RAM_SHARE = 0.25
 
 
 def total_ram() -> int:
-    """Physical memory of this machine in bytes (8 GiB when the OS will not say)."""
+    """Physical memory of the host in bytes (8 GiB when the OS will not say)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

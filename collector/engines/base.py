@@ -80,7 +80,7 @@ class Engine:
     # (`precision_reach`, analyzer/FORMATS.md); an engine that declares none leaves every pair a question.
     precision_reach: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
     # The Python module the host engine runs (`ncnn`, `MNN`, ...): its installed file is part of what a
-    # kept `--probe` answer of this machine depends on (collector/transport/probe.py); "" (a native
+    # kept `--probe` answer of the host depends on (collector/transport/probe.py); "" (a native
     # harness built here) means the probe is always asked.
     library: str = ""
     # The pip extra that installs `library` (`pip install 'layerdiff[EXTRA]'`): the core install is the

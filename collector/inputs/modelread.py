@@ -6,7 +6,7 @@ native code that can crash, allocate what a damaged header declares, or spin on 
 a child it is one line naming the file. The child is forked (2 ms) when this process runs one thread,
 and started as `python -m` otherwise (forking a threaded process can deadlock the child).
 
-Limits (docs/limits.md): address space LAYERDIFF_MODEL_READ_MEMORY (default: the larger of 4 GiB
+Limits (docs/limits-and-faults.md): address space LAYERDIFF_MODEL_READ_MEMORY (default: the larger of 4 GiB
 and half of RAM), time LAYERDIFF_MODEL_READ_SECONDS (default 120 s).
 """
 from __future__ import annotations

@@ -160,7 +160,7 @@ def collect_run(
         if not spec.keep:
             _cleanup(device, run_dir)
         elif hasattr(device, "keep_run_dir"):
-            device.keep_run_dir(run_dir)  # a scratch of this machine's: marked kept, so no later start removes it
+            device.keep_run_dir(run_dir)  # a scratch of the host's: marked kept, so no later start removes it
     status = RunStatus.DONE if not message else RunStatus.FAILED
     return RunOutcome(spec, device.serial, status, paths, message, result.exit_status, time.monotonic() - start)
 
@@ -357,7 +357,7 @@ def _precision_reach(header: dict, spec: RunSpec) -> str:
 
 
 def _device_info(device: Device, spec: RunSpec, header: dict) -> DeviceInfo:
-    """The device's facts; for a Vulkan run on a device that does not know its GPU (this machine), the
+    """The device's facts; for a Vulkan run on a device that does not know its GPU (the host), the
     GPU is the one the harness says it computed on (ncnn's options.vulkan_device: the device ncnn picked,
     not the first one listed), else `vulkaninfo`'s first device (a process and a Vulkan instance)."""
     info = device.info()

@@ -88,8 +88,8 @@ class Collected:
         """What the `collect` command exits with for this outcome (README: exit codes)."""
         if self.sweep.interrupted:
             return EXIT_INTERRUPTED
-        if self.sweep.failed or self.input_errors:
-            return 1
+        if self.sweep.failed or self.input_errors or self.sweep.index.write_error is not None:
+            return 1  # a run or an input failed, or index.csv could not be written (the runs are kept)
         skipped = any(run.row.status == RunStatus.SKIPPED for run in self.sweep.runs)
         return EXIT_SOME_SKIPPED if skipped else EXIT_OK
 

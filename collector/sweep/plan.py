@@ -85,7 +85,7 @@ def resolve_devices(names: list[str], adb_servers: list[str] | None = None, excl
                     connect: list[str] | None = None) -> list[Device]:
     """`local`, `arm64[:CPU]`, serials, `host:port` endpoints, or `all` → Device objects.
 
-    `all` is this machine, the emulated arm64 core (when qemu-user is installed) and every online
+    `all` is the host, the emulated arm64 core (when qemu-user is installed) and every online
     phone of the adb server(s); without a running adb server it is just the first two. `connect`
     endpoints are connected through the first adb server and added (layerdiff.collector.transport.endpoints).
     """
@@ -260,7 +260,7 @@ def _capabilities(plan: SweepPlan, device: Device) -> tuple[dict[str, dict] | No
 
 
 def _host_cpu_only(plan: SweepPlan, device: Device) -> bool:
-    """This machine's own engines (PyPI wheels) always have their CPU backend: a probe process cost
+    """The host's own engines (PyPI wheels) always have their CPU backend: a probe process cost
     a third of a one-run `collect`'s CPU and could tell a cpu-only plan nothing else it uses."""
     backends = {backend for backend, _ in plan.configs} if plan.configs else set(plan.backends)
     return type(device) is LocalDevice and backends == {"cpu"}

@@ -114,7 +114,7 @@ def describe_device(client, serial: str, state: str, server: str, *, probe: bool
 
 def list_adb_devices(servers: list[str] | None = None, *, probe: bool = True,
                      connect: list[str] | None = None) -> list[AdbDeviceReport]:
-    """One report per device on each server (default: this machine's server; none is ever started).
+    """One report per device on each server (default: the host's server; none is ever started).
 
     `connect` endpoints (host:port) are `adb connect`ed through the first server first, so they are
     listed with the endpoint as their serial."""
@@ -130,7 +130,7 @@ def list_adb_devices(servers: list[str] | None = None, *, probe: bool = True,
 
 
 def machine_reports(*, probe: bool = True) -> list[AdbDeviceReport]:
-    """This machine's own devices, listed before the phones: `local` and the emulated `arm64` core.
+    """The host's own devices, listed before the phones: `local` and the emulated `arm64` core.
 
     The arm64 probe runs only when its runtime is already prepared (listing never downloads).
     """
@@ -144,7 +144,7 @@ def machine_reports(*, probe: bool = True) -> list[AdbDeviceReport]:
     devices: list = [LocalDevice()] + ([Arm64Device()] if shutil.which(QEMU) else [])
     reports, probed = [], []
     for device in devices:
-        report = AdbDeviceReport(**{**asdict(device.info()), "server": "this machine"})
+        report = AdbDeviceReport(**{**asdict(device.info()), "server": "the host"})
         report.free_bytes = shutil.disk_usage(tempfile.gettempdir()).free
         if isinstance(device, Arm64Device) and not runtime().ready():
             report.probe_note = "runtime not prepared yet (the first `collect --device arm64` prepares it)"
@@ -177,7 +177,7 @@ def _probe_all(devices: list) -> list[tuple[dict | None, str]]:
 
 def _probe_engine(device, engine: str) -> tuple[dict | None, str]:
     """One host engine's `--probe` on a machine device: (its engines section, "") or (None, why not).
-    A device that keeps answers (this machine, the emulated arm64 core) is asked once while they hold
+    A device that keeps answers (the host, the emulated arm64 core) is asked once while they hold
     (layerdiff.collector.transport.probe)."""
     try:
         return probe_document(device, engine).get("engines", {}), ""

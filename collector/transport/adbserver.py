@@ -28,7 +28,7 @@ STATE_ADVICE = {
 
 
 def parse_server(spec: str | None) -> tuple[str, int]:
-    """`host:port`, `port` or None (this machine's server: $ANDROID_ADB_SERVER_PORT or 5037)."""
+    """`host:port`, `port` or None (the host's server: $ANDROID_ADB_SERVER_PORT or 5037)."""
     if not spec:
         host = os.environ.get("ANDROID_ADB_SERVER_HOST") or "127.0.0.1"
         return host, int(os.environ.get("ANDROID_ADB_SERVER_PORT") or DEFAULT_PORT)
@@ -76,7 +76,7 @@ class ServerClient(adbutils.AdbClient):
 
 
 def connect_server(spec: str | None = None) -> ServerClient:
-    """A client for the named server (default: this machine's), checked to be listening."""
+    """A client for the named server (default: the host's), checked to be listening."""
     host, port = parse_server(spec)
     if not server_reachable(host, port):
         raise no_server_error(host, port)

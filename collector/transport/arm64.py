@@ -1,10 +1,10 @@
-"""The `arm64` device: a phone CPU emulated on this machine (qemu-user running aarch64 MNN and ncnn).
+"""The `arm64` device: a phone CPU emulated on the host (qemu-user running aarch64 MNN and ncnn).
 
 `--device arm64` is a cortex-a76 (ARMv8.2 with fp16 arithmetic and dotprod, the big core of most
 phones since 2019); `--device arm64:CPU` is any qemu CPU model, e.g. `arm64:cortex-a53` for the
 fp16-less little cores. The engines are the same host engine modules the `local` device runs, so
 the harness command line, runs, sweeps, isolation, inputs and provenance are unchanged; only the
-interpreter is the arm64 one from layerdiff.collector.transport.arm64runtime. Files stay on this machine (qemu-user
+interpreter is the arm64 one from layerdiff.collector.transport.arm64runtime. Files stay on the host (qemu-user
 sees the host file system), so staging and fetching are the local device's.
 """
 from __future__ import annotations
@@ -85,10 +85,10 @@ class Arm64Device(LocalDevice):
 
     def unavailable_reason(self, backend: str, reason: str) -> str:
         """Why `backend` cannot run here, true for an emulated phone: qemu-user emulates the CPU
-        only, so no GPU driver of this machine (lavapipe included) can serve the aarch64 engines."""
+        only, so no GPU driver of the host (lavapipe included) can serve the aarch64 engines."""
         if backend == "cpu":
             return reason
-        return (f"the emulated arm64 device has no GPU (qemu-user emulates the CPU only, so this machine's "
+        return (f"the emulated arm64 device has no GPU (qemu-user emulates the CPU only, so the host's "
                 f"drivers cannot serve it); use --backend cpu here, and a phone over adb for {backend}")
 
     def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:

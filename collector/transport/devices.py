@@ -1,4 +1,4 @@
-"""What the run pipeline needs from a device, and the `local` device that runs on this machine.
+"""What the run pipeline needs from a device, and the `local` device that runs on the host.
 
 A run is the same five steps on every device (stage, execute, fetch, convert, clean up); only how
 bytes move and how a process starts differs. `Device` names exactly those operations so the ADB
@@ -139,7 +139,7 @@ HOST_ENGINE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "OPENBLAS_NUM_THREADS
 
 
 class LocalDevice:
-    """This machine, running the host engines (pip ncnn / pymnn) in a child process.
+    """The host, running the host engines (pip ncnn / pymnn) in a child process.
 
     The child writes the same raw dump a phone's harness writes, so everything after `execute` is
     shared with real phones. Files are used in place: staging is a no-op and fetching returns the
@@ -153,7 +153,7 @@ class LocalDevice:
         self._info: DeviceInfo | None = None
 
     def info(self) -> DeviceInfo:
-        """This machine's facts, read once per process. The GPU name is not among them: finding it
+        """The host's facts, read once per process. The GPU name is not among them: finding it
         runs `vulkaninfo` (a process and a Vulkan instance), so only Vulkan runs ask (`vulkan_gpu`)."""
         if self._info is None:
             uname = platform.uname()
@@ -173,7 +173,7 @@ class LocalDevice:
         return _local_gpu_name()
 
     def probe_cache(self, engine: str) -> Path | None:
-        """Where this machine's `--probe` answer for `engine` is kept (None: always ask); named by what
+        """Where the host's `--probe` answer for `engine` is kept (None: always ask); named by what
         the answer depends on (layerdiff.collector.transport.probe)."""
         from layerdiff.collector.transport.probe import local_probe_path
 

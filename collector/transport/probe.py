@@ -1,12 +1,12 @@
 """A harness's `--probe` (what it can run on its device), asked once and kept while its answer cannot change.
 
-A probe is a process: on this machine a Python child that imports the engine and opens a Vulkan
+A probe is a process: on the host a Python child that imports the engine and opens a Vulkan
 instance (0.25-0.37 s CPU, a quarter of the one-process floor of a whole cpu/high + vulkan/low
 `collect`, tests/bench/bench_collect_verdict.py), under qemu about 10 s. A device that can name what
 its answer depends on offers `probe_cache(engine)`: a file whose name is a digest of exactly that. The
 answer is read from it while it exists, and asked again as soon as anything in the digest changes.
 - the emulated arm64 core: its runtime (immutable once built) and layerdiff's engine code;
-- this machine (`local_probe_path`): the interpreter, the engine's installed module, layerdiff's
+- the host (`local_probe_path`): the interpreter, the engine's installed module, layerdiff's
   engine code, the host and its CPU, the GPU driver manifests (Vulkan ICDs, OpenCL vendors) with the
   libraries they name, the device nodes under /dev/dri, and every environment variable a GPU loader reads.
 Phones over adb keep no answer: a phone's drivers cannot be watched from here. An engine whose harness
@@ -108,7 +108,7 @@ def engine_code_hash() -> str:
 
 
 def local_probe_path(engine: str) -> Path | None:
-    """Where this machine's answer for `engine` is kept, or None for an engine without a module to watch."""
+    """Where the host's answer for `engine` is kept, or None for an engine without a module to watch."""
     from layerdiff.collector.engines import ENGINES
 
     library = ENGINES[engine].library if engine in ENGINES else ""

@@ -1,4 +1,4 @@
-"""Run scratch directories on this machine (a raw dump as big as the dump itself), owned by a lock.
+"""Run scratch directories on the host (a raw dump as big as the dump itself), owned by a lock.
 
 A `collect` killed with SIGKILL (or one whose machine lost power) cannot remove its scratch, and
 the temp folder is shared by every process, so a later `collect` must tell a dead process's scratch

@@ -6,7 +6,7 @@
 #            [-- EXTRA CMAKE ARGS]   (e.g. -DOpenCL_INCLUDE_DIR=... -DOpenCL_LIBRARY=.../libOpenCL.so for android)
 #
 # Only the targets the harness links are compiled (ggml-base, ggml-cpu, llama; a GPU backend when
-# asked). host: this machine's CPU (GGML_NATIVE). aarch64: a static Linux binary for ARMv8.2-A with
+# asked). host: the host's CPU (GGML_NATIVE). aarch64: a static Linux binary for ARMv8.2-A with
 # fp16 arithmetic (what phones run; runs under qemu-aarch64), cross-compiled with aarch64-linux-gnu-g++.
 # android: the NDK ($ANDROID_NDK), with OpenCL (Adreno kernels) and/or Vulkan: not exercised here.
 source "$(dirname "${BASH_SOURCE[0]}")/../build_common.sh"

@@ -1,4 +1,4 @@
-"""Benchmark: structural matching time against the number of layers (issue 28: near-linear, not quadratic).
+"""Benchmark: structural matching time against the number of layers (near-linear, not quadratic).
 
 Run by hand:  python tests/bench/bench_align_scaling.py [--blocks 40 400] [--rounds 3]
               [--real GOLDEN.h5 NCNN.h5 --copies 1 5]

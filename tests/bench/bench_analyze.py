@@ -23,10 +23,10 @@ Method (see tests/bench/measure.py):
 - a threshold change: `analyze --warn-rel-l2 X` (a new X every round, so no finished report is reused)
   alternates with the same floor: the stored measurement is re-judged, no tensor read.
 - stack imports: `import numpy, h5py` alternates with `import numpy, h5py, pandas`; the difference is
-  what pandas' import alone costs on this machine now, and the line shows what analyze's ratio would be
+  what pandas' import alone costs on the host now, and the line shows what analyze's ratio would be
   without it (an estimate from medians of separate alternations): the share of the gap that belongs
-  to the declared stack's table library rather than to layerdiff's own work (issue 30's 200 x 1 MB case).
-Targets (issue 30): CPU ratio <= 2 at 2,000 x 64 floats, 200 x 1 MB and 8 x 256 MB (issue 19: <= 3 at
+  to the declared stack's table library rather than to layerdiff's own work (the 200 x 1 MB case).
+Targets: CPU ratio <= 2 at 2,000 x 64 floats, 200 x 1 MB and 8 x 256 MB (<= 3 at
 10,000 x 64); again <= 1.3x its floor; peak RSS <= 2 x the largest layer + 300 MB in every case.
 50,000 x 64 must run and stay in the RSS bound.
 """
@@ -54,7 +54,7 @@ CASES = {
     "8x256MB": (8, 1 << 26, 2.0),
     "50000x64": (50_000, 64, None),
 }
-AGAIN_TARGET = 1.3  # analyze again on stored results vs the floor of reading the stored table (issue 30)
+AGAIN_TARGET = 1.3  # analyze again on stored results vs the floor of reading the stored table
 
 FLOOR = """
 import sys

@@ -11,7 +11,7 @@ and its floor alternated after one warm-up each, ratio = median over rounds.
 - floor: one Python process that imports ncnn and numpy, loads the same model with the same
   options, feeds the same input, extracts every layer's blob in order (light mode off) and saves
   them all with numpy (`np.savez`): the least a tool that dumps every layer has to do.
-Target (issue 19): command CPU <= 2 x floor CPU + 0.5 s; peak RSS <= 2 x the largest layer + 300 MB.
+Target: command CPU <= 2 x floor CPU + 0.5 s; peak RSS <= 2 x the largest layer + 300 MB.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Benchmark: peak memory of `collect` on the local device (issue 15: <= 2 x largest layer + 300 MB; issue 30:
+"""Benchmark: peak memory of `collect` on the local device (<= 2 x largest layer + 300 MB; and
 <= the engine's own plain-inference peak + 2 x largest layer + 100 MB, both printed).
 
     python tests/bench/bench_collect_memory.py [--model conv|ocr_det] [--size 512] [--layers 24]
@@ -188,9 +188,9 @@ def main() -> None:
               f"goal 2 x layer + 300 MB = {goal / MB:.0f} MB; ratio {tree / goal:.2f} (<= 1 meets it)")
         print(f"engine floor (one plain inference, no dump): {floor / MB:.0f} MB; the engine process adds "
               f"{(largest_process - floor) / MB:.0f} MB over it (2 x largest layer = {2 * max(sizes) / MB:.0f} MB)")
-        # issue 30's bound counts what layerdiff adds: a software GPU's device memory is the engine's, not ours
+        # the bound counts what layerdiff adds: a software GPU's device memory is the engine's, not ours
         bound = floor + 2 * max(sizes) + 100 * MB
-        print(f"issue 30 bound: engine floor + 2 x largest layer + 100 MB = {bound / MB:.0f} MB; process tree "
+        print(f"the bound: engine floor + 2 x largest layer + 100 MB = {bound / MB:.0f} MB; process tree "
               f"{tree / MB:.0f} MB -> {'met' if tree <= bound else 'NOT MET'} ({tree / bound:.2f})")
 
 

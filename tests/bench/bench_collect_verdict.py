@@ -12,7 +12,7 @@ processes, the command and its floor alternated after one warm-up each, ratio = 
   answers "which layer first diverges on Vulkan fp16" must do.
 - time to the verdict: in one extra run, the wall time until the verdict row (the vulkan/low row of the
   console table) is printed, against the run's whole wall time: nothing is drawn before it.
-Target (issue 30): command CPU <= 2 x floor CPU.
+Target: command CPU <= 2 x floor CPU.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Run by hand:  python tests/bench/bench_convert.py [--mb 600] [--dir /tmp]
 Method: conversion and plain copy alternate (plain, convert, plain, convert, ...), each in a fresh
 child after an `os.sync()`, timed by wall clock inside the child (both wait for the disk); each
 round gives one ratio plain_time / convert_time and the figure printed is the median of those
-ratios (see tests/bench/measure.py). Goal (issue 19): >= 0.9.
+ratios (see tests/bench/measure.py). Goal: >= 0.9.
 Prints the throughput ratio and the conversion's peak RSS against the largest tensor
 (goal: bounded by the largest tensor, not the dump). Each measurement runs in a fresh child process
 so peak RSS is the conversion's own, and both sides end with fsync so both reach the disk

@@ -8,7 +8,7 @@ ncnn cpu/high, vulkan/low (fp16 on lavapipe) and cpu/low (bf16 on x86); then `an
 run. Printed per run: the verdict and its reason, the output's rel L2, and what a user of the
 detector sees: how many text-mask pixels (probability > 0.3, PP-OCR's threshold) change, and how many
 background probabilities below fp16's smallest normal (6.1e-5) became 0. The verdict a user agrees
-with (issue 15 point 8): the fp16 flush of negligible background values is no FAIL, and the bf16 run,
+with: the fp16 flush of negligible background values is no FAIL, and the bf16 run,
 which moves more pixels, is not judged better than the fp16 one. Takes a few minutes (the dumps are
 0.5-0.7 GB each). The same check at 256x256 runs in CI (tests/test_corpus.py).
 """

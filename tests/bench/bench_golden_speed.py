@@ -1,4 +1,4 @@
-"""Benchmark: a golden analysis of a real detector at a large input (issue 28 item 4).
+"""Benchmark: a golden analysis of a real detector at a large input.
 
 Run by hand:  python tests/bench/bench_golden_speed.py [--size 608x800] [--dir /tmp/golden-bench] [--keep]
 
@@ -7,7 +7,7 @@ out of the rapidocr-onnxruntime wheel, converted with MNN's converter (through i
 and with pnnx for ncnn (tests/corpus.py), collected on ONNX Runtime (the golden), MNN and ncnn cpu/high
 on the local device, then `analyze DIR --ref golden.h5 --json` in a child process. Printed: the layer
 count of each run, the collection times, and the analyze command's wall and CPU seconds (target < 120 s
-wall on this machine). `--dir` keeps the converted models and runs between invocations (collection
+wall on the host). `--dir` keeps the converted models and runs between invocations (collection
 is skipped when the runs exist), so only the analysis is re-timed.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark: what dumping every layer costs the C++ harness (issue 4; goal <= 1.5).
+"""Benchmark: what dumping every layer costs the C++ harness (goal <= 1.5).
 
     python tests/bench/bench_harness_dump.py [--size 224] [--layers 12] [--repeat 5]
 

@@ -1,4 +1,4 @@
-"""Benchmark: layerdiff's end-to-end verdict on an MNN model vs MNN's own backendTest (issue 20).
+"""Benchmark: layerdiff's end-to-end verdict on an MNN model vs MNN's own backendTest.
 
     MNN_ROOT=<MNN build> python tests/bench/bench_mnn_verdict.py [--rounds 5] [--backend-test PATH]
 
@@ -25,7 +25,7 @@ figure is the median over rounds; ratio = median of the per-round layerdiff / ba
   With MNN_SEP_BUILD the binary must be linked with libMNN_Vulkan.so (MNN's own tools build does
   so); without it MNN silently tests the CPU against itself in well under a second.
 
-Goal from issue 20: ratio below 1. Exits with a message when MNN_ROOT is unset or no
+Goal: ratio below 1. Exits with a message when MNN_ROOT is unset or no
 backendTest.out is found: there is nothing to compare with.
 """
 from __future__ import annotations

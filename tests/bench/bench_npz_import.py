@@ -1,4 +1,4 @@
-"""Benchmark: importing an `.npz` golden is linear in its members (issue 28: 2,000 members took 22 s).
+"""Benchmark: importing an `.npz` golden is linear in its members (2,000 members took 22 s).
 
 Run by hand:  python tests/bench/bench_npz_import.py [--members 200 2000]
 

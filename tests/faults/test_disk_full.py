@@ -116,7 +116,7 @@ ONNX_MODEL = REPO / "samples" / "models" / "convnet.onnx"  # its dump size is es
 
 @pytest.mark.parametrize("repeat", [[], ["--repeat", "3"]])
 def test_a_256k_disk_is_one_line_and_exit_1_never_a_crash(small_disk, repeat):
-    """Issue 28: a dump whose estimate fits but whose file does not: the space check refuses before
+    """a dump whose estimate fits but whose file does not: the space check refuses before
     HDF5 sees a write fail (which crashed the process at exit: SIGSEGV, 139)."""
     out = small_disk("256k") / "runs"
     proc = cli("collect", "--model", str(ONNX_MODEL), "-i", "random:1", "--no-report", "-o", str(out), *repeat)

@@ -175,6 +175,18 @@ def test_a_report_that_cannot_be_written_is_exit_1_in_one_line(tmp_path):
     assert [r["status"] for r in rows(out)] == ["done", "done"]  # the runs themselves are kept
 
 
+def test_an_index_that_cannot_be_written_is_exit_1_in_one_line_and_the_runs_kept(tmp_path):
+    out = tmp_path / "out"
+    (out / "index.csv").mkdir(parents=True)  # a folder where the index goes
+    proc = console("collect", "-m", str(MODEL), "--no-report", "-o", str(out))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    [line] = [line for line in lines(proc.stderr) if line.startswith("collect:")]
+    assert str(out / "index.csv") in line and "not a file" in line, line
+    assert (out / "mnn_cpu_high_random0.h5").is_file()  # the run itself is kept
+    no_half_written(out)
+
+
 @pytest.mark.parametrize("tool, args", [("collect", ["-m", str(MODEL), "--no-report"]), ("analyze", [])])
 def test_a_limit_that_does_not_parse_is_one_line(tmp_path, tool, args):
     target = ["-o", str(tmp_path / "out")] if tool == "collect" else [str(REPO / "samples"), "-o", str(tmp_path / "r")]

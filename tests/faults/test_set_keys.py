@@ -1,5 +1,5 @@
 """`--set` takes the names users type (`backend`, `precision`, `engine`, ...) and refuses a key it does
-not know: exit 2, one line naming it, nothing written (issue 28: `--set backend=vulkan` was silently
+not know: exit 2, one line naming it, nothing written (`--set backend=vulkan` was silently
 ignored and `--set bogus_key=1` was stored)."""
 from __future__ import annotations
 

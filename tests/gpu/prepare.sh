@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds .gpu/ here (this machine: PyPI, apt, the dev environment with the corpus wheels installed by
+# Builds .gpu/ here (the host: PyPI, apt, the dev environment with the corpus wheels installed by
 # device_scripts/setup_host.sh --test) for tests/gpu/run.sh on a bare GPU machine (no network, Python 3.12).
 # Re-run it right before a device call if the layerdiff sources changed (run.sh also notices that, see
 # SOURCES.sha256, and rebuilds layerdiff from the travelled tree there).

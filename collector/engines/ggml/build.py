@@ -168,7 +168,7 @@ def ensure_built(spec: GgmlSpec = GgmlSpec(), reporter: BuildReporter | None = N
 def phone_spec(abi: str, backend: str) -> GgmlSpec:
     """The build a phone with `abi` runs `backend` with: an arm64 phone's CPU gets the static aarch64 binary
     (no NDK; the armv8.2-a+fp16 kernels the `arm64` device runs), its Vulkan / OpenCL (Adreno) the NDK
-    build; a phone (stand-in) with this machine's ABI gets the host build."""
+    build; a phone (stand-in) with the host's ABI gets the host build."""
     from layerdiff.vocabulary import host_abi
 
     gpu = {"vulkan": backend == "vulkan", "opencl": backend == "opencl"}

@@ -1,7 +1,7 @@
 """collector/engines/paddle_lite: Paddle-Lite `.nb` models (from Paddle-Lite's opt) in the C++ harness.
 
 On phones the harness is built against the user's Paddle-Lite inference library (PADDLE_LITE_ROOT)
-with the NDK; the `local` device runs the same C++ engine built for this machine (engine.py).
+with the NDK; the `local` device runs the same C++ engine built for the host (engine.py).
 """
 from __future__ import annotations
 

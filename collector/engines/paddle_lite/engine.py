@@ -1,4 +1,4 @@
-"""The paddle-lite engine on the `local` device: the C++ harness's Paddle-Lite engine, built for this machine.
+"""The paddle-lite engine on the `local` device: the C++ harness's Paddle-Lite engine, built for the host.
 
 Paddle-Lite's Python wheel (PyPI `paddlelite`, cp310 at newest) exposes no GetTensor, so it cannot
 dump every variable; its C++ library can. So this module speaks the harness command line by handing
@@ -18,7 +18,7 @@ from layerdiff.collector.engines.harness_cli import (EXIT_ARGS, EXIT_BACKEND, HA
 
 UNAVAILABLE = ("Paddle-Lite unavailable here: PADDLE_LITE_ROOT is not set, and PyPI's paddlelite (no Python 3.11 wheel; "
                "its library ships without the C++ headers) cannot dump every variable; set PADDLE_LITE_ROOT to a Paddle-Lite "
-               "inference library for this machine (cxx/include/paddle_api.h, cxx/lib/libpaddle_light_api_shared.so; "
+               "inference library for the host (cxx/include/paddle_api.h, cxx/lib/libpaddle_light_api_shared.so; "
                "README: Paddle-Lite) and install cmake and g++")
 
 

@@ -26,7 +26,7 @@ void apply_precision_environment(const GgmlPrecision& p);
 // else the first device. Returns the chosen device's name ("" when none or not a Vulkan build).
 std::string choose_vulkan_device();
 // The device running --backend (nullptr for cpu); throws HarnessError(kExitBackend) when this build
-// or this machine has none, naming what to do.
+// or the host has none, naming what to do.
 ggml_backend_dev_t device_for(const std::string& backend);
 // Every registered backend with its devices, as a JSON object (--probe).
 std::string backends_probe_json();
