@@ -88,7 +88,9 @@ def connect_endpoint(client: adbutils.AdbClient, endpoint: str, timeout: float =
         if state not in SETTLING_STATES:  # no permissions, recovery...: waiting will not help
             break
         time.sleep(0.1)
-    raise state_error(endpoint, state) if state != "absent" else _refused(endpoint, client, "it left the device list")
+    if state in SETTLING_STATES:  # a lab proxy that accepted the TCP connection but no phone answers behind it
+        raise _refused(endpoint, client, f"still {state} after {timeout:g} s")
+    raise state_error(endpoint, state)
 
 
 def reconnect_endpoint(client: adbutils.AdbClient, endpoint: str, deadline_s: float | None = None,
