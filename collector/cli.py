@@ -133,7 +133,7 @@ def collect(
     report_written = True
     if report if report is not None else len(result.runs) > 1:
         report_written = _sweep_report(plan.out_dir)
-    if result.index.write_error is not None:  # the runs are kept; the index that lists them is not
+    if result.index.write_error is not None and not result.failed:  # a failed run's line already says why
         print(terminal_lines(f"collect: {result.index.write_error}"), file=sys.stderr)
     if result.failed or input_errors or not report_written or result.index.write_error is not None:
         raise typer.Exit(1)

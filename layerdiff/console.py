@@ -51,9 +51,25 @@ def _run(tool: str, module: str) -> None:
     except LayerdiffError as err:
         _line(tool, str(err))
         code = err.exit_code
+    except Exception as err:
+        if not _caused_by_ctrl_c(err):
+            raise
+        _line(tool, "interrupted; what was already written is kept")  # a Ctrl-C Python wrapped (an import's
+        code = EXIT_INTERRUPTED  # __set_name__ turns it into a RuntimeError)
     if code == EXIT_INTERRUPTED and _STOPPED_BY:
         code = 128 + _STOPPED_BY[0]
     _exit(code)
+
+
+def _caused_by_ctrl_c(err: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is somewhere in the exception's chain of causes."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _line(tool: str, text: str) -> None:

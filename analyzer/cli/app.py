@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from layerdiff.errors import LayerdiffError, os_error_line
+from layerdiff.errors import EXIT_INTERRUPTED, LayerdiffError, os_error_line
 from layerdiff.analyzer.report.numbers import format_number
 from layerdiff.safetext import terminal_cell, terminal_lines, terminal_text
 
@@ -210,7 +210,10 @@ def _main(argv: list[str] | None) -> int:
         print(terminal_lines(f"analyze: error: {os_error_line(err)}"), file=sys.stderr)
         return 1
     except SystemExit as exit_:
-        return int(exit_.code or 0) if not isinstance(exit_.code, str) else 1
+        code = int(exit_.code or 0) if not isinstance(exit_.code, str) else 1
+        if code == EXIT_INTERRUPTED:  # typer's own Ctrl-C handling exits 130 saying nothing
+            print("analyze: interrupted; no report file is left half-written", file=sys.stderr)
+        return code
     return 0
 
 

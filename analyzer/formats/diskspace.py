@@ -104,6 +104,15 @@ class SpaceGuard:
         self._room -= raw
         self.written += raw
 
+    def before_close(self) -> None:
+        """The last look before HDF5 flushes what it still holds: with no room left for that (the disk
+        filled under us since the last `reserve`), flushing would meet a failed write inside the
+        library, which crashes it; refuse instead, and leave the file unclosed to the process's end."""
+        need = self.owed + MARGIN
+        if free_bytes(self.path) < need:
+            note_hdf5_write_failure()
+            raise self.error(need)
+
     def error(self, need: int) -> NoSpaceError:
         """The one-line error naming the file (not its temporary name), its free space and the dump's size."""
         total = max(self.expected_bytes, self.written + need + self.owed + MARGIN)
@@ -120,6 +129,20 @@ def note_hdf5_write_failure() -> None:
     clean-up."""
     global _hdf5_write_failed
     _hdf5_write_failed = True
+
+
+_UNRELEASED: list = []  # HDF5 files left open after a failed write: never released, so never closed
+
+
+def keep_unreleased(handle) -> None:
+    """Hold `handle` (an h5py File HDF5 could not flush) until the process ends: releasing it would close
+    it, and closing it crashes the library; `exit_now_if_hdf5_failed` ends the process without that."""
+    _UNRELEASED.append(handle)
+
+
+def hdf5_write_failed() -> bool:
+    """Whether HDF5 met a failed write in this process (then no file of it may be closed: see above)."""
+    return _hdf5_write_failed
 
 
 def quiet_hdf5_release_failures() -> None:

@@ -11,7 +11,8 @@ import h5py
 import numpy as np
 
 from layerdiff.analyzer import __version__
-from layerdiff.analyzer.formats.diskspace import (SpaceGuard, as_write_error, is_no_space, note_hdf5_write_failure,
+from layerdiff.analyzer.formats.diskspace import (SpaceGuard, as_write_error, hdf5_write_failed, is_no_space,
+                                                  keep_unreleased, note_hdf5_write_failure,
                                                   quiet_hdf5_release_failures, writing)
 from layerdiff.analyzer.formats.dumpformat import FORMAT_NAME, FORMAT_VERSION, LAYER_COLUMNS, ROOT_DEFAULTS, STRING_DTYPE, partial_path, tensor_key
 from layerdiff.analyzer.formats.tensorstats import TensorStats, tensor_stats
@@ -109,6 +110,7 @@ class DumpWriter:
             return self.path
         self._write_layers()
         self._write_attrs()
+        self._space.before_close()  # a flush that fails inside HDF5 crashes the library (SIGSEGV)
         self._file.close()
         self._closed = True
         os.replace(self._partial, self.path)
@@ -118,7 +120,10 @@ class DumpWriter:
         if not self._closed:
             self._closed = True
             try:
-                self._file.close()
+                if hdf5_write_failed():  # after a failed write the library cannot close the file safely:
+                    keep_unreleased(self._file)  # it is left to the process's end (exit_now_if_hdf5_failed)
+                else:
+                    self._file.close()
             except (OSError, RuntimeError):
                 pass  # closing flushes; on a full disk that fails again, and the file is discarded anyway
             finally:
