@@ -1,0 +1,119 @@
+"""Driver identity on every Vulkan run, and verdicts grouped by driver: the same model run with ncnn on
+Mesa's lavapipe and on SwiftShader (two real Vulkan drivers picked with VK_ICD_FILENAMES) records two
+driver identities, and `analyze` of both against a CPU reference shows one fleet group per driver."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.analyzer.report.page import results_document
+from layerdiff.collector.engines.ncnn.engine import decode_driver_version
+from layerdiff.collector.inputs.inputset import InputSet
+from layerdiff.collector.inputs.modelfiles import resolve_model
+from layerdiff.collector.run.pipeline import RunSpec, collect_run
+from layerdiff.collector.transport.devices import LocalDevice
+from layerdiff.driverlibs import mapped_libraries
+from tests.conftest import MODELS, sample_input
+
+LAVAPIPE = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
+SWIFTSHADER = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
+DRIVERS = {"lavapipe": (LAVAPIPE, "libvulkan_lvp.so"), "swiftshader": (SWIFTSHADER, "libvk_swiftshader.so")}
+
+pytestmark = pytest.mark.skipif(not (LAVAPIPE.exists() and SWIFTSHADER.exists()),
+                                reason="needs Mesa's lavapipe and Chromium's SwiftShader Vulkan drivers")
+
+
+@pytest.fixture(scope="module")
+def fleet_runs(tmp_path_factory):
+    """{driver: HDF5} of convnet's vulkan/low run on each driver, plus 'reference': its cpu/high run."""
+    out = tmp_path_factory.mktemp("fleet")
+    files = resolve_model(MODELS / "convnet.param")
+    inputs = InputSet("convnet", {"data": sample_input("convnet")}, "samples/inputs/convnet.npy")
+    runs = {}
+    with pytest.MonkeyPatch.context() as env:
+        for name, (manifest, _) in DRIVERS.items():
+            env.setenv("VK_ICD_FILENAMES", str(manifest))
+            outcome = collect_run(LocalDevice(), RunSpec(files, "vulkan", "low", inputs), out / name)
+            assert outcome.status == "done", outcome.message
+            runs[name] = outcome.paths[0]
+    outcome = collect_run(LocalDevice(), RunSpec(files, "cpu", "high", inputs), out / "reference")
+    assert outcome.status == "done", outcome.message
+    runs["reference"] = outcome.paths[0]
+    return runs
+
+
+def _driver(path: Path) -> tuple[dict, dict]:
+    with DumpFile(path) as dump:
+        return dict(dump.attrs), dump.provenance["raw_header"]["options"]["vulkan_driver"]
+
+
+def test_each_vulkan_run_records_the_driver_it_really_mapped(fleet_runs):
+    seen = {}
+    for name, (manifest, library) in DRIVERS.items():
+        attrs, driver = _driver(fleet_runs[name])
+        assert [Path(lib["path"]).name for lib in driver["libraries"]] == [library]
+        assert driver["libraries"][0]["manifest"] == str(manifest)
+        assert driver["libraries"][0]["size"] == Path(driver["libraries"][0]["path"]).stat().st_size
+        assert library in attrs["gpu_driver"] and attrs["gpu"] == driver["device_name"]
+        assert len(bytes.fromhex(driver["pipeline_cache_uuid"])) == 16 and attrs["gpu_driver_build"] == driver["pipeline_cache_uuid"]
+        assert driver["driver_version"] == decode_driver_version(int(driver["vendor_id"], 16), driver["driver_version_raw"])
+        seen[name] = (attrs["gpu"], attrs["gpu_driver"], driver["vendor_id"])
+    assert seen["lavapipe"] != seen["swiftshader"]
+    assert seen["swiftshader"][2] == "0x1ae0"  # Google's Vulkan vendor id: SwiftShader, not Mesa (0x10005)
+    with DumpFile(fleet_runs["reference"]) as cpu:
+        assert "gpu_driver" not in cpu.attrs and "vulkan_driver" not in cpu.provenance["raw_header"]["options"]
+
+
+def test_driver_versions_decode_per_vendor():
+    packed = (535 << 22) | (104 << 14) | (5 << 6) | 0  # NVIDIA 535.104.05
+    assert decode_driver_version(0x10DE, packed) == "535.104.5.0"
+    assert decode_driver_version(0x1AE0, (5 << 22) | (1 << 12) | 7) == "5.1.7"
+
+
+def test_mapped_libraries_reads_the_path_column_of_proc_maps():
+    maps = ("7f00-7f01 r-xp 00000000 08:01 42    /usr/lib/libvk_swiftshader.so\n"
+            "7f01-7f02 r--p 00001000 08:01 42    /usr/lib/libvk_swiftshader.so\n"
+            "7f02-7f03 rw-p 00000000 00:00 0 \n7f03-7f04 rw-p 00000000 00:00 0    [heap]\n")
+    assert mapped_libraries(maps) == ["/usr/lib/libvk_swiftshader.so"]
+
+
+def _own_verdict(run: Path, ref: Path) -> str:
+    """The output's relative L2 error judged here with numpy, outside layerdiff."""
+    with DumpFile(run) as a, DumpFile(ref) as b:
+        x, y = a.tensor_by_key("prob:0").astype(np.float64), b.tensor_by_key("prob:0").astype(np.float64)
+    return float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30))
+
+
+def test_analyze_groups_the_runs_by_driver(fleet_runs, tmp_path):
+    analysis = analyze_paths([fleet_runs["lavapipe"], fleet_runs["swiftshader"]], ref=fleet_runs["reference"])
+    try:
+        fleet = analysis.fleet
+        assert len(fleet) == 2, fleet
+        assert set(fleet["backend"]) == {"vulkan"} and set(fleet["precision"]) == {"low"}
+        assert {name for _, (_, name) in DRIVERS.items() if fleet["driver"].str.contains(name, regex=False).any()} \
+            == {"libvulkan_lvp.so", "libvk_swiftshader.so"}
+        assert (fleet["runs"] == 1).all() and (fleet[["n_pass", "n_warn", "n_fail"]].sum(axis=1) == 1).all()
+        verdicts = dict(zip(analysis.summary["run"], analysis.summary["verdict"]))
+        for run in analysis.runs:
+            if run.label in fleet["run_labels"].tolist():
+                row = fleet[fleet["run_labels"] == run.label].iloc[0]
+                assert row[f"n_{verdicts[run.label]}"] == 1
+        for name in ("lavapipe", "swiftshader"):  # the low-precision error is real on both drivers
+            assert _own_verdict(fleet_runs[name], fleet_runs["reference"]) > 1e-6
+        document = json.loads(json.dumps(results_document(analysis), default=str))
+        assert len(document["fleet"]) == 2
+    finally:
+        analysis.close()
+
+
+def test_one_driver_identity_shows_no_fleet(local_runs):
+    analysis = analyze_paths([local_runs("convnet.param", "vulkan", "low"), local_runs("convnet.param", "cpu", "high")])
+    try:
+        assert analysis.fleet.empty and "fleet" not in results_document(analysis)
+    finally:
+        analysis.close()
