@@ -9,8 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import layerdiff.api
+
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.analyzer.findings.thresholds import Thresholds
 from layerdiff.analyzer.report.page import results_document
 from layerdiff.collector.engines.ncnn.engine import decode_driver_version
 from layerdiff.collector.inputs.inputset import InputSet
@@ -89,6 +92,17 @@ def _own_verdict(run: Path, ref: Path) -> str:
     return float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30))
 
 
+def _worst_layer_error(run: Path, ref: Path) -> float:
+    """The largest relative L2 error over every layer both dumps hold, with numpy, outside layerdiff."""
+    with DumpFile(run) as a, DumpFile(ref) as b:
+        errors = []
+        for key in set(a.layers["key"]) & set(b.layers["key"]):
+            x, y = a.tensor_by_key(key).astype(np.float64), b.tensor_by_key(key).astype(np.float64)
+            if x.shape == y.shape:
+                errors.append(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30))
+    return float(max(errors))
+
+
 def test_analyze_groups_the_runs_by_driver(fleet_runs, tmp_path):
     analysis = analyze_paths([fleet_runs["lavapipe"], fleet_runs["swiftshader"]], ref=fleet_runs["reference"])
     try:
@@ -115,5 +129,33 @@ def test_one_driver_identity_shows_no_fleet(local_runs):
     analysis = analyze_paths([local_runs("convnet.param", "vulkan", "low"), local_runs("convnet.param", "cpu", "high")])
     try:
         assert analysis.fleet.empty and "fleet" not in results_document(analysis)
+    finally:
+        analysis.close()
+
+
+def test_a_configuration_judged_differently_per_driver_is_a_fleet_finding(fleet_runs, tmp_path):
+    """With the layer threshold between the two drivers' worst layer errors (measured here), the driver
+    with the larger error has failing layers and the other none: the finding names both libraries."""
+    worst = {name: _worst_layer_error(fleet_runs[name], fleet_runs["reference"]) for name in DRIVERS}
+    assert worst["lavapipe"] != worst["swiftshader"]
+    cut = float(np.sqrt(worst["lavapipe"] * worst["swiftshader"]))
+    worse = max(worst, key=worst.get)
+    better = min(worst, key=worst.get)
+    with layerdiff.api.analyze([fleet_runs["lavapipe"], fleet_runs["swiftshader"]], ref=fleet_runs["reference"],
+                               atol=1.0, rtol=1.0, warn_rel_l2=cut, fail_rel_l2=cut) as result:
+        assert result.fleet.equals(result.analysis.fleet) and len(result.fleet) == 2
+        page = result.write_report(tmp_path / "report").read_text()
+        assert "<h2>Fleet</h2>" in page and page.count("libvk_swiftshader.so") >= 2
+    analysis = analyze_paths([fleet_runs["lavapipe"], fleet_runs["swiftshader"]], ref=fleet_runs["reference"],
+                             thresholds=Thresholds(atol=1.0, rtol=1.0, warn_rel_l2=cut, fail_rel_l2=cut))
+    try:
+        fleet = analysis.fleet.set_index(analysis.fleet["driver"].str.extract(r"\((\S+)\)")[0])
+        assert fleet.loc[DRIVERS[better][1], "n_pass"] == 1 and fleet.loc[DRIVERS[worse][1], "n_pass"] == 0
+        found = [f for f in analysis.findings if f.kind == "fleet"]
+        assert fleet.loc[DRIVERS[worse][1], ["n_warn", "n_fail"]].sum() == 1
+        assert len(found) == 1 and found[0].numbers["groups"] == 2 and found[0].numbers["passing_drivers"] == 1
+        sentence = found[0].sentence
+        assert sentence.startswith("vulkan/low (ncnn ")
+        assert sentence.index(DRIVERS[worse][1]) < sentence.index("but passes") < sentence.index(DRIVERS[better][1])
     finally:
         analysis.close()

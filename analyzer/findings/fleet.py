@@ -13,7 +13,7 @@ import pandas as pd
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
 
 FLEET_COLUMNS = ["gpu", "driver", "driver_build", "build_fingerprint", "engine", "engine_version", "backend",
-                 "precision", "runs", "n_pass", "n_warn", "n_fail", "run_labels"]
+                 "precision", "precision_effective", "runs", "n_pass", "n_warn", "n_fail", "run_labels"]
 IDENTITY = ["gpu", "driver", "driver_build", "build_fingerprint"]
 CONFIG = ["engine", "engine_version", "backend", "precision"]
 JUDGED = ("pass", "warn", "fail")
@@ -32,9 +32,11 @@ def fleet_view(runs: list, summary: pd.DataFrame) -> pd.DataFrame:
     """One row per GPU x driver x engine version x backend/precision among the judged runs, with its pass /
     warn / fail counts; empty unless the judged runs span two or more GPU/driver identities (one identity
     is the ordinary report, and a table would only repeat it)."""
-    verdicts = dict(zip(summary["run"], summary["verdict"])) if len(summary) else {}
-    rows = [{**_identity(run), "verdict": verdicts.get(run.label), "run": run.label}
-            for run in runs if verdicts.get(run.label) in JUDGED]
+    # the summary holds one row per run, in the runs' order: two runs can share a label (the same
+    # configuration on two drivers), so a verdict is matched by position, never by label
+    verdicts = list(summary["verdict"]) if len(summary) == len(runs) else []
+    rows = [{**_identity(run), "verdict": verdict, "run": run.label, "precision_effective": str(run.attrs.get(
+             "precision_effective", "") or "")} for run, verdict in zip(runs, verdicts) if verdict in JUDGED]
     if not rows:
         return pd.DataFrame(columns=FLEET_COLUMNS)
     frame = pd.DataFrame(rows)
@@ -45,6 +47,7 @@ def fleet_view(runs: list, summary: pd.DataFrame) -> pd.DataFrame:
     for key, group in frame.groupby(IDENTITY + CONFIG, sort=True):
         counts = group["verdict"].value_counts()
         grouped.append({**dict(zip(IDENTITY + CONFIG, key)), "runs": len(group),
+                        "precision_effective": ", ".join(sorted(set(group["precision_effective"]) - {""})),
                         **{f"n_{v}": int(counts.get(v, 0)) for v in JUDGED}, "run_labels": ", ".join(group["run"])})
     return pd.DataFrame(grouped, columns=FLEET_COLUMNS)
 
@@ -81,8 +84,10 @@ def fleet_findings(view: pd.DataFrame) -> list[Finding]:
         parts = [f"{_outcome(row)} on {driver_label(row)}" for _, row in ordered.iterrows()]
         worst = ordered.iloc[0]
         severity = Severity.FAIL if worst["n_fail"] else Severity.WARN
+        cause = ("the same GPU with another driver" if groups["gpu"].nunique() == 1
+                 else "another GPU or driver")
         sentence = (f"{backend}/{precision} ({engine} {version}) " + "; ".join(parts[:-1]) + f"; but {parts[-1]}: "
-                    "the driver, not the GPU family, separates the outcomes.")
+                    f"same engine and configuration, so {cause} separates the outcomes.")
         numbers = {"groups": int(len(groups)), "runs": int(groups["runs"].sum()),
                    "failing_drivers": int((groups["n_fail"] > 0).sum()),
                    "passing_drivers": int((groups["n_pass"] == groups["runs"]).sum())}
