@@ -159,3 +159,24 @@ def test_a_configuration_judged_differently_per_driver_is_a_fleet_finding(fleet_
         assert sentence.index(DRIVERS[worse][1]) < sentence.index("but passes") < sentence.index(DRIVERS[better][1])
     finally:
         analysis.close()
+
+
+@pytest.mark.slow
+def test_the_cpp_harness_records_the_driver_it_mapped(tmp_path):
+    """The phone harness's ncnn engine (built for this host, with Vulkan) records the same driver fields,
+    and picks up the driver VK_ICD_FILENAMES chose, as a phone's HAL driver would be."""
+    from tests.test_harness_support import dump_model, host_harness
+
+    harness = [str(host_harness())]
+    seen = {}
+    with pytest.MonkeyPatch.context() as env:
+        for name, (manifest, library) in DRIVERS.items():
+            env.setenv("VK_ICD_FILENAMES", str(manifest))
+            driver = dump_model(harness, "convnet", "vulkan", "low", tmp_path / name).dump().header["options"]["vulkan_driver"]
+            assert [Path(lib["path"]).name for lib in driver["libraries"]] == [library]
+            assert driver["libraries"][0]["size"] == Path(driver["libraries"][0]["path"]).stat().st_size
+            assert driver["driver_version"] == decode_driver_version(int(driver["vendor_id"], 16), driver["driver_version_raw"])
+            assert len(bytes.fromhex(driver["pipeline_cache_uuid"])) == 16
+            seen[name] = driver
+    assert seen["swiftshader"]["vendor_id"] == "0x1ae0" and seen["lavapipe"]["vendor_id"] == "0x10005"
+    assert seen["lavapipe"]["pipeline_cache_uuid"] != seen["swiftshader"]["pipeline_cache_uuid"]
