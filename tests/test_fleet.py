@@ -180,3 +180,36 @@ def test_the_cpp_harness_records_the_driver_it_mapped(tmp_path):
             seen[name] = driver
     assert seen["swiftshader"]["vendor_id"] == "0x1ae0" and seen["lavapipe"]["vendor_id"] == "0x10005"
     assert seen["lavapipe"]["pipeline_cache_uuid"] != seen["swiftshader"]["pipeline_cache_uuid"]
+
+
+@pytest.mark.slow
+def test_standin_phones_on_two_drivers_form_two_fleet_groups(standins, monkeypatch, tmp_path):
+    """Two stand-in phones (each running the real C++ harness through adb, each with its own Vulkan
+    driver and build fingerprint) and a CPU reference: the runs record each phone's driver and build,
+    and analyze shows one fleet group per phone."""
+    from layerdiff.collector.transport.adb import AdbDevice
+    from tests.test_harness_support import host_harness
+
+    monkeypatch.setenv("LAYERDIFF_HARNESS_X86_64", str(host_harness()))
+    files = resolve_model(MODELS / "convnet.param")
+    inputs = InputSet("convnet", {"data": sample_input("convnet")}, "samples/inputs/convnet.npy")
+    paths, fingerprints = {}, {}
+    for name, (manifest, _) in DRIVERS.items():
+        monkeypatch.setenv("VK_ICD_FILENAMES", str(manifest))  # the stand-in's shell (and harness) inherit it
+        fingerprints[name] = f"layerdiff/standin/{name}:14/UP1A/1:user/release-keys"
+        phone = standins.start(props={"ro.build.fingerprint": fingerprints[name], "ro.product.model": "Fleet phone"})
+        outcome = collect_run(AdbDevice(phone.serial), RunSpec(files, "vulkan", "low", inputs, deadline_s=300),
+                              tmp_path / name)
+        assert outcome.status == "done", outcome.message
+        paths[name] = outcome.paths[0]
+    monkeypatch.delenv("VK_ICD_FILENAMES")
+    reference = collect_run(LocalDevice(), RunSpec(files, "cpu", "high", inputs), tmp_path / "reference")
+    for name, (_, library) in DRIVERS.items():
+        with DumpFile(paths[name]) as dump:
+            assert dump.attrs["build_fingerprint"] == fingerprints[name]
+            assert dump.provenance["device"]["extra"]["fingerprint"] == fingerprints[name]
+            assert f"({library})" in dump.attrs["gpu_driver"]
+    with layerdiff.api.analyze([paths["lavapipe"], paths["swiftshader"]], ref=reference.paths[0]) as result:
+        fleet = result.fleet
+        assert len(fleet) == 2 and sorted(fleet["build_fingerprint"]) == sorted(fingerprints.values())
+        assert (fleet["runs"] == 1).all()
