@@ -213,3 +213,19 @@ def test_standin_phones_on_two_drivers_form_two_fleet_groups(standins, monkeypat
         fleet = result.fleet
         assert len(fleet) == 2 and sorted(fleet["build_fingerprint"]) == sorted(fingerprints.values())
         assert (fleet["runs"] == 1).all()
+
+
+def test_a_hostile_driver_name_is_escaped_in_the_report(fleet_runs, tmp_path):
+    """A dump's driver text is untrusted: the Fleet table shows it as text, never as markup."""
+    import shutil
+
+    import h5py
+
+    hostile = tmp_path / "hostile.h5"
+    shutil.copy(fleet_runs["lavapipe"], hostile)
+    with h5py.File(hostile, "r+") as f:
+        f.attrs["gpu_driver"] = "<img src=x onerror=alert(1)> (libvulkan_lvp.so)"
+    with layerdiff.api.analyze([hostile, fleet_runs["swiftshader"]], ref=fleet_runs["reference"]) as result:
+        assert len(result.fleet) == 2
+        page = result.write_report(tmp_path / "report").read_text()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page

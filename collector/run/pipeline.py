@@ -370,6 +370,9 @@ def _device_info(device: Device, spec: RunSpec, header: dict) -> DeviceInfo:
     return replace(info, gpu=named if isinstance(named, str) and named else vulkan_gpu())
 
 
+DRIVER_TEXT_MAX = 300  # characters of a driver field kept as a root attribute (the header keeps all of it)
+
+
 def driver_attrs(header: dict, info: DeviceInfo) -> dict:
     """`gpu_driver` (version and mapped library file names) and `gpu_driver_build` (the pipeline cache
     UUID, which changes with each driver build) from the header's options.vulkan_driver, and the phone's
@@ -384,10 +387,10 @@ def driver_attrs(header: dict, info: DeviceInfo) -> dict:
         return out
     libraries = driver.get("libraries") if isinstance(driver.get("libraries"), list) else []
     names = [Path(str(lib.get("path", ""))).name for lib in libraries if isinstance(lib, dict) and lib.get("path")]
-    version = str(driver.get("driver_version") or "?")
-    out["gpu_driver"] = f"{version} ({', '.join(names) or 'library not seen'})"
+    version = str(driver.get("driver_version") or "?")[:DRIVER_TEXT_MAX]  # a harness's answer is untrusted
+    out["gpu_driver"] = f"{version} ({', '.join(names) or 'library not seen'})"[:DRIVER_TEXT_MAX]
     if driver.get("pipeline_cache_uuid"):
-        out["gpu_driver_build"] = str(driver["pipeline_cache_uuid"])
+        out["gpu_driver_build"] = str(driver["pipeline_cache_uuid"])[:DRIVER_TEXT_MAX]
     return out
 
 
