@@ -126,7 +126,9 @@ def test_analyze_groups_the_runs_by_driver(fleet_runs, tmp_path):
 
 
 def test_one_driver_identity_shows_no_fleet(local_runs):
-    analysis = analyze_paths([local_runs("convnet.param", "vulkan", "low"), local_runs("convnet.param", "cpu", "high")])
+    """CPU runs have no driver: vulkan/low and cpu/low judged against cpu/high are one GPU identity."""
+    analysis = analyze_paths([local_runs("convnet.param", "vulkan", "low"), local_runs("convnet.param", "cpu", "low"),
+                              local_runs("convnet.param", "cpu", "high")], ref=local_runs("convnet.param", "cpu", "high"))
     try:
         assert analysis.fleet.empty and "fleet" not in results_document(analysis)
     finally:

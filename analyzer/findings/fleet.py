@@ -28,15 +28,22 @@ def _identity(run) -> dict:
             "backend": str(run.backend), "precision": str(run.precision)}
 
 
+def _on_a_gpu(run) -> bool:
+    """A run whose engine computed on a GPU (also partly: `vulkan+cpu`): CPU runs have no driver to
+    blame, and counting them would make every CPU-versus-GPU comparison look like a fleet."""
+    return run.backend.split("+")[0] not in ("", "cpu")
+
+
 def fleet_view(runs: list, summary: pd.DataFrame) -> pd.DataFrame:
-    """One row per GPU x driver x engine version x backend/precision among the judged runs, with its pass /
-    warn / fail counts; empty unless the judged runs span two or more GPU/driver identities (one identity
+    """One row per GPU x driver x engine version x backend/precision among the judged GPU runs, with its
+    pass / warn / fail counts; empty unless those runs span two or more GPU/driver identities (one identity
     is the ordinary report, and a table would only repeat it)."""
     # the summary holds one row per run, in the runs' order: two runs can share a label (the same
     # configuration on two drivers), so a verdict is matched by position, never by label
     verdicts = list(summary["verdict"]) if len(summary) == len(runs) else []
     rows = [{**_identity(run), "verdict": verdict, "run": run.label, "precision_effective": str(run.attrs.get(
-             "precision_effective", "") or "")} for run, verdict in zip(runs, verdicts) if verdict in JUDGED]
+             "precision_effective", "") or "")} for run, verdict in zip(runs, verdicts)
+            if verdict in JUDGED and _on_a_gpu(run)]
     if not rows:
         return pd.DataFrame(columns=FLEET_COLUMNS)
     frame = pd.DataFrame(rows)
