@@ -85,7 +85,7 @@ def test_mapped_libraries_reads_the_path_column_of_proc_maps():
     assert mapped_libraries(maps) == ["/usr/lib/libvk_swiftshader.so"]
 
 
-def _own_verdict(run: Path, ref: Path) -> str:
+def _output_error(run: Path, ref: Path) -> float:
     """The output's relative L2 error judged here with numpy, outside layerdiff."""
     with DumpFile(run) as a, DumpFile(ref) as b:
         x, y = a.tensor_by_key("prob:0").astype(np.float64), b.tensor_by_key("prob:0").astype(np.float64)
@@ -118,7 +118,7 @@ def test_analyze_groups_the_runs_by_driver(fleet_runs, tmp_path):
                 row = fleet[fleet["run_labels"] == run.label].iloc[0]
                 assert row[f"n_{verdicts[run.label]}"] == 1
         for name in ("lavapipe", "swiftshader"):  # the low-precision error is real on both drivers
-            assert _own_verdict(fleet_runs[name], fleet_runs["reference"]) > 1e-6
+            assert _output_error(fleet_runs[name], fleet_runs["reference"]) > 1e-6
         document = json.loads(json.dumps(results_document(analysis), default=str))
         assert len(document["fleet"]) == 2
     finally:
