@@ -35,6 +35,7 @@ from layerdiff.analyzer.runs.sources import Run, SourceSet, open_runs
 from layerdiff.analyzer.findings.summary import run_summary
 from layerdiff.analyzer.findings.datasets import Dataset, dataset_findings, dataset_view
 from layerdiff.analyzer.findings.repeatops import varying_op_findings
+from layerdiff.analyzer.findings.fleet import fleet_findings, fleet_view
 from layerdiff.analyzer.measure.repeats import repeat_spread_per_op
 from layerdiff.analyzer.findings.verdict import Thresholds
 # Also the analyzer's public surface for the collector (`collect fix` measures its trials with the
@@ -57,6 +58,7 @@ class Analysis:
     isolation: Isolation = field(default_factory=Isolation)
     dataset: Dataset = field(default_factory=Dataset)  # one configuration over many inputs (findings/datasets.py)
     repeat_ops: pd.DataFrame = field(default_factory=pd.DataFrame)  # per op across repeats (measure/repeats.py)
+    fleet: pd.DataFrame = field(default_factory=pd.DataFrame)  # verdicts per GPU x driver x configuration (findings/fleet.py)
 
     @property
     def runs(self) -> list[Run]:
@@ -107,11 +109,13 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
         summary = run_summary(comparison, sources.runs, findings, thresholds, judgements)
         dataset = dataset_view(comparison, summary, findings)
         repeat_ops = repeat_spread_per_op(comparison)
-        findings = insert_by_kind(findings, dataset_findings(dataset) + varying_op_findings(repeat_ops))
+        fleet = fleet_view(sources.runs, summary)
+        findings = insert_by_kind(findings, dataset_findings(dataset) + varying_op_findings(repeat_ops)
+                                  + fleet_findings(fleet))
     comparison.graphs.clear()  # they served the findings; the report does not need them (Comparison.graph rebuilds)
     problems = sources.problems + comparison.problems + isolation.problems + fed_input_problems(sources.runs)
     problems += [f"{label}: not compared: {why}" for label, why in plan.uncompared.items()]
-    return Analysis(sources, comparison, findings, summary, thresholds, problems, isolation, dataset, repeat_ops)
+    return Analysis(sources, comparison, findings, summary, thresholds, problems, isolation, dataset, repeat_ops, fleet)
 
 
 def fed_input_problems(runs: list[Run]) -> list[str]:

@@ -3,7 +3,7 @@
 `analyze` runs the very analysis `analyze` (the command) runs and hands it back as DataFrames:
 `.runs` (one row per run: its provenance and verdict), `.layers` (one row per aligned layer and run,
 every metric), `.findings` (one row per finding), `.inputs` / `.datasets` (many inputs as one unit),
-`.repeat_ops` (which op varies across repeats); `.write_report(dir)` writes the report the command
+`.repeat_ops` (which op varies across repeats), `.fleet` (verdicts per GPU driver); `.write_report(dir)` writes the report the command
 would. `layerdiff.collect` is collector/sweep/collect.py's `collect`, the collect command's library half.
 """
 from __future__ import annotations
@@ -93,6 +93,12 @@ class Results:
         """Per repeated configuration and input (`collect --repeat N`) and per op, in execution order: in
         how many repeats its output differs from the first repeat's, and by how much (rel L2, max abs)."""
         return self.analysis.repeat_ops
+
+    @property
+    def fleet(self) -> pd.DataFrame:
+        """One row per GPU x driver x engine version x backend/precision (findings/fleet.py): runs and their
+        pass / warn / fail counts. Empty unless the runs span two or more GPU/driver identities."""
+        return self.analysis.fleet
 
     @property
     def problems(self) -> list[str]:

@@ -39,6 +39,7 @@ class FindingKind(StrEnum):
     RUN_SPREAD = "run_spread"  # how far repeats of one configuration land apart (spread.py)
     VARYING_OP = "varying_op"  # the first op whose output differs between repeats (repeatops.py)
     INPUT_DEPENDENCE = "input_dependence"
+    FLEET = "fleet"  # one configuration's verdicts differ between GPU driver identities (fleet.py)
     DATASET = "dataset"  # one configuration over many inputs: counts, worst input, layers failing most (datasets.py)
     FP16_RISK = "fp16_risk"
     ERROR_CURVE = "error_curve"

@@ -18,6 +18,7 @@ from layerdiff.analyzer.analysis import Analysis
 from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.report.fixsection import fix_html
 from layerdiff.analyzer.report.datasetsection import dataset_document, dataset_html
+from layerdiff.analyzer.report.fleetsection import fleet_document, fleet_html
 from layerdiff.analyzer.report.figures import chart_parts, draw_pngs
 from layerdiff.analyzer.report.interactive import layer_table_parts
 from layerdiff.analyzer.report.outdir import atomic_write_bytes, atomic_write_chunks, finish_out_dir
@@ -97,6 +98,7 @@ def _sections(analysis: Analysis, images: dict[str, bytes]) -> Iterator[str | It
     yield from ["<h2>Findings</h2>", _findings_html(analysis.findings)]
     yield from ["<h2>Runs</h2>", _runs_html(analysis.summary)]
     yield from dataset_html(analysis)
+    yield from fleet_html(analysis)
     yield from _isolation_html(analysis)
     yield from fix_html([run.path for run in analysis.runs])
     yield "<h2>Charts</h2>"
@@ -236,5 +238,5 @@ def console_json(analysis: Analysis) -> str:
 def results_document(analysis: Analysis) -> dict:
     document = build_results(analysis.comparison, analysis.runs, analysis.findings, analysis.summary,
                              analysis.thresholds, analysis.problems, analysis.isolation.matched)
-    return {**document, **dataset_document(analysis)}
+    return {**document, **dataset_document(analysis), **fleet_document(analysis)}
 

@@ -322,6 +322,7 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     opencl = opencl_device_name(raw.header)
     if opencl:  # the device that computed, not the phone's display GPU (a CPU OpenCL such as PoCL, too)
         attrs["gpu"] = opencl
+    attrs.update(driver_attrs(raw.header, info))
     fed = fed_check(raw, list(spec.inputs.arrays.items())) if raw.fed else ""
     if fed:
         attrs["input_fed_check"] = fed
@@ -367,6 +368,30 @@ def _device_info(device: Device, spec: RunSpec, header: dict) -> DeviceInfo:
     options = header.get("options")
     named = options.get("vulkan_device") if isinstance(options, dict) else None
     return replace(info, gpu=named if isinstance(named, str) and named else vulkan_gpu())
+
+
+DRIVER_TEXT_MAX = 300  # characters of a driver field kept as a root attribute (the header keeps all of it)
+
+
+def driver_attrs(header: dict, info: DeviceInfo) -> dict:
+    """`gpu_driver` (version and mapped library file names) and `gpu_driver_build` (the pipeline cache
+    UUID, which changes with each driver build) from the header's options.vulkan_driver, and the phone's
+    `build_fingerprint` (its vendor driver ships with the build); only the facts that are known."""
+    out = {}
+    fingerprint = info.extra.get("fingerprint") if isinstance(info.extra, dict) else ""
+    if isinstance(fingerprint, str) and fingerprint:
+        out["build_fingerprint"] = fingerprint
+    options = header.get("options")
+    driver = options.get("vulkan_driver") if isinstance(options, dict) else None
+    if not isinstance(driver, dict):
+        return out
+    libraries = driver.get("libraries") if isinstance(driver.get("libraries"), list) else []
+    names = [Path(str(lib.get("path", ""))).name for lib in libraries if isinstance(lib, dict) and lib.get("path")]
+    version = str(driver.get("driver_version") or "?")[:DRIVER_TEXT_MAX]  # a harness's answer is untrusted
+    out["gpu_driver"] = f"{version} ({', '.join(names) or 'library not seen'})"[:DRIVER_TEXT_MAX]
+    if driver.get("pipeline_cache_uuid"):
+        out["gpu_driver_build"] = str(driver["pipeline_cache_uuid"])[:DRIVER_TEXT_MAX]
+    return out
 
 
 def opencl_device_name(header: dict) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from layerdiff.cache import user_cache_root
 from layerdiff.errors import DeviceError, DumpFormatError
 from layerdiff.analyzer.formats.limits import load_json
+from layerdiff.driverlibs import named_library
 from layerdiff.identity import file_stat, library_stat
 
 # Where GPU loaders look for drivers (Vulkan: the loader's manifest folders; OpenCL: the ICD loader's).
@@ -157,19 +158,7 @@ def _driver_files() -> list:
         for name in names:
             path = Path(folder) / name
             found.append(_stat(path))
-            library = _named_library(path)
+            library = named_library(path)
             if library:
                 found.append(_stat(Path(library)))
     return found
-
-
-def _named_library(manifest: Path) -> str:
-    """The driver library a Vulkan manifest (JSON) or an OpenCL vendor file (one line) names, when absolute."""
-    if manifest.suffix not in (".json", ".icd"):
-        return ""
-    try:
-        text = manifest.read_text(errors="replace")
-        name = (json.loads(text).get("ICD") or {}).get("library_path", "") if manifest.suffix == ".json" else text.strip()
-    except (OSError, ValueError, AttributeError):
-        return ""
-    return name if isinstance(name, str) and name.startswith("/") else ""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from layerdiff.driverlibs import mapped_vulkan_drivers
 from layerdiff.vocabulary import host_abi
 from layerdiff.collector.engines.harness_cli import (
     HARNESS_VERSION,
@@ -69,6 +70,27 @@ def _gpu_info(ncnn, fp16_features: bool = True) -> dict:
         return {"ok": False, "reason": NO_VULKAN}
     info = ncnn.get_gpu_info(ncnn.get_default_gpu_index())
     return {"ok": True, "device": info.device_name(), **(vulkan_fp16_features() if fp16_features else {})}
+
+
+def vulkan_driver(ncnn) -> dict:
+    """The driver that computes, as Vulkan reports it (ncnn's GpuInfo) and as the process mapped it
+    (the manifest-named library in /proc/self/maps, read after ncnn created its Vulkan device): a GPU
+    name alone cannot tell two driver builds apart, nor a loader that picked another driver."""
+    info = ncnn.get_gpu_info(ncnn.get_default_gpu_index())
+    vendor, raw = int(info.vendor_id()), int(info.driver_version())
+    return {"device_name": info.device_name(), "vendor_id": f"0x{vendor:04x}", "device_id": f"0x{int(info.device_id()):04x}",
+            "driver_version": decode_driver_version(vendor, raw), "driver_version_raw": raw,
+            "api_version": decode_driver_version(0, int(info.api_version())),
+            "pipeline_cache_uuid": bytes(info.pipeline_cache_uuid()).hex(),
+            "libraries": mapped_vulkan_drivers()}
+
+
+def decode_driver_version(vendor_id: int, packed: int) -> str:
+    """A Vulkan driver version as its vendor packs it: NVIDIA 10.8.8.6 bits, everyone else (and every
+    API version) Vulkan's 10.10.12 major.minor.patch."""
+    if vendor_id == 0x10DE:
+        return f"{packed >> 22 & 0x3FF}.{packed >> 14 & 0xFF}.{packed >> 6 & 0xFF}.{packed & 0x3F}"
+    return f"{packed >> 22 & 0x3FF}.{packed >> 12 & 0x3FF}.{packed & 0xFFF}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -327,6 +349,7 @@ def run(args: HarnessArgs) -> None:
     gpu = _gpu_info(ncnn) if args.backend == "vulkan" else {}
     if gpu.get("device"):
         header["options"]["vulkan_device"] = gpu["device"]
+        header["options"]["vulkan_driver"] = vulkan_driver(ncnn)
     outputs = list(net.output_names())
     for k, out in enumerate(repeat_dirs(args)):
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=sum(len(layer.tops) for layer in net.layers()))

@@ -8,11 +8,14 @@
 // the whole dump. On Vulkan, light mode frees only the GPU copy: the host copy extract() downloads
 // would stay in the extractor to its end, so once written it is replaced by an empty Mat (the
 // consumer reads the GPU copy, or downloads it again if it runs on the CPU).
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine.h"
@@ -26,6 +29,8 @@
 #include <platform.h>
 #if NCNN_VULKAN
 #include <gpu.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #endif
 
 namespace ld {
@@ -100,6 +105,129 @@ std::string options_json(const ncnn::Option& opt) {
         .add("use_sgemm_convolution", opt.use_sgemm_convolution)
         .str();
 }
+
+#if NCNN_VULKAN
+// The driver that computes, as Vulkan reports it (ncnn's GpuInfo) and as this process mapped it: a GPU
+// name cannot tell two driver builds apart, nor a loader that picked another driver than expected.
+// The same fields as the host ncnn engine (analyzer/FORMATS.md, options.vulkan_driver).
+std::string decode_driver_version(uint32_t vendor, uint32_t packed) {
+    std::ostringstream out;
+    if (vendor == 0x10DE) {  // NVIDIA: 10.8.8.6 bits
+        out << (packed >> 22 & 0x3FF) << "." << (packed >> 14 & 0xFF) << "." << (packed >> 6 & 0xFF) << "." << (packed & 0x3F);
+    } else {  // Vulkan's 10.10.12 major.minor.patch
+        out << (packed >> 22 & 0x3FF) << "." << (packed >> 12 & 0x3FF) << "." << (packed & 0xFFF);
+    }
+    return out.str();
+}
+
+std::string hex_id(uint32_t value) {
+    char text[16];
+    std::snprintf(text, sizeof(text), "0x%04x", value);
+    return text;
+}
+
+std::string dirname_of(const std::string& path) {
+    size_t slash = path.rfind('/');
+    return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+std::string basename_of(const std::string& path) {
+    size_t slash = path.rfind('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// The library a Vulkan manifest names ("ICD": {"library_path": ...}), resolved as the loader does:
+// a relative path with a folder part from the manifest's folder; a bare file name stays bare.
+std::string manifest_library(const std::string& manifest) {
+    std::ifstream in(manifest);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    size_t key = text.find("\"library_path\"");
+    if (key == std::string::npos) return "";
+    size_t open = text.find('"', text.find(':', key) + 1);
+    size_t close = open == std::string::npos ? std::string::npos : text.find('"', open + 1);
+    if (close == std::string::npos) return "";
+    std::string name = text.substr(open + 1, close - open - 1);
+    if (name.empty() || name[0] == '/' || name.find('/') == std::string::npos) return name;
+    char resolved[4096];
+    std::string joined = dirname_of(manifest) + "/" + name;
+    return realpath(joined.c_str(), resolved) ? std::string(resolved) : joined;
+}
+
+// The manifests the loader reads: $VK_DRIVER_FILES / $VK_ICD_FILENAMES when set, else the icd.d folders.
+std::vector<std::string> vulkan_manifests() {
+    std::vector<std::string> found;
+    const char* chosen = std::getenv("VK_DRIVER_FILES");
+    if (!chosen || !*chosen) chosen = std::getenv("VK_ICD_FILENAMES");
+    if (chosen && *chosen) {
+        std::stringstream list(chosen);
+        for (std::string item; std::getline(list, item, ':');) if (!item.empty()) found.push_back(item);
+        return found;
+    }
+    for (const char* folder : {"/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d"}) {
+        DIR* dir = opendir(folder);
+        if (!dir) continue;
+        std::set<std::string> names;
+        while (dirent* entry = readdir(dir)) {
+            std::string name = entry->d_name;
+            if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) names.insert(name);
+        }
+        closedir(dir);
+        for (const std::string& name : names) found.push_back(std::string(folder) + "/" + name);
+    }
+    return found;
+}
+
+// Every Vulkan driver library this process has mapped (/proc/self/maps): those a manifest names, and on
+// Android (no manifests) the HAL's hw/vulkan.<name>.so, each with its size.
+std::string mapped_vulkan_drivers_json() {
+    std::vector<std::string> mapped;
+    std::ifstream maps("/proc/self/maps");
+    for (std::string line; std::getline(maps, line);) {
+        size_t path = line.find('/');
+        if (path == std::string::npos) continue;
+        std::string name = line.substr(path);
+        bool seen = false;
+        for (const std::string& m : mapped) seen = seen || m == name;
+        if (!seen) mapped.push_back(name);
+    }
+    std::vector<std::pair<std::string, std::string>> hits;  // (manifest, path)
+    for (const std::string& manifest : vulkan_manifests()) {
+        std::string library = manifest_library(manifest);
+        if (library.empty()) continue;
+        bool bare = library.find('/') == std::string::npos;
+        for (const std::string& path : mapped) {
+            if (path == library || (bare && basename_of(path) == library)) hits.emplace_back(manifest, path);
+        }
+    }
+    for (const std::string& path : mapped) {
+        if (path.find("/hw/vulkan.") != std::string::npos) hits.emplace_back("", path);
+    }
+    std::string out = "[";
+    for (size_t i = 0; i < hits.size(); ++i) {
+        struct stat st {};
+        int64_t size = stat(hits[i].second.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+        out += (i ? "," : "") + JsonObject().add("manifest", hits[i].first).add("path", hits[i].second).add("size", size).str();
+    }
+    return out + "]";
+}
+
+std::string vulkan_driver_json(int device_index) {
+    const ncnn::GpuInfo& gpu = ncnn::get_gpu_info(device_index);
+    const uint8_t* uuid = gpu.pipeline_cache_uuid();
+    char hex[33] = {0};
+    for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", uuid[i]);
+    return JsonObject()
+        .add("device_name", gpu.device_name())
+        .add("vendor_id", hex_id(gpu.vendor_id()))
+        .add("device_id", hex_id(gpu.device_id()))
+        .add("driver_version", decode_driver_version(gpu.vendor_id(), gpu.driver_version()))
+        .add("driver_version_raw", static_cast<int64_t>(gpu.driver_version()))
+        .add("api_version", decode_driver_version(0, gpu.api_version()))
+        .add("pipeline_cache_uuid", std::string(hex))
+        .add_raw("libraries", mapped_vulkan_drivers_json())
+        .str();
+}
+#endif
 
 // ncnn has no batch axis; the dump puts N=1 back so blobs read as NCHW like MNN's and the ONNX
 // originals' (a 2-D h x w blob stays h x w), the same rule as the host engine's.
@@ -188,6 +316,15 @@ public:
         facts_.engine_version = ncnn_version();
         facts_.precision_effective = effective_precision(net_.opt, vulkan_);
         facts_.options_json = options_json(net_.opt);
+#if NCNN_VULKAN
+        if (vulkan_ && net_.opt.use_vulkan_compute) {  // the device exists now: its driver is mapped
+            int device = ncnn::get_default_gpu_index();
+            std::string extra = JsonObject()
+                .add("vulkan_device", ncnn::get_gpu_info(device).device_name())
+                .add_raw("vulkan_driver", vulkan_driver_json(device)).str();
+            facts_.options_json = facts_.options_json.substr(0, facts_.options_json.size() - 1) + "," + extra.substr(1);
+        }
+#endif
         facts_.backends_actual = actual_backends();
     }
 
