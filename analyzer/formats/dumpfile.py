@@ -197,6 +197,8 @@ class DumpFile:
         ds = local_dataset(self._tensors, name, self.path, where)
         if ds is None or ds.dtype.kind not in "fiub":
             raise DumpFormatError(f"{self.path}: tensor {order} is not a numeric dataset")
+        if ds.shape is None:
+            raise DumpFormatError(f"{self.path}: {where} holds no data (an empty dataspace); re-collect the run")
         return self._bounded(ds, f"{where} (layer {_as_str(ds.attrs.get('key', name))})")
 
     def _bounded(self, ds: h5py.Dataset, where: str) -> h5py.Dataset:
@@ -320,6 +322,9 @@ def _read_layers(ds: h5py.Dataset, path: Path) -> "pd.DataFrame":
         table = ds[()]
     except (OSError, RuntimeError, KeyError, ValueError) as err:
         raise DumpFormatError(f"{path}: /layers table is unreadable ({_short(err)})") from None
+    if table.ndim != 1:
+        raise DumpFormatError(f"{path}: /layers table has {table.ndim} dimensions, not one row per tensor "
+                              "(a crafted or damaged file); re-collect or re-import the run")
     names = table.dtype.names or ()
     missing = [c for c, _ in LAYER_COLUMNS if c not in names]
     if missing:
@@ -359,6 +364,10 @@ def _plain(value: Any) -> Any:
         return value.decode("utf-8", errors="replace")
     if isinstance(value, np.generic):
         return value.item()
+    if isinstance(value, np.ndarray):
+        # An attribute the format declares scalar but a crafted file stores as an array: a plain list
+        # (text decoded) keeps it printable and JSON-safe instead of breaking every truth test on it.
+        return [_plain(item) for item in value.reshape(-1).tolist()] if value.shape != () else _plain(value.item())
     return value
 
 
