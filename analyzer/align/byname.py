@@ -76,9 +76,22 @@ def parse_rename(spec: str) -> tuple[re.Pattern, str]:
     if not sep or not pattern:
         raise UsageError(f"--rename {spec!r}: expected REGEX=REPLACEMENT, e.g. '^net/='")
     try:
-        return re.compile(pattern), repl
+        compiled = re.compile(pattern)
     except re.error as err:
         raise UsageError(f"--rename {spec!r}: bad regular expression ({err})") from None
+    _check_replacement(spec, compiled, repl)
+    return compiled, repl
+
+
+def _check_replacement(spec: str, compiled: re.Pattern, repl: str) -> None:
+    """Refuse a replacement naming a group the expression lacks (`\\9`, `\\g<x>`) now: `re` only finds
+    out when a layer name first matches, deep inside alignment."""
+    names = {number: name for name, number in compiled.groupindex.items()}
+    groups = "".join(f"(?P<{names[i]}>)" if i in names else "()" for i in range(1, compiled.groups + 1))
+    try:
+        re.compile(groups).match("").expand(repl)
+    except (re.error, IndexError) as err:
+        raise UsageError(f"--rename {spec!r}: bad replacement ({err})") from None
 
 
 def load_name_map(path: Path | str) -> dict[str, str]:
@@ -88,6 +101,8 @@ def load_name_map(path: Path | str) -> dict[str, str]:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise InputError(f"{path}: cannot read the name map ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: the name map is not UTF-8 text (byte {err.start}); save it as UTF-8 CSV or JSON") from None
     if path.suffix.lower() == ".json" or text.lstrip().startswith(("{", "[")):
         return _map_from_json(path, text)
     return _map_from_csv(path, text)

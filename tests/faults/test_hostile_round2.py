@@ -58,3 +58,23 @@ def test_array_valued_root_attributes_become_lists_not_crashes(tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 2, proc.stderr[-3000:]  # the input check did not say `equal`: a problem, reported
     assert (tmp_path / "rep" / "results.json").is_file()
+
+
+def test_name_map_that_is_not_utf8_is_one_line(tmp_path):
+    ref, run = _pair(tmp_path, lambda f: None)
+    name_map = tmp_path / "map.csv"
+    name_map.write_bytes(b"\xff\xfe,\x00\nop0,x\n")
+    proc = _analyze(tmp_path, ref, run, "--name-map", str(name_map))
+    assert_one_line_error(proc, str(name_map), "not UTF-8")
+
+
+def test_rename_naming_a_group_the_expression_lacks_is_one_line(tmp_path):
+    ref, run = _pair(tmp_path, lambda f: None)
+    proc = _analyze(tmp_path, ref, run, "--rename", r"op(\d)=\9")
+    assert_one_line_error(proc, "--rename", "bad replacement")
+
+
+def test_rename_with_valid_named_and_numbered_groups_still_applies(tmp_path):
+    ref, run = _pair(tmp_path, lambda f: None)
+    proc = _analyze(tmp_path, ref, run, "--rename", r"op(?P<n>\d)=op\g<n>", "--rename", r"^op(\d)$=op\1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
