@@ -329,10 +329,23 @@ def _read_layers(ds: h5py.Dataset, path: Path) -> "pd.DataFrame":
     missing = [c for c, _ in LAYER_COLUMNS if c not in names]
     if missing:
         raise DumpFormatError(f"{path}: /layers table lacks columns {', '.join(missing)}")
+    _check_order_column(table["order"], path)
     frame = pd.DataFrame({c: table[c] for c, _ in LAYER_COLUMNS})
     for column in STRING_COLUMNS:
         frame[column] = _decoded(frame[column])
     return frame
+
+
+def _check_order_column(orders: np.ndarray, path: Path) -> None:
+    """Each row's `order` names its tensor (/tensors/<order>): a fractional or repeated order would read
+    one layer's tensor as another's and judge a tensor the run never computed there."""
+    if orders.dtype.kind not in "iu":
+        raise DumpFormatError(f"{path}: /layers order column holds {orders.dtype} values, not integers "
+                              "(a crafted or damaged file); re-collect or re-import the run")
+    unique, counts = np.unique(orders, return_counts=True)
+    if len(unique) != len(orders):
+        raise DumpFormatError(f"{path}: /layers lists order {int(unique[counts > 1][0])} more than once "
+                              "(a crafted or damaged file); re-collect or re-import the run")
 
 
 def _decoded(cells: Any) -> list[str]:

@@ -78,3 +78,26 @@ def test_rename_with_valid_named_and_numbered_groups_still_applies(tmp_path):
     ref, run = _pair(tmp_path, lambda f: None)
     proc = _analyze(tmp_path, ref, run, "--rename", r"op(?P<n>\d)=op\g<n>", "--rename", r"^op(\d)$=op\1")
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _with_orders(orders, dtype):
+    def mutate(f):
+        table = f["layers"][...]
+        del f["layers"]
+        fields = [(n, dtype if n == "order" else table.dtype[n]) for n in table.dtype.names]
+        out = np.zeros(len(orders), fields)
+        for name in table.dtype.names:
+            out[name] = np.resize(table[name], len(orders))
+        out["order"] = orders
+        f.create_dataset("layers", data=out)
+    return mutate
+
+
+def test_fractional_layer_orders_are_refused_not_judged(tmp_path):
+    ref, run = _pair(tmp_path, _with_orders([0.5, 0.5], "f8"))
+    assert_one_line_error(_analyze(tmp_path, ref, run), str(run), "order column holds float64")
+
+
+def test_repeated_layer_orders_are_refused_not_judged(tmp_path):
+    ref, run = _pair(tmp_path, _with_orders([0, 1, 0, 1], "i8"))
+    assert_one_line_error(_analyze(tmp_path, ref, run), str(run), "lists order 0 more than once")
