@@ -101,3 +101,34 @@ def test_fractional_layer_orders_are_refused_not_judged(tmp_path):
 def test_repeated_layer_orders_are_refused_not_judged(tmp_path):
     ref, run = _pair(tmp_path, _with_orders([0, 1, 0, 1], "i8"))
     assert_one_line_error(_analyze(tmp_path, ref, run), str(run), "lists order 0 more than once")
+
+
+def test_notebook_analyze_refuses_a_path_that_is_not_a_path():
+    import pytest
+
+    import layerdiff
+    from layerdiff.errors import UsageError
+
+    with pytest.raises(UsageError, match="1 is not a file or directory path"):
+        layerdiff.analyze(iter([1, 2]))
+
+
+def test_notebook_analyze_refuses_a_threshold_that_is_not_a_number(tmp_path):
+    import pytest
+
+    import layerdiff
+    from layerdiff.errors import UsageError
+
+    ref, run = _pair(tmp_path, lambda f: None)
+    with pytest.raises(UsageError, match="--atol 'big': give a number"):
+        layerdiff.analyze([ref, run], atol="big")
+    with pytest.raises(UsageError, match="--rtol True: give a number"):
+        layerdiff.analyze([ref, run], rtol=True)
+
+
+def test_notebook_name_map_with_non_text_entries_is_read_as_text(tmp_path):
+    import layerdiff
+
+    ref, run = _pair(tmp_path, lambda f: None)
+    with layerdiff.analyze([ref, run], name_map={1: None, "op9": ["x"]}) as results:
+        assert set(results.layers["key"]) == {"op0:0", "op1:0"}
