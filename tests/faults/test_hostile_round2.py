@@ -132,3 +132,22 @@ def test_notebook_name_map_with_non_text_entries_is_read_as_text(tmp_path):
     ref, run = _pair(tmp_path, lambda f: None)
     with layerdiff.analyze([ref, run], name_map={1: None, "op9": ["x"]}) as results:
         assert set(results.layers["key"]) == {"op0:0", "op1:0"}
+
+
+def test_model_explorer_export_names_a_layer_it_could_not_measure(tmp_path):
+    def checksummed(f):
+        tensor = f["tensors/1"][...]
+        del f["tensors/1"]
+        f.create_dataset("tensors/1", data=tensor, chunks=(8,), fletcher32=True)
+    ref, run = _pair(tmp_path, checksummed)
+    with h5py.File(run, "r") as f:
+        offset = f["tensors/1"].id.get_chunk_info(0).byte_offset
+    data = bytearray(run.read_bytes())
+    data[offset + 5] ^= 0xFF  # the chunk no longer matches its checksum
+    run.write_bytes(bytes(data))
+    out = tmp_path / "nodes.json"
+    proc = cli("analyze", "export", str(run), "--reference", str(ref), "-o", str(out))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert "tensor 1 is unreadable" in proc.stderr
+    assert set(json.loads(out.read_text())["results"]) == {"op0"}  # the readable layer is still exported
