@@ -96,7 +96,13 @@ def _check_replacement(spec: str, compiled: re.Pattern, repl: str) -> None:
 
 def load_name_map(path: Path | str) -> dict[str, str]:
     """Read an old -> new map from JSON (object or list of pairs) or CSV (two columns, header optional)."""
+    from layerdiff.analyzer.formats.limits import MAX_JSON_BYTES, check_plain_file, human_bytes
+
     path = Path(path)
+    size = check_plain_file(path, InputError, follow=True).st_size  # /dev/zero or a FIFO would be read forever
+    if size > MAX_JSON_BYTES:
+        raise InputError(f"{path}: the name map holds {human_bytes(size)}, over the {human_bytes(MAX_JSON_BYTES)} "
+                         "a name map may hold (set LAYERDIFF_MAX_JSON_BYTES to allow it)")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:

@@ -151,3 +151,18 @@ def test_model_explorer_export_names_a_layer_it_could_not_measure(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "tensor 1 is unreadable" in proc.stderr
     assert set(json.loads(out.read_text())["results"]) == {"op0"}  # the readable layer is still exported
+
+
+def test_name_map_that_is_a_device_is_refused_not_read_forever(tmp_path):
+    ref, run = _pair(tmp_path, lambda f: None)
+    proc = cli("analyze", str(ref), str(run), "-o", str(tmp_path / "rep"), "--name-map", "/dev/zero", timeout=60)
+    assert_one_line_error(proc, "/dev/zero", "not a regular file")
+
+
+def test_name_map_over_the_json_limit_is_refused(tmp_path):
+    ref, run = _pair(tmp_path, lambda f: None)
+    name_map = tmp_path / "map.csv"
+    name_map.write_text("op0,x\n" * 200)
+    proc = cli("analyze", str(ref), str(run), "-o", str(tmp_path / "rep"), "--name-map", str(name_map),
+               env={"LAYERDIFF_MAX_JSON_BYTES": "1000"})
+    assert_one_line_error(proc, "map.csv", "LAYERDIFF_MAX_JSON_BYTES")
