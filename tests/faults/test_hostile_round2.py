@@ -166,3 +166,13 @@ def test_name_map_over_the_json_limit_is_refused(tmp_path):
     proc = cli("analyze", str(ref), str(run), "-o", str(tmp_path / "rep"), "--name-map", str(name_map),
                env={"LAYERDIFF_MAX_JSON_BYTES": "1000"})
     assert_one_line_error(proc, "map.csv", "LAYERDIFF_MAX_JSON_BYTES")
+
+
+def test_a_foreign_dump_with_no_layer_in_common_is_named_by_the_file_given(tmp_path):
+    ref = write_dump(tmp_path / "ref.h5", ARRAYS)
+    npz = tmp_path / "run.npz"
+    np.savez(npz, other=np.zeros(4, np.float32))
+    proc = _analyze(tmp_path, ref, npz)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"analyze: {npz}: no layer in common with ref.h5" in proc.stderr
+    assert "conversions" not in proc.stderr  # never the converted copy in the cache
