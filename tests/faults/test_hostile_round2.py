@@ -176,3 +176,13 @@ def test_a_foreign_dump_with_no_layer_in_common_is_named_by_the_file_given(tmp_p
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"analyze: {npz}: no layer in common with ref.h5" in proc.stderr
     assert "conversions" not in proc.stderr  # never the converted copy in the cache
+
+
+def test_png_figures_of_float64_values_near_the_limit_are_drawn(tmp_path):
+    ref = write_dump(tmp_path / "ref.h5", [np.array([1e308, -1e308, 5e-324, 1.0], np.float64)])
+    run = write_dump(tmp_path / "run.h5", [np.array([-1e308, 1e308, -5e-324, 2.0], np.float64)],
+                     attrs={"backend_requested": "opencl"})
+    proc = _analyze(tmp_path, ref, run, "--png")
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "rep" / "failure_source.png").stat().st_size > 0
