@@ -186,3 +186,42 @@ def test_png_figures_of_float64_values_near_the_limit_are_drawn(tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "rep" / "failure_source.png").stat().st_size > 0
+
+
+def _raw(tmp_path, edit):
+    """A raw dump written as FORMATS.md §1 describes it, its manifest lines then edited by `edit`."""
+    from tests.test_import_raw_h5_zip import write_raw
+
+    root = write_raw(tmp_path / "raw", ARRAYS)
+    lines = [json.loads(line) for line in (root / "manifest.jsonl").read_text().splitlines()]
+    edit(lines)
+    (root / "manifest.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return root
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("inputs", "t0", "'inputs' must be a list of tensor names"),
+    ("shape", [True, 2, 3, 4], "'shape' must be a list of integers"),
+    ("order", "0", "'order' must be an integer"),
+    ("offset", 0.0, "'offset' must be an integer"),
+    ("op", {"x": 1}, "'op' must be a string"),
+])
+def test_raw_tensor_line_with_a_field_of_another_type_is_one_line(tmp_path, field, value, needle):
+    root = _raw(tmp_path, lambda lines: lines[1].__setitem__(field, value))
+    proc = cli("analyze", "import", str(root), "-o", str(tmp_path / "o.h5"))
+    assert_one_line_error(proc, "manifest.jsonl:2", needle)
+
+
+def test_raw_footer_counting_more_tensors_than_listed_marks_the_run_incomplete(tmp_path):
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
+
+    root = _raw(tmp_path, lambda lines: lines[-1].__setitem__("tensors", 5))
+    proc = cli("analyze", "import", str(root), "-o", str(tmp_path / "o.h5"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the footer counts 5 tensors but the manifest lists 2" in proc.stderr
+    with DumpFile(tmp_path / "o.h5") as dump:
+        assert not dump.complete
+        assert len(dump.layers) == 2  # what is listed is kept
