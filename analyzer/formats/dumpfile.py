@@ -329,6 +329,7 @@ def _read_layers(ds: h5py.Dataset, path: Path) -> "pd.DataFrame":
     missing = [c for c, _ in LAYER_COLUMNS if c not in names]
     if missing:
         raise DumpFormatError(f"{path}: /layers table lacks columns {', '.join(missing)}")
+    _check_number_columns(table, path)
     _check_order_column(table["order"], path)
     frame = pd.DataFrame({c: table[c] for c, _ in LAYER_COLUMNS})
     for column in STRING_COLUMNS:
@@ -336,12 +337,22 @@ def _read_layers(ds: h5py.Dataset, path: Path) -> "pd.DataFrame":
     return frame
 
 
+def _check_number_columns(table: np.ndarray, path: Path) -> None:
+    """Counts and statistics must be numbers of their kind: a text `min` or a NaN in an integer count
+    would break the first chart or sum that reads them, far from the file that holds them."""
+    for column, kind in LAYER_COLUMNS:
+        wanted = {np.int64: "iu", np.float64: "iuf"}.get(kind)
+        have = table.dtype[column]
+        if wanted is not None and have.kind not in wanted:
+            what = "integers" if kind is np.int64 else "numbers"
+            raise DumpFormatError(f"{path}: /layers column {column!r} holds {have} values, not {what} "
+                                  "(a crafted or damaged file); re-collect or re-import the run")
+
+
 def _check_order_column(orders: np.ndarray, path: Path) -> None:
-    """Each row's `order` names its tensor (/tensors/<order>): a fractional or repeated order would read
-    one layer's tensor as another's and judge a tensor the run never computed there."""
-    if orders.dtype.kind not in "iu":
-        raise DumpFormatError(f"{path}: /layers order column holds {orders.dtype} values, not integers "
-                              "(a crafted or damaged file); re-collect or re-import the run")
+    """Each row's `order` names its tensor (/tensors/<order>): a repeated order (or a fractional one,
+    refused with the other number columns) would read one layer's tensor as another's and judge a
+    tensor the run never computed there."""
     unique, counts = np.unique(orders, return_counts=True)
     if len(unique) != len(orders):
         raise DumpFormatError(f"{path}: /layers lists order {int(unique[counts > 1][0])} more than once "

@@ -95,7 +95,7 @@ def _with_orders(orders, dtype):
 
 def test_fractional_layer_orders_are_refused_not_judged(tmp_path):
     ref, run = _pair(tmp_path, _with_orders([0.5, 0.5], "f8"))
-    assert_one_line_error(_analyze(tmp_path, ref, run), str(run), "order column holds float64")
+    assert_one_line_error(_analyze(tmp_path, ref, run), str(run), "column 'order' holds float64 values, not integers")
 
 
 def test_repeated_layer_orders_are_refused_not_judged(tmp_path):
@@ -225,3 +225,25 @@ def test_raw_footer_counting_more_tensors_than_listed_marks_the_run_incomplete(t
     with DumpFile(tmp_path / "o.h5") as dump:
         assert not dump.complete
         assert len(dump.layers) == 2  # what is listed is kept
+
+
+def _retyped(column, dtype, value):
+    def mutate(f):
+        table = f["layers"][...]
+        del f["layers"]
+        out = np.zeros(table.shape, [(n, dtype if n == column else table.dtype[n]) for n in table.dtype.names])
+        for name in table.dtype.names:
+            if name != column:
+                out[name] = table[name]
+        out[column] = value
+        f.create_dataset("layers", data=out)
+    return mutate
+
+
+@pytest.mark.parametrize("column, dtype, value, needle", [
+    ("min", "S8", b"abc", "column 'min' holds |S8 values, not numbers"),
+    ("n_nan", "f8", np.nan, "column 'n_nan' holds float64 values, not integers"),
+])
+def test_layers_statistics_of_another_type_are_one_line(tmp_path, column, dtype, value, needle):
+    ref, run = _pair(tmp_path, _retyped(column, dtype, value))
+    assert_one_line_error(_analyze(tmp_path, ref, run, "--png"), str(run), needle)
