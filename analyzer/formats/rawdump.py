@@ -146,6 +146,11 @@ def read_raw_dump(path: Path | str) -> RawDump:
             tensor = _parse_tensor(manifest, lineno, record)
             if tensors and tensor.order <= tensors[-1].order:
                 raise DumpFormatError(f"{manifest}:{lineno}: tensor order {tensor.order} is not increasing")
+            if tensors and tensor.offset < tensors[-1].offset + tensors[-1].nbytes:
+                # tensors are written back to back: an overlap would read one layer's bytes as another's
+                raise DumpFormatError(f"{manifest}:{lineno}: layer {tensor.op!r} starts at byte {tensor.offset}, "
+                                      f"inside the bytes of the tensor before it (which end at "
+                                      f"{tensors[-1].offset + tensors[-1].nbytes})")
             if tensor.offset + tensor.nbytes > data_size and tensor.nbytes <= MAX_TENSOR_BYTES:
                 # tensors.bin cut short (a pull or a disk that died): keep every tensor before the cut
                 truncated = True

@@ -247,3 +247,12 @@ def _retyped(column, dtype, value):
 def test_layers_statistics_of_another_type_are_one_line(tmp_path, column, dtype, value, needle):
     ref, run = _pair(tmp_path, _retyped(column, dtype, value))
     assert_one_line_error(_analyze(tmp_path, ref, run, "--png"), str(run), needle)
+
+
+def test_raw_tensor_overlapping_the_one_before_is_one_line(tmp_path):
+    def overlap(lines):
+        lines[2]["offset"] = 0
+        lines[2]["nbytes"] = 32
+    root = _raw(tmp_path, overlap)
+    proc = cli("analyze", "import", str(root), "-o", str(tmp_path / "o.h5"))
+    assert_one_line_error(proc, "manifest.jsonl:3", "inside the bytes of the tensor before it")
