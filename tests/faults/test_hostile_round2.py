@@ -256,3 +256,9 @@ def test_raw_tensor_overlapping_the_one_before_is_one_line(tmp_path):
     root = _raw(tmp_path, overlap)
     proc = cli("analyze", "import", str(root), "-o", str(tmp_path / "o.h5"))
     assert_one_line_error(proc, "manifest.jsonl:3", "inside the bytes of the tensor before it")
+
+
+def test_raw_footer_count_that_is_not_an_integer_is_one_line(tmp_path):
+    root = _raw(tmp_path, lambda lines: lines[-1].__setitem__("tensors", "many"))
+    proc = cli("analyze", "import", str(root), "-o", str(tmp_path / "o.h5"))
+    assert_one_line_error(proc, "manifest.jsonl", "footer field 'tensors' must be an integer")
