@@ -263,3 +263,11 @@ def test_raw_footer_count_that_is_not_an_integer_is_one_line(tmp_path):
     root = _raw(tmp_path, lambda lines: lines[-1].__setitem__("tensors", "many"))
     proc = cli("analyze", "import", str(root), "-o", str(tmp_path / "o.h5"))
     assert_one_line_error(proc, "manifest.jsonl", "footer field 'tensors' must be an integer")
+
+
+def test_collect_with_an_absurd_repeat_count_is_refused_at_once(tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"not read: the option is refused first")
+    proc = cli("collect", "-m", str(model), "-o", str(tmp_path / "out"), "--repeat", "1000000000000", timeout=60)
+    assert_one_line_error(proc, "--repeat 1000000000000", "at most 10000 repeats")
+    assert not (tmp_path / "out").exists()
