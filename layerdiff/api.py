@@ -126,11 +126,25 @@ def analyze(paths: Path | str | Iterable[Path | str], *, ref: Path | str | None 
     from layerdiff.analyzer.analysis import analyze_paths
     from layerdiff.analyzer.findings.verdict import Thresholds
 
-    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    paths = _paths(paths)
     mapping = name_map if isinstance(name_map, dict) else (load_name_map(Path(name_map)) if name_map else {})
-    rules = NameRules(name_map=dict(mapping), regex=[parse_rename(r) for r in rename], builtin=builtin_rules)
+    rules = NameRules(name_map={str(old): str(new) for old, new in mapping.items()}, regex=[parse_rename(r) for r in rename], builtin=builtin_rules)
     return Results(analyze_paths(paths, ref=ref, rules=rules, thresholds=Thresholds(**thresholds),
                                  set_attrs=set_attrs, ref_input=ref_input, task=task))
+
+
+def _paths(paths: Path | str | Iterable[Path | str]) -> list[Path | str]:
+    """The paths given, refusing anything that is not a path (a number, None) in one line: it would
+    otherwise fail deep inside the importers with a TypeError naming no input."""
+    import os
+
+    from layerdiff.errors import UsageError
+
+    listed = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    for path in listed:
+        if not isinstance(path, (str, os.PathLike)):
+            raise UsageError(f"analyze: {path!r} is not a file or directory path; give str or pathlib.Path values")
+    return listed
 
 
 def _scalar(value):

@@ -40,9 +40,12 @@ def check_number(flag: str, value: float, minimum: float, maximum: float | None 
     """Refuse a numeric option that is NaN, infinite or out of range, naming the flag (UsageError,
     exit 1): `collect` and `analyze` check their numbers with this one rule."""
     import math
+    import numbers
 
     from layerdiff.errors import UsageError
 
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise UsageError(f"{flag} {value!r}: give a number, not {type(value).__name__}")
     low_ok = value > minimum if above_minimum else value >= minimum
     if not (math.isfinite(value) and low_ok and (maximum is None or value <= maximum)):
         bound = f"> {minimum:g}" if above_minimum else f">= {minimum:g}"

@@ -76,18 +76,39 @@ def parse_rename(spec: str) -> tuple[re.Pattern, str]:
     if not sep or not pattern:
         raise UsageError(f"--rename {spec!r}: expected REGEX=REPLACEMENT, e.g. '^net/='")
     try:
-        return re.compile(pattern), repl
+        compiled = re.compile(pattern)
     except re.error as err:
         raise UsageError(f"--rename {spec!r}: bad regular expression ({err})") from None
+    _check_replacement(spec, compiled, repl)
+    return compiled, repl
+
+
+def _check_replacement(spec: str, compiled: re.Pattern, repl: str) -> None:
+    """Refuse a replacement naming a group the expression lacks (`\\9`, `\\g<x>`) now: `re` only finds
+    out when a layer name first matches, deep inside alignment."""
+    names = {number: name for name, number in compiled.groupindex.items()}
+    groups = "".join(f"(?P<{names[i]}>)" if i in names else "()" for i in range(1, compiled.groups + 1))
+    try:
+        re.compile(groups).match("").expand(repl)
+    except (re.error, IndexError) as err:
+        raise UsageError(f"--rename {spec!r}: bad replacement ({err})") from None
 
 
 def load_name_map(path: Path | str) -> dict[str, str]:
     """Read an old -> new map from JSON (object or list of pairs) or CSV (two columns, header optional)."""
+    from layerdiff.analyzer.formats.limits import MAX_JSON_BYTES, check_plain_file, human_bytes
+
     path = Path(path)
+    size = check_plain_file(path, InputError, follow=True).st_size  # /dev/zero or a FIFO would be read forever
+    if size > MAX_JSON_BYTES:
+        raise InputError(f"{path}: the name map holds {human_bytes(size)}, over the {human_bytes(MAX_JSON_BYTES)} "
+                         "a name map may hold (set LAYERDIFF_MAX_JSON_BYTES to allow it)")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise InputError(f"{path}: cannot read the name map ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: the name map is not UTF-8 text (byte {err.start}); save it as UTF-8 CSV or JSON") from None
     if path.suffix.lower() == ".json" or text.lstrip().startswith(("{", "[")):
         return _map_from_json(path, text)
     return _map_from_csv(path, text)

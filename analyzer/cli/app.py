@@ -201,6 +201,12 @@ def _main(argv: list[str] | None) -> int:
     Usage mistakes are typer's (standalone mode: "Usage: ... Error: ...", exit 2); a LayerdiffError
     becomes one line on stderr and its exit code; an OS error (unwritable report, ...) names its path.
     """
+    import warnings
+
+    # numpy's "overflow encountered" for float64 values near 1e308: the measurement is inf and the report
+    # shows it; the warning would be a stray stderr line quoting our source instead of naming the dump.
+    warnings.filterwarnings("ignore", message="(overflow|invalid value|divide by zero) encountered",
+                            category=RuntimeWarning)
     try:
         app(args=argv, prog_name="analyze", standalone_mode=True)
     except LayerdiffError as err:

@@ -76,6 +76,7 @@ def export_command(
 ) -> None:
     """Export a run for Google Model Explorer (per-layer error vs a reference, as the report measures
     it) or Polygraphy."""
+    problems: list[str] = []
     if to == "model-explorer":
         from layerdiff.analyzer.align.byname import NameRules, load_name_map, parse_rename
 
@@ -83,12 +84,16 @@ def export_command(
             raise UsageError("--to model-explorer needs --reference REF.h5 (the run to measure against)")
         rules = NameRules(name_map=load_name_map(name_map) if name_map else {},
                           regex=[parse_rename(r) for r in rename], builtin=not no_builtin_rules)
-        path = export_model_explorer(run, reference, output, metric=metric, key_by=key_by, rules=rules)
+        path = export_model_explorer(run, reference, output, metric=metric, key_by=key_by, rules=rules, problems=problems)
     elif to == "polygraphy":
         path = export_polygraphy(run, output, runner_name=runner_name)
     else:
         raise UsageError(f"--to {to}: choose from {', '.join(EXPORT_FORMATS)}")
     typer.echo(terminal_lines(f"wrote {path}"))
+    for problem in problems:  # as `analyze` does: the file is written, the layers left out are named, exit 2
+        typer.echo(terminal_lines(f"analyze: {problem}"), err=True)
+    if problems:
+        raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:

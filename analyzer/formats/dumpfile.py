@@ -197,6 +197,8 @@ class DumpFile:
         ds = local_dataset(self._tensors, name, self.path, where)
         if ds is None or ds.dtype.kind not in "fiub":
             raise DumpFormatError(f"{self.path}: tensor {order} is not a numeric dataset")
+        if ds.shape is None:
+            raise DumpFormatError(f"{self.path}: {where} holds no data (an empty dataspace); re-collect the run")
         return self._bounded(ds, f"{where} (layer {_as_str(ds.attrs.get('key', name))})")
 
     def _bounded(self, ds: h5py.Dataset, where: str) -> h5py.Dataset:
@@ -320,14 +322,41 @@ def _read_layers(ds: h5py.Dataset, path: Path) -> "pd.DataFrame":
         table = ds[()]
     except (OSError, RuntimeError, KeyError, ValueError) as err:
         raise DumpFormatError(f"{path}: /layers table is unreadable ({_short(err)})") from None
+    if table.ndim != 1:
+        raise DumpFormatError(f"{path}: /layers table has {table.ndim} dimensions, not one row per tensor "
+                              "(a crafted or damaged file); re-collect or re-import the run")
     names = table.dtype.names or ()
     missing = [c for c, _ in LAYER_COLUMNS if c not in names]
     if missing:
         raise DumpFormatError(f"{path}: /layers table lacks columns {', '.join(missing)}")
+    _check_number_columns(table, path)
+    _check_order_column(table["order"], path)
     frame = pd.DataFrame({c: table[c] for c, _ in LAYER_COLUMNS})
     for column in STRING_COLUMNS:
         frame[column] = _decoded(frame[column])
     return frame
+
+
+def _check_number_columns(table: np.ndarray, path: Path) -> None:
+    """Counts and statistics must be numbers of their kind: a text `min` or a NaN in an integer count
+    would break the first chart or sum that reads them, far from the file that holds them."""
+    for column, kind in LAYER_COLUMNS:
+        wanted = {np.int64: "iu", np.float64: "iuf"}.get(kind)
+        have = table.dtype[column]
+        if wanted is not None and have.kind not in wanted:
+            what = "integers" if kind is np.int64 else "numbers"
+            raise DumpFormatError(f"{path}: /layers column {column!r} holds {have} values, not {what} "
+                                  "(a crafted or damaged file); re-collect or re-import the run")
+
+
+def _check_order_column(orders: np.ndarray, path: Path) -> None:
+    """Each row's `order` names its tensor (/tensors/<order>): a repeated order (or a fractional one,
+    refused with the other number columns) would read one layer's tensor as another's and judge a
+    tensor the run never computed there."""
+    unique, counts = np.unique(orders, return_counts=True)
+    if len(unique) != len(orders):
+        raise DumpFormatError(f"{path}: /layers lists order {int(unique[counts > 1][0])} more than once "
+                              "(a crafted or damaged file); re-collect or re-import the run")
 
 
 def _decoded(cells: Any) -> list[str]:
@@ -359,6 +388,10 @@ def _plain(value: Any) -> Any:
         return value.decode("utf-8", errors="replace")
     if isinstance(value, np.generic):
         return value.item()
+    if isinstance(value, np.ndarray):
+        # An attribute the format declares scalar but a crafted file stores as an array: a plain list
+        # (text decoded) keeps it printable and JSON-safe instead of breaking every truth test on it.
+        return [_plain(item) for item in value.reshape(-1).tolist()] if value.shape != () else _plain(value.item())
     return value
 
 

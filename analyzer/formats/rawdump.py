@@ -146,6 +146,11 @@ def read_raw_dump(path: Path | str) -> RawDump:
             tensor = _parse_tensor(manifest, lineno, record)
             if tensors and tensor.order <= tensors[-1].order:
                 raise DumpFormatError(f"{manifest}:{lineno}: tensor order {tensor.order} is not increasing")
+            if tensors and tensor.offset < tensors[-1].offset + tensors[-1].nbytes:
+                # tensors are written back to back: an overlap would read one layer's bytes as another's
+                raise DumpFormatError(f"{manifest}:{lineno}: layer {tensor.op!r} starts at byte {tensor.offset}, "
+                                      f"inside the bytes of the tensor before it (which end at "
+                                      f"{tensors[-1].offset + tensors[-1].nbytes})")
             if tensor.offset + tensor.nbytes > data_size and tensor.nbytes <= MAX_TENSOR_BYTES:
                 # tensors.bin cut short (a pull or a disk that died): keep every tensor before the cut
                 truncated = True
@@ -159,6 +164,12 @@ def read_raw_dump(path: Path | str) -> RawDump:
                 fed_inputs.append(fed)
         elif kind == "footer":
             footer = record
+    claimed = footer.get("tensors") if footer is not None else None
+    if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed != len(tensors) and not truncated:
+        # the harness counted other tensor lines than the manifest holds: lines were lost or added by hand
+        truncated = True
+        problems.append(f"{manifest}: the footer counts {claimed} tensors but the manifest lists {len(tensors)}; "
+                        f"the {len(tensors)} listed are kept and the run is marked incomplete")
     if footer is None:
         last = tensors[-1].op if tensors else "(none)"
         problems.append(f"no footer: the harness stopped after {len(tensors)} tensors, last op {last!r}")
@@ -214,8 +225,29 @@ def _parse_header(manifest: Path, header: dict[str, Any]) -> dict[str, Any]:
     return header
 
 
+def _check_field_types(where: str, rec: dict[str, Any]) -> None:
+    """Refuse a tensor line whose fields have another JSON type than FORMATS.md gives them: `str()` and
+    `int()` would otherwise turn `"inputs": "t0"` into the edges `t`, `0`, `true` into a dimension 1
+    and `{"x": 1}` into an op name, and the run would be aligned on a graph no engine wrote."""
+    def bad(field: str, expected: str) -> DumpFormatError:
+        return DumpFormatError(f"{where}: tensor field {field!r} must be {expected}, not {json.dumps(rec[field])[:60]}")
+
+    for field in ("order", "offset", "nbytes", "output_index"):
+        if field in rec and (isinstance(rec[field], bool) or not isinstance(rec[field], int)):
+            raise bad(field, "an integer")
+    for field in ("op", "op_type", "name", "dtype", "layout", "memory"):
+        if field in rec and not isinstance(rec[field], str):
+            raise bad(field, "a string")
+    if "shape" in rec and not (isinstance(rec["shape"], list)
+                               and all(isinstance(d, int) and not isinstance(d, bool) for d in rec["shape"])):
+        raise bad("shape", "a list of integers")
+    if "inputs" in rec and not (isinstance(rec["inputs"], list) and all(isinstance(x, str) for x in rec["inputs"])):
+        raise bad("inputs", "a list of tensor names")
+
+
 def _parse_tensor(manifest: Path, lineno: int, rec: dict[str, Any]) -> RawTensor:
     where = f"{manifest}:{lineno}"
+    _check_field_types(where, rec)
     try:
         shape = tuple(int(d) for d in rec["shape"])
         dtype = str(rec["dtype"])

@@ -75,6 +75,9 @@ def check_footer_types(manifest: Path, footer: dict[str, Any] | None) -> None:
         raise DumpFormatError(f"{manifest}: footer field 'infer_ms' must be a number")
     if not isinstance(footer.get("status", "ok"), str):
         raise DumpFormatError(f"{manifest}: footer field 'status' must be a string")
+    for key in ("tensors", "bytes"):
+        if key in footer and (isinstance(footer[key], bool) or not isinstance(footer[key], int)):
+            raise DumpFormatError(f"{manifest}: footer field {key!r} must be an integer")
 
 
 def _string_fields(entry: Any) -> bool:

@@ -75,7 +75,7 @@ def compare_all(plan: Plan, rules: NameRules, tolerances: Tolerances, steps: Ste
     for index, (pair, alignment) in enumerate(zip(plan.pairs, alignments)):
         if alignment.matched.empty:
             comparison.problems.append(
-                f"{pair.other.path}: no layer in common with {pair.base.path.name} (names differ and no "
+                f"{pair.other.shown_path}: no layer in common with {pair.base.shown_path.name} (names differ and no "
                 "layer matched by structure and values: a different model? try --name-map or --rename)")
     rows = _Rows()
     kernel = PairKernel(tolerances)

@@ -31,3 +31,14 @@ def worst_columns(values: np.ndarray, limit: int = MAX_POINTS) -> np.ndarray:
     filled = np.where(np.isnan(values), -np.inf, values)
     worst = np.maximum.reduceat(filled, edges[:-1], axis=1)
     return np.where(np.isneginf(worst), np.nan, worst)
+
+
+# Values past this magnitude are left out of a chart: an axis spanning -1e308..1e308 overflows its own
+# width (Matplotlib cannot place ticks, a histogram cannot bin it); float32 tensors never come near,
+# a float64 dump can.
+PLOT_MAX = 1e300
+
+
+def plottable(values: np.ndarray) -> np.ndarray:
+    """Finite values small enough that an axis over them has a finite width."""
+    return np.isfinite(values) & (np.abs(values) <= PLOT_MAX)

@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from layerdiff.analyzer.report.buckets import worst_columns, worst_per_bucket
+from layerdiff.analyzer.report.buckets import plottable, worst_columns, worst_per_bucket
 from layerdiff.analyzer.report.interactive import package_dir
 from layerdiff.safetext import chart_text, chart_texts, html_text, json_in_script
 
@@ -293,10 +293,11 @@ def per_input_traces(summary: pd.DataFrame, colours: dict[str, str], warn: float
 def focus_traces(ref: np.ndarray, run: np.ndarray, title: str, colour: str) -> tuple[list, dict]:
     """One layer: histogram of run - reference (left) and run against reference (right), from samples."""
     a, b = np.asarray(ref, dtype=np.float64).reshape(-1), np.asarray(run, dtype=np.float64).reshape(-1)
-    diff = b - a
-    finite = diff[np.isfinite(diff)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        diff = b - a
+    finite = diff[plottable(diff)]
     counts, edges = np.histogram(finite if finite.size else [0.0], bins=80)
-    both = np.isfinite(a) & np.isfinite(b)
+    both = plottable(a) & plottable(b)
     lo, hi = (float(min(a[both].min(), b[both].min())), float(max(a[both].max(), b[both].max()))) if both.any() else (0, 1)
     traces = [{"type": "bar", "x": (edges[:-1] + edges[1:]) / 2, "y": counts, "name": "run - reference",
                "marker": {"color": colour}, "showlegend": False, "hovertemplate": "%{x:.4g}: %{y} elements<extra></extra>"},

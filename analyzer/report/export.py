@@ -46,14 +46,18 @@ DEFAULT_THRESHOLDS = [
 
 
 def layer_metrics(run_path: Path | str, ref_path: Path | str, metric: str = "rel_l2",
-                  rules: NameRules | None = None) -> pd.DataFrame:
+                  rules: NameRules | None = None, problems: list[str] | None = None) -> pd.DataFrame:
     """One row per run layer the analysis aligned with a reference layer and measured: key, name, op,
-    ref_name, value (the report's `metric`; inf where the two disagree on which values are finite)."""
+    ref_name, value (the report's `metric`; inf where the two disagree on which values are finite).
+    A layer that could not be measured (an unreadable tensor) has no row: its one-line reason is added
+    to `problems`, so a caller says which nodes are uncoloured instead of leaving them silently blank."""
     from layerdiff.analyzer.analysis import analyze_paths  # the analysis loads pandas: not for `--help`
 
     if metric not in METRICS:
         raise UsageError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
     analysis = analyze_paths([run_path], ref=ref_path, rules=rules)
+    if problems is not None:
+        problems.extend(analysis.problems)
     try:
         return _aligned_values(analysis, Path(run_path), Path(ref_path), metric)
     finally:
@@ -98,12 +102,13 @@ def model_explorer_node_data(metrics: pd.DataFrame, key_by: str = "reference",
 
 def export_model_explorer(run: Path | str, reference: Path | str, out: Path | str, metric: str = "rel_l2",
                           key_by: str = "reference", graph_id: str | None = None,
-                          rules: NameRules | None = None) -> Path:
+                          rules: NameRules | None = None, problems: list[str] | None = None) -> Path:
     """Write Model Explorer node data colouring each layer by its error against the reference,
-    aligned and measured as `analyze RUN --ref REFERENCE` (with the same name `rules`) reports it."""
+    aligned and measured as `analyze RUN --ref REFERENCE` (with the same name `rules`) reports it;
+    what could not be measured is added to `problems` (one line each), as `analyze` prints it."""
     if key_by not in KEY_BY:
         raise UsageError(f"--key-by {key_by}: choose from {', '.join(KEY_BY)}")
-    data = model_explorer_node_data(layer_metrics(run, reference, metric, rules), key_by)
+    data = model_explorer_node_data(layer_metrics(run, reference, metric, rules, problems), key_by)
     if graph_id:
         data = {graph_id: data}  # ModelNodeData: GraphNodeData by graph id
     return _write_text(Path(out), lambda fh: json.dump(data, fh, indent=2, allow_nan=False))

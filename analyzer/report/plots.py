@@ -21,7 +21,7 @@ from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullLocator  # noqa: E402
 
-from layerdiff.analyzer.report.buckets import MAX_POINTS, worst_columns, worst_per_bucket  # noqa: E402,F401
+from layerdiff.analyzer.report.buckets import MAX_POINTS, PLOT_MAX, plottable, worst_columns, worst_per_bucket  # noqa: E402,F401
 
 STATUS_COLOURS = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828"}
 FLOOR = 1e-12  # where an exactly-zero error sits on a log axis
@@ -255,13 +255,14 @@ def failure_layer(ref: np.ndarray, run: np.ndarray, title: str) -> bytes:
     a, b = np.asarray(ref, dtype=np.float64).reshape(-1), np.asarray(run, dtype=np.float64).reshape(-1)
     fig = Figure(figsize=(11, 4.2))
     ax1, ax2 = fig.subplots(1, 2)
-    diff = b - a
-    finite = diff[np.isfinite(diff)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        diff = b - a
+    finite = diff[plottable(diff)]
     ax1.hist(finite if finite.size else [0.0], bins=80, color="#6a1b9a", log=True, histtype="stepfilled")
     ax1.set_xlabel("run - reference")
     ax1.set_ylabel("elements (log)")
-    ax1.set_title(f"difference histogram ({diff.size - finite.size} non-finite)")
-    both = np.isfinite(a) & np.isfinite(b)
+    ax1.set_title(f"difference histogram ({diff.size - finite.size} non-finite or beyond ±{PLOT_MAX:g})")
+    both = plottable(a) & plottable(b)
     ax2.plot(a[both], b[both], ".", ms=1.5, alpha=0.5, color="#00838f", zorder=3)  # one Line2D, not 20k markers
     if both.any():
         lo, hi = float(min(a[both].min(), b[both].min())), float(max(a[both].max(), b[both].max()))

@@ -143,6 +143,14 @@ class Run:
             return f"{label or '?'} (sha256 {sha[:12]})"
         return f"{label} (no input hash: paired by this label)" if label else "unknown (no input label or hash)"
 
+    @property
+    def shown_path(self) -> Path:
+        """The file to name in a message: the dump itself, or for a foreign dump (an .npz, a zip, a raw
+        folder) the file the user gave, never its converted copy in the cache they never saw."""
+        if self.source is None or self.path == self.source or self.source in self.path.parents:
+            return self.path
+        return self.source
+
     def names(self, path: Path | str) -> bool:
         """True when `path` is this run's dump or the foreign file/directory it was imported from."""
         wanted = Path(path).resolve()

@@ -64,6 +64,9 @@ class RunOptions:
 
 
 MAX_THREADS = 1024
+# Every repeat is a file per configuration, planned before anything runs: 10^12 repeats planned for
+# hours before failing. Studies of nondeterminism need tens.
+MAX_REPEAT = 10_000
 
 
 def check_run_options(threads: int, repeat: int, deadline_s: float, layers: str | None, max_bytes: int | None) -> None:
@@ -72,6 +75,8 @@ def check_run_options(threads: int, repeat: int, deadline_s: float, layers: str 
         raise UsageError(f"--threads {threads}: use a thread count from 1 to {MAX_THREADS}")
     if repeat < 1:
         raise UsageError(f"--repeat {repeat}: dump each configuration at least once (--repeat 1 or more)")
+    if repeat > MAX_REPEAT:
+        raise UsageError(f"--repeat {repeat}: at most {MAX_REPEAT} repeats (each is a dump file per configuration)")
     check_number("--deadline", deadline_s, 0.0, above_minimum=True, hint=": the seconds a run may take, such as 900")
     if max_bytes is not None and max_bytes <= 0:
         raise UsageError(f"--max-bytes {max_bytes}: give a positive byte count, or leave it out for no limit")
