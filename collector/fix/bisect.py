@@ -41,7 +41,7 @@ from layerdiff.collector.engines import ENGINES
 from layerdiff.collector.engines.ncnn.options import CLOSED_UPSTREAM, HIGH_PRECISION_MASK, describe
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
-from layerdiff.collector.fix.ncnn_patch import MAGIC
+from layerdiff.collector.engines.ncnn.modelfile import read_param
 from layerdiff.collector.fix.trial import Trial, TrialRunner
 from layerdiff.collector.run.outdir_lock import OutdirLock
 from layerdiff.collector.run.pipeline import RunSpec, collect_run
@@ -76,17 +76,8 @@ class Mechanism:
 def ncnn_layers(model: ModelFiles) -> list[ModelLayer]:
     """The layers of a text `.param`, in file (= execution) order."""
     param = next((f for f in model.files if f.suffix == ".param"), model.files[0])
-    lines = param.read_text(errors="replace").splitlines()
-    if not lines or lines[0].strip() != MAGIC:
-        raise InputError(f"{param}: not a text ncnn .param file (first line is not {MAGIC}); bisect reads the layers from it")
-    layers = []
-    for line in lines[2:]:
-        fields = line.split()
-        if len(fields) < 4 or not (fields[2].isdigit() and fields[3].isdigit()):
-            continue
-        nb, nt = int(fields[2]), int(fields[3])
-        bottoms, tops = fields[4:4 + nb], fields[4 + nb:4 + nb + nt]
-        layers.append(ModelLayer(fields[1], fields[0], tuple(bottoms), tuple(tops)))
+    layers = [ModelLayer(layer.name, layer.type, layer.bottoms, layer.tops)
+              for layer in read_param(param, "bisect reads the layers from it")]
     if not layers:
         raise InputError(f"{param}: no layers found; bisect needs a text ncnn .param")
     return layers

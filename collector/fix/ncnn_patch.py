@@ -12,10 +12,10 @@ import shutil
 from pathlib import Path
 
 from layerdiff.errors import InputError
+from layerdiff.collector.engines.ncnn.modelfile import MAGIC
 from layerdiff.collector.engines.ncnn.options import FEATMASK_KEY
 from layerdiff.collector.inputs.modelfiles import ModelFiles, resolve_model
 
-MAGIC = "7767517"
 
 
 def layer_names(param: Path) -> list[str]:

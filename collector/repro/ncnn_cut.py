@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layerdiff.errors import InputError
+from layerdiff.collector.engines.ncnn.modelfile import MAGIC, ParamLayer, read_param
 
-MAGIC = "7767517"
 TAG_FP16 = 0x01306B47
 TAG_INT8 = 0x000D4B38
 TAG_FP32_RAW = 0x0002C056
@@ -40,18 +40,6 @@ CONV_TYPES = ("Convolution", "ConvolutionDepthWise", "Deconvolution", "Deconvolu
 
 
 @dataclass(frozen=True)
-class ParamLayer:
-    """One layer line of a text .param."""
-
-    type: str
-    name: str
-    bottoms: tuple[str, ...]
-    tops: tuple[str, ...]
-    params: dict[str, str]
-    line: str
-
-
-@dataclass(frozen=True)
 class CutModel:
     """The cut model's files' contents, and the blobs it reads and writes."""
 
@@ -60,33 +48,6 @@ class CutModel:
     inputs: list[str]
     outputs: list[str]
     layers: list[str]
-
-
-def read_param(param: Path) -> list[ParamLayer]:
-    """The layers of a text `.param` in file order; one clear line for anything else."""
-    try:
-        lines = param.read_text(errors="replace").splitlines()
-    except OSError as err:
-        raise InputError(f"{param}: cannot read the .param ({err.strerror or err})") from None
-    if not lines or lines[0].strip() != MAGIC:
-        raise InputError(f"{param}: not a text ncnn .param file (first line is not {MAGIC}); binary .param.bin "
-                         "models cannot be cut")
-    layers = []
-    for number, line in enumerate(lines[2:], start=3):
-        fields = line.split()
-        if not fields:
-            continue
-        try:
-            n_bottom, n_top = int(fields[2]), int(fields[3])
-        except (IndexError, ValueError):
-            raise InputError(f"{param}:{number}: not an ncnn layer line") from None
-        ends = 4 + n_bottom + n_top
-        if len(fields) < ends:
-            raise InputError(f"{param}:{number}: layer {fields[1]!r} names fewer blobs than it declares")
-        params = dict(kv.split("=", 1) for kv in fields[ends:] if "=" in kv)
-        layers.append(ParamLayer(fields[0], fields[1], tuple(fields[4:4 + n_bottom]), tuple(fields[4 + n_bottom:ends]),
-                                 params, line.strip()))
-    return layers
 
 
 def _int(layer: ParamLayer, key: str, default: int = 0) -> int:
@@ -235,7 +196,7 @@ def ncnn_input_params(shape: tuple[int, ...]) -> str:
 def cut(param: Path, weights_path: Path, first: str, last: str,
         shapes: dict[str, tuple[int, ...]]) -> CutModel:
     """The layers `first`..`last` as a model; `shapes` gives each blob's recorded shape (for the Inputs)."""
-    layers = read_param(param)
+    layers = read_param(param, "binary .param.bin models cannot be cut")
     try:
         weights = weights_path.read_bytes()
     except OSError as err:
