@@ -141,6 +141,46 @@ def test_paddle_records_its_observed_run_identical_to_a_plain_run(tmp_path):
     assert_identical_to_plain(tmp_path / "out")
 
 
+def paddle_lite_python_outputs(nb: Path, feed: Path) -> dict[str, np.ndarray]:
+    """Paddle-Lite's own Python API (PyPI paddlelite, in the Python 3.10 venv opt comes from): the .nb run once
+    as an app runs it, its outputs by name."""
+    from tests.paddle_lite_env import opt_binary
+
+    script = ("import sys, numpy as np\n"
+              "from paddlelite.lite import MobileConfig, create_paddle_predictor\n"
+              "config = MobileConfig(); config.set_model_from_file(sys.argv[1])\n"  # one thread: the default
+              "p = create_paddle_predictor(config)\n"
+              "p.get_input(0).from_numpy(np.load(sys.argv[2])); p.run()\n"
+              "np.savez(sys.argv[3], **{n: p.get_output(i).numpy() for i, n in enumerate(p.get_output_names())})\n")
+    out = nb.parent / "paddlelite_outputs.npz"
+    python = str(opt_binary().parent / "python")
+    if subprocess.run([python, "-c", "import numpy"], capture_output=True).returncode != 0:
+        pytest.skip("numpy is missing beside paddlelite (Python 3.10 venv): run device_scripts/setup_host.sh --test")
+    proc = subprocess.run([python, "-c", script, str(nb), str(feed), str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return dict(np.load(out))
+
+
+def test_the_cpp_harness_records_its_paddle_lite_run_identical_to_a_plain_run(tmp_path):
+    """Paddle-Lite (the C++ harness, host build): after Run() every variable read with GetTensor, against a Run()
+    whose outputs only are read with GetOutput; the plain outputs are Paddle-Lite's own Python API's, bit for bit."""
+    from tests.corpus import PADDLE_MODELS, copy_paddle_model
+    from tests.paddle_lite_env import need_paddle_lite_root, optimise
+
+    need_paddle_lite_root()
+    program = copy_paddle_model(PADDLE_MODELS["ocr_cls"], tmp_path / "models")
+    nb = optimise(program, "x86", tmp_path / "models" / "cls_x86")
+    np.save(tmp_path / "x.npy", INPUT_MAKERS[OCR_CLS.make_inputs]()["x"])
+    proc = harness("paddle_lite", "--engine", "paddle-lite", "--model", str(nb), "--input", f"x={tmp_path / 'x.npy'}",
+                   "--threads", "1", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = assert_identical_to_plain(tmp_path / "out")
+    assert [e["key"] for e in record["outputs"]] == ["softmax_0.tmp_0:0"]
+    assert "GetTensor" in record["observing"]
+    ours = paddle_lite_python_outputs(nb, tmp_path / "x.npy")
+    assert {k: v.tobytes() for k, v in plain_dump(tmp_path / "out").items()} == {k: v.tobytes() for k, v in ours.items()}
+
+
 @pytest.mark.parametrize("backend", ["cpu", "vulkan"])
 def test_the_cpp_harness_records_its_ncnn_run_identical_to_a_plain_run(tmp_path, backend):
     """The phone harness (host build): a fresh extractor extracting only the outputs, as an app runs the net."""

@@ -9,7 +9,8 @@
 // read through the public API (Tensor::CopyToCpu serves host/ARM memory only): they are listed in
 // the header as not observable, never dumped as zeros; Paddle-Lite's precision profiler dumps them
 // (analyze imports its directory). Precision: on OpenCL low/normal/high set CL_PRECISION_FP16/AUTO/
-// FP32; on the CPU the .nb decides (opt --enable_fp16), and the header says which it was.
+// FP32; on the CPU the .nb decides (opt --enable_fp16), and the header says which it was. The plain run
+// (docs/fidelity.md) feeds the inputs again, calls Run() and reads only the outputs with GetOutput.
 #include <cstring>
 #include <map>
 #include <memory>
@@ -157,6 +158,37 @@ public:
         double infer_ms = monotonic_ms() - started;
         dump_variables(out, infer_ms);
         return infer_ms;
+    }
+
+    // The plain run (docs/fidelity.md): the program's own outputs, as the predictor names them.
+    std::vector<std::string> output_names() const override { return predictor_ ? predictor_->GetOutputNames() : std::vector<std::string>(); }
+
+    // The inputs fed again, Run(), and only the outputs read with GetOutput, as an app reads them. Outputs that
+    // are not float32 (ids, fp16) are left out: the footer then has no entry for them.
+    std::vector<PlainOutput> plain_run(const std::vector<NpyArray>& inputs) override {
+        for (const NpyArray& input : inputs) feed(input);
+        predictor_->Run();
+        std::vector<std::string> names = predictor_->GetOutputNames();
+        std::vector<PlainOutput> outputs;
+        for (size_t i = 0; i < names.size(); ++i) {
+            std::unique_ptr<const paddle::lite_api::Tensor> t = predictor_->GetOutput(static_cast<int>(i));
+            if (!t || t->precision() != PrecisionType::kFloat || t->target() == TargetType::kOpenCL) continue;
+            PlainOutput output;
+            output.name = names[i];
+            output.shape = t->shape();
+            int64_t numel = 1;
+            for (int64_t d : output.shape) numel *= d;
+            if (numel <= 0) continue;
+            const float* values = t->data<float>();
+            output.values.assign(values, values + numel);
+            outputs.push_back(std::move(output));
+        }
+        return outputs;
+    }
+
+    std::string observing() const override {
+        return "after Run() every variable of the optimised program is read back with GetTensor; the plain run "
+               "reads only the program's outputs with GetOutput, as an app reads them";
     }
 
 private:
