@@ -85,11 +85,17 @@ def lite_x86(models, tmp_path_factory) -> Path:
     return lite
 
 
-def test_x86_paddle_lite_aligns_by_name_with_the_paddle_golden(lite_x86, golden, tmp_path):
+def test_x86_paddle_lite_aligns_by_name_with_the_paddle_golden(lite_x86, golden, models, tmp_path):
     lite = lite_x86
     with DumpFile(lite) as run, DumpFile(golden) as ref:
         assert run.attrs["engine"] == "paddle-lite" and run.attrs["precision_effective"] == "fp32"
         assert run.attrs["backend_actual"] == "cpu"
+        # the input read back from Paddle-Lite's input tensor, and the plain run's outputs beside the dumped ones
+        assert run.attrs["input_fed_check"] == "equal"
+        [(name, fed, layout, _axes)] = list(run.inputs_fed())
+        assert name == "x" and layout == "NCHW" and fed.tobytes() == np.load(models["input"]).astype(np.float32).tobytes()
+        assert run.provenance["raw_footer"]["plain_run"]["identical"] is True
+        assert list(run.plain_outputs()) == ["softmax_0.tmp_0:0"]
         theirs = {row.name: row.order for row in ref.layers.itertuples()}
         shared = [row for row in run.layers.itertuples() if row.name in theirs]
         assert len(shared) >= 90 and len(run.layers) <= len(ref.layers)  # fusion removed the rest, none invented

@@ -18,6 +18,26 @@ FED_UNKNOWN = ""  # the harness recorded no read-back (older harnesses, engines 
 ROUNDED_TO = "equal as {kind} (the engine holds its input in {kind} at this precision)"
 
 
+# The layout words of a read-back that holds the token ids an engine's own tokenizer made of a prompt (ggml):
+# it is checked against the ids the run's header records for that prompt (`options.tokens`), not the prompt's bytes.
+PROMPT_TOKENS = "token ids of the prompt"
+
+
+def expected_inputs(given: dict[str, np.ndarray], fed_layouts: dict[str, str], header: dict) -> dict[str, np.ndarray]:
+    """The arrays each read-back is held against: the inputs as given, except a prompt the engine tokenized,
+    whose read-back is held against the token ids the run recorded for it."""
+    expected = dict(given)
+    options = header.get("options") if isinstance(header.get("options"), dict) else {}
+    tokens = options.get("tokens")
+    for name, layout in fed_layouts.items():
+        if layout.startswith(PROMPT_TOKENS) and name in expected and isinstance(tokens, list):
+            try:
+                expected[name] = np.asarray(tokens, dtype=np.int64)
+            except (TypeError, ValueError, OverflowError):
+                expected[name] = np.asarray([], dtype=np.int64)  # unreadable ids: the check then says they differ
+    return expected
+
+
 def fed_ok(check: str) -> bool:
     """The `input_fed_check` of a run whose engine received the input given (exactly, or rounded to the
     reduced type it holds inputs in at this precision), or recorded no read-back."""
@@ -29,7 +49,9 @@ def rounded_kind(expected: np.ndarray, fed: np.ndarray) -> str:
     if expected.dtype.kind != "f" or fed.dtype.kind != "f" or expected.shape != fed.shape:
         return ""
     values = expected.astype(np.float32)
-    if np.array_equal(values.astype(np.float16).astype(np.float32), fed.astype(np.float32), equal_nan=True):
+    with np.errstate(over="ignore"):  # values past fp16's range become inf: then not an fp16 rounding
+        halved = values.astype(np.float16).astype(np.float32)
+    if np.array_equal(halved, fed.astype(np.float32), equal_nan=True):
         return "fp16"
     bits = values.view(np.uint32)
     nearest = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)  # round to nearest even

@@ -477,10 +477,11 @@ def convert_raw_dump(
 
 def fed_check(dump: RawDump, inputs: list[tuple[str, np.ndarray]]) -> str:
     """`equal`, '' (nothing read back) or one line naming the input the engine received differently."""
-    from layerdiff.analyzer.formats.fedinputs import check_fed
+    from layerdiff.analyzer.formats.fedinputs import check_fed, expected_inputs
 
     fed = [(f.name, dump.read_fed(f), f.axes, f.layout) for f in dump.fed]
-    return check_fed(dict(inputs), fed, str(dump.header.get("precision_effective") or ""))
+    given = expected_inputs(dict(inputs), {f.name: f.layout for f in dump.fed}, dump.header)
+    return check_fed(given, fed, str(dump.header.get("precision_effective") or ""))
 
 
 def _plain_outputs(dump: RawDump, problems: list[str]) -> Iterator[tuple[RawTensor, np.ndarray]]:

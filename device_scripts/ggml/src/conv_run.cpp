@@ -85,6 +85,7 @@ RunFacts ConvRun::prepare(ModelInput* input, NodeRecorder* recorder) {
     }
     dumper_ = new NodeDumper(nullptr);
     dumper_->set_recorder(recorder);
+    dumper_->read_back_input("x", "x", input->shape);  // [1, C, H, W]: ggml's ne (W, H, C, 1) reversed
     compute(*input, nullptr, dumper_);  // placement pass: the backends the scheduler really used
     RunFacts facts;
     facts.engine_version = std::string("ggml ") + ggml_version() + " (" + LAYERDIFF_GGML_SOURCE + ")";

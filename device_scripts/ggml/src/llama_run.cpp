@@ -93,6 +93,10 @@ RunFacts LlamaRun::prepare(ModelInput* input, NodeRecorder* recorder) {
         throw HarnessError(kExitBackend, "llama.cpp could not create a context for --backend " + backend_ +
                                              " with this precision (its messages are above); try --precision normal");
     }
+    // the ids as llama.cpp's input tensor holds them (llm_graph_input_embd: "inp_tokens", read by GET_ROWS)
+    bool prompt = input->name == "prompt";
+    dumper_->read_back_input("inp_tokens", input->name, prompt ? std::vector<int64_t>() : input->shape,
+                             prompt ? "token ids of the prompt" : "");
     decode(*input, nullptr);  // placement pass: which backends the scheduler really used, and how many nodes
     const NodeDumper& placement = *dumper_;
     dumper_->set_recorder(nullptr);

@@ -31,7 +31,33 @@ bool NodeDumper::ask(ggml_tensor* t) {
     // what depends on the graph alone (the name, the representation) is settled here for each of them.
     std::string name = unique_name(t);
     track_representation(t);
-    return writer_ == nullptr || writer_->wants(name);
+    // the input's first consumer is always asked for, so its input is read right after it ran (--layers aside)
+    return writer_ == nullptr || writer_->wants(name) || (!fed_done_ && fed_source(t) != nullptr);
+}
+
+const ggml_tensor* NodeDumper::fed_source(const ggml_tensor* t) const {
+    if (fed_tensor_.empty()) return nullptr;
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        const ggml_tensor* src = t->src[i];
+        // the scheduler's copy for another backend ("Vulkan0#x#0") is what that backend computed on
+        if (src != nullptr && src->op == GGML_OP_NONE && strip_copy_name(src->name) == fed_tensor_) return src;
+    }
+    return nullptr;
+}
+
+void NodeDumper::write_fed(const ggml_tensor* src) {
+    fed_done_ = true;
+    std::vector<char> bytes;
+    std::vector<int64_t> shape;
+    std::string dtype;
+    if (!read_node(src, &bytes, &shape, &dtype)) return;  // a type it cannot widen: no read-back, nothing claimed
+    int64_t given = 1, held = static_cast<int64_t>(ggml_nelements(src));
+    for (int64_t d : fed_shape_) given *= d;
+    if (!fed_shape_.empty() && given == held) shape = fed_shape_;  // [n] held, [1, n] given: the same tensor
+    std::string buffer = src->buffer ? ggml_backend_buffer_name(src->buffer) : "none";
+    std::string layout = std::string("ggml/") + ggml_type_name(src->type) + "@" + buffer;
+    if (!fed_words_.empty()) layout = fed_words_ + " (" + layout + ")";
+    writer_->write_fed(fed_name_, shape, dtype, layout, bytes.data(), bytes.size());
 }
 
 namespace {
@@ -180,6 +206,10 @@ void NodeDumper::dump(ggml_tensor* t) {
         buffers_.insert(buffer);
         per_buffer_[buffer]++;
         return;
+    }
+    if (!fed_done_) {
+        const ggml_tensor* fed = fed_source(t);
+        if (fed != nullptr) write_fed(fed);
     }
     if (!writer_->wants(name)) return;
     TensorInfo info;

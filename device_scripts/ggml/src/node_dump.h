@@ -33,6 +33,7 @@ public:
     void start(DumpWriter* writer) {
         writer_ = writer;
         plain_ = false;
+        fed_done_ = false;
         names_.clear(); name_uses_.clear(); ggml_names_.clear(); last_writer_.clear();
         rotated_.clear(); rotated_by_name_.clear(); rotated_roots_.clear(); transposed_v_roots_.clear();
     }
@@ -45,6 +46,15 @@ public:
     bool plain() const { return plain_; }
     // --inject: while the graph runs (placement pass), hand the target nodes to `recorder` as they are computed.
     void set_recorder(NodeRecorder* recorder) { recorder_ = recorder; }
+    // The model input to read back (FORMATS.md `input_fed`): the graph's input tensor named `tensor` ("inp_tokens",
+    // "x"), recorded as input `name` right after its first consumer ran (the values that node computed on, from the
+    // backend's own copy). `given_shape`: the input file's shape, used when it holds the same elements (leading
+    // 1s); `layout_words`: what the values are when the input was given as something else ("token ids of the
+    // prompt"). Once per observed run, never in the plain run.
+    void read_back_input(const std::string& tensor, const std::string& name, const std::vector<int64_t>& given_shape,
+                         const std::string& layout_words = "") {
+        fed_tensor_ = tensor; fed_name_ = name; fed_shape_ = given_shape; fed_words_ = layout_words;
+    }
 
 private:
     bool ask(ggml_tensor* t);
@@ -58,10 +68,15 @@ private:
     std::string representation(const ggml_tensor* t) const;
     bool made_by_node(const ggml_tensor* src) const;
     void record(const ggml_tensor* t, const std::string& name);
+    const ggml_tensor* fed_source(const ggml_tensor* t) const;  // t's src that is the input to read back, if any
+    void write_fed(const ggml_tensor* src);
 
     DumpWriter* writer_;
     bool plain_ = false;
     NodeRecorder* recorder_ = nullptr;
+    std::string fed_tensor_, fed_name_, fed_words_;
+    std::vector<int64_t> fed_shape_;
+    bool fed_done_ = false;
     std::map<const ggml_tensor*, std::string> names_;  // node -> its unique dump name
     std::map<std::string, int> name_uses_;             // llama.cpp reuses names (Qcur-0 thrice)
     std::map<std::string, std::string> ggml_names_;    // ggml's name of a node -> its dump name (copies)
