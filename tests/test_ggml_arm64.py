@@ -42,6 +42,11 @@ def test_arm64_runs_ggml_fp16_kernels_and_aligns_with_the_local_cpu(arm64_binary
         assert "cpu fp16 vector arithmetic" in a.attrs["precision_effective"]
         assert "fp16 vector" not in b.attrs["precision_effective"]
         assert list(a.layers["key"]) == list(b.layers["key"])  # the same graph, node for node
+        ids = np.load(ggml_samples["tokens"])
+        for dump in (a, b):  # llama.cpp's inp_tokens read back on each CPU, checked by the collector
+            assert dump.attrs["input_fed_check"] == "equal"
+            [(name, fed, layout, _axes)] = list(dump.inputs_fed())
+            assert name == "tokens" and layout == "ggml/i32@CPU" and fed.tolist() == ids.tolist()
     proc = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", str(tmp_path / "runs"), "--ref", str(x86),
                            "-o", str(tmp_path / "rep"), "--json"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

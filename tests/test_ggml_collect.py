@@ -100,6 +100,11 @@ def test_collect_a_prompt_runs_it_through_the_models_tokenizer(ggml_binary, ggml
         assert provenance["input_preprocess"]["prompt"]["prompt"] == prompt.read_text(encoding="utf-8")
         assert options["input_kind"] == "prompt" and options["tokens"] == ids and len(ids) > 5
         from_prompt = dump.tensor_by_key("result_output:0")
+        # inp_tokens read back: the tokenizer's ids, checked against the ids the run records for the prompt
+        assert dump.attrs["input_fed_check"] == "equal"
+        assert [(n, a.tolist()) for n, a, _, _ in dump.inputs_fed()] == [("prompt", ids)]
     with DumpFile(tmp_path / "t" / "ggml_cpu_high_ids.h5") as dump:
         assert dump.provenance["raw_header"]["options"]["input_kind"] == "tokens"
+        assert dump.attrs["input_fed_check"] == "equal"
+        assert [(n, a.tolist()) for n, a, _, _ in dump.inputs_fed()] == [("tokens", ids)]
         np.testing.assert_array_equal(from_prompt, dump.tensor_by_key("result_output:0"))
