@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 
+from layerdiff.collector.engines import unwritten
 from layerdiff.collector.engines.harness_cli import EXIT_MODEL, EXIT_RUN, HarnessExit, now_ms
 from layerdiff.collector.engines.litert.graph import Graph
 
@@ -107,6 +108,37 @@ def invoke(interpreter) -> float:
     except (RuntimeError, ValueError) as err:
         raise HarnessExit(EXIT_RUN, f"LiteRT failed to run the model ({first_line(err)})") from None
     return now_ms() - begin
+
+
+def fill_activations(interpreter, graph: Graph, index: int, only: set[int] | None = None) -> None:
+    """Every activation buffer (or those in `only`) filled with sentinel `index` before a run (unwritten.py): a
+    buffer the run leaves holding it was never written. Weights and the tensors derived from weights alone
+    (computed once when the model is prepared) are left as they are."""
+    for op in graph.computing_ops():
+        for t in op.outputs:
+            if t in graph.weights or (only is not None and t not in only):
+                continue
+            _fill_one(interpreter, t, index)
+
+
+def _fill_one(interpreter, t: int, index: int) -> None:
+    """One tensor's buffer filled; the view into it is released before the function returns (LiteRT refuses
+    to run while Python holds a view into its buffers)."""
+    view = interpreter.tensor(t)()
+    if view.size:
+        view[...] = unwritten.fill(view.dtype, view.shape, index)
+
+
+def never_written(interpreter, graph: Graph, arrays: dict[int, np.ndarray]) -> set[int]:
+    """The activations of a run filled with sentinel 0 that still hold it (`arrays`: tensor index -> value read
+    after that run) and still hold sentinel 1 after a second run filled with it: never written. The second
+    run happens only when the first left a candidate."""
+    left = unwritten.untouched(arrays, 0)
+    if not left:
+        return set()
+    fill_activations(interpreter, graph, 1, only=left)
+    invoke(interpreter)
+    return unwritten.untouched({t: np.array(interpreter.get_tensor(t), copy=True) for t in left}, 1)
 
 
 def read_activations(interpreter, graph: Graph):
