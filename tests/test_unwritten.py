@@ -188,3 +188,53 @@ def test_litert_gpu_records_the_precision_the_device_computes(tmp_path):
     effective, why = gpu.effective_precision(gpu.device_fp16(str(lavapipe)), enforce_f32=False)
     assert effective == ("fp16" if arith and storage else "fp32"), why
     assert gpu.effective_precision(gpu.device_fp16(str(lavapipe)), enforce_f32=True)[0] == "fp32"
+
+
+def _same_bytes(path: Path) -> dict[str, set[str]]:
+    """key -> the other keys of the same run holding exactly its bytes (numpy, outside the analyzer); tensors of
+    one repeated value (all zeros) are left out: equal bytes there say nothing about a buffer."""
+    groups: dict[tuple, list[str]] = {}
+    with DumpFile(path) as dump:
+        for key in dump.layers["key"]:
+            array = np.ascontiguousarray(dump.tensor_by_key(key))
+            if array.size < 2 or np.all(array.reshape(-1) == array.reshape(-1)[0]):
+                continue
+            groups.setdefault((array.dtype.str, array.shape, hash(array.tobytes())), []).append(key)
+    return {k: set(keys) - {k} for keys in groups.values() if len(keys) > 1 for k in keys}
+
+
+def _stale_candidates(run: Path, reference: Path) -> list[tuple[str, str]]:
+    """Pairs of tensors with the same bytes in the run whose counterparts (same key) in the reference differ."""
+    ours, theirs = _same_bytes(run), _same_bytes(reference)
+    with DumpFile(reference) as dump:
+        present = set(dump.layers["key"])
+    return [(k, other) for k, others in ours.items() for other in others
+            if k in present and other in present and other not in theirs.get(k, set())]
+
+
+@pytest.fixture(scope="module")
+def ocr_cls(tmp_path_factory):
+    from tests.corpus import MODELS, convert_corpus
+
+    work = tmp_path_factory.mktemp("corpus")
+    return convert_corpus(work, [m for m in MODELS if m.stem == "ocr_cls"])["ocr_cls"]
+
+
+def test_mnn_and_ncnn_dumps_hold_no_stale_candidate(ocr_cls, tmp_path):
+    """The engines declared `written` hold up on a real network: no two tensors of an MNN run (against the ONNX
+    Runtime golden) or of an ncnn Vulkan run (against ncnn on the CPU) share their bytes where the reference's differ."""
+    proc = collect(tmp_path / "mnn", ocr_cls.mnn, "--input", str(ocr_cls.inputs), "--precision", "high")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = collect(tmp_path / "ort", ocr_cls.onnx, "--input", str(ocr_cls.inputs))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [mnn], [ort] = sorted((tmp_path / "mnn").glob("*.h5")), sorted((tmp_path / "ort").glob("*.h5"))
+    assert _same_bytes(mnn)  # MNN's own copies (a HardSigmoid's BinaryOp) share bytes: the check looks at pairs
+    assert _stale_candidates(mnn, ort) == []
+    proc = collect(tmp_path / "ncnn", ocr_cls.ncnn, "--input", str(ocr_cls.ncnn_inputs), "--backend", "cpu,vulkan",
+                   "--precision", "high")
+    if "no Vulkan device" in proc.stdout + proc.stderr:
+        pytest.skip("no Vulkan device (lavapipe)")
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    [cpu], [vulkan] = sorted((tmp_path / "ncnn").glob("ncnn_cpu_*.h5")), sorted((tmp_path / "ncnn").glob("ncnn_vulkan_*.h5"))
+    assert _same_bytes(vulkan)  # ncnn's Split copies share their input's bytes, on both backends
+    assert _stale_candidates(vulkan, cpu) == []
