@@ -131,6 +131,40 @@ def test_litert_cpu_checks_every_activation_with_a_sentinel_without_changing_the
     assert dump.footer["plain_run"]["identical"] is True
 
 
+def test_the_sentinel_leaves_tensors_tflite_computes_when_preparing_alone(tmp_path):
+    """Basic Pitch's TFLite model reshapes by a SHAPE it takes of an activation: TFLite computes that once, when the
+    model is prepared, so a sentinel written there would reach the RESHAPE. Those tensors are not filled, every
+    activation is written, and the outputs are those of LiteRT's own interpreter (builtin kernels, as at `high`),
+    bit for bit."""
+    import importlib.metadata
+
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    from layerdiff.collector.engines.litert import cpu
+    from layerdiff.collector.engines.litert.graph import load_graph
+
+    try:
+        model = Path(importlib.metadata.distribution("basic-pitch").locate_file("basic_pitch/saved_models/icassp_2022/nmp.tflite"))
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("basic-pitch is not installed (tests/corpus-wheels.txt)")
+    graph = load_graph(model.read_bytes(), str(model))
+    assert {graph.ops[i].op_type for i in range(len(graph.ops))} >= {"SHAPE", "RESHAPE"} and cpu.prepared_tensors(graph)
+    audio = (np.random.default_rng(0).random((1, 43844, 1)) * 0.2 - 0.1).astype(np.float32)
+    np.save(tmp_path / "audio.npy", audio)
+    proc = engine_run("litert", tmp_path / "out", "--model", str(model), "--input", f"serving_default_input_2:0={tmp_path / 'audio.npy'}",
+                      "--backend", "cpu", "--precision", "high")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dump = read_raw_dump(tmp_path / "out")
+    assert dump.footer["observability"]["not_observable"] == {} and dump.footer["not_observable"] == []
+    plain = Interpreter(model_path=str(model), experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    plain.allocate_tensors()
+    plain.set_tensor(plain.get_input_details()[0]["index"], audio)
+    plain.invoke()
+    dumped = {t.name: a for t, a in dump.iter_arrays()}
+    for detail in plain.get_output_details():
+        assert dumped[detail["name"]].tobytes() == plain.get_tensor(detail["index"]).tobytes(), detail["name"]
+
+
 @pytest.mark.parametrize("model, engine, backend", [
     (("convnet.mnn",), "mnn", "cpu"),
     (("convnet.param", "convnet.bin"), "ncnn", "cpu"),

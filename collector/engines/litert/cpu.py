@@ -110,23 +110,52 @@ def invoke(interpreter) -> float:
     return now_ms() - begin
 
 
+# Operators whose output depends on their input's shape alone: TFLite computes it when the model is prepared and
+# never again in a run (a persistent tensor), as it does for every operator fed only by such tensors and weights.
+SHAPE_OPS = frozenset({"SHAPE", "RANK", "SIZE"})
+
+
+def prepared_tensors(graph: Graph) -> set[int]:
+    """Activations TFLite may compute once, when the model is prepared, and not in a run: outputs of the
+    shape operators and of every operator fed only by them and weights. A sentinel written into one would
+    stay there and reach every consumer, so they are never filled (their values are the prepared ones)."""
+    prepared: set[int] = set()
+    for op in graph.computing_ops():
+        inputs = [i for i in op.inputs if i >= 0 and i not in graph.weights]
+        if op.op_type in SHAPE_OPS or (inputs and all(i in prepared for i in inputs)):
+            prepared.update(op.outputs)
+    return prepared
+
+
 def fill_activations(interpreter, graph: Graph, index: int, only: set[int] | None = None) -> None:
     """Every activation buffer (or those in `only`) filled with sentinel `index` before a run (unwritten.py): a
-    buffer the run leaves holding it was never written. Weights and the tensors derived from weights alone
-    (computed once when the model is prepared) are left as they are."""
+    buffer the run leaves holding it was never written. Weights, the tensors derived from weights alone and
+    the ones computed when the model is prepared (`prepared_tensors`) are left as they are."""
+    skip = prepared_tensors(graph)
     for op in graph.computing_ops():
         for t in op.outputs:
-            if t in graph.weights or (only is not None and t not in only):
+            if t in graph.weights or t in skip or (only is not None and t not in only):
                 continue
             _fill_one(interpreter, t, index)
 
 
 def _fill_one(interpreter, t: int, index: int) -> None:
     """One tensor's buffer filled; the view into it is released before the function returns (LiteRT refuses
-    to run while Python holds a view into its buffers)."""
-    view = interpreter.tensor(t)()
-    if view.size:
+    to run while Python holds a view into its buffers). A scalar has no writable view: it is set instead. A
+    tensor without a buffer yet (a dynamic shape: the run allocates it when its operator runs) is left alone."""
+    try:
+        view = interpreter.tensor(t)()
+    except ValueError:
+        return
+    if isinstance(view, np.ndarray) and view.ndim and view.size:
         view[...] = unwritten.fill(view.dtype, view.shape, index)
+        return
+    value = np.asarray(view)
+    del view
+    try:
+        interpreter.set_tensor(t, unwritten.fill(value.dtype, value.shape, index))
+    except ValueError:
+        pass  # a tensor LiteRT does not let us set is left unfilled (and read as the run left it)
 
 
 def never_written(interpreter, graph: Graph, arrays: dict[int, np.ndarray]) -> set[int]:
