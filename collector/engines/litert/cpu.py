@@ -158,16 +158,26 @@ def _fill_one(interpreter, t: int, index: int) -> None:
         pass  # a tensor LiteRT does not let us set is left unfilled (and read as the run left it)
 
 
-def never_written(interpreter, graph: Graph, arrays: dict[int, np.ndarray]) -> set[int]:
-    """The activations of a run filled with sentinel 0 that still hold it (`arrays`: tensor index -> value read
-    after that run) and still hold sentinel 1 after a second run filled with it: never written. The second
-    run happens only when the first left a candidate."""
-    left = unwritten.untouched(arrays, 0)
+def never_written(interpreter, graph: Graph) -> set[int]:
+    """The activations of a run filled with sentinel 0 that still hold it and still hold sentinel 1 after a second
+    run filled with it: never written. The second run happens only when the first left a candidate. Each
+    tensor is looked at through a view released at once (no copy of the activations is kept)."""
+    skip = prepared_tensors(graph)  # never filled
+    left = {t for t in graph.activations() if t not in skip and _holds_fill(interpreter, t, 0)}
     if not left:
         return set()
     fill_activations(interpreter, graph, 1, only=left)
     invoke(interpreter)
-    return unwritten.untouched({t: np.array(interpreter.get_tensor(t), copy=True) for t in left}, 1)
+    return {t for t in left if _holds_fill(interpreter, t, 1)}
+
+
+def _holds_fill(interpreter, t: int, index: int) -> bool:
+    try:
+        view = interpreter.tensor(t)()
+    except ValueError:
+        return False  # no buffer: nothing was filled
+    array = np.asarray(view)
+    return bool(array.size) and bool(np.all(unwritten.is_fill(array, index)))
 
 
 def read_activations(interpreter, graph: Graph):

@@ -139,13 +139,12 @@ def run_cpu(args: HarnessArgs, graph: Graph, inputs: dict[str, np.ndarray]) -> N
         sink.watch(outputs.values())
         cpu.fill_activations(interpreter, graph, 0)
         elapsed = cpu.invoke(interpreter)
-        read = list(cpu.read_activations(interpreter, graph))
-        never = cpu.never_written(interpreter, graph, {t: array for _, _, t, array in read})
-        for op, index, t, array in read:
+        never = cpu.never_written(interpreter, graph)
+        for op, index, t, array in cpu.read_activations(interpreter, graph):
             if t not in never:
                 dump_array(sink, graph, labels, op, index, t, array)
-        hidden = [unwritten.hidden(f"{op_key(graph, op, labels)}:{index}", labels[t], op.op_type,
-                                   Observability.NEVER_WRITTEN, "sentinel") for op, index, t, _ in read if t in never]
+        hidden = [unwritten.hidden(f"{op_key(graph, op, labels)}:{k}", labels[t], op.op_type, Observability.NEVER_WRITTEN,
+                                   "sentinel") for op in ops for k, t in enumerate(op.outputs) if t in never]
         check = plainrun.check(out, {**header, "repeat": k}, sink.observed, run_plain, OBSERVING_CPU, now_ms)
         sink.close(elapsed, check, unwritten.checked("sentinel", WRITTEN_CPU, hidden, indirect=False), hidden)
 
