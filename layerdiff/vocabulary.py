@@ -95,3 +95,31 @@ def _is_arm32() -> bool:
 
     machine = platform.machine().lower()
     return machine.startswith("armv") or machine == "arm"  # armv7l, armv8l (32-bit); aarch64/arm64 are not
+
+
+class Observability(StrEnum):
+    """Whether a tensor of a run holds a value this run computed (a dump's `observability` record and its
+    `not_observable` entries' `state`: analyzer/FORMATS.md §1, docs/fidelity.md). Only `WRITTEN` tensors
+    are dumped; the others are listed, and told from facts (a sentinel fill, the engine's own record),
+    never from the values."""
+
+    WRITTEN = "written"  # the engine wrote it in this run (the record says how that is known)
+    NEVER_WRITTEN = "never_written"  # its buffer still held the sentinel the engine filled it with
+    FUSED_AWAY = "fused_away"  # the engine's own record: fused into another op, no buffer of its own
+    STALE = "stale"  # the engine's own record: its buffer held another tensor's bytes when read
+    NOT_READABLE = "not_readable"  # held where the engine's API cannot read it (device memory)
+
+
+# How a run knows the state of its tensors (`observability.checked_by`).
+OBSERVABILITY_EVIDENCE = ("sentinel", "engine_record", "direct_read")
+
+# What the report says of a tensor in each state (the reason of an unmatched or `not_observable` layer).
+OBSERVABILITY_WORDS = {
+    Observability.NEVER_WRITTEN: "not observable on this backend: never written in this run (its buffer still held "
+                                 "the sentinel filled in before the run)",
+    Observability.FUSED_AWAY: "not observable on this backend: fused into another op (the engine's own record), "
+                              "no value of its own",
+    Observability.STALE: "not observable on this backend: its buffer held another tensor's bytes when read "
+                         "(a stale buffer, the engine's own record)",
+    Observability.NOT_READABLE: "not observable on this backend: held in device memory the engine's API cannot read",
+}

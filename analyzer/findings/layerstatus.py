@@ -14,7 +14,7 @@ import pandas as pd
 from layerdiff.analyzer.findings.observability import mark_unwritten_zeros
 from layerdiff.analyzer.findings.verdict import Thresholds, classify
 from layerdiff.analyzer.measure.compare import MEASURED, Comparison
-from layerdiff.analyzer.runs.header import declared_unobservable
+from layerdiff.analyzer.runs.header import reads_back_indirectly
 
 PLAIN_JUDGED = ("judged on the plain run's output (the model run as an app runs it), which differs from the observed "
                 "run's: observing every layer changed this output")
@@ -38,7 +38,7 @@ def judge_layers(comparison: Comparison, thresholds: Thresholds) -> pd.DataFrame
         table.loc[measured, "reasons"] = ["; ".join(r for r in (reasons, PLAIN_JUDGED if _flag(p) else "") if r)
                                           for (_, reasons), p in zip(verdicts, plain)]
     graphs = {pair.base.label: comparison.graph(pair.base) for pair in comparison.plan.pairs
-              if declared_unobservable(pair.other) is not None}  # only those runs' zeros are looked at
+              if reads_back_indirectly(pair.other)}  # only those runs' zeros are looked at
     comparison.table = mark_unwritten_zeros(table, comparison.plan.pairs, graphs)
     return comparison.table
 

@@ -1,13 +1,17 @@
 """What a backend lets us see: tensors it never wrote, zeros it never wrote, and graphs it split.
 
-An engine that reads intermediates back indirectly (LiteRT's GPU accelerator: every activation
-made a model output) cannot show a tensor the GPU fused into the next op; the engine lists such
-tensors in its raw header (`not_observable`, FORMATS.md §1) and they are reported as "not
-observable on this backend", never as a missing layer or a divergence. A few outputs of that
-accelerator also read back as all zeros while every op consuming them agrees with the reference:
-the buffer was never filled, the computation was right. Such a layer is marked `not_observable`
-(neither pass nor fail) only when the run declares indirect readback and every consumer agrees,
-so a real zero collapse (its consumers then diverge too) still fails.
+Every run records how it knows its dumped tensors were written (`observability`, FORMATS.md §1) and lists
+the tensors it could not observe (`not_observable`: never written, fused away, stale, not readable, each
+with the fact that tells it: a sentinel that survived the run, the engine's own record). The analyzer reads
+that record, never the engine's name: such tensors are reported as "not observable on this backend", never
+as a missing layer, a failing layer, a divergence or nondeterminism.
+
+A few outputs of an engine that reads intermediates back indirectly (the record's `indirect`: LiteRT's GPU
+accelerator, every activation made a model output) read back as all zeros while every op consuming them
+agrees with the reference: the sentinel was overwritten, but with the zeros of a buffer the accelerator
+never computed into. Such a layer is marked `not_observable` (neither pass nor fail) only when the run
+declares indirect readback and every consumer agrees, so a real zero collapse (its consumers then diverge
+too) still fails.
 
 A run whose graph the accelerator split between GPU and CPU (`options.placement.split`) gets a
 `split_graph` finding naming the rejected operator types, the op counts and, where the engine could
@@ -20,7 +24,7 @@ from __future__ import annotations
 import pandas as pd
 
 from layerdiff.analyzer.findings.finding import MAX_NAMED, Finding, FindingKind, Severity, named
-from layerdiff.analyzer.runs.header import declared_unobservable, raw_header  # noqa: F401 (findings read them here)
+from layerdiff.analyzer.runs.header import declared_unobservable, raw_footer, raw_header, reads_back_indirectly  # noqa: F401
 
 NOT_WRITTEN_ZEROS = ("not observable on this backend: read back as all zeros while every op consuming it agrees "
                      "with the reference (the backend never filled this tensor's buffer; its computation is right)")
@@ -31,8 +35,8 @@ def mark_unwritten_zeros(table: pd.DataFrame, pairs, graphs: dict) -> pd.DataFra
     if table.empty:
         return table
     for index, pair in enumerate(pairs):
-        if declared_unobservable(pair.other) is None:
-            continue  # the engine reads every tensor directly: its zeros are real
+        if not reads_back_indirectly(pair.other):
+            continue  # the engine reads every tensor from the op that produced it: its zeros are real
         rows = table[table["pair"] == index]
         status = dict(zip(rows["key"], rows["status"]))
         graph = graphs[pair.base.label]
@@ -79,15 +83,6 @@ def _cpu_operators(per_op) -> tuple[str, list[str] | None]:
     how = per_op.get("how") or "derived from TFLite's partition rule, which reproduces the accelerator's counts"
     return (f"On the CPU: {' and '.join(parts) or 'nothing'}; every other layer ran on the GPU ({how}).",
             [c.get("name") for c in cpu if not c.get("weight")])
-
-
-def raw_footer(run) -> dict:
-    """The harness's own footer, as the HDF5 provenance keeps it ({} for other sources)."""
-    try:
-        footer = run.dump.provenance.get("raw_footer") or {}
-    except Exception:  # noqa: BLE001 - a foreign dump without provenance declares nothing
-        return {}
-    return footer if isinstance(footer, dict) else {}
 
 
 def plain_run_record(run) -> dict | None:

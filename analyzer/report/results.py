@@ -21,6 +21,7 @@ from layerdiff.analyzer.formats.dumpfile import utc_now
 from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.measure.isolation import ATTACHED_COLUMNS
 from layerdiff.analyzer.runs.sources import Run
+from layerdiff.analyzer.runs.header import observability
 from layerdiff.analyzer.findings.verdict import Thresholds
 
 SCHEMA_NAME = "layerdiff-results"
@@ -80,6 +81,7 @@ def _run_entry(run: Run, comparison: Comparison, findings: list[Finding], summar
         "layers": [],
         "unmatched": {"only_in_reference": [], "only_in_run": []},
         "not_compared_reason": comparison.plan.uncompared.get(run.label, ""),
+        "observability": observability(run),  # how the run knows its dumped tensors were written (FORMATS.md §1)
     }
     first = next((f for f in findings if f.kind == "first_divergence" and f.run == run.label), None)
     if first is not None:

@@ -86,6 +86,10 @@ class Engine:
     # The pip extra that installs `library` (`pip install 'layerdiff[EXTRA]'`): the core install is the
     # analyzer and the phone collector, each host engine comes with its extra.
     extra: str = ""
+    # Why every tensor it dumps holds a value the run wrote, per backend ("*": every backend): (backend, why).
+    # The collector stores it as the dump's `observability` record (collector/engines/unwritten.py) unless the
+    # run checked its tensors itself (a sentinel fill: the header or footer then carries the record).
+    writes: tuple[tuple[str, str], ...] = ()
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     def reach_of(self, backend: str, precision: str) -> dict[str, list[str]]:
@@ -95,6 +99,10 @@ class Engine:
             if on == backend and precision in (a, b):
                 reach[b if precision == a else a] = list(ops)
         return reach
+
+    def written_why(self, backend: str) -> str:
+        """Why every tensor a run on `backend` dumps was written by that run ("" when the engine declares nothing)."""
+        return next((why for on, why in self.writes if on == backend), next((why for on, why in self.writes if on == "*"), ""))
 
     @property
     def host_module(self) -> str:

@@ -231,10 +231,15 @@ class DumpSink:
         except OSError as err:
             raise HarnessExit(EXIT_WRITE, f"writing the dump failed ({err})") from None
 
-    def close(self, infer_ms: float, plain_run: dict | None = None) -> None:
-        """End the dump; `plain_run` (plainrun.check) goes into the footer, known only once the run is over."""
+    def close(self, infer_ms: float, plain_run: dict | None = None, observability: dict | None = None,
+              not_observable: list[dict] | None = None) -> None:
+        """End the dump; `plain_run` (plainrun.check) and what this run's own check found about tensors it never
+        wrote (`observability`, `not_observable`: unwritten.py) go into the footer, known only once the run is over."""
         status = f"byte budget of {self.args.max_bytes} exhausted" if self.budget_hit else "ok"
-        self.writer.close(infer_ms=infer_ms, status=status, extra={"plain_run": plain_run} if plain_run else None)
+        extra = {"plain_run": plain_run} if plain_run else {}
+        if observability is not None:
+            extra.update({"observability": observability, "not_observable": not_observable or []})
+        self.writer.close(infer_ms=infer_ms, status=status, extra=extra or None)
 
 
 def native_argv(engine: str, args: HarnessArgs) -> list[str]:

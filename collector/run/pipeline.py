@@ -324,6 +324,9 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     reach = _precision_reach(raw.header, spec)
     if reach:
         attrs["precision_reach"] = reach
+    written = _declared_observability(raw, spec)
+    if written:
+        attrs["observability"] = written
     opencl = opencl_device_name(raw.header)
     if opencl:  # the device that computed, not the phone's display GPU (a CPU OpenCL such as PoCL, too)
         attrs["gpu"] = opencl
@@ -360,6 +363,20 @@ def _precision_reach(header: dict, spec: RunSpec) -> str:
     engine = ENGINES.get(str(header.get("engine") or spec.model.engine))
     reach = engine.reach_of(spec.backend, spec.precision) if engine is not None else {}
     return json.dumps(reach, sort_keys=True) if reach else ""
+
+
+def _declared_observability(raw, spec: RunSpec) -> str:
+    """The engine's declaration of why every tensor it dumps was written by the run (JSON, the dump's
+    `observability` record: collector/engines/unwritten.py), for a run that did not check its tensors itself
+    (no record in its header or footer); "" when there is nothing to add."""
+    from layerdiff.collector.engines import ENGINES
+    from layerdiff.collector.engines.unwritten import written
+
+    if "observability" in raw.header or "observability" in (raw.footer or {}):
+        return ""
+    engine = ENGINES.get(str(raw.header.get("engine") or spec.model.engine))
+    why = engine.written_why(spec.backend) if engine is not None else ""
+    return json.dumps(written(why), sort_keys=True) if why else ""
 
 
 def _device_info(device: Device, spec: RunSpec, header: dict) -> DeviceInfo:

@@ -33,6 +33,12 @@ def _phone_harness(abi: str, backend: str) -> Path:
     return phone_harness(abi, backend)
 
 
+# The eval callback asks for every node, so each node ends a split of its own and is read right after the
+# scheduler computed it; views compute nothing and are read as the bytes they view at that moment.
+WRITES = (("*", "the eval callback asks for every node, so the scheduler computes each node as a split of its own "
+                "and the node is read right after it is computed; a view (VIEW, RESHAPE, PERMUTE, TRANSPOSE) computes "
+                "nothing and is read as the bytes of the tensor it views at that moment, a store into the KV cache "
+                "(SET_ROWS, CPY) as the cache region it wrote"),)
 ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vulkan"), prebuild=_prebuild,
                 arm64_harness=_arm64_harness, prompt_input="prompt", on_phones=True, phone_harness=_phone_harness,
                 isolate_rebuilds_graph=True,
@@ -42,4 +48,4 @@ ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vu
                 # written by SET_ROWS) and rebuilds a convolution's IM2COL in f32 (normal: f16); nothing else
                 # changes, so a graph with neither (an encoder without a cache: BERT) computes the same bytes
                 # at both. Vulkan's high also turns fp16 arithmetic off everywhere: not declared.
-                precision_reach=(("cpu", "high", "normal", ("IM2COL", "SET_ROWS")),))
+                precision_reach=(("cpu", "high", "normal", ("IM2COL", "SET_ROWS")),), writes=WRITES)

@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 
+from layerdiff.collector.engines import unwritten
 from layerdiff.collector.engines.harness_cli import EXIT_MODEL, EXIT_RUN, HarnessExit, now_ms
 from layerdiff.collector.engines.litert.graph import Graph
 
@@ -107,6 +108,76 @@ def invoke(interpreter) -> float:
     except (RuntimeError, ValueError) as err:
         raise HarnessExit(EXIT_RUN, f"LiteRT failed to run the model ({first_line(err)})") from None
     return now_ms() - begin
+
+
+# Operators whose output depends on their input's shape alone: TFLite computes it when the model is prepared and
+# never again in a run (a persistent tensor), as it does for every operator fed only by such tensors and weights.
+SHAPE_OPS = frozenset({"SHAPE", "RANK", "SIZE"})
+
+
+def prepared_tensors(graph: Graph) -> set[int]:
+    """Activations TFLite may compute once, when the model is prepared, and not in a run: outputs of the
+    shape operators and of every operator fed only by them and weights. A sentinel written into one would
+    stay there and reach every consumer, so they are never filled (their values are the prepared ones)."""
+    prepared: set[int] = set()
+    for op in graph.computing_ops():
+        inputs = [i for i in op.inputs if i >= 0 and i not in graph.weights]
+        if op.op_type in SHAPE_OPS or (inputs and all(i in prepared for i in inputs)):
+            prepared.update(op.outputs)
+    return prepared
+
+
+def fill_activations(interpreter, graph: Graph, index: int, only: set[int] | None = None) -> None:
+    """Every activation buffer (or those in `only`) filled with sentinel `index` before a run (unwritten.py): a
+    buffer the run leaves holding it was never written. Weights, the tensors derived from weights alone and
+    the ones computed when the model is prepared (`prepared_tensors`) are left as they are."""
+    skip = prepared_tensors(graph)
+    for op in graph.computing_ops():
+        for t in op.outputs:
+            if t in graph.weights or t in skip or (only is not None and t not in only):
+                continue
+            _fill_one(interpreter, t, index)
+
+
+def _fill_one(interpreter, t: int, index: int) -> None:
+    """One tensor's buffer filled; the view into it is released before the function returns (LiteRT refuses
+    to run while Python holds a view into its buffers). A scalar has no writable view: it is set instead. A
+    tensor without a buffer yet (a dynamic shape: the run allocates it when its operator runs) is left alone."""
+    try:
+        view = interpreter.tensor(t)()
+    except ValueError:
+        return
+    if isinstance(view, np.ndarray) and view.ndim and view.size:
+        view[...] = unwritten.fill(view.dtype, view.shape, index)
+        return
+    value = np.asarray(view)
+    del view
+    try:
+        interpreter.set_tensor(t, unwritten.fill(value.dtype, value.shape, index))
+    except ValueError:
+        pass  # a tensor LiteRT does not let us set is left unfilled (and read as the run left it)
+
+
+def never_written(interpreter, graph: Graph) -> set[int]:
+    """The activations of a run filled with sentinel 0 that still hold it and still hold sentinel 1 after a second
+    run filled with it: never written. The second run happens only when the first left a candidate. Each
+    tensor is looked at through a view released at once (no copy of the activations is kept)."""
+    skip = prepared_tensors(graph)  # never filled
+    left = {t for t in graph.activations() if t not in skip and _holds_fill(interpreter, t, 0)}
+    if not left:
+        return set()
+    fill_activations(interpreter, graph, 1, only=left)
+    invoke(interpreter)
+    return {t for t in left if _holds_fill(interpreter, t, 1)}
+
+
+def _holds_fill(interpreter, t: int, index: int) -> bool:
+    try:
+        view = interpreter.tensor(t)()
+    except ValueError:
+        return False  # no buffer: nothing was filled
+    array = np.asarray(view)
+    return bool(array.size) and bool(np.all(unwritten.is_fill(array, index)))
 
 
 def read_activations(interpreter, graph: Graph):

@@ -36,7 +36,8 @@ from layerdiff.collector.engines.harness_cli import (
     now_ms,
     repeat_dirs,
 )
-from layerdiff.collector.engines import plainrun
+from layerdiff.collector.engines import plainrun, unwritten
+from layerdiff.vocabulary import Observability
 from layerdiff.collector.engines.litert import ENGINE, cpu
 from layerdiff.collector.engines.litert.graph import Graph, NotTflite, load_graph
 
@@ -47,6 +48,14 @@ OBSERVING_CPU = ("the interpreter keeps every intermediate tensor (experimental_
 OBSERVING_GPU = ("every activation is made a model output of the GPU-compiled model, which changes how the accelerator "
                  "partitions and fuses the graph (a fused tensor is never written); the plain run compiles the model "
                  "with its own outputs only")
+
+# Why each dumped tensor holds a value this run wrote (unwritten.py; the dump's `observability`).
+WRITTEN_CPU = ("every activation buffer is filled with a sentinel before the run and kept (experimental_preserve_all_"
+               "tensors: no arena buffer is reused); a tensor whose buffer no longer holds it was written in this run, "
+               "one that holds it and a second sentinel after a second run is listed as never written")
+WRITTEN_GPU = ("every output buffer is filled with a sentinel before each of two calibration runs with two different "
+               "sentinels; a tensor whose buffer no longer holds it was written by the accelerator, one that still "
+               "holds both is listed as never written")
 
 
 def engine_version() -> str:
@@ -128,11 +137,16 @@ def run_cpu(args: HarnessArgs, graph: Graph, inputs: dict[str, np.ndarray]) -> N
         sink = DumpSink(args, out, {**header, "repeat": k}, total_ops=len(ops))
         record_fed(sink, cpu.read_inputs(interpreter))
         sink.watch(outputs.values())
+        cpu.fill_activations(interpreter, graph, 0)
         elapsed = cpu.invoke(interpreter)
+        never = cpu.never_written(interpreter, graph)
         for op, index, t, array in cpu.read_activations(interpreter, graph):
-            dump_array(sink, graph, labels, op, index, t, array)
+            if t not in never:
+                dump_array(sink, graph, labels, op, index, t, array)
+        hidden = [unwritten.hidden(f"{op_key(graph, op, labels)}:{k}", labels[t], op.op_type, Observability.NEVER_WRITTEN,
+                                   "sentinel") for op in ops for k, t in enumerate(op.outputs) if t in never]
         check = plainrun.check(out, {**header, "repeat": k}, sink.observed, run_plain, OBSERVING_CPU, now_ms)
-        sink.close(elapsed, check)
+        sink.close(elapsed, check, unwritten.checked("sentinel", WRITTEN_CPU, hidden, indirect=False), hidden)
 
 
 def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.ndarray]) -> None:
@@ -144,16 +158,18 @@ def run_gpu(args: HarnessArgs, data: bytes, graph: Graph, inputs: dict[str, np.n
         os.environ["VK_ICD_FILENAMES"] = icd  # read when the accelerator creates its Vulkan instance
     runner, placement, never, _log, varying = gpu.prepare(data, graph, args.precision, args.threads, inputs)
     labels = tensor_labels(graph)
-    effective, why = gpu.effective_precision(placement.adapter, args.precision == "high")
-    hidden = [{"key": f"{op_key(graph, op, labels)}:{k}", "name": labels[t], "op_type": op.op_type,
-               "why": "not observable on this backend: the GPU accelerator fused it into the next op and never wrote it"}
+    features = gpu.device_fp16(icd)
+    effective, why = gpu.effective_precision(features, args.precision == "high")
+    hidden = [unwritten.hidden(f"{op_key(graph, op, labels)}:{k}", labels[t], op.op_type, Observability.NEVER_WRITTEN,
+                               "sentinel", "the GPU accelerator fused it into the next op")
               for op in graph.computing_ops() for k, t in enumerate(op.outputs) if t in labels and t in never]
     header = base_header(args, engine_version(), inputs)
     header.update({"backends_actual": ["gpu", "cpu"] if placement.split() else ["gpu"], "precision_effective": effective,
                    "not_observable": hidden, "outputs": [labels[t] for t in graph.outputs if t in labels],
+                   "observability": unwritten.checked("sentinel", WRITTEN_GPU, hidden, indirect=True),
                    "options": {"accelerator": f"WebGPU over Vulkan ({gpu.ACCELERATOR})", "vulkan_icd": icd or "",
                                "vulkan_icd_why": icd_why, "enforce_f32": args.precision == "high",
-                               "precision_why": why, "placement": placement.as_dict(graph),
+                               "precision_why": why, "device_fp16": features, "placement": placement.as_dict(graph),
                                "run_to_run": run_to_run_summary(graph, labels, varying, never), **graph_summary(graph)}})
     ops = graph.computing_ops()
     on_cpu = placement.cpu_op_indices(graph)  # per tensor: `memory` host where the CPU computed it (FORMATS.md)

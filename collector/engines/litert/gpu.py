@@ -3,14 +3,17 @@
 The `ai-edge-litert` wheel's only GPU accelerator on Linux is `libLiteRtWebGpuAccelerator.so`; it
 needs a Vulkan driver Dawn accepts. Lavapipe (Mesa 22.3) is refused; SwiftShader, the Vulkan ICD
 in Debian's `chromium-common`, runs it. The engine selects it with `VK_ICD_FILENAMES` unless the
-user set that variable (to use another driver). SwiftShader has no fp16 (`shaderFloat16 = false`):
-every precision runs fp32 there, and the dump says so.
+user set that variable (to use another driver). The accelerator computes fp16 unless `enforce_f32`
+(precision high) where the device offers WebGPU's shader-f16; the engine reads that from the driver
+(`vulkaninfo`: `shaderFloat16`, `storageBuffer16BitAccess`) and records it as the run's effective
+precision. SwiftShader has neither: every precision runs fp32 there, and the dump says so.
 
 Observing activations: the accelerator only hands back model outputs, so the model is rewritten
 with every activation appended to its outputs (graph.with_outputs). Each output buffer is filled
-with a sentinel before a run; a tensor whose buffer still holds the sentinel after two runs with
-two different sentinels was never written (the GPU fused it into the next op, e.g. a PAD), and is
-listed in the header as `not_observable`, never dumped as values.
+with a sentinel before a run (collector/engines/unwritten.py, shared by every engine); a tensor whose
+buffer still holds the sentinel after two runs with two different sentinels was never written (the GPU
+fused it into the next op, e.g. a PAD), and is listed in the header as `not_observable` (state
+`never_written`, evidence `sentinel`), never dumped as values.
 
 Placement: the accelerator prints which operator types it rejects and how many operators run on
 the GPU and on the CPU; that log (captured from the native stderr, then passed on) is parsed into
@@ -23,8 +26,10 @@ partitions and fuses the graph, so the dumped values are trusted only as far as 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -33,6 +38,7 @@ from typing import Iterator
 
 import numpy as np
 
+from layerdiff.collector.engines import unwritten
 from layerdiff.collector.engines.harness_cli import EXIT_BACKEND, EXIT_RUN, HarnessExit, now_ms
 from layerdiff.collector.engines.litert.graph import Graph, with_outputs
 from layerdiff.collector.engines.litert.placement import per_op
@@ -40,8 +46,6 @@ from layerdiff.collector.engines.litert.placement import per_op
 SWIFTSHADER_ICDS = ("/usr/lib/chromium/vk_swiftshader_icd.json", "/usr/lib/chromium-browser/vk_swiftshader_icd.json",
                     "/usr/lib64/chromium-browser/vk_swiftshader_icd.json")
 ACCELERATOR = "libLiteRtWebGpuAccelerator.so"
-SENTINELS = (np.nan, -3.0e38)  # float fills of the two calibration runs (ints: see _fill)
-INT_SENTINELS = (-1234567, 7654321)
 SPLIT_LINE = re.compile(r"(\d+) operations will run on the GPU, and the remaining (\d+) operations will run on the CPU")
 ADAPTER_LINE = re.compile(r"Selected adapter: ([^\n]*)")
 
@@ -150,13 +154,41 @@ def native_stderr(sink: list[str]) -> Iterator[None]:
             sink.append(data.decode("utf-8", "replace"))
 
 
-def effective_precision(adapter: str, enforce_f32: bool) -> tuple[str, str]:
-    """(precision_effective, why): SwiftShader computes fp32 whatever is asked."""
-    if "swiftshader" in adapter.lower():
-        return "fp32", "SwiftShader has no fp16 (shaderFloat16 = false): fp32 at every precision"
+@functools.lru_cache(maxsize=4)
+def device_fp16(icd: str | None) -> dict:
+    """The Vulkan device's 16-bit features as its driver reports them (`vulkaninfo` under the driver the
+    accelerator is given): WebGPU exposes `shader-f16`, which the accelerator needs to compute in fp16, only
+    on a device with both `shaderFloat16` and `storageBuffer16BitAccess`. {} when vulkaninfo cannot answer."""
+    env = {**os.environ, **({"VK_ICD_FILENAMES": icd} if icd else {})}
+    try:
+        text = subprocess.run(["vulkaninfo"], capture_output=True, text=True, timeout=30, check=False, env=env).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    flags = {}
+    for name in ("shaderFloat16", "storageBuffer16BitAccess"):
+        match = re.search(rf"\b{name}\s*=\s*(true|false)", text)
+        if match:
+            flags[name] = match.group(1) == "true"
+    device = re.search(r"deviceName\s*=\s*([^\n]*)", text)
+    return {**flags, "device": device.group(1).strip() if device else "", "source": "vulkaninfo"} if flags else {}
+
+
+def effective_precision(features: dict, enforce_f32: bool) -> tuple[str, str]:
+    """(precision_effective, why), from the facts: `enforce_f32` (precision high) makes the accelerator compute
+    fp32; otherwise it computes fp16 exactly when the device offers WebGPU's shader-f16 (`device_fp16`)."""
+    device = features.get("device") or "the Vulkan device"
+    has_fp16 = bool(features.get("shaderFloat16") and features.get("storageBuffer16BitAccess"))
+    if features and not has_fp16:
+        return "fp32", (f"{device} has no fp16 (shaderFloat16 = {str(features.get('shaderFloat16')).lower()}, "
+                        f"storageBuffer16BitAccess = {str(features.get('storageBuffer16BitAccess')).lower()}): "
+                        "fp32 at every precision")
     if enforce_f32:
-        return "fp32", "enforce_f32 set (precision high)"
-    return "fp16", "fp16 allowed (precision normal/low) on a device that may compute it"
+        return "fp32", "enforce_f32 set (precision high): the accelerator computes fp32"
+    if not features:
+        return "fp16", ("fp16 allowed (precision normal/low); the device's 16-bit features could not be read "
+                        "(vulkaninfo), so fp16 is assumed")
+    return "fp16", (f"fp16 allowed (precision normal/low) and {device} has shaderFloat16 and "
+                    "storageBuffer16BitAccess (WebGPU shader-f16): activations computed in fp16")
 
 
 def compile_model(data: bytes, precision: str, threads: int, log: list[str]):
@@ -248,7 +280,8 @@ class GpuRunner:
     def run(self, fill_index: int, log: list[str]) -> tuple[dict[int, np.ndarray], float]:
         """Every output's values by tensor index, and the run's time in ms."""
         for buffer, name in zip(self.outputs, self.output_names):
-            buffer.write(_fill(self.details[name], fill_index))
+            detail = self.details[name]
+            buffer.write(unwritten.fill(detail["dtype"], [int(d) for d in detail["shape"]], fill_index).reshape(-1))
         begin = now_ms()
         try:
             with native_stderr(log):
@@ -265,18 +298,6 @@ class GpuRunner:
         return values, elapsed
 
 
-def _fill(detail: dict, index: int) -> np.ndarray:
-    dtype = np.dtype(detail["dtype"])
-    count = int(np.prod(detail["shape"], dtype=np.int64))
-    value = SENTINELS[index] if dtype.kind == "f" else INT_SENTINELS[index] if dtype.kind == "i" else index * 7 + 1
-    return np.full(count, value, dtype=dtype)
-
-
-def untouched(values: dict[int, np.ndarray], index: int) -> set[int]:
-    """Outputs whose whole buffer still holds the sentinel of fill `index`."""
-    return {name for name, array in values.items() if array.size and bool(np.all(_is_fill(array, index)))}
-
-
 def prepare(data: bytes, graph: Graph, precision: str, threads: int, inputs: dict[str, np.ndarray]):
     """(runner, placement, indices of the tensors never written, log text, tensors whose values differ
     between the two calibration runs) after two calibration runs."""
@@ -290,7 +311,7 @@ def prepare(data: bytes, graph: Graph, precision: str, threads: int, inputs: dic
     runner = GpuRunner(model, graph, inputs)
     first, _ = runner.run(1, log)
     second, _ = runner.run(0, log)
-    never = untouched(first, 1) & untouched(second, 0)
+    never = unwritten.never_written(first, second)
     return runner, placement, never, "".join(log), run_to_run(first, second, never)
 
 
@@ -303,7 +324,7 @@ def run_to_run(first: dict[int, np.ndarray], second: dict[int, np.ndarray], neve
         b = second.get(t)
         if t in never or b is None or a.shape != b.shape or a.dtype.kind not in "fiu":
             continue
-        written = ~(_is_fill(a, 1) | _is_fill(b, 0))
+        written = ~(unwritten.is_fill(a, 1) | unwritten.is_fill(b, 0))
         x, y = a[written], b[written]
         same = (x == y) | (np.isnan(x) & np.isnan(y)) if a.dtype.kind == "f" else x == y
         if not bool(np.all(same)):
@@ -311,8 +332,3 @@ def run_to_run(first: dict[int, np.ndarray], second: dict[int, np.ndarray], neve
             finite = diff[np.isfinite(diff)]
             out[t] = {"n_differing": int((~same).sum()), "max_abs": float(finite.max()) if finite.size else float("inf")}
     return out
-
-
-def _is_fill(array: np.ndarray, index: int) -> np.ndarray:
-    fill = _fill({"dtype": array.dtype, "shape": array.shape}, index).reshape(array.shape)
-    return np.isnan(array) if np.isnan(fill).all() else array == fill

@@ -13,5 +13,9 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, arm64_wheels=("MNN==3.6.1",), library="MNN", extra="mnn",
+# Each op's outputs are copied in MNN's after-callback, right after the op ran (on a GPU backend, downloaded from
+# the device memory the op wrote), before a later op can reuse that memory.
+WRITES = (("*", "each op's outputs are copied to host tensors inside MNN's after-callback, right after that op ran "
+                "and before a later op can reuse its memory (on a GPU backend, downloaded from the memory the op wrote)"),)
+ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, writes=WRITES, arm64_wheels=("MNN==3.6.1",), library="MNN", extra="mnn",
                 bisect_refusal="mnn: the MNN pip wheel and the phone harness run a whole model at one precision and backend, so no layer can be moved alone; collect bisect cannot run (collect fix gives a what-if instead)")

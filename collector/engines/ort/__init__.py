@@ -13,4 +13,8 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("onnxruntime", (".onnx",), _input_specs, library="onnxruntime", extra="onnx")
+# Every node output is fetched as a graph output: ONNX Runtime hands back each fetched output from the buffer the
+# node wrote in this run, and keeps a node whose output is fetched out of its fusions (nothing fetched is fused away).
+WRITES = (("*", "every node output is fetched as a graph output, which the node writes in this run; ONNX Runtime "
+                "keeps a node whose output is fetched out of its fusions, so no fetched tensor is fused away"),)
+ENGINE = Engine("onnxruntime", (".onnx",), _input_specs, library="onnxruntime", extra="onnx", writes=WRITES)

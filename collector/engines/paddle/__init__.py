@@ -18,4 +18,8 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("paddle", (".pdmodel", ".pdiparams"), _input_specs, model_files=_model_files, library="paddle", extra="paddle")
+# Every op output is a fetch target of the run that reads it: Paddle's executor writes each fetched variable.
+WRITES = (("*", "every op output is a fetch target of the run that reads it (the program unedited), and Paddle's "
+                "executor writes each variable it fetches in that run"),)
+ENGINE = Engine("paddle", (".pdmodel", ".pdiparams"), _input_specs, model_files=_model_files, library="paddle",
+                extra="paddle", writes=WRITES)
