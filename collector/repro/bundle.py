@@ -214,8 +214,11 @@ def fingerprint(dump: DumpFile) -> dict:
     out.update({f"device_{k}": v for k, v in device.items() if k in ("manufacturer", "sdk", "abis") and v})
     options = (prov.get("raw_header") or {}).get("options") or {}
     out["options"] = {k: v for k, v in options.items() if k not in BULKY_OPTIONS}
+    adapter = (options.get("placement") or {}).get("adapter") if isinstance(options.get("placement"), dict) else None
+    if adapter and not out.get("gpu"):
+        out["gpu"] = adapter  # LiteRT's GPU accelerator names the adapter it selected
     drivers = {k: v for src in (prov, device, options, prov.get("raw_header") or {}) for k, v in src.items()
-               if "driver" in k.lower() and v}
+               if ("driver" in k.lower() or k == "vulkan_icd") and v}
     out["driver"] = drivers or "not recorded"
     return out
 
@@ -341,7 +344,8 @@ python run_repro.py          # both configurations: prints rel L2, max abs, NaN/
 
 - {model_files}: the layer(s) alone, an input per tensor they read
 - `tensors/input*.npy|.bin`: the reference's inputs; `tensors/reference_output*`: the reference's output;
-  `tensors/run_output*`: the failing run's output. `.bin` files are raw little-endian float32, shapes in `tensors.json`
+  `tensors/run_output*`: the failing run's output. `.bin` files are raw little-endian (float32 for float tensors),
+  shapes and dtypes in `tensors.json`
 - `repro.json`: the two configurations; `fingerprint.json`: device, GPU, driver, engine version
 """
 

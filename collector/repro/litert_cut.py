@@ -31,11 +31,18 @@ class LitertCut:
     layers: list[str]
 
 
-def cut(model: Path, first: str, last: str, shapes: dict[str, tuple[int, ...]]) -> LitertCut:
+def cut(model: Path, first: str, last: str, shapes: dict[str, tuple[int, ...]],
+        outputs: list[str] | None = None) -> LitertCut:
     """The computing operators from the one writing tensor `first` to the one writing `last` (file
-    order, which is LiteRT's execution order) as a `.tflite`; `shapes` gives recorded tensor shapes."""
+    order, which is LiteRT's execution order) as a `.tflite`; `shapes` gives recorded tensor shapes.
+    The piece's outputs are the last operator's, or the tensors `outputs` names."""
     data = Path(model).read_bytes()
-    graph = load_graph(data, str(model))
+    return cut_graph(data, load_graph(data, str(model)), first, last, shapes, outputs, Path(model))
+
+
+def cut_graph(data: bytes, graph: Graph, first: str, last: str, shapes: dict, outputs: list[str] | None,
+              model: Path) -> LitertCut:
+    """`cut` of a model already read (a bisection cuts one model many times)."""
     begin, end = _op_index(graph, first, model), _op_index(graph, last, model)
     if end < begin:
         raise InputError(f"--layer {first}..{last}: {last!r} runs before {first!r} in {model.name}; name them in execution order")
@@ -46,7 +53,11 @@ def cut(model: Path, first: str, last: str, shapes: dict[str, tuple[int, ...]]) 
                          "name layers outside it")
     produced = {t for op in island for t in op.outputs}
     inputs = _ordered(t for op in island for t in op.inputs if t not in graph.weights and t not in produced)
-    outputs = [t for t in graph.ops[end].outputs if t not in graph.weights]
+    if outputs is None:
+        outputs = [t for t in graph.ops[end].outputs if t not in graph.weights]
+    else:
+        index = {graph.name(t): t for t in produced}
+        outputs = [index[name] for name in outputs]
     kept_ops = sorted({op.index for op in island} | _weight_decoders(graph, island))
     cut_bytes = _write(data, kept_ops, inputs, outputs, {t: shapes.get(graph.name(t)) for t in inputs})
     return LitertCut(cut_bytes, [graph.name(t) for t in inputs], [graph.name(t) for t in outputs],
