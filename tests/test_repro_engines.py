@@ -169,7 +169,7 @@ def test_onnx_runner_with_only_onnxruntime_reproduces_the_optimised_session_and_
 
 
 def test_paddle_and_paddle_lite_models_are_refused_in_one_line(tmp_path, rec):
-    for suffix, says in ((".pdmodel", "does not cut Paddle programs"), (".nb", "no Python package writes")):
+    for suffix, says in ((".pdmodel", "no Paddle run fails"), (".nb", "no Python package writes")):
         model = tmp_path / f"m{suffix}"
         model.write_bytes(b"\0" * 16)
         if suffix == ".pdmodel":

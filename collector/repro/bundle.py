@@ -124,7 +124,9 @@ def _onnx_piece(model: ModelFiles, first: str, last: str, shapes: dict) -> Piece
 
 PIECES = {"ncnn": _ncnn_piece, "mnn": _mnn_piece, "litert": _litert_piece, "onnxruntime": _onnx_piece}
 REFUSED = {
-    "paddle": "`collect repro` does not cut Paddle programs yet; `collect isolate` re-runs its layers",
+    "paddle": "the paddle engine runs Paddle's CPU executor in one configuration (fp32, no optimisation), so no Paddle "
+              "run fails for a bundle to reproduce, and `collect repro` does not cut Paddle programs; against "
+              "Paddle-Lite, Paddle is the reference (`collect isolate` re-runs Paddle-Lite's layers)",
     "paddle-lite": "a Paddle-Lite `.nb` is written only by Paddle-Lite's `opt` from a Paddle program, and no Python "
                    "package writes or edits one, so no op can be cut out of it; `collect isolate` re-runs its layers",
 }
