@@ -166,6 +166,8 @@ def test_onnx_runner_with_only_onnxruntime_reproduces_the_optimised_session_and_
     # one node alone, with optimisations on, computes exactly what it computed inside the optimised graph
     assert np.load(tmp_path / "out" / FIRST_CONV / "run" / f"output0_{FIRST_CONV}.npy").tobytes() == \
         _tensor(rec["opt"], FIRST_CONV).tobytes()
+    done = collect("repro", "--check", tmp_path / FIRST_CONV)
+    assert done.returncode == 0 and "still reproduces" in done.stderr and "bit for bit" in done.stderr, done.stderr[-2000:]
 
 
 def test_paddle_and_paddle_lite_models_are_refused_in_one_line(tmp_path, rec):
