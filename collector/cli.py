@@ -337,7 +337,8 @@ def bisect_command(
 
 @app.command("repro")
 def repro_command(
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help="the ncnn .param (its .bin beside it)"),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="the model the runs ran: ncnn .param (its .bin "
+                                         "beside it), .mnn, .tflite or .onnx"),
     engine: str = typer.Option("auto", "--engine", callback=choices(("auto", *ENGINES), "engine")),
     run: Optional[Path] = typer.Option(None, "--run", help="the failing run's HDF5"),
     ref: Optional[Path] = typer.Option(None, "--ref", help="the reference run's HDF5 (its tensors feed the layer)"),
@@ -354,7 +355,7 @@ def repro_command(
                                          "still reproduces"),
     device: str = typer.Option("local", "--device", "-d", help="with --check: where to run it (local)"),
 ) -> None:
-    """A failing layer as a bundle an engine maintainer runs without layerdiff (ncnn), or --check one."""
+    """A failing layer as a bundle an engine maintainer runs without layerdiff (ncnn, MNN, LiteRT, ONNX), or --check one."""
     if check is not None:
         from layerdiff.collector.repro.check import check_bundle
 

@@ -7,10 +7,7 @@ runner is executed in a fresh venv holding only `ncnn` (the version pyproject.to
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
@@ -19,30 +16,16 @@ import pytest
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.samples.catalog import stored_network
-from tests.conftest import MODELS, REPO, SAMPLES
+from tests.conftest import MODELS, SAMPLES
+from tests.repro_support import bare_venv, pin, run_bundle
 from tests.test_collect_cli import collect
 
 LAYER = "block2/amplify"
 RUN_H5, REF_H5 = "ncnn_vulkan_low_overflow.h5", "ncnn_cpu_high_overflow.h5"
 
 
-def _pin(extra: str, dist: str) -> str:
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    return next(req for req in extras[extra] if req.startswith(f"{dist}=="))
-
-
 def _ncnn_pin() -> str:
-    return _pin("ncnn", "ncnn")
-
-
-def _bare_venv(root: Path, *requirements: str) -> Path:
-    """A venv without system site-packages holding only `requirements`."""
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, capture_output=True, timeout=300)
-    python = root / "bin" / "python"
-    done = subprocess.run([str(python), "-m", "pip", "install", "-q", *requirements], capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return python
+    return pin("ncnn", "ncnn")
 
 
 @pytest.fixture(scope="module")
@@ -69,19 +52,7 @@ def bundle(runs) -> Path:
 @pytest.fixture(scope="module")
 def bare_python(tmp_path_factory) -> Path:
     """A venv without system site-packages holding only the pinned `ncnn` wheel and numpy."""
-    return _bare_venv(tmp_path_factory.mktemp("bare") / "venv", _ncnn_pin(), "numpy")
-
-
-def _run_bundle(python: Path, bundle: Path, *extra: str) -> dict:
-    done = subprocess.run([str(python), str(bundle / "run_repro.py"), "--json", *extra], capture_output=True, text=True,
-                          timeout=600, cwd="/", env=_bare_env())
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
-
-
-def _bare_env() -> dict[str, str]:
-    """The environment without anything that would put layerdiff on the path."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    return bare_venv(tmp_path_factory.mktemp("bare") / "venv", _ncnn_pin(), "numpy")
 
 
 def _conv3x3(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
@@ -145,10 +116,7 @@ def test_bundle_holds_the_layer_as_an_ncnn_model_with_the_reference_tensors(bund
 
 
 def test_runner_without_layerdiff_shows_the_overflow_and_the_reference_bit_for_bit(bundle, bare_python):
-    isolated = subprocess.run([str(bare_python), "-c", "import layerdiff"], capture_output=True, timeout=60, cwd="/",
-                              env=_bare_env())
-    assert isolated.returncode != 0  # the venv really lacks layerdiff
-    result = _run_bundle(bare_python, bundle)
+    result = run_bundle(bare_python, bundle)
     run = result["configs"]["run"]
     assert run["ran"] and (run["backend"], run["precision"]) == ("vulkan", "low")
     error = run["outputs"][LAYER]
@@ -179,7 +147,7 @@ def test_a_range_bundles_the_island_and_names_the_tensors_it_reads(runs, tmp_pat
     assert done.returncode == 0, done.stderr
     spec = json.loads((target / "repro.json").read_text())
     assert spec["layers"] == [LAYER, "block2/shrink"] and [i["blob"] for i in spec["inputs"]] == ["block1/add"]
-    result = _run_bundle(bare_python, target)
+    result = run_bundle(bare_python, target)
     assert result["configs"]["run"]["outputs"]["block2/shrink"]["reproduces"] is True
     with DumpFile(runs / REF_H5) as ref:
         shrink = ref.tensor_by_key("block2/shrink:0")
@@ -193,8 +161,8 @@ def test_bad_requests_get_one_line(runs, tmp_path):
     assert done.returncode != 0 and "no layer 'no/such'" in done.stderr and "Traceback" not in done.stderr
     done = collect(*common, "--model", MODELS / "convnet.param", "--layer", LAYER)
     assert done.returncode != 0 and "another model" in done.stderr and "Traceback" not in done.stderr
-    done = collect(*common, "--model", MODELS / "overflow.onnx", "--layer", LAYER)
-    assert done.returncode != 0 and "ncnn and MNN models only" in done.stderr and "Traceback" not in done.stderr
+    done = collect(*common, "--model", MODELS / "overflow.onnx", "--layer", LAYER)  # ONNX is bundled, from its own runs
+    assert done.returncode != 0 and "another model" in done.stderr and "Traceback" not in done.stderr
     odd = tmp_path / "odd"
     odd.mkdir()
     (odd / "overflow.param").write_text((MODELS / "overflow.param").read_text().replace("Convolution      stem/conv",
@@ -335,9 +303,9 @@ def test_an_mnn_op_bundle_runs_with_only_the_mnn_wheel_and_reproduces_both_runs_
     assert [item["blob"] for item in spec["inputs"]] == ["block1/add"]
     assert "MNN==" in (target / "README.md").read_text() and not (target / "repro.cpp").exists()
 
-    python = _bare_venv(tmp_path / "venv", _pin("mnn", "MNN"), "numpy")
-    result = _run_bundle(python, target, "--save", str(tmp_path / "out"))
-    assert result["engine_version"] == _pin("mnn", "MNN").split("==")[1]
+    python = bare_venv(tmp_path / "venv", pin("mnn", "MNN"), "numpy")
+    result = run_bundle(python, target, "--save", str(tmp_path / "out"))
+    assert result["engine_version"] == pin("mnn", "MNN").split("==")[1]
     assert result["configs"]["reference"]["outputs"][LAYER]["bit_identical"] is True
     with DumpFile(runs / "mnn_cpu_low_overflow.h5") as run, DumpFile(runs / "mnn_cpu_high_overflow.h5") as ref:
         failed, expected = run.tensor_by_key(f"{LAYER}:0"), ref.tensor_by_key(f"{LAYER}:0")

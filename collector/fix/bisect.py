@@ -66,6 +66,9 @@ class Mechanism:
     layers: Callable[[ModelFiles], list[ModelLayer]]  # every layer, execution order
     fixed: frozenset[str]  # op types that compute nothing and never move (model inputs, blob copies)
     kept_needs_producers: Callable[[str], bool]  # backend -> a kept layer must be fed by kept layers
+    # an engine whose trials run in the collect process (LiteRT: the wheel is the engine), not through a device:
+    # (model, (backend, precision), reference config, inputs) -> a runner with run(kept) -> Trial, runs, output_names
+    in_process: Callable | None = None
 
     def movable(self, layers: list[ModelLayer], backend: str) -> list[str]:
         closed = self.kept_needs_producers(backend)
@@ -88,7 +91,23 @@ MECHANISMS: dict[str, Mechanism] = {
         "feature-mask",
         "a kept layer carries ncnn's feature mask (param key 31): fp16/bf16 off and, on Vulkan, off the GPU",
         ncnn_layers, frozenset({"Input", "Split"}), lambda backend: CLOSED_UPSTREAM.get(backend, False)),
+    "delegated-range": Mechanism(
+        "delegated-range", "the model is cut into consecutive pieces of operators (.tflite files of their own); moved "
+        "pieces run the failing configuration (the GPU accelerator), kept pieces the reference, fed each other's graph edges", lambda model: _litert_layers(model), frozenset(),
+        lambda backend: False, in_process=lambda *args: _litert_runner(*args)),
 }
+
+
+def _litert_layers(model: ModelFiles) -> list[ModelLayer]:
+    from layerdiff.collector.fix.litert_pieces import operator_names
+
+    return [ModelLayer(name, "", (), (name,)) for name in operator_names(model)]
+
+
+def _litert_runner(model: ModelFiles, failing: tuple[str, str], reference: tuple[str, str], inputs: list[InputSet]):
+    from layerdiff.collector.fix.litert_pieces import PieceRunner
+
+    return PieceRunner(model, failing, reference, inputs)
 
 
 def output_layers(layers: list[ModelLayer]) -> list[str]:
@@ -245,14 +264,20 @@ def _bisect(device: Device, model: ModelFiles, backend: str, precision: str, inp
             tolerance: float, ref_config: tuple[str, str], deadline_s: float, mechanism: Mechanism) -> BisectResult:
     start = time.monotonic()
     layers = mechanism.layers(model)
-    outputs = output_layers(layers)
-    pattern = outputs_only(outputs)
     movable = mechanism.movable(layers, backend)
-    refs = _references(device, model, ref_config, inputs, out_dir / "reference", pattern, deadline_s)
-    trials_dir = out_dir / "trials"
-    shutil.rmtree(trials_dir, ignore_errors=True)
-    runner = PlainTrialRunner(device, model, backend, precision, inputs, refs, trials_dir, deadline_s)
-    runner.layers_pattern = pattern
+    if mechanism.in_process is not None:
+        if device.serial != "local":
+            raise UsageError(f"--device {device.serial}: {model.engine} bisects in the collect process; use --device local")
+        runner = mechanism.in_process(model, (backend, precision), ref_config, inputs)
+        outputs, refs = list(runner.output_names), {}
+    else:
+        outputs = output_layers(layers)
+        pattern = outputs_only(outputs)
+        refs = _references(device, model, ref_config, inputs, out_dir / "reference", pattern, deadline_s)
+        trials_dir = out_dir / "trials"
+        shutil.rmtree(trials_dir, ignore_errors=True)
+        runner = PlainTrialRunner(device, model, backend, precision, inputs, refs, trials_dir, deadline_s)
+        runner.layers_pattern = pattern
     search = Bisection(runner, movable, tolerance, mechanism.kept_needs_producers(backend))
     prefix_kept = search.prefix_kept
     failing = search.trial([])
@@ -295,8 +320,9 @@ def bisect_document(result: BisectResult, *, device: str, model: str, backend: s
         "status": result.status, "device": device, "model": model, "config": f"{backend}/{precision}",
         "reference": "/".join(ref_config), "tolerance": result.tolerance, "mechanism": result.mechanism.name,
         "mechanism_how": result.mechanism.how,
-        "kept_mask": {"key": 31, "value": int(HIGH_PRECISION_MASK.get(backend, HIGH_PRECISION_MASK["cpu"])),
-                      "bits": describe(int(HIGH_PRECISION_MASK.get(backend, HIGH_PRECISION_MASK["cpu"])))},
+        **({"kept_mask": {"key": 31, "value": int(HIGH_PRECISION_MASK.get(backend, HIGH_PRECISION_MASK["cpu"])),
+                          "bits": describe(int(HIGH_PRECISION_MASK.get(backend, HIGH_PRECISION_MASK["cpu"])))}}
+           if result.mechanism.name == "feature-mask" else {}),
         "observed": {"outputs": result.outputs, "layers_filter": outputs_only(result.outputs)},
         "culprits": [{"layer": c["layer"], "error_when_moved": _number(c["error_moved"])} for c in result.culprits],
         "errors": {"failing": {k: _number(v) for k, v in result.failing.errors.items()},

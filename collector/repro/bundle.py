@@ -1,12 +1,14 @@
-"""`collect repro`: one failing ncnn layer packed as a bundle an engine maintainer runs without layerdiff.
+"""`collect repro`: one failing layer packed as a bundle an engine maintainer runs without layerdiff.
 
-The bundle holds the layer (or a run of layers) cut out as an ncnn model, the reference's tensors it
-reads and writes, the failing run's output and its measured error, a runner that needs only the
-`ncnn` wheel and numpy, a C++ file doing the same against ncnn's headers, the device and driver
-fingerprint, and a README to paste into an upstream issue. It is written as a directory and a `.zip`.
+The bundle holds the layer (or a run of layers) cut out as a model in the engine's own format (ncnn
+`.param`/`.bin`, MNN `.mnn`, LiteRT `.tflite`, ONNX `.onnx`), the reference's tensors it reads and
+writes, the failing run's output and its measured error, a runner that needs only the engine's wheel
+and numpy (for ncnn also a C++ file against ncnn's headers), the device and driver fingerprint, and a
+README to paste into an upstream issue. It is written as a directory and a `.zip`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -35,6 +37,7 @@ find_package(ncnn REQUIRED)
 add_executable(repro repro.cpp)
 target_link_libraries(repro ncnn)
 """
+BULKY_OPTIONS = ("placement", "run_to_run", "per_op")  # per-op records: in the run's HDF5, not in a pasted fingerprint
 FINGERPRINT_FIELDS = ("device_model", "device_serial", "soc", "board", "abi", "android_release", "gpu", "engine",
                       "engine_version", "backend_requested", "backend_actual", "precision_requested",
                       "precision_effective", "threads", "harness", "model_name", "model_sha256")
@@ -64,9 +67,11 @@ class Piece:
 
 def write_bundle(model: ModelFiles, run_path: Path, ref_path: Path, layer: str, out_dir: Path) -> Bundle:
     """Cut `layer` (a key; ncnn also FIRST..LAST in file order) out of `model` and write the bundle to `out_dir`."""
-    if model.engine not in ("ncnn", "mnn"):
-        raise UsageError(f"{model.name}: `collect repro` writes bundles for ncnn and MNN models only, not "
-                         f"{model.engine}; `collect isolate` re-runs its layers")
+    if model.engine in REFUSED:
+        raise UsageError(f"{model.name}: {REFUSED[model.engine]}")
+    if model.engine not in PIECES:
+        raise UsageError(f"{model.name}: `collect repro` writes bundles for {', '.join(ENGINE_TITLES.values())} models "
+                         f"only, not {model.engine}; `collect isolate` re-runs its layers")
     if model.engine == "mnn" and RANGE in layer:
         raise UsageError(f"--layer {layer}: an MNN bundle holds one op; name the ops one by one")
     with DumpFile(ref_path) as ref, DumpFile(run_path) as run:
@@ -75,10 +80,9 @@ def write_bundle(model: ModelFiles, run_path: Path, ref_path: Path, layer: str, 
             if recorded and recorded != model.sha256:
                 raise InputError(f"{dump.path} was made with another model than {model.name}; bundle against its own runs")
         sides = layer.split(RANGE, 1) if RANGE in layer else (layer, layer)
-        if model.engine == "mnn":
-            piece = _mnn_piece(model, _row(ref, layer)["name"], _blob_shapes(ref))
-        else:
-            piece = _ncnn_piece(model, *(_row(ref, side)["op"] for side in sides), _blob_shapes(ref))
+        column = "op" if model.engine == "ncnn" else "name"  # ncnn cuts layers; the others, ops by the tensor they write
+        first, last = (_row(ref, side)[column] for side in sides)
+        piece = PIECES[model.engine](model, str(first), str(last), _blob_shapes(ref))
         name = piece.layers[0] if len(piece.layers) == 1 else f"{piece.layers[0]}{RANGE}{piece.layers[-1]}"
         return _write(piece, ref, run, name, Path(out_dir))
 
@@ -92,13 +96,40 @@ def _ncnn_piece(model: ModelFiles, first: str, last: str, shapes: dict) -> Piece
                  cut_model.inputs, cut_model.outputs, cut_model.layers)
 
 
-def _mnn_piece(model: ModelFiles, tensor: str, shapes: dict) -> Piece:
+def _mnn_piece(model: ModelFiles, tensor: str, _last: str, shapes: dict) -> Piece:
     from layerdiff.collector.repro.mnn_cut import cut as cut_mnn
 
     with tempfile.TemporaryDirectory(prefix="layerdiff-repro-") as scratch:
         cut_model = cut_mnn(model.files[0], str(tensor), shapes, Path(scratch))
     path = f"model/{MODEL_STEM}.mnn"
     return Piece("mnn", {path: cut_model.model}, {"mnn": path}, cut_model.inputs, cut_model.outputs, cut_model.layers)
+
+
+def _litert_piece(model: ModelFiles, first: str, last: str, shapes: dict) -> Piece:
+    from layerdiff.collector.repro.litert_cut import cut as cut_litert
+
+    cut_model = cut_litert(model.files[0], first, last, shapes)
+    path = f"model/{MODEL_STEM}.tflite"
+    return Piece("litert", {path: cut_model.model}, {"tflite": path}, cut_model.inputs, cut_model.outputs, cut_model.layers)
+
+
+def _onnx_piece(model: ModelFiles, first: str, last: str, shapes: dict) -> Piece:
+    from layerdiff.collector.repro.onnx_cut import cut as cut_onnx
+
+    cut_model = cut_onnx(model.files[0], first, last, shapes)
+    path = f"model/{MODEL_STEM}.onnx"
+    return Piece("onnxruntime", {path: cut_model.model}, {"onnx": path}, cut_model.inputs, cut_model.outputs,
+                 cut_model.layers)
+
+
+PIECES = {"ncnn": _ncnn_piece, "mnn": _mnn_piece, "litert": _litert_piece, "onnxruntime": _onnx_piece}
+REFUSED = {
+    "paddle": "the paddle engine runs Paddle's CPU executor in one configuration (fp32, no optimisation), so no Paddle "
+              "run fails for a bundle to reproduce, and `collect repro` does not cut Paddle programs; against "
+              "Paddle-Lite, Paddle is the reference (`collect isolate` re-runs Paddle-Lite's layers)",
+    "paddle-lite": "a Paddle-Lite `.nb` is written only by Paddle-Lite's `opt` from a Paddle program, and no Python "
+                   "package writes or edits one, so no op can be cut out of it; `collect isolate` re-runs its layers",
+}
 
 
 def _row(ref: DumpFile, key: str):
@@ -122,12 +153,24 @@ def _blob_tensor(dump: DumpFile, blob: str) -> np.ndarray | None:
     layers = dump.layers
     rows = layers[layers["name"] == blob]
     if not rows.empty:
-        return np.asarray(dump.tensor(int(rows.iloc[0]["order"])), dtype=np.float32)
-    return next((np.asarray(a, dtype=np.float32) for name, a in dump.inputs() if name == blob), None)
+        return _stored(dump.tensor(int(rows.iloc[0]["order"])))
+    return next((_stored(a) for name, a in dump.inputs() if name == blob), None)
+
+
+def _stored(array) -> np.ndarray:
+    """Float tensors as float32 (the bundle's float format), integer and boolean ones as they are."""
+    array = np.asarray(array)
+    return array if array.dtype.kind in "iub" else array.astype(np.float32)
+
+
+SAFE_NAME_CHARS = 48  # LiteRT tensor names join every fused op's name: keep file names short, unique by a hash
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "tensor"
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "tensor"
+    if len(safe) <= SAFE_NAME_CHARS:
+        return safe
+    return f"{safe[:SAFE_NAME_CHARS - 9]}_{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 def measure_error(out: np.ndarray, ref: np.ndarray) -> dict:
@@ -140,9 +183,15 @@ def measure_error(out: np.ndarray, ref: np.ndarray) -> dict:
 def config_of(dump: DumpFile, engine: str = "ncnn") -> dict:
     """The backend, precision, threads and ncnn Option flags the run used (as recorded, else as layerdiff sets them).
 
-    MNN takes backend, precision and thread count as its session config; it has no option flags."""
+    MNN takes backend, precision and thread count as its session config; it has no option flags. LiteRT and ONNX
+    Runtime keep the recorded options their runner reads (kernels, accelerator settings; providers, optimisation)."""
     attrs, prov = dump.attrs, dump.provenance
     backend, precision = str(attrs.get("backend_requested", "cpu")), str(attrs.get("precision_requested", "high"))
+    if engine in RUNNER_OPTIONS:
+        recorded = (prov.get("raw_header") or {}).get("options") or {}
+        options = {k: recorded[k] for k in RUNNER_OPTIONS[engine] if k in recorded}
+        return {"backend": backend, "precision": precision, "threads": int(attrs.get("threads", 1) or 1),
+                "options": options, "options_recorded": bool(options), "source": dump.path.name}
     if engine == "mnn":
         return {"backend": backend, "precision": precision, "threads": int(attrs.get("threads", 1) or 1),
                 "options": {}, "options_recorded": False, "source": dump.path.name}
@@ -155,6 +204,10 @@ def config_of(dump: DumpFile, engine: str = "ncnn") -> dict:
             "options": options, "options_recorded": bool(recorded), "source": dump.path.name}
 
 
+RUNNER_OPTIONS = {"litert": ("kernels", "accelerator", "vulkan_icd", "enforce_f32", "precision_why"),
+                  "onnxruntime": ("providers", "graph_optimization_level")}
+
+
 def fingerprint(dump: DumpFile) -> dict:
     """Device, SoC, GPU, driver (if recorded), engine version, backend, precision and options of a run."""
     attrs, prov = dump.attrs, dump.provenance
@@ -162,18 +215,21 @@ def fingerprint(dump: DumpFile) -> dict:
     device = prov.get("device") or {}
     out.update({f"device_{k}": v for k, v in device.items() if k in ("manufacturer", "sdk", "abis") and v})
     options = (prov.get("raw_header") or {}).get("options") or {}
-    out["options"] = options
+    out["options"] = {k: v for k, v in options.items() if k not in BULKY_OPTIONS}
+    adapter = (options.get("placement") or {}).get("adapter") if isinstance(options.get("placement"), dict) else None
+    if adapter and not out.get("gpu"):
+        out["gpu"] = adapter  # LiteRT's GPU accelerator names the adapter it selected
     drivers = {k: v for src in (prov, device, options, prov.get("raw_header") or {}) for k, v in src.items()
-               if "driver" in k.lower() and v}
+               if ("driver" in k.lower() or k == "vulkan_icd") and v}
     out["driver"] = drivers or "not recorded"
     return out
 
 
 def _write_tensor(folder: Path, stem: str, array: np.ndarray, table: dict, role: str, blob: str) -> str:
-    array = np.ascontiguousarray(array, dtype="<f4")
+    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
     np.save(folder / f"{stem}.npy", array)
     (folder / f"{stem}.bin").write_bytes(array.tobytes())
-    table[f"tensors/{stem}.bin"] = {"role": role, "blob": blob, "shape": list(array.shape), "dtype": "float32",
+    table[f"tensors/{stem}.bin"] = {"role": role, "blob": blob, "shape": list(array.shape), "dtype": array.dtype.name,
                                     "byte_order": "little", "npy": f"tensors/{stem}.npy"}
     return f"tensors/{stem}.npy"
 
@@ -242,8 +298,8 @@ def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-ENGINE_TITLES = {"ncnn": "ncnn", "mnn": "MNN"}
-ENGINE_WHEELS = {"ncnn": "ncnn", "mnn": "MNN"}
+ENGINE_TITLES = {"ncnn": "ncnn", "mnn": "MNN", "litert": "LiteRT", "onnxruntime": "ONNX Runtime"}
+ENGINE_WHEELS = {"ncnn": "ncnn", "mnn": "MNN", "litert": "ai-edge-litert", "onnxruntime": "onnxruntime"}
 
 
 def readme(spec: dict) -> str:
@@ -256,8 +312,11 @@ def readme(spec: dict) -> str:
     if engine == "ncnn":
         flags = ", ".join(f"{k}={int(v)}" for k, v in sorted(run["options"].items()))
         options = f"num_threads={run['threads']}, lightmode=1, {flags}"
-    else:
+    elif engine == "mnn":
         options = f"session config backend={run['backend'].upper()}, precision={run['precision']}, numThread={run['threads']}"
+    else:
+        options = ", ".join([f"backend={run['backend']}", f"threads={run['threads']}",
+                             *(f"{k}={v}" for k, v in sorted(run["options"].items()))])
     model_files = ", ".join(f"`{path}`" for path in spec["model"].values())
     return f"""# {ENGINE_TITLES[engine]}: `{spec['layer']}` diverges on {run['backend']}/{run['precision']}
 
@@ -287,7 +346,8 @@ python run_repro.py          # both configurations: prints rel L2, max abs, NaN/
 
 - {model_files}: the layer(s) alone, an input per tensor they read
 - `tensors/input*.npy|.bin`: the reference's inputs; `tensors/reference_output*`: the reference's output;
-  `tensors/run_output*`: the failing run's output. `.bin` files are raw little-endian float32, shapes in `tensors.json`
+  `tensors/run_output*`: the failing run's output. `.bin` files are raw little-endian (float32 for float tensors),
+  shapes and dtypes in `tensors.json`
 - `repro.json`: the two configurations; `fingerprint.json`: device, GPU, driver, engine version
 """
 

@@ -54,7 +54,7 @@ def check_bundle(bundle: Path, device: str = "local", python: str | None = None)
     if device != "local":
         raise UsageError(f"--device {device}: a bundle is checked where collect runs (--device local); on a phone, "
                          "run the bundle's repro.cpp")
-    bundle = Path(bundle)
+    bundle = Path(bundle).resolve()  # the runner runs inside the bundle: a relative path would point past it
     if bundle.suffix == ".zip":
         raise UsageError(f"{bundle}: unpack the .zip and check its folder")
     runner = bundle / "run_repro.py"

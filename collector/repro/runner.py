@@ -1,7 +1,7 @@
 """Re-run one layer cut out of a model, as the failing and the reference configuration ran it.
 
-Needs only the engine's wheel (pip install ncnn, or pip install MNN) and numpy. Reads repro.json beside it: the cut model,
-the reference's input and output tensors, and each configuration's ncnn options. Prints, per
+Needs only the engine's wheel (pip install ncnn, MNN, ai-edge-litert or onnxruntime) and numpy. Reads repro.json
+beside it: the cut model, the reference's input and output tensors, and each configuration's options. Prints, per
 configuration, the output against the reference output (rel L2, max abs, NaN/Inf counts) and whether
 the failure reproduces; `--json` prints the same as one JSON document.
 
@@ -53,11 +53,91 @@ def configure(opt, config):
             setattr(opt, flag, bool(value))
 
 
+# engine name in repro.json -> the module its wheel installs
+MODULES = {"ncnn": "ncnn", "mnn": "MNN", "litert": "ai_edge_litert", "onnxruntime": "onnxruntime"}
+
+
 def run_config(engine, spec, config):
     """The cut model's outputs under one configuration, or the reason it could not run here."""
-    if spec["engine"] == "mnn":
-        return run_mnn(engine, spec, config)
-    return run_ncnn(engine, spec, config)
+    runs = {"mnn": run_mnn, "ncnn": run_ncnn, "litert": run_litert, "onnxruntime": run_onnxruntime}
+    return runs[spec["engine"]](engine, spec, config)
+
+
+def input_arrays(spec):
+    """The reference's input tensors, by the name the cut model gives them."""
+    return {item["blob"]: np.load(HERE / item["npy"]) for item in spec["inputs"]}
+
+
+def run_litert(litert, spec, config):
+    """CPU: LiteRT's interpreter with the kernels the run used (builtin or XNNPACK); GPU: the compiled model
+    on the GPU accelerator with CPU fallback, fp32 enforced at precision high, as layerdiff runs them."""
+    path = str(HERE / spec["model"]["tflite"])
+    arrays = input_arrays(spec)
+    if config["backend"] == "gpu":
+        return run_litert_gpu(path, spec, config, arrays)
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    kernels = config["options"].get("kernels") or ("builtin" if config["precision"] == "high" else "xnnpack")
+    resolver = OpResolverType.BUILTIN if kernels == "xnnpack" else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    interpreter = Interpreter(model_path=path, num_threads=int(config.get("threads", 1)),
+                              experimental_op_resolver_type=resolver)
+    interpreter.allocate_tensors()
+    for detail in interpreter.get_input_details():
+        interpreter.set_tensor(detail["index"], np.asarray(arrays[detail["name"]], dtype=detail["dtype"]))
+    interpreter.invoke()
+    by_name = {d["name"]: d["index"] for d in interpreter.get_output_details()}
+    return {item["blob"]: np.array(interpreter.get_tensor(by_name[item["blob"]]), copy=True)
+            for item in spec["outputs"]}, ""
+
+
+def run_litert_gpu(path, spec, config, arrays):
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+    from ai_edge_litert.options import CpuOptions, GpuOptions, Options
+
+    icd = config["options"].get("vulkan_icd")
+    if icd and not os.environ.get("VK_ICD_FILENAMES") and Path(icd).is_file():
+        os.environ["VK_ICD_FILENAMES"] = icd  # the Vulkan driver the failing run used, where this machine has it
+    options = Options(hardware_accelerators=HardwareAccelerator.GPU | HardwareAccelerator.CPU,
+                      cpu_options=CpuOptions(num_threads=int(config.get("threads", 1))),
+                      gpu_options=GpuOptions(enforce_f32=bool(config["options"].get("enforce_f32",
+                                                                                    config["precision"] == "high"))))
+    try:
+        model = CompiledModel.from_buffer(Path(path).read_bytes(), options=options)
+    except (RuntimeError, ValueError) as err:
+        return None, f"LiteRT's GPU accelerator could not compile the model ({str(err).strip().splitlines()[0]})"
+    key = model.get_signature_by_index(0)["key"]
+    in_details, out_details = model.get_input_tensor_details(key), model.get_output_tensor_details(key)
+    inputs, outputs = model.create_input_buffers(0), model.create_output_buffers(0)
+    for buffer, name in zip(inputs, model.get_signature_by_index(0)["inputs"]):
+        buffer.write(np.asarray(arrays[name], dtype=in_details[name]["dtype"]).reshape(-1))
+    model.run_by_index(0, inputs, outputs)
+    out = {}
+    for buffer, name in zip(outputs, model.get_signature_by_index(0)["outputs"]):
+        detail = out_details[name]
+        count = int(np.prod(detail["shape"], dtype=np.int64))
+        out[name] = np.asarray(buffer.read(count, np.dtype(detail["dtype"]))).reshape(detail["shape"])
+    return out, ""
+
+
+def run_onnxruntime(ort, spec, config):
+    """The cut ONNX graph in an InferenceSession with the run's providers, optimisation level and threads."""
+    options = ort.SessionOptions()
+    level = config["options"].get("graph_optimization_level", "ORT_DISABLE_ALL")
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    options.intra_op_num_threads = int(config.get("threads", 1))
+    options.inter_op_num_threads = 1
+    providers = config["options"].get("providers") or ["CPUExecutionProvider"]
+    missing = [p for p in providers if p not in ort.get_available_providers()]
+    if missing:
+        return None, f"this onnxruntime has no {', '.join(missing)}"
+    session = ort.InferenceSession(str(HERE / spec["model"]["onnx"]), options, providers=providers)
+    arrays = input_arrays(spec)
+    types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+             "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
+    feeds = {i.name: np.asarray(arrays[i.name], dtype=types.get(i.type, np.float32)) for i in session.get_inputs()}
+    names = [item["blob"] for item in spec["outputs"]]
+    return dict(zip(names, session.run(names, feeds))), ""
 
 
 def run_mnn(MNN, spec, config):
@@ -108,6 +188,8 @@ def run_ncnn(ncnn, spec, config):
 
 def measure(out, ref):
     """How far `out` is from `ref` (float64), with the non-finite values counted."""
+    out, ref = np.asarray(out), np.asarray(ref)
+    same = out.shape == ref.shape and out.dtype == ref.dtype and out.tobytes() == ref.tobytes()
     a, b = out.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
     both = np.isfinite(a) & np.isfinite(b)
     norm = float(np.linalg.norm(b[both])) if both.any() else 0.0
@@ -119,7 +201,7 @@ def measure(out, ref):
         "nan": int(np.isnan(a).sum()),
         "pos_inf": int(np.isposinf(a).sum()),
         "neg_inf": int(np.isneginf(a).sum()),
-        "bit_identical": bool(out.shape == ref.shape and np.array_equal(out.view(np.uint32), ref.view(np.uint32))),
+        "bit_identical": bool(same),
     }
 
 
@@ -144,7 +226,7 @@ def main(argv=None):
         json_out = os.dup(1)
         os.dup2(2, 1)
     spec = json.loads((HERE / "repro.json").read_text())
-    engine = __import__("MNN" if spec["engine"] == "mnn" else "ncnn")
+    engine = __import__(MODULES[spec["engine"]])
     names = ("run", "reference") if args.config == "both" else (args.config,)
     result = {"engine": spec["engine"], "engine_version": engine_version(engine),
               "platform": platform.platform(), "gpu": gpu_info(engine) if spec["engine"] == "ncnn" else {},
