@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from layerdiff.analyzer.formats.enginefacts import NO_FACTS, EngineFacts
 from layerdiff.errors import EngineNotInstalledError
 from layerdiff.vocabulary import HARNESS_BACKENDS
 
@@ -79,6 +80,10 @@ class Engine:
     # an encoder without a cache is the same computation). Each dump records its run's rows
     # (`precision_reach`, analyzer/FORMATS.md); an engine that declares none leaves every pair a question.
     precision_reach: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
+    # What the analyzer must know to read its runs (nodes it computes on the CPU by design in a GPU run, output
+    # names that say the task): recorded in every dump's header as `engine_facts` (analyzer/FORMATS.md), so a
+    # dump carries them to an analyzer without the collector.
+    facts: EngineFacts = NO_FACTS
     # The Python module the host engine runs (`ncnn`, `MNN`, ...): its installed file is part of what a
     # kept `--probe` answer of the host depends on (collector/transport/probe.py); "" (a native
     # harness built here) means the probe is always asked.
