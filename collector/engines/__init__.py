@@ -28,6 +28,7 @@ def _declared(folder: str) -> Engine:
 
 ENGINES: dict[str, Engine] = {engine.name: engine for engine in map(_declared, ENGINE_FOLDERS)}
 PHONE_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.on_phones)
+PREPARED_BY_DEFAULT = tuple(name for name, engine in ENGINES.items() if engine.prepared_by_default)
 ARM64_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.on_arm64)
 # `--backend` accepts every backend some engine knows, in the vocabulary's order.
 ENGINE_BACKENDS = tuple(b for b in BACKENDS if any(b in engine.backends for engine in ENGINES.values()))

@@ -56,6 +56,9 @@ class Engine:
     # ... and on an ADB phone (with on_phones): (phone ABI, backend) -> its binary, built or cached,
     # staged and run by the phone path in place of the C++ phone harness (HarnessError: one line why not).
     phone_harness: Callable[[str, str], Path] | None = None
+    # ... or, for an engine the C++ phone harness runs (device_scripts/harness), which build of it runs the engine:
+    # (phone ABI, backend, test build) -> collector/harness/build.py's HarnessSpec (HarnessError: one line why not).
+    harness_spec: Callable[[str, str, bool], object] | None = None
     # An engine whose harness tokenizes text itself (ggml: llama.cpp's tokenizer, on the device) names
     # the input a UTF-8 text file goes to (`--input prompt=FILE.txt`): staged as its uint8 bytes, in
     # place of the model's declared inputs (the harness records the ids that ran).
@@ -91,6 +94,10 @@ class Engine:
     # The pip extra that installs `library` (`pip install 'layerdiff[EXTRA]'`): the core install is the
     # analyzer and the phone collector, each host engine comes with its extra.
     extra: str = ""
+    # How `collect --help` names its model files (`ncnn .param with its .bin`); default: its suffixes.
+    model_help: str = ""
+    # `collect prepare` stages this engine's phone harness when no `--engine` is given.
+    prepared_by_default: bool = False
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     def reach_of(self, backend: str, precision: str) -> dict[str, list[str]]:
@@ -100,6 +107,11 @@ class Engine:
             if on == backend and precision in (a, b):
                 reach[b if precision == a else a] = list(ops)
         return reach
+
+    @property
+    def model_text(self) -> str:
+        """The engine's model files as help texts name them."""
+        return self.model_help or ", ".join(self.suffixes)
 
     @property
     def host_module(self) -> str:

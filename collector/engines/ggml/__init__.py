@@ -47,6 +47,7 @@ def _phone_harness(abi: str, backend: str) -> Path:
 ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vulkan"), prebuild=_prebuild,
                 arm64_harness=_arm64_harness, prompt_input="prompt", on_phones=True, phone_harness=_phone_harness,
                 isolate_rebuilds_graph=True, facts=FACTS,
+                model_help=".gguf (ggml: llama.cpp; local and arm64)",
                 not_isolatable=("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"),
                 bisect_refusal="ggml: the layerdiff ggml harness lets ggml's scheduler place every node and has no option to pin one node to another backend or precision; collect bisect cannot run",
                 # device_scripts/ggml/src/backends.cpp: on the CPU, high keeps the K/V cache in f32 (normal: f16,

@@ -13,5 +13,5 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("litert", (".tflite",), _input_specs, backends=("cpu", "gpu"), library="ai_edge_litert", extra="litert",
+ENGINE = Engine("litert", (".tflite",), _input_specs, backends=("cpu", "gpu"), library="ai_edge_litert", extra="litert", model_help=".tflite (local LiteRT)",
                 bisect_refusal="litert: the ai-edge-litert wheel cannot place single ops on or off the GPU delegate nor choose one op's precision; collect bisect cannot run")

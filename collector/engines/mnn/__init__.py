@@ -13,5 +13,12 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, arm64_wheels=("MNN==3.6.1",), library="MNN", extra="mnn",
+
+def _harness_spec(abi: str, backend: str, test_build: bool):
+    from layerdiff.collector.engines.mnn.harness import harness_spec
+
+    return harness_spec(abi, backend, test_build)
+
+
+ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, harness_spec=_harness_spec, arm64_wheels=("MNN==3.6.1",), library="MNN", extra="mnn",
                 bisect_refusal="mnn: the MNN pip wheel and the phone harness run a whole model at one precision and backend, so no layer can be moved alone; collect bisect cannot run (collect fix gives a what-if instead)")

@@ -18,5 +18,13 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, model_files=_model_files, on_phones=True,
-                arm64_wheels=("ncnn==1.0.20250503",), library="ncnn", extra="ncnn", bisect_mechanism="feature-mask")
+
+def _harness_spec(abi: str, backend: str, test_build: bool):
+    from layerdiff.collector.engines.ncnn.harness import harness_spec
+
+    return harness_spec(abi, backend, test_build)
+
+
+ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, model_files=_model_files, on_phones=True, harness_spec=_harness_spec,
+                arm64_wheels=("ncnn==1.0.20250503",), library="ncnn", extra="ncnn", bisect_mechanism="feature-mask",
+                model_help="ncnn .param with its .bin", prepared_by_default=True)

@@ -13,4 +13,4 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("onnxruntime", (".onnx",), _input_specs, library="onnxruntime", extra="onnx")
+ENGINE = Engine("onnxruntime", (".onnx",), _input_specs, library="onnxruntime", extra="onnx", model_help=".onnx (local golden)")

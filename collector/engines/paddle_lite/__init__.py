@@ -17,4 +17,11 @@ def _input_specs(path: Path) -> InputSpecs:
     return {name: (model.var_dims.get(name) or None, model.var_dtypes.get(name, "float32")) for name in model.feeds}
 
 
-ENGINE = Engine("paddle-lite", (".nb",), _input_specs, backends=("cpu", "opencl"), on_phones=True)
+
+def _harness_spec(abi: str, backend: str, test_build: bool):
+    from layerdiff.collector.engines.paddle_lite.harness import harness_spec
+
+    return harness_spec(abi, backend, test_build)
+
+
+ENGINE = Engine("paddle-lite", (".nb",), _input_specs, backends=("cpu", "opencl"), on_phones=True, harness_spec=_harness_spec, model_help="Paddle-Lite .nb")
