@@ -13,7 +13,7 @@ from rich.console import Console
 
 from layerdiff.vocabulary import RunStatus
 from layerdiff.clioptions import choices
-from layerdiff.collector.engines import ENGINE_BACKENDS, PHONE_ENGINES, PREPARED_BY_DEFAULT
+from layerdiff.collector.engines import ENGINE_BACKEND_NOTES, ENGINE_BACKENDS, PHONE_ENGINES, PREPARED_BY_DEFAULT
 from layerdiff.vocabulary import PRECISIONS, backends_help
 from layerdiff.safetext import terminal_lines
 from layerdiff.errors import EXIT_SOME_SKIPPED, DeviceError, InputError, Interrupted, LayerdiffError, StorageError, os_error_line
@@ -85,7 +85,7 @@ def collect(
     model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     engine: str = typer.Option("auto", "--engine", help="auto (from the file name), or one of: " + ", ".join(ENGINES),
                                callback=choices(("auto", *ENGINES), "engine")),
-    backend: List[str] = typer.Option(None, "--backend", "-b", help=f"{backends_help(BACKENDS)} (comma list or repeated)",
+    backend: List[str] = typer.Option(None, "--backend", "-b", help=f"{backends_help(BACKENDS, ENGINE_BACKEND_NOTES)} (comma list or repeated)",
                                       callback=choices(BACKENDS, "backend")),
     precision: List[str] = typer.Option(None, "--precision", "-p", help=f"{', '.join(PRECISIONS)} (comma list or repeated)",
                                         callback=choices(PRECISIONS, "precision")),

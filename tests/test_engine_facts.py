@@ -14,6 +14,7 @@ import numpy as np
 
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.analyzer.runs.reference import choose_reference
 from layerdiff.analyzer.formats.enginefacts import (ATTRIBUTE, NO_FACTS, RECORDED_BEFORE, CpuByDesign, EngineFacts,
                                                     facts_of, parse_facts)
 from layerdiff.collector.engines import ENGINES
@@ -99,3 +100,23 @@ def test_a_collected_run_records_its_engines_facts(tmp_path):
     assert result.returncode == 0, result.stderr
     with DumpFile(out / "ncnn_cpu_high_convnet.h5") as dump:
         assert dump.attrs[ATTRIBUTE] == ENGINES["ncnn"].facts.to_json()
+
+
+def test_a_run_whose_engine_declares_a_golden_is_the_reference(tmp_path):
+    """Without --ref the cpu/high run of an engine whose facts say `golden` is the reference, whatever its
+    name and wherever it sorts; without the fact the first cpu/high run is."""
+    rng = np.random.default_rng(4)
+    ref = {op: rng.normal(0, 1, size=shape).astype(np.float32) for op, _, _, shape in LAYERS}
+    for case, facts in {"golden": EngineFacts(golden=True), "plain": NO_FACTS}.items():
+        folder = tmp_path / case
+        folder.mkdir()
+        write_dump(folder / "a_mobile.h5", ref, layers=LAYERS, engine="mobileengine", extra_attrs={ATTRIBUTE: "{}"})
+        write_dump(folder / "b_framework.h5", ref, layers=LAYERS, engine="frameworkengine",
+                   extra_attrs={ATTRIBUTE: facts.to_json()})
+        analysis = analyze_paths([folder])
+        try:
+            reference, reason = choose_reference(analysis.runs, None)
+            assert str(reference.attrs["engine"]) == ("frameworkengine" if case == "golden" else "mobileengine"), case
+            assert ("golden" in reason) == (case == "golden")
+        finally:
+            analysis.close()

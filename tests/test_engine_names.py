@@ -35,13 +35,14 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "analyzer/importers/mnn_text.py": (18, "reads MNN's own text dumps"),
     "analyzer/importers/mnn_log.py": (12, "reads MNN's own console logs"),
     "analyzer/importers/mnnnames.py": (4, "reads MNN's own dump file names"),
+    "analyzer/importers/mnncodes.py": (15, "MNN's own enums, as its logs print them and the MNN engine reads them"),
     "analyzer/importers/paddle_debug.py": (5, "reads Paddle-Lite's model_debug_tool output"),
     "analyzer/importers/paddle_profiler.py": (8, "reads Paddle's profiler output"),
     "analyzer/importers/polygraphy_json.py": (1, "reads Polygraph's JSON of ONNX Runtime outputs"),
     "analyzer/cli/offline.py": (5, "`analyze import` help names the foreign formats it reads"),
     # Dumps written before the header recorded `engine_facts`: the facts their engine implied then, frozen
     # (tests/test_engine_facts.py checks they equal the engine folder's declaration).
-    "analyzer/formats/enginefacts.py": (3, "the frozen facts of dumps older than the header attribute"),
+    "analyzer/formats/enginefacts.py": (5, "the frozen facts of dumps older than the header attribute"),
     # Name rules for op names producers write (converters' renames, engine-inserted helper ops): applied to
     # every pair, whichever engines wrote it, including dumps imported from engines' own tools.
     "analyzer/align/byname.py": (2, "built-in rename rules, described by the converter that renames"),
@@ -60,13 +61,10 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "collector/fix/ncnn_patch.py": (6, "patches an ncnn .param"),
     "collector/fix/search.py": (6, "the per-engine fix strategies"),
     "collector/fix/trial.py": (4, "per-engine trial options"),
-    "collector/repro/bundle.py": (38, "the bundle's per-engine runner"),
+    "collector/repro/bundle.py": (39, "the bundle's per-engine runner"),
     "collector/repro/runner.py": (32, "the bundle's run_repro.py, one code path per engine's wheel"),
     "collector/repro/mnn_cut.py": (8, "cuts an op out of an MNN model"),
     "collector/repro/ncnn_cut.py": (5, "cuts layers out of an ncnn model"),
-    # The backend and precision vocabulary shared by the C++ harness, the host engines and the importers
-    # (tests/test_vocabulary.py reads the C++ against it), and the golden engines the reference picks.
-    "layerdiff/vocabulary.py": (29, "MNN's forward codes, ncnn's precision flags, the golden engines"),
 }
 
 

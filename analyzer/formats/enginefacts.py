@@ -2,7 +2,7 @@
 
 Why: a dump from a colleague arrives without the collector that wrote it, and the analyzer never imports
 the collector; so the facts that change how a run is read (nodes an engine computes on the CPU by design
-in a GPU run, an output name that says which task a model has) travel in the HDF5 header as the root
+in a GPU run, an output name that says which task a model has, whether its cpu/high run is a golden) travel in the HDF5 header as the root
 attribute `engine_facts` (JSON, analyzer/FORMATS.md). The collector writes it for every run from the
 `facts` its engine declares (collector/engines/<engine>/__init__.py); nothing in the analyzer tests an
 engine's name.
@@ -43,6 +43,9 @@ class EngineFacts:
     cpu_by_design: CpuByDesign = field(default_factory=CpuByDesign)
     # Output names that say the model's task without being told: {output name: task} (`--task` grammar).
     output_tasks: tuple[tuple[str, str], ...] = ()
+    # Its cpu/high run is a golden: an fp32 framework reference the mobile engines are judged against, which
+    # the analyzer takes as the reference (without --ref) before any other cpu/high run.
+    golden: bool = False
 
     def to_json(self) -> str:
         """The header attribute's text (sorted keys, so two runs of one engine record the same bytes)."""
@@ -80,7 +83,8 @@ def parse_facts(text: object) -> EngineFacts:
     return EngineFacts(
         CpuByDesign(_names(cpu.get("nodes")), _text(cpu.get("what")), _text(cpu.get("why")),
                     _text(cpu.get("tied_output")), _text(cpu.get("tied_table"))),
-        tuple((_text(k), _text(v)) for k, v in list(tasks.items())[:MAX_ITEMS] if isinstance(v, str)))
+        tuple((_text(k), _text(v)) for k, v in list(tasks.items())[:MAX_ITEMS] if isinstance(v, str)),
+        data.get("golden") is True)
 
 
 # The facts dumps recorded implicitly before the header carried `engine_facts`, by the dump's `engine`
@@ -92,6 +96,8 @@ RECORDED_BEFORE: dict[str, EngineFacts] = {
                     "llama.cpp keeps the token-embedding table in CPU memory and computes what reads it there",
                     "result_output", "token_embd.weight"),
         (("result_output", "language-model"),)),
+    "onnxruntime": EngineFacts(golden=True),
+    "paddle": EngineFacts(golden=True),
 }
 
 

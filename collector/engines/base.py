@@ -94,6 +94,8 @@ class Engine:
     # The pip extra that installs `library` (`pip install 'layerdiff[EXTRA]'`): the core install is the
     # analyzer and the phone collector, each host engine comes with its extra.
     extra: str = ""
+    # A word on a backend name only it uses, for `--backend` help: (backend, note), e.g. ("gpu", "WebGPU").
+    backend_notes: tuple[tuple[str, str], ...] = ()
     # How `collect --help` names its model files (`ncnn .param with its .bin`); default: its suffixes.
     model_help: str = ""
     # `collect prepare` stages this engine's phone harness when no `--engine` is given.

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-from layerdiff.vocabulary import host_abi  # noqa: F401 (the machinery's callers ask it)
+from layerdiff.vocabulary import PHONE_ABIS, host_abi
 from layerdiff.cache import user_cache_root
 from layerdiff.errors import HarnessError
 from layerdiff.collector.harness import children
@@ -42,7 +42,6 @@ DEVICE_SCRIPTS = Path(device_scripts.__file__).resolve().parent
 NCNN_VERSION = "1.0.20261020"
 # Bump when the ncnn CMake options in device_scripts/build_*.sh change: it keys cached ncnn builds.
 NCNN_RECIPE = 2
-ANDROID_ABIS = ("arm64-v8a", "armeabi-v7a")
 TARGET_SCRIPTS = {"host": "build_host.sh", "aarch64": "build_aarch64.sh", "android": "build_android.sh"}
 
 
@@ -75,10 +74,10 @@ def phone_target(abi: str) -> str:
     linked engine library): the host's own build, or the NDK build for an Android ABI."""
     if abi == host_abi():
         return "host"
-    if abi in ANDROID_ABIS:
+    if abi in PHONE_ABIS:
         return f"android-{abi}"
     raise HarnessError(f"no layerdiff harness build exists for ABI {abi!r} "
-                       f"(supported: {', '.join(ANDROID_ABIS)}, {host_abi()})")
+                       f"(supported: {', '.join(PHONE_ABIS)}, {host_abi()})")
 
 
 def test_build_wanted(test_build: bool | None) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from layerdiff.analyzer.formats.enginefacts import EngineFacts
 from layerdiff.collector.engines.base import Engine, InputSpecs
 
 
@@ -13,4 +14,5 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("onnxruntime", (".onnx",), _input_specs, library="onnxruntime", extra="onnx", model_help=".onnx (local golden)")
+ENGINE = Engine("onnxruntime", (".onnx",), _input_specs, library="onnxruntime", extra="onnx", model_help=".onnx (local golden)",
+                facts=EngineFacts(golden=True))

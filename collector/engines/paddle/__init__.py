@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from layerdiff.analyzer.formats.enginefacts import EngineFacts
 from layerdiff.collector.engines.base import Engine, InputSpecs
 
 
@@ -19,4 +20,5 @@ def _input_specs(path: Path) -> InputSpecs:
 
 
 ENGINE = Engine("paddle", (".pdmodel", ".pdiparams"), _input_specs, model_files=_model_files, library="paddle", extra="paddle",
-                model_help=".pdmodel with its .pdiparams (local Paddle golden)")
+                model_help=".pdmodel with its .pdiparams (local Paddle golden)",
+                facts=EngineFacts(golden=True))
