@@ -49,18 +49,17 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "analyzer/align/naming.py": (2, "built-in name normalisation, described by the tool that writes the names"),
     "analyzer/align/unmatched.py": (2, "engine-inserted helper ops, described by the engine that inserts them"),
     "analyzer/cli/app.py": (1, "--no-builtin-rules help names the rules it turns off"),
-    "analyzer/report/fixsection.py": (3, "shows `collect fix`'s strategies by the engine option they patch"),
+    "analyzer/report/fixsection.py": (1, "reads the advice key of fix.json files written before `engine_options`"),
     # The C++ phone harness (device_scripts/harness) is one native program that links ncnn, MNN and
     # Paddle-Lite; its build scripts take one option per library, and its cache keys are made of them.
     # Which build runs an engine is the engine folder's hook (Engine.harness_spec).
     "collector/harness/build.py": (78, "the C++ harness's build recipe: one option per library it links"),
     "collector/harness/buildprogress.py": (8, "the C++ harness build's steps, as its scripts print them"),
-    # `collect fix`, `collect bisect` and `collect repro` act on an engine's own model file and options.
+    # `collect fix` (by the mechanism an engine's folder names), `collect bisect` and `collect repro` act on an
+    # engine's own model file and options.
+    "collector/fix/mechanisms.py": (2, "the feature-mask mechanism: the one engine's model-file patcher it drives"),
     "collector/fix/bisect.py": (6, "bisect's mechanisms, keyed by Engine.bisect_mechanism"),
-    "collector/fix/fixjson.py": (7, "the fix file's per-engine option sections"),
     "collector/fix/ncnn_patch.py": (6, "patches an ncnn .param"),
-    "collector/fix/search.py": (6, "the per-engine fix strategies"),
-    "collector/fix/trial.py": (4, "per-engine trial options"),
     "collector/repro/bundle.py": (39, "the bundle's per-engine runner"),
     "collector/repro/runner.py": (32, "the bundle's run_repro.py, one code path per engine's wheel"),
     "collector/repro/mnn_cut.py": (8, "cuts an op out of an MNN model"),

@@ -75,6 +75,11 @@ class Engine:
     # failing one (a name in collector/fix/bisect.py's MECHANISMS); "" when the engine has no per-layer
     # switch, and then `bisect_refusal` is the one line bisect answers with.
     bisect_mechanism: str = ""
+    # How `collect fix` keeps single layers at high precision (a name in collector/fix/mechanisms.py's
+    # MECHANISMS: "feature-mask" patches the model, "what-if" injects outputs); "" when it cannot, and then
+    # `fix_advice` may still say, one sentence each, what the engine offers instead (written to fix.json).
+    fix_mechanism: str = ""
+    fix_advice: tuple[str, ...] = ()
     bisect_refusal: str = ""
     # What separates two of its precisions on a backend, as the op types through which that setting can
     # change a value: (backend, precision, other precision, op types). A graph holding none of those op

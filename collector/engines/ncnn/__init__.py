@@ -26,5 +26,5 @@ def _harness_spec(abi: str, backend: str, test_build: bool):
 
 
 ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, model_files=_model_files, on_phones=True, harness_spec=_harness_spec,
-                arm64_wheels=("ncnn==1.0.20250503",), library="ncnn", extra="ncnn", bisect_mechanism="feature-mask",
+                arm64_wheels=("ncnn==1.0.20250503",), library="ncnn", extra="ncnn", bisect_mechanism="feature-mask", fix_mechanism="feature-mask",
                 model_help="ncnn .param with its .bin", prepared_by_default=True)
