@@ -39,7 +39,7 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "analyzer/importers/paddle_debug.py": (5, "reads Paddle-Lite's model_debug_tool output"),
     "analyzer/importers/paddle_profiler.py": (8, "reads Paddle's profiler output"),
     "analyzer/importers/polygraphy_json.py": (1, "reads Polygraph's JSON of ONNX Runtime outputs"),
-    "analyzer/cli/offline.py": (5, "`analyze import` help names the foreign formats it reads"),
+    "analyzer/cli/offline.py": (4, "`analyze import` help names the foreign formats it reads"),
     # Dumps written before the header recorded `engine_facts`: the facts their engine implied then, frozen
     # (tests/test_engine_facts.py checks they equal the engine folder's declaration).
     "analyzer/formats/enginefacts.py": (5, "the frozen facts of dumps older than the header attribute"),
@@ -48,7 +48,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "analyzer/align/byname.py": (2, "built-in rename rules, described by the converter that renames"),
     "analyzer/align/naming.py": (2, "built-in name normalisation, described by the tool that writes the names"),
     "analyzer/align/unmatched.py": (2, "engine-inserted helper ops, described by the engine that inserts them"),
-    "analyzer/cli/app.py": (1, "--no-builtin-rules help names the rules it turns off"),
     "analyzer/report/fixsection.py": (1, "reads the advice key of fix.json files written before `engine_options`"),
     # The C++ phone harness (device_scripts/harness) is one native program that links ncnn, MNN and
     # Paddle-Lite; its build scripts take one option per library, and its cache keys are made of them.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from layerdiff.collector.engines import ENGINES, PHONE_ENGINES
+from layerdiff.collector.engines import ENGINES, PHONE_ENGINES, PREPARED_BY_DEFAULT
 from layerdiff.collector.harness.build import (HarnessError, HarnessSpec, ensure_built, prebuilt_override,
                                                test_build_wanted)
 from layerdiff.collector.harness.buildprogress import BuildReporter
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m layerdiff.collector.engines.phoneharness",
                                      description=main.__doc__.splitlines()[0])
     parser.add_argument("--abi", default=host_abi())
-    parser.add_argument("--engine", default=(PHONE_ENGINES or ("",))[0], choices=list(PHONE_ENGINES))
+    parser.add_argument("--engine", default=(PREPARED_BY_DEFAULT or PHONE_ENGINES)[0], choices=list(PHONE_ENGINES))
     parser.add_argument("--backend", default="cpu", choices=list(HARNESS_BACKENDS))
     parser.add_argument("--test-build", action="store_true", default=None)
     args = parser.parse_args(argv)
