@@ -10,7 +10,7 @@ from pathlib import Path
 
 from layerdiff.collector.engines import ENGINES, PHONE_ENGINES, PREPARED_BY_DEFAULT
 from layerdiff.collector.harness.build import (HarnessError, HarnessSpec, ensure_built, prebuilt_override,
-                                               test_build_wanted)
+                                               wants_test_build)
 from layerdiff.collector.harness.buildprogress import BuildReporter
 from layerdiff.vocabulary import HARNESS_BACKENDS, host_abi
 
@@ -30,7 +30,7 @@ def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool
                 reporter: BuildReporter | None = None) -> Path:
     """The harness binary to run `engine`/`backend` on a device with `abi`, built on demand.
 
-    test_build None reads $LAYERDIFF_HARNESS_TEST_BUILD (collector/harness/build.py `test_build_wanted`).
+    test_build None reads $LAYERDIFF_HARNESS_TEST_BUILD (collector/harness/build.py `wants_test_build`).
     """
     own = ENGINES[engine].phone_harness if engine in ENGINES else None
     if own is not None:  # the engine's own native program for phones, built by its folder
@@ -38,7 +38,7 @@ def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool
     override = prebuilt_override(abi)
     if override:
         return override
-    return ensure_built(spec_for(abi, engine, backend, test_build=test_build_wanted(test_build)), reporter)
+    return ensure_built(spec_for(abi, engine, backend, test_build=wants_test_build(test_build)), reporter)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.fix.mechanisms import Mechanism, mechanism_for
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
-from layerdiff.collector.run.pipeline import collect_run
+from layerdiff.collector.run.pipeline import RunSpec, collect_run
 
 
 @dataclass
@@ -73,8 +73,7 @@ class TrialRunner:
         out_dir.mkdir(parents=True)
         trial = Trial(tuple(layers), {})
         for inputs in self.inputs:
-            spec = self.mechanism.spec(self.model, self.backend, self.precision, tuple(layers), inputs, out_dir,
-                                       self.deadline_s, model)
+            spec = self._spec(layers, inputs, out_dir, model)
             with tempfile.TemporaryDirectory(prefix="layerdiff-fix-") as tmp:
                 placed = self.mechanism.placed_files(self.references[inputs.label], tuple(layers), Path(tmp))
                 if placed:
@@ -89,6 +88,11 @@ class TrialRunner:
             trial.paths[inputs.label] = outcome.paths[0]
             trial.errors[inputs.label] = self.output_error(inputs.label, outcome.paths[0])
         return trial
+
+    def _spec(self, layers: tuple[str, ...], inputs: InputSet, out_dir: Path, model: ModelFiles | None) -> RunSpec:
+        """The run of one input with `layers` kept high, as the mechanism makes it (subclasses narrow it)."""
+        return self.mechanism.spec(self.model, self.backend, self.precision, tuple(layers), inputs, out_dir,
+                                   self.deadline_s, model)
 
     def output_error(self, label: str, path: Path) -> float:
         """Worst relative L2 over the model's outputs, this run against the reference on the same input."""

@@ -80,7 +80,7 @@ def phone_target(abi: str) -> str:
                        f"(supported: {', '.join(PHONE_ABIS)}, {host_abi()})")
 
 
-def test_build_wanted(test_build: bool | None) -> bool:
+def wants_test_build(test_build: bool | None) -> bool:
     """test_build None reads $LAYERDIFF_HARNESS_TEST_BUILD ("1": the faster CI build, which is what the test
     suite builds anyway, so a CI run never builds both variants)."""
     return os.environ.get("LAYERDIFF_HARNESS_TEST_BUILD", "") == "1" if test_build is None else test_build
