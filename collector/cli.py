@@ -13,7 +13,7 @@ from rich.console import Console
 
 from layerdiff.vocabulary import RunStatus
 from layerdiff.clioptions import choices
-from layerdiff.collector.engines import ENGINE_BACKENDS
+from layerdiff.collector.engines import ENGINE_BACKEND_NOTES, ENGINE_BACKENDS, PHONE_ENGINES, PREPARED_BY_DEFAULT
 from layerdiff.vocabulary import PRECISIONS, backends_help
 from layerdiff.safetext import terminal_lines
 from layerdiff.errors import EXIT_SOME_SKIPPED, DeviceError, InputError, Interrupted, LayerdiffError, StorageError, os_error_line
@@ -21,7 +21,7 @@ from layerdiff.collector.inputs.inputset import resolve_inputs
 from layerdiff.collector.inputs.modelfiles import ENGINES, input_shapes, resolve_model
 from layerdiff.collector.run.isolate import failing_layers, isolatable, isolate
 from layerdiff.collector.inputs.preprocess import parse_preprocess
-from layerdiff.collector.harness.prepare import prepare_devices
+from layerdiff.collector.sweep.prepare import prepare_devices
 from layerdiff.collector.sweep.plan import parse_configs, resolve_devices, split_list
 from layerdiff.collector.sweep.progress import SweepProgress, step_progress
 from layerdiff.progress import Steps
@@ -30,6 +30,15 @@ from layerdiff.collector.sweep.collect import build_plan, prepare
 from layerdiff.collector.sweep.execute import run_sweep
 
 BACKENDS = ENGINE_BACKENDS  # every backend some registered engine knows (layerdiff/vocabulary.py order)
+
+# Help texts the registry writes (collector/engines/): every engine's model files, the inputs a text prompt goes
+# to, the engines that isolate a sub-graph.
+_MODEL_HELP = ", ".join(e.model_text for e in ENGINES.values()) + " (default: bundled sample)"
+_INPUT_HELP = ".npy, .npz, image, dir, glob, name=FILE, " + "".join(
+    f"{e.prompt_input}=TEXT.txt ({e.name}), " for e in ENGINES.values() if e.prompt_input) + "or random[:SEED]; repeatable"
+_LAYER_HELP = "layer key to isolate, e.g. block3/conv:0" + "".join(
+    f"; {e.name} also FIRST..LAST, those layers as one sub-graph" for e in ENGINES.values()
+    if e.isolate_rebuilds_graph) + " (repeatable)"
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=False, rich_markup_mode=None,
                   help="Run a model on devices with every layer dumped; one HDF5 file per run.")
@@ -73,16 +82,16 @@ def _task_option(value: str | None) -> str | None:
 def collect(
     ctx: typer.Context,
     device: List[str] = typer.Option(None, "--device", "-d", help="local, arm64[:CPU] (emulated ARM core), a serial, all, or a comma list"),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help=".mnn, ncnn .param with its .bin, .onnx (local golden), .pdmodel with its .pdiparams (local Paddle golden), Paddle-Lite .nb, .tflite (local LiteRT), or .gguf (ggml: llama.cpp; local and arm64) (default: bundled sample)"),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     engine: str = typer.Option("auto", "--engine", help="auto (from the file name), or one of: " + ", ".join(ENGINES),
                                callback=choices(("auto", *ENGINES), "engine")),
-    backend: List[str] = typer.Option(None, "--backend", "-b", help=f"{backends_help(BACKENDS)} (comma list or repeated)",
+    backend: List[str] = typer.Option(None, "--backend", "-b", help=f"{backends_help(BACKENDS, ENGINE_BACKEND_NOTES)} (comma list or repeated)",
                                       callback=choices(BACKENDS, "backend")),
     precision: List[str] = typer.Option(None, "--precision", "-p", help=f"{', '.join(PRECISIONS)} (comma list or repeated)",
                                         callback=choices(PRECISIONS, "precision")),
     config: List[str] = typer.Option(None, "--config", help="backend/precision pairs to run instead of every --backend "
                                      "× --precision, e.g. cpu/high,vulkan/low", callback=_config_pairs),
-    input: List[str] = typer.Option(None, "--input", "-i", help=".npy, .npz, image, dir, glob, name=FILE, prompt=TEXT.txt (ggml) or random[:SEED]; repeatable"),
+    input: List[str] = typer.Option(None, "--input", "-i", help=_INPUT_HELP),
     shape: List[str] = typer.Option(None, "--shape", help="NAME=1x3x640x640: an input's shape where the model declares none (repeatable)"),
     preprocess: Optional[str] = typer.Option(None, "--preprocess", help="image recipe: resize=224x224,crop=center,... or a .json/.toml file"),
     out: Path = typer.Option(Path("runs"), "--out", "-o", help="output directory for the .h5 files"),
@@ -197,7 +206,7 @@ def devices_command(
 @app.command("prepare")
 def prepare_command(
     device: List[str] = typer.Option(None, "--device", "-d", help="serials, all, or a comma list (default: all)"),
-    engine: List[str] = typer.Option(None, "--engine", help="ncnn, mnn (comma list; default ncnn)",
+    engine: List[str] = typer.Option(None, "--engine", help=f"{', '.join(PHONE_ENGINES)} (comma list; default {', '.join(PREPARED_BY_DEFAULT)})",
                                      callback=choices(ENGINES, "engine")),
     backend: List[str] = typer.Option(None, "--backend", "-b", help="cpu, opencl, vulkan (default cpu)",
                                       callback=choices(BACKENDS, "backend")),
@@ -206,7 +215,7 @@ def prepare_command(
 ) -> None:
     """Build and stage the harness on phones ahead of time (the first build takes minutes)."""
     devices = resolve_devices(split_list(device) or ["all"], adb_server or [], split_list(exclude))
-    results = prepare_devices(devices, split_list(engine) or ["ncnn"], split_list(backend) or ["cpu"])
+    results = prepare_devices(devices, split_list(engine) or list(PREPARED_BY_DEFAULT), split_list(backend) or ["cpu"])
     for r in results:
         print(terminal_lines(f"{'ready' if r.ok else 'failed':8s}{r.serial} {r.engine}/{r.backend}: {r.detail}"), file=sys.stderr)
     if not all(r.ok for r in results):
@@ -222,7 +231,7 @@ def isolate_command(
     backend: str = typer.Option(..., "--backend", "-b", callback=choices(BACKENDS, "backend")),
     precision: str = typer.Option(..., "--precision", "-p", callback=choices(PRECISIONS, "precision")),
     ref: Path = typer.Option(..., "--ref", help="the reference run's HDF5 (its tensors feed the layers)"),
-    layer: List[str] = typer.Option(None, "--layer", "-l", help="layer key to isolate, e.g. block3/conv:0; ggml also FIRST..LAST, those layers as one sub-graph (repeatable)"),
+    layer: List[str] = typer.Option(None, "--layer", "-l", help=_LAYER_HELP),
     failing_from: Optional[Path] = typer.Option(None, "--failing-from", help="a report dir: isolate every layer it flagged"),
     out: Path = typer.Option(Path("runs"), "--out", "-o"),
     adb_server: List[str] = typer.Option(None, "--adb-server"),
@@ -337,8 +346,7 @@ def bisect_command(
 
 @app.command("repro")
 def repro_command(
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help="the model the runs ran: ncnn .param (its .bin "
-                                         "beside it), .mnn, .tflite or .onnx"),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="the model the run ran (its other files beside it)"),
     engine: str = typer.Option("auto", "--engine", callback=choices(("auto", *ENGINES), "engine")),
     run: Optional[Path] = typer.Option(None, "--run", help="the failing run's HDF5"),
     ref: Optional[Path] = typer.Option(None, "--ref", help="the reference run's HDF5 (its tensors feed the layer)"),

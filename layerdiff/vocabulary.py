@@ -23,17 +23,14 @@ class RunStatus(StrEnum):
 # (collector/engines/<engine>/__init__.py); `collect --backend` accepts every one some engine knows.
 BACKENDS = ("cpu", "opencl", "vulkan", "gpu")
 HARNESS_BACKENDS = BACKENDS[:3]  # what the harness command line (C++ and the Python host engines) accepts by default
-BACKEND_NOTES = {"gpu": "litert: WebGPU"}  # gpu: LiteRT's GPU accelerator (WebGPU over Vulkan on the host)
 
 
-def backends_help(backends: tuple[str, ...] = BACKENDS) -> str:
-    """`cpu, opencl, vulkan, gpu (litert: WebGPU)`: the backends as `--backend` help lists them."""
-    return ", ".join(f"{b} ({BACKEND_NOTES[b]})" if b in BACKEND_NOTES else b for b in backends)
+def backends_help(backends: tuple[str, ...] = BACKENDS, notes: dict[str, str] | None = None) -> str:
+    """`cpu, opencl, vulkan, gpu (<engine>: WebGPU)`: the backends as `--backend` help lists them, with the
+    note an engine declares for a backend only it has (collector/engines: `ENGINE_BACKEND_NOTES`)."""
+    notes = notes or {}
+    return ", ".join(f"{b} ({notes[b]})" if b in notes else b for b in backends)
 
-
-# Engines whose cpu/high run is a golden (an fp32 framework reference, not a mobile engine): with no
-# --ref the analyzer takes such a run as the reference before any mobile engine's cpu/high run.
-GOLDEN_ENGINES = ("onnxruntime", "paddle")
 
 # Requested precisions from loosest to strictest: `high` is every engine's fp32 reference.
 PRECISIONS = ("low", "normal", "high")
@@ -49,52 +46,6 @@ def host_abi(machine: str | None = None) -> str:
 
     machine = (machine if machine is not None else platform.machine()).lower()
     return MACHINE_ABI.get(machine, machine)
-
-
-# MNN's MNNForwardType (include/MNN/MNNForwardType.h, MNN 3.x) -> our backend name. 13 is
-# MNN_FORWARD_CPU_EXTENSION: MNN's own CPU extension backend (Arm82 fp16 on ARMv8.2 cores, AVX2/AVX512
-# on x86), chosen internally when the user asks for MNN_FORWARD_CPU; the work still runs on the CPU.
-# 8-11 (MNN_FORWARD_USER_*) and 12 (MNN_FORWARD_ALL) name no backend: shown as their number.
-MNN_FORWARD_CODES = {"MNN_FORWARD_CPU": 0, "MNN_FORWARD_METAL": 1, "MNN_FORWARD_CUDA": 2, "MNN_FORWARD_OPENCL": 3,
-                     "MNN_FORWARD_AUTO": 4, "MNN_FORWARD_NN": 5, "MNN_FORWARD_OPENGL": 6, "MNN_FORWARD_VULKAN": 7,
-                     "MNN_FORWARD_CPU_EXTENSION": 13}
-MNN_FORWARD_TYPES = {0: "cpu", 1: "metal", 2: "cuda", 3: "opencl", 4: "auto", 5: "nn", 6: "opengl", 7: "vulkan",
-                     13: "cpu"}
-MNN_FORWARD_CPU_EXTENSION = MNN_FORWARD_CODES["MNN_FORWARD_CPU_EXTENSION"]
-# MNN's BackendConfig::PrecisionMode as MNN's tools print it (`precision:<p>`).
-MNN_PRECISION_MODES = {0: "normal", 1: "high", 2: "low", 3: "low_bf16"}
-
-# ncnn's Option flags per precision, as every ncnn runner sets them (the host engine, the C++ harness
-# in device_scripts/harness/src/ncnn_engine.cpp, samples/runners.py; tests/test_vocabulary.py reads
-# the C++ against this). Facts from ncnn 1.0.20261020 (src/option.h, src/net.cpp): `normal` leaves
-# ncnn's defaults (fp16 packed/storage/arithmetic on, bf16 off); the CPU uses fp16 storage only where
-# the core has it (asimdhp, or vfpv4 storage on 32-bit ARM) and bf16 storage otherwise, so `low` asks
-# for exactly one of the two; `use_fp16_uniform` and `use_bf16_packed` are read by Vulkan only, and
-# ncnn itself clears `use_fp16_uniform` when fp16 arithmetic is off.
-NCNN_FP16_FLAGS = ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_fp16_uniform")
-NCNN_BF16_FLAGS = ("use_bf16_storage", "use_bf16_packed")
-
-
-def ncnn_precision_flags(precision: str, *, fp16: bool) -> dict[str, bool]:
-    """The ncnn Option flags for `precision`; `fp16`: the backend has fp16 (Vulkan, or a CPU with fp16 storage)."""
-    if precision == "high":
-        return {flag: False for flag in NCNN_FP16_FLAGS + NCNN_BF16_FLAGS}
-    if precision == "low":
-        return {**{flag: fp16 for flag in NCNN_FP16_FLAGS}, **{flag: not fp16 for flag in NCNN_BF16_FLAGS}}
-    return {}
-
-
-def ncnn_cpu_has_fp16(ncnn) -> bool:
-    """Whether ncnn's CPU kernels use fp16 storage on this core (the rule of ncnn's src/net.cpp)."""
-    vfpv4 = getattr(ncnn, "cpu_support_arm_vfpv4", None)
-    return bool(ncnn.cpu_support_arm_asimdhp()) or bool(vfpv4 and vfpv4() and _is_arm32())
-
-
-def _is_arm32() -> bool:
-    import platform
-
-    machine = platform.machine().lower()
-    return machine.startswith("armv") or machine == "arm"  # armv7l, armv8l (32-bit); aarch64/arm64 are not
 
 
 class Observability(StrEnum):

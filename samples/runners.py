@@ -16,7 +16,8 @@ from typing import Mapping
 
 import numpy as np
 
-from layerdiff.vocabulary import PRECISIONS, ncnn_cpu_has_fp16, ncnn_precision_flags
+from layerdiff.collector.engines.ncnn.options import ncnn_cpu_has_fp16, ncnn_precision_flags
+from layerdiff.vocabulary import PRECISIONS
 
 BACKENDS = ("cpu", "vulkan")  # the backends pip ncnn has here (MNN's wheel runs on the CPU only)
 

@@ -111,7 +111,18 @@ def test_mnn_fix_on_a_backend_without_fp16_has_nothing_to_fix_and_says_what_mnn_
     assert done.returncode == 0, done.stderr
     doc = json.loads((out / "fix.json").read_text())
     assert doc["status"] == "nothing_to_fix" and doc["layers"] == [] and doc["mode"] == "what-if"
-    assert any("createMultiPathSession" in line for line in doc["mnn_options"])
+    assert any("createMultiPathSession" in line for line in doc["engine_options"])
+
+
+def test_an_engine_without_a_per_layer_switch_is_refused_in_one_line_before_any_run(tmp_path):
+    """The fix mechanism is the engine folder's declaration: an ONNX Runtime model names none."""
+    out = tmp_path / "fix"
+    done = collect("fix", "--model", MODELS / "overflow.onnx", "--backend", "cpu", "--precision", "low",
+                   "--input", SAMPLES / "inputs" / "overflow.npy", "-o", out)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    (line,) = [l for l in done.stderr.splitlines() if "collect fix" in l]
+    assert "onnxruntime" in line and "mnn" in line and "ncnn" in line
+    assert not list(out.rglob("*.h5")), "no run may start for an engine that cannot be fixed"
 
 
 def test_param_patch_keeps_every_other_byte_and_merges_an_existing_mask(tmp_path):

@@ -9,6 +9,8 @@ import sys
 
 import numpy as np
 
+from layerdiff.analyzer.formats.enginefacts import parse_facts
+from layerdiff.collector.engines import ENGINES
 from tests.ggml_support import ggml_binary, ggml_samples  # noqa: F401
 
 
@@ -41,6 +43,8 @@ def test_collect_tinyllama_high_low_and_analyze_by_node_name(ggml_binary, ggml_s
         assert dump.attrs["engine"] == "ggml" and dump.attrs["backend_actual"] == "cpu"
         # what separates high from normal, as the engine declares it: only these ops can differ
         assert json.loads(dump.attrs["precision_reach"]) == {"normal": ["IM2COL", "SET_ROWS"]}
+        # what the analyzer reads about the engine travels in the header (analyzer/formats/enginefacts.py)
+        assert parse_facts(dump.attrs["engine_facts"]) == ENGINES["ggml"].facts
         assert {"attn_norm-0:0", "Qcur-0:0", "ffn_out-1:0", "result_output:0"} <= set(keys)
     doc = _analyze(tmp_path / "c")
     low = next(r for r in doc["runs"] if r["run"] == "cpu/low")

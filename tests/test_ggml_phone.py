@@ -59,7 +59,8 @@ def test_tinyllama_on_a_standin_phone_dumps_every_node_and_passes_against_local(
 @pytest.mark.skipif(bool(os.environ.get("ANDROID_NDK")), reason="with an NDK the android build would start")
 @pytest.mark.parametrize("backend", ["vulkan", "opencl"])
 def test_an_arm64_phones_gpu_without_the_ndk_is_one_line_naming_android_ndk(backend):
-    from layerdiff.collector.harness.build import HarnessError, harness_for
+    from layerdiff.collector.engines.phoneharness import harness_for
+    from layerdiff.collector.harness.build import HarnessError
 
     with pytest.raises(HarnessError) as err:
         harness_for("arm64-v8a", "ggml", backend)
@@ -106,7 +107,8 @@ def test_a_prompt_is_tokenized_on_the_phone_by_the_models_tokenizer(ggml_binary,
 
 
 def test_an_abi_without_a_ggml_build_is_one_line():
-    from layerdiff.collector.harness.build import HarnessError, harness_for
+    from layerdiff.collector.engines.phoneharness import harness_for
+    from layerdiff.collector.harness.build import HarnessError
 
     with pytest.raises(HarnessError) as err:
         harness_for("armeabi-v7a", "ggml", "cpu")

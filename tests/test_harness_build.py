@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from layerdiff.collector.engines import phoneharness
 from layerdiff.collector.harness import build as harness
 from layerdiff.collector.harness.build import HarnessError, HarnessSpec
 from tests.test_harness_support import HOST_SPEC, REPO, host_harness
@@ -19,22 +20,24 @@ from tests.test_harness_support import HOST_SPEC, REPO, host_harness
 
 def test_spec_follows_abi_engine_and_backend(monkeypatch):
     monkeypatch.delenv("MNN_ROOT", raising=False)
-    assert harness.spec_for(harness.host_abi(), "ncnn").target == "host"
-    assert harness.spec_for(harness.host_abi(), "ncnn").vulkan is True
-    assert harness.spec_for("arm64-v8a", "ncnn", "cpu") == HarnessSpec("aarch64")
-    assert harness.spec_for("arm64-v8a", "ncnn", "vulkan").target == "android-arm64-v8a"
-    assert harness.spec_for("armeabi-v7a", "ncnn").target == "android-armeabi-v7a"
+    assert phoneharness.spec_for(harness.host_abi(), "ncnn").target == "host"
+    assert phoneharness.spec_for(harness.host_abi(), "ncnn").vulkan is True
+    assert phoneharness.spec_for("arm64-v8a", "ncnn", "cpu") == HarnessSpec("aarch64")
+    assert phoneharness.spec_for("arm64-v8a", "ncnn", "vulkan").target == "android-arm64-v8a"
+    assert phoneharness.spec_for("armeabi-v7a", "ncnn").target == "android-armeabi-v7a"
     with pytest.raises(HarnessError, match="MNN_ROOT"):
-        harness.spec_for("arm64-v8a", "mnn", "opencl")
+        phoneharness.spec_for("arm64-v8a", "mnn", "opencl")
     with pytest.raises(HarnessError, match="mips"):
-        harness.spec_for("mips", "ncnn")
+        phoneharness.spec_for("mips", "ncnn")
+    with pytest.raises(HarnessError, match="local device only"):
+        phoneharness.spec_for("arm64-v8a", "onnxruntime")
 
 
 def test_android_without_ndk_names_the_build_command(monkeypatch, tmp_path):
     monkeypatch.delenv("ANDROID_NDK", raising=False)
     monkeypatch.setenv("LAYERDIFF_CACHE", str(tmp_path))
     with pytest.raises(HarnessError) as caught:
-        harness.harness_for("armeabi-v7a", "ncnn")
+        phoneharness.harness_for("armeabi-v7a", "ncnn")
     message = str(caught.value)
     assert "\n" not in message and "ANDROID_NDK" in message
     assert "build_android.sh" in message and "--abi armeabi-v7a" in message
@@ -53,10 +56,10 @@ def test_prebuilt_override(monkeypatch, tmp_path):
     binary = tmp_path / "layerdiff-harness"
     binary.write_bytes(b"\x7fELF")
     monkeypatch.setenv("LAYERDIFF_HARNESS_ARMEABI_V7A", str(binary))
-    assert harness.harness_for("armeabi-v7a", "ncnn", "vulkan") == binary
+    assert phoneharness.harness_for("armeabi-v7a", "ncnn", "vulkan") == binary
     monkeypatch.setenv("LAYERDIFF_HARNESS_ARMEABI_V7A", str(tmp_path / "missing"))
     with pytest.raises(HarnessError, match="LAYERDIFF_HARNESS_ARMEABI_V7A"):
-        harness.harness_for("armeabi-v7a", "ncnn")
+        phoneharness.harness_for("armeabi-v7a", "ncnn")
 
 
 BUILD_ONE = """

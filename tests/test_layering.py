@@ -65,8 +65,11 @@ def test_the_docs_name_only_paths_that_exist():
 # outputs/ and findings/ are the judge. `analysis` is analyzer/analysis.py.
 ANALYZER_ROOMS = {"formats": 0, "importers": 1, "runs": 2, "align": 3, "measure": 4, "outputs": 5, "findings": 5,
                   "analysis": 6, "report": 7, "cli": 8}
-# The collector's rooms after the engines and the devices, in the order a sweep uses them.
-COLLECTOR_ROOMS = {"inputs": 0, "run": 1, "sweep": 2, "fix": 3, "repro": 3, "cli": 4}
+# The collector's rooms in the order they build on each other: the native build machinery and the harness's
+# processes, the engines (the registry, host engines, an engine's own native build), the devices that run
+# them, then the stages a sweep uses.
+COLLECTOR_ROOMS = {"harness": 0, "engines": 1, "transport": 2, "inputs": 3, "run": 4, "sweep": 5, "fix": 6,
+                   "repro": 6, "cli": 7}
 
 
 def later_room_imports(package: str, rooms: dict[str, int]) -> list[str]:
@@ -91,7 +94,7 @@ def test_no_analyzer_room_imports_a_later_one():
 
 def test_no_collector_room_imports_a_later_one():
     bad = later_room_imports("collector", COLLECTOR_ROOMS)
-    assert not bad, "inputs -> run -> sweep -> fix -> cli:\n" + "\n".join(bad)
+    assert not bad, "harness -> engines -> transport -> inputs -> run -> sweep -> fix -> cli:\n" + "\n".join(bad)
 
 
 def test_measuring_knows_no_threshold():

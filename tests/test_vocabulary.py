@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from layerdiff import vocabulary as v
+from layerdiff.analyzer.importers import mnncodes
+from layerdiff.collector.engines.ncnn import options as ncnn_options
 from tests.faults.support import REPO
 
 HARNESS_SRC = REPO / "device_scripts" / "harness" / "src"
@@ -60,7 +62,7 @@ def cpp_ncnn_flags(precision: str, vulkan: bool, fp16_arith: bool, fp16_storage_
 def test_the_cpp_harness_sets_the_ncnn_table(precision):
     for vulkan, arith, storage_only in itertools.product((False, True), repeat=3):
         fp16 = vulkan or arith or storage_only
-        assert cpp_ncnn_flags(precision, vulkan, arith, storage_only) == v.ncnn_precision_flags(precision, fp16=fp16), \
+        assert cpp_ncnn_flags(precision, vulkan, arith, storage_only) == ncnn_options.ncnn_precision_flags(precision, fp16=fp16), \
             (precision, vulkan, arith, storage_only)
 
 
@@ -70,11 +72,11 @@ def test_the_host_engine_and_the_sample_runners_set_the_ncnn_table():
     from layerdiff.collector.engines.ncnn.engine import configure
     from layerdiff.samples.runners import _ncnn_options
 
-    fp16_cpu = v.ncnn_cpu_has_fp16(ncnn)
+    fp16_cpu = ncnn_options.ncnn_cpu_has_fp16(ncnn)
     for backend, precision in itertools.product(("cpu", "vulkan"), v.PRECISIONS):
-        expected = {**{f: getattr(ncnn.Option(), f) for f in v.NCNN_FP16_FLAGS + v.NCNN_BF16_FLAGS
+        expected = {**{f: getattr(ncnn.Option(), f) for f in ncnn_options.NCNN_FP16_FLAGS + ncnn_options.NCNN_BF16_FLAGS
                        if hasattr(ncnn.Option(), f)},
-                    **v.ncnn_precision_flags(precision, fp16=backend == "vulkan" or fp16_cpu)}
+                    **ncnn_options.ncnn_precision_flags(precision, fp16=backend == "vulkan" or fp16_cpu)}
         for set_options in (lambda opt: configure(opt, HarnessArgs(engine="ncnn", models=[], inputs={}, out=Path("."), backend=backend,
                                                                    precision=precision)),
                             lambda opt: _ncnn_options(opt, backend, precision)):
@@ -95,12 +97,12 @@ def test_mnn_forward_types_agree_with_the_cpp_harness_and_mnn():
                        _function_body((HARNESS_SRC / "mnn_backend.cpp").read_text(), "std::string mnn_backend_name("))
     assert len(cases) >= 6
     for enum_name, backend in cases:
-        assert v.MNN_FORWARD_TYPES[v.MNN_FORWARD_CODES[enum_name]] == backend, enum_name
-    assert set(v.MNN_FORWARD_CODES.values()) == set(v.MNN_FORWARD_TYPES)
+        assert mnncodes.MNN_FORWARD_TYPES[mnncodes.MNN_FORWARD_CODES[enum_name]] == backend, enum_name
+    assert set(mnncodes.MNN_FORWARD_CODES.values()) == set(mnncodes.MNN_FORWARD_TYPES)
     from layerdiff.analyzer.importers import mnn_log
     from layerdiff.collector.engines.mnn import session
 
-    assert mnn_log.FORWARD_TYPES is v.MNN_FORWARD_TYPES and session.FORWARD_TYPES is v.MNN_FORWARD_TYPES
+    assert mnn_log.FORWARD_TYPES is mnncodes.MNN_FORWARD_TYPES and session.FORWARD_TYPES is mnncodes.MNN_FORWARD_TYPES
     for line, backend in (("Use extra forward type: 13", "cpu"), ("Use extra forward type: 5", "nn"),
                           ("Use extra forward type: 4", "auto")):
         log = mnn_log.MnnLog()

@@ -53,7 +53,7 @@ def compare_command(
     min_pass_fraction: float = typer.Option(0.99, "--min-pass-fraction", help="layer warns below this allclose pass share"),
     name_map: Optional[Path] = typer.Option(None, "--name-map", help="CSV or JSON file mapping old -> new layer names"),
     rename: List[str] = typer.Option([], "--rename", help="REGEX=REPL applied to layer names of every run (repeatable)"),
-    no_builtin_rules: bool = typer.Option(False, "--no-builtin-rules", help="do not apply built-in MNN/ncnn name rules"),
+    no_builtin_rules: bool = typer.Option(False, "--no-builtin-rules", help="do not apply the built-in name rules (converters' renames, engine-inserted copies and helper ops)"),
     force: bool = typer.Option(False, "--force", help="write into a non-empty directory that is not a report"),
     png: bool = typer.Option(False, "--png", help="also draw static PNG figures (print, e-mail); the page's own "
                              "charts show the same data"),

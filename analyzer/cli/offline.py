@@ -72,7 +72,7 @@ def export_command(
     runner_name: Optional[str] = typer.Option(None, "--runner-name", help="Polygraphy: runner name to record"),
     name_map: Optional[Path] = typer.Option(None, "--name-map", help="Model Explorer: CSV or JSON file mapping old -> new layer names (as analyze)"),
     rename: List[str] = typer.Option([], "--rename", help="Model Explorer: REGEX=REPL applied to layer names (repeatable, as analyze)"),
-    no_builtin_rules: bool = typer.Option(False, "--no-builtin-rules", help="Model Explorer: no built-in MNN/ncnn name rules (as analyze)"),
+    no_builtin_rules: bool = typer.Option(False, "--no-builtin-rules", help="Model Explorer: no built-in name rules (as analyze)"),
 ) -> None:
     """Export a run for Google Model Explorer (per-layer error vs a reference, as the report measures
     it) or Polygraphy."""

@@ -17,7 +17,8 @@ from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, 
 from layerdiff.analyzer.align.graph import LayerGraph
 from layerdiff.analyzer.formats.opkinds import op_class
 from layerdiff.analyzer.runs.sources import Run
-from layerdiff.analyzer.runs.placement import TIED_OUTPUT, node_buffer
+from layerdiff.analyzer.formats.enginefacts import facts_of
+from layerdiff.analyzer.runs.placement import node_buffer, tied_outputs
 from layerdiff.analyzer.findings.trends import error_curve, input_dependence
 from layerdiff.analyzer.findings.decisions import output_decision
 from layerdiff.analyzer.findings.unmatched import unmatched_outputs
@@ -131,20 +132,22 @@ def run_state_findings(run: Run) -> list[Finding]:
 
 
 def _cpu_by_design(run: Run, requested: str) -> Finding:
-    """llama.cpp's input layer on the CPU in a GPU run: said as what it is, an info, not a fallback."""
+    """Nodes the engine declares it computes on the CPU, in a GPU run: said as what they are, an info, not a
+    fallback (the engine's words from the dump's `engine_facts`)."""
     nodes = run.cpu_by_design
+    design = facts_of(run.attrs).cpu_by_design
     buffers = [node_buffer(layout) or "" for layout in run.layers["layout"]]
     buffer = buffers[list(run.layers["key"]).index(nodes[0])]
     on_gpu = sum(b.lower().startswith(requested) and not b.lower().endswith("_host") for b in buffers)
-    tied = [n for n in nodes if n.startswith(TIED_OUTPUT)]
+    tied = tied_outputs(run.attrs, nodes)
     layer = [n for n in nodes if n not in tied]
-    what = f"llama.cpp's input layer ({named(layer)}: the token-embedding lookup)" if layer else ""
+    what = f"{design.what or 'the nodes its engine keeps on the CPU'} ({named(layer)})" if layer else ""
     if tied:
-        what += (" and " if what else "") + (f"its output layer ({named(tied)}: the logits, computed with the same "
+        what += (" and " if what else "") + (f"its output layer ({named(tied)}: computed with the same "
                                               "table, tied embeddings)")
+    why = design.why or "its engine computes them on the CPU in every run"
     return Finding(FindingKind.CPU_BY_DESIGN, run.label, nodes[0], "",
-                   f"Run {run.label} ran on {requested} except {what}: llama.cpp keeps the token-embedding table in "
-                   f"CPU memory and computes what reads it there (here in {buffer}); "
+                   f"Run {run.label} ran on {requested} except {what}: {why} (here in {buffer}); "
                    f"{on_gpu} of {len(buffers)} nodes ran in {requested} memory. Not a fallback: "
                    f"the recorded backend is {run.attrs.get('backend_actual')} by design.", severity=Severity.INFO,
                    numbers={"backend_requested": requested, "backend_actual": run.attrs.get("backend_actual"),

@@ -9,16 +9,20 @@ add, after ` (`, how the engine itself held the tensor (`NCHW (MNN NC4HW4)`): th
 not the bytes. Two tensors are compared only when their bytes' orders are the same: a packed or
 channels-last tensor set against a plain one would blame an op for a relabelling, unless both name
 their axes (`NHWC` from LiteRT, `NCHW` from MNN, ONNX Runtime or ncnn, `axis_letters`): then the
-analyzer transposes one into the other's order (layerdiff.analyzer.align.axes). The ggml harness
-records `ggml/<type>@<buffer>` (provenance: C-order bytes) and, before it, a representation llama.cpp
-uses in some configurations only: `rotated basis` (a quantized KV cache stores K and V, and attention
+analyzer transposes one into the other's order (layerdiff.analyzer.align.axes). A harness that knows
+the buffer a node lived in records `<producer>/<type>@<buffer>` (provenance: C-order bytes; the ggml
+harness writes `ggml/f32@Vulkan0`) and, before it, a representation llama.cpp uses in some
+configurations only: `rotated basis` (a quantized KV cache stores K and V, and attention
 computes, multiplied by a rotation) and `V cache transposed` (no flash attention).
 """
 from __future__ import annotations
 
+import re
+
 PLAIN = "graph order"
 # Names that mean "row-major in the graph's own axis order" (by rank, as the harnesses write them).
 PLAIN_NAMES = frozenset({"", "graph", "flat", "c", "nc", "hw", "ncw", "nchw", "ncdhw", "scalar"})
+BUFFER_PROVENANCE = re.compile(r"^[A-Za-z0-9_]+/[^@\s/]+@\S+$")  # <producer>/<type>@<buffer>: C-order bytes
 RANK_NAMES = {0: "scalar", 1: "C", 2: "NC", 3: "NCW", 4: "NCHW", 5: "NCDHW"}
 
 
@@ -30,7 +34,7 @@ def plain_layout(rank: int) -> str:
 def bytes_layout(label: object) -> str:
     """The order of the bytes a layout string records: `PLAIN`, or the packed/permuted form's name."""
     text = str(label or "").split(" (", 1)[0].strip()
-    if text.lower() in PLAIN_NAMES or text.startswith("ggml/"):  # ggml/<type>@<buffer>: provenance, C-order bytes
+    if text.lower() in PLAIN_NAMES or BUFFER_PROVENANCE.match(text):
         return PLAIN
     return text
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerdiff.analyzer.importers.mnnnames import mnn_file_stem
-from layerdiff.vocabulary import MNN_FORWARD_TYPES, MNN_PRECISION_MODES
+from layerdiff.analyzer.importers.mnncodes import MNN_FORWARD_TYPES, MNN_PRECISION_MODES
 
-FORWARD_TYPES = MNN_FORWARD_TYPES  # MNNForwardType code -> backend name (layerdiff/vocabulary.py)
+FORWARD_TYPES = MNN_FORWARD_TYPES  # MNNForwardType code -> backend name (mnncodes.py)
 PRECISIONS = MNN_PRECISION_MODES
 MAX_LOG_BYTES = 256 << 20
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from layerdiff.analyzer.findings.wording import percent
+from layerdiff.analyzer.formats.enginefacts import facts_of
 from layerdiff.analyzer.measure import classes
 from layerdiff.analyzer.outputs import detection, embedding, landmarks, nexttoken
 from layerdiff.analyzer.outputs.boxes import BoxChanges, Boxes, compare_boxes
@@ -41,15 +42,22 @@ class OutputJudgement:
 
 def pair_task(pair, declared: Task | None, output_keys: list[str] = ()) -> Task | None:
     """The task a pair is judged by: the declared one, else what the reference's or the run's file records,
-    else a language model's when both runs are ggml graphs with llama.cpp's logits output."""
+    else the one both runs' engines declare for an output the pair has (llama.cpp's logits output)."""
     return declared or task_of(pair.base.attrs) or task_of(pair.other.attrs) or _recognised(pair, output_keys)
 
 
 def _recognised(pair, output_keys: list[str]) -> Task | None:
-    """llama.cpp names its logits `result_output` in every architecture: no need to be told."""
-    ggml = all(str(run.attrs.get("engine", "")) == "ggml" for run in (pair.base, pair.other))
-    logits = any(str(key).split(":", 1)[0] == nexttoken.LOGITS_OUTPUT for key in output_keys)
-    return parse_task(LANGUAGE_MODEL) if ggml and logits else None
+    """An output whose name both engines declare tells the task (`engine_facts.output_tasks`): no need to be
+    told. Both must agree, so an output of another engine that happens to bear the name says nothing."""
+    for key in output_keys:
+        name = str(key).split(":", 1)[0]
+        tasks = {facts_of(run.attrs).task_for_output(name) for run in (pair.base, pair.other)}
+        if len(tasks) == 1 and "" not in tasks:
+            try:
+                return parse_task(tasks.pop())
+            except LayerdiffError:  # a header's declaration the analyzer cannot read: as if none
+                return None
+    return None
 
 
 def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of) -> OutputJudgement:

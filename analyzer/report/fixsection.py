@@ -39,8 +39,9 @@ def fix_html(run_paths: list[Path]) -> list[str]:
         search = doc.get("search", {})
         parts.append(f"<p>Search: {_e(search.get('runs'))} runs ({_e(search.get('trials'))} trials) in "
                      f"{_e(search.get('seconds'))} s.{_e(_speed(doc))}</p>")
-        if doc.get("mnn_options"):
-            parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in doc["mnn_options"]) + "</ul>")
+        advice = doc.get("engine_options") or doc.get("mnn_options")  # fix.json files before engine_options
+        if isinstance(advice, list) and advice:
+            parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in advice) + "</ul>")
     return parts
 
 
@@ -51,7 +52,7 @@ def _headline(doc: dict) -> str:
             "nothing_to_fix": "the outputs are already within tolerance; nothing to fix",
             "unverified": f"{n} layers met the tolerance in the search but the patched model, re-run, did not"}.get(doc.get("status"), "")
     model = doc.get("patched_model", {}).get("param")
-    how = f"; patched model {model}" if model else " (MNN: what-if by injecting high-precision outputs)"
+    how = f"; patched model {model}" if model else " (what-if: the layers' high-precision outputs injected)"
     tol = doc.get("tolerance", {}).get("max")
     return (f"{doc.get('engine')} {doc.get('backend')}/{doc.get('precision')} vs {doc.get('reference')}, "
             f"tolerance rel L2 {tol}: {what}{how if n else ''}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerdiff.errors import NothingToCompareError, UsageError
-from layerdiff.vocabulary import GOLDEN_ENGINES
+from layerdiff.analyzer.formats.enginefacts import facts_of
 from layerdiff.analyzer.runs.sources import Run
 
 
@@ -37,7 +37,7 @@ class Plan:
 
 def choose_reference(runs: list[Run], ref_path: Path | str | None) -> tuple[Run, str]:
     """The `--ref` run (its dump or the foreign file it came from), else the first cpu + high run of a
-    golden engine (ONNX Runtime, Paddle: the framework the mobile engines are judged against), else
+    golden engine (its dump's `engine_facts` says so: a framework the mobile engines are judged against), else
     the first cpu + high run, else the first run; with the reason in words."""
     if not runs:
         raise NothingToCompareError("no dumps to analyze")
@@ -53,7 +53,7 @@ def choose_reference(runs: list[Run], ref_path: Path | str | None) -> tuple[Run,
                 and run.precision.lower() == "high"]
     for run in cpu_high:
         engine = str(run.attrs.get("engine", "")).lower()
-        if engine in GOLDEN_ENGINES:
+        if facts_of(run.attrs).golden:
             return run, f"automatic: the golden ({engine}) run with backend cpu and precision high"
     if cpu_high:
         return cpu_high[0], "automatic: the first run with backend cpu and precision high"

@@ -28,9 +28,12 @@ def _declared(folder: str) -> Engine:
 
 ENGINES: dict[str, Engine] = {engine.name: engine for engine in map(_declared, ENGINE_FOLDERS)}
 PHONE_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.on_phones)
+PREPARED_BY_DEFAULT = tuple(name for name, engine in ENGINES.items() if engine.prepared_by_default)
 ARM64_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.on_arm64)
 # `--backend` accepts every backend some engine knows, in the vocabulary's order.
 ENGINE_BACKENDS = tuple(b for b in BACKENDS if any(b in engine.backends for engine in ENGINES.values()))
+# `--backend` help's word on a backend, from the engine that declares it: {backend: "<engine>: <note>"}.
+ENGINE_BACKEND_NOTES = {b: f"{engine.name}: {note}" for engine in ENGINES.values() for b, note in engine.backend_notes}
 
 
 def engine_for_suffix(suffix: str) -> str | None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from layerdiff.analyzer.formats.enginefacts import NO_FACTS, EngineFacts
 from layerdiff.errors import EngineNotInstalledError
 from layerdiff.vocabulary import HARNESS_BACKENDS
 
@@ -55,6 +56,9 @@ class Engine:
     # ... and on an ADB phone (with on_phones): (phone ABI, backend) -> its binary, built or cached,
     # staged and run by the phone path in place of the C++ phone harness (HarnessError: one line why not).
     phone_harness: Callable[[str, str], Path] | None = None
+    # ... or, for an engine the C++ phone harness runs (device_scripts/harness), which build of it runs the engine:
+    # (phone ABI, backend, test build) -> collector/harness/build.py's HarnessSpec (HarnessError: one line why not).
+    harness_spec: Callable[[str, str, bool], object] | None = None
     # An engine whose harness tokenizes text itself (ggml: llama.cpp's tokenizer, on the device) names
     # the input a UTF-8 text file goes to (`--input prompt=FILE.txt`): staged as its uint8 bytes, in
     # place of the model's declared inputs (the harness records the ids that ran).
@@ -71,6 +75,11 @@ class Engine:
     # failing one (a name in collector/fix/bisect.py's MECHANISMS); "" when the engine has no per-layer
     # switch, and then `bisect_refusal` is the one line bisect answers with.
     bisect_mechanism: str = ""
+    # How `collect fix` keeps single layers at high precision (a name in collector/fix/mechanisms.py's
+    # MECHANISMS: "feature-mask" patches the model, "what-if" injects outputs); "" when it cannot, and then
+    # `fix_advice` may still say, one sentence each, what the engine offers instead (written to fix.json).
+    fix_mechanism: str = ""
+    fix_advice: tuple[str, ...] = ()
     bisect_refusal: str = ""
     # What separates two of its precisions on a backend, as the op types through which that setting can
     # change a value: (backend, precision, other precision, op types). A graph holding none of those op
@@ -79,6 +88,10 @@ class Engine:
     # an encoder without a cache is the same computation). Each dump records its run's rows
     # (`precision_reach`, analyzer/FORMATS.md); an engine that declares none leaves every pair a question.
     precision_reach: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
+    # What the analyzer must know to read its runs (nodes it computes on the CPU by design in a GPU run, output
+    # names that say the task): recorded in every dump's header as `engine_facts` (analyzer/FORMATS.md), so a
+    # dump carries them to an analyzer without the collector.
+    facts: EngineFacts = NO_FACTS
     # The Python module the host engine runs (`ncnn`, `MNN`, ...): its installed file is part of what a
     # kept `--probe` answer of the host depends on (collector/transport/probe.py); "" (a native
     # harness built here) means the probe is always asked.
@@ -90,6 +103,12 @@ class Engine:
     # The collector stores it as the dump's `observability` record (collector/engines/unwritten.py) unless the
     # run checked its tensors itself (a sentinel fill: the header or footer then carries the record).
     writes: tuple[tuple[str, str], ...] = ()
+    # A word on a backend name only it uses, for `--backend` help: (backend, note), e.g. ("gpu", "WebGPU").
+    backend_notes: tuple[tuple[str, str], ...] = ()
+    # How `collect --help` names its model files (`ncnn .param with its .bin`); default: its suffixes.
+    model_help: str = ""
+    # `collect prepare` stages this engine's phone harness when no `--engine` is given.
+    prepared_by_default: bool = False
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     def reach_of(self, backend: str, precision: str) -> dict[str, list[str]]:
@@ -103,6 +122,11 @@ class Engine:
     def written_why(self, backend: str) -> str:
         """Why every tensor a run on `backend` dumps was written by that run ("" when the engine declares nothing)."""
         return next((why for on, why in self.writes if on == backend), next((why for on, why in self.writes if on == "*"), ""))
+
+    @property
+    def model_text(self) -> str:
+        """The engine's model files as help texts name them."""
+        return self.model_help or ", ".join(self.suffixes)
 
     @property
     def host_module(self) -> str:

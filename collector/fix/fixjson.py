@@ -10,22 +10,11 @@ import math
 import os
 from pathlib import Path
 
-from layerdiff.collector.engines.ncnn.options import describe
+from layerdiff.collector.engines import ENGINES
+from layerdiff.collector.fix.mechanisms import mechanism_for
 from layerdiff.collector.fix.search import FixResult
 
 FIX_JSON = "fix.json"
-MNN_OPTIONS = [
-    "MNN has no per-op precision switch; these numbers are a what-if (the layers' high-precision outputs "
-    "injected into the low-precision run). An injected output also erases the error of everything upstream, "
-    "so the set is a lower bound: a layer computed at high precision from broken inputs would still be broken.",
-    "Per session: ScheduleConfig.backendConfig.precision (Precision_Low / Normal / High / Low_BF16) applies "
-    "to a whole session.",
-    "Split the model: Interpreter::createMultiPathSession with one ScheduleConfig per path "
-    "(ScheduleConfig::Path inputs/outputs), or Express Module::load(inputs, outputs, ...) per sub-graph on "
-    "its own RuntimeManager, so the chosen layers run in a sub-graph at precision high.",
-    "Keep ops on the CPU: a sub-graph created with backend CPU (ScheduleConfig.type / backupType) runs in fp32 on "
-    "CPUs without fp16 arithmetic.",
-]
 
 
 def number(value: float) -> float | str:
@@ -40,7 +29,7 @@ def fix_document(result: FixResult, *, device: str, model: str, engine: str, bac
         "precision": precision, "reference": f"{backend}/high",
         "tolerance": {"metric": "relative L2 of every model output vs the reference run on the same input",
                       "max": tolerance},
-        "mode": "feature-mask" if engine == "ncnn" else "what-if",
+        "mode": mechanism_for(engine).name,
         "layers": [{"layer": op, **result.reasons.get(op, {})} for op in result.chosen],
         "layers_total": result.layers_total, "layers_maskable": len(result.maskable),
         "errors": {label: {"before": number(err),
@@ -54,11 +43,13 @@ def fix_document(result: FixResult, *, device: str, model: str, engine: str, bac
     if result.patched is not None:
         doc["patched_model"] = {"param": result.patched.files[0].name, "bin": result.patched.files[1].name,
                                 "lines_changed": len(result.masks)}
-        doc["masks"] = {op: {"key": 31, "value": mask, "bits": describe(mask)} for op, mask in result.masks.items()}
+        bits = mechanism_for(engine).describe_mask
+        doc["masks"] = {op: {"key": 31, "value": mask, "bits": bits(mask)} for op, mask in result.masks.items()}
     if result.speed:
         doc["speed"] = {k: number(v) if isinstance(v, float) else v for k, v in result.speed.items()}
-    if engine == "mnn":
-        doc["mnn_options"] = MNN_OPTIONS
+    advice = ENGINES[engine].fix_advice if engine in ENGINES else ()
+    if advice:  # what the engine offers instead of a per-layer switch
+        doc["engine_options"] = list(advice)
     return doc
 
 

@@ -19,13 +19,14 @@ every subset of n layers costs 2^n runs; this search costs a handful, in three p
 3. **Prune.** Each chosen layer is dropped once, last added first; it stays out if the outputs still
    meet the tolerance without it. The result is 1-minimal: no single layer can be removed.
 
-On ncnn's CPU a kept layer must read fp32, so every layer feeding it is kept with it
-(`CLOSED_UPSTREAM` in layerdiff.collector.engines.ncnn.options); every phase works on such closed sets and the
-prune only drops a layer no other kept layer reads from.
+Where a kept layer must read fp32 (the mechanism's `closed(backend)`: a feature-mask engine's CPU), every
+layer feeding it is kept with it; every phase works on such closed sets and the prune only drops a layer
+no other kept layer reads from.
 
 A trial runs every given input; the tolerance (relative L2 of every model output against the
-high-precision run on the same input) must hold on all of them. ncnn trials run a real patched
-model (feature mask, `layerdiff.collector.fix.ncnn_patch`); MNN trials are what-ifs (`layerdiff.collector.fix.trial`).
+high-precision run on the same input) must hold on all of them. How a trial keeps layers high is the
+mechanism the engine's folder names (`layerdiff.collector.fix.mechanisms`): a real patched model
+(feature masks) or a what-if.
 """
 from __future__ import annotations
 
@@ -42,10 +43,9 @@ from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import DeviceError, UsageError
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.engines.harness_cli import split_key
-from layerdiff.collector.engines.ncnn.options import CLOSED_UPSTREAM
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
-from layerdiff.collector.fix.ncnn_patch import layer_names, write_patched
+from layerdiff.collector.fix.mechanisms import Mechanism, mechanism_for
 from layerdiff.collector.run.outdir_lock import OutdirLock
 from layerdiff.collector.fix.trial import Trial, TrialRunner, output_keys
 from layerdiff.collector.run.pipeline import RunSpec, collect_run
@@ -89,6 +89,7 @@ class Search:
     def __init__(self, runner: TrialRunner, tolerance: float, maskable: list[str], op_types: dict[str, str],
                  upstream: dict[str, set[str]] | None = None) -> None:
         self.runner, self.tolerance, self.maskable, self.op_types = runner, tolerance, maskable, op_types
+        self.closed_reason = runner.mechanism.closed_reason
         self.upstream = upstream  # op -> every op feeding it, when a kept layer needs its producers kept too
         self.steps: list[Step] = []
         self.reasons: dict[str, dict] = {}
@@ -128,9 +129,8 @@ class Search:
         for op in ops if self.upstream is not None else []:
             for feeder in self.upstream.get(op, set()) - closed:
                 closed.add(feeder)
-                self.reasons.setdefault(feeder, {"kind": "feeds_kept_layer", "reason": (
-                    f"feeds {nominee or op}, which needs fp32 inputs on the CPU (ncnn casts a 16-bit input to fp32 "
-                    "only for layers that keep 16-bit storage)")})
+                self.reasons.setdefault(feeder, {"kind": "feeds_kept_layer",
+                                                 "reason": f"feeds {nominee or op}, {self.closed_reason}"})
         return [op for op in self.maskable if op in closed]
 
     def next_candidate(self, trial: Trial, chosen: list[str]) -> str | None:
@@ -216,11 +216,12 @@ def _worst_by_op(table) -> dict[str, float]:
 
 def fix(device: Device, model: ModelFiles, backend: str, precision: str, inputs: list[InputSet], out_dir: Path, *,
         tolerance: float = 1e-2, deadline_s: float = 900.0) -> FixResult:
-    """Search the layers to keep high, write the fix (ncnn) or the what-if (MNN), verify, time it."""
+    """Search the layers to keep high, write the fix (a patched model) or the what-if, verify, time it."""
     if precision == "high":
         raise UsageError("--precision high is already the reference; name the precision to fix (low or normal)")
     if not inputs:
         raise UsageError("collect fix needs at least one input")
+    mechanism_for(model.engine)  # an engine without a per-layer switch is refused before any run
     if not (math.isfinite(tolerance) and tolerance > 0):
         raise UsageError(f"--tolerance {tolerance}: give the largest relative L2 error to accept, e.g. 1e-2")
     with OutdirLock(out_dir):
@@ -233,8 +234,8 @@ def _fix(device: Device, model: ModelFiles, backend: str, precision: str, inputs
     work = out_dir / ".fix-work"
     refs = _references(device, model, backend, inputs, out_dir / "reference", deadline_s)
     runner = TrialRunner(device, model, backend, precision, inputs, refs, work, deadline_s, runs=len(inputs))
-    closed = model.engine == "ncnn" and CLOSED_UPSTREAM.get(backend, False)
-    maskable, op_types, total, upstream = _maskable(model, refs[inputs[0].label], closed)
+    closed = runner.mechanism.closed(backend)
+    maskable, op_types, total, upstream = _maskable(model, runner.mechanism, refs[inputs[0].label], closed)
     before = runner.run((), out_dir / "before")
     search = Search(runner, tolerance, maskable, op_types, upstream if closed else None)
     search.steps.append(Step("before", before))
@@ -265,7 +266,7 @@ def _references(device: Device, model: ModelFiles, backend: str, inputs: list[In
     return refs
 
 
-def _maskable(model: ModelFiles, ref: Path, closed: bool) -> tuple[list[str], dict[str, str], int, dict[str, set[str]]]:
+def _maskable(model: ModelFiles, mechanism: Mechanism, ref: Path, closed: bool) -> tuple[list[str], dict[str, str], int, dict[str, set[str]]]:
     """Ops that can be kept high (execution order), their op types, the model's layer count, and
     each op's upstream ops (model inputs excluded). With `closed`, copies (Split) are kept too."""
     with DumpFile(ref) as dump:
@@ -279,7 +280,7 @@ def _maskable(model: ModelFiles, ref: Path, closed: bool) -> tuple[list[str], di
     for key in graph.order:
         feeds[split_key(key)[0]] |= {split_key(p)[0] for p in graph.producers.get(key, [])}
     upstream = {op: _ancestors(op, feeds) & set(maskable) for op in maskable}
-    total = len(layer_names(model.files[0])) if model.engine == "ncnn" else len(ops)
+    total = mechanism.layer_total(model, ops)
     return maskable, op_types, total, upstream
 
 
@@ -302,12 +303,12 @@ def _best(search: Search) -> list[str]:
 
 
 def _verify(result: FixResult, runner: TrialRunner, model: ModelFiles, out_dir: Path) -> None:
-    """ncnn: write `<model>.fixed.param` + `.bin`, re-run it on every input and time it. MNN: the what-if."""
-    if model.engine != "ncnn":
+    """A patching mechanism: write `<model>.fixed.*`, re-run it on every input and time it. A what-if: re-run it."""
+    if not runner.mechanism.patches_model:
         result.after = runner.run(tuple(result.chosen), out_dir / "after")
         return
     result.masks = {op: runner.mask() for op in result.chosen}
-    result.patched = write_patched(model, result.masks, out_dir, f"{model.stem}.fixed")
+    result.patched = runner.mechanism.write_fix(model, result.masks, out_dir, f"{model.stem}.fixed")
     result.after = runner.run(tuple(result.chosen), out_dir / "after", model=result.patched)
     result.steps.append(Step("verify", result.after))
     result.speed = _speed(runner, model, result.patched)

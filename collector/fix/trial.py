@@ -1,11 +1,8 @@
 """One trial of `collect fix`: the model run on every input with a set of layers kept at high precision.
 
-How a layer is "kept at high precision" depends on the engine:
-- ncnn: for real. The trial model is the original with those layers' feature mask (param key 31)
-  set, written beside the trial's dumps, and run at the low precision being fixed.
-- MNN: a what-if. MNN has no per-op precision switch, so the low-precision run gets those layers'
-  outputs overwritten with the high-precision run's (`--inject DIR --replace KEY`, see
-  device_scripts/HARNESS_CLI.md); what follows is computed at low precision from them.
+How a layer is "kept at high precision" is the mechanism the engine's folder names
+(layerdiff.collector.fix.mechanisms): a patched model (feature masks), or a what-if that injects the
+high-precision run's outputs of those layers into the low-precision run.
 
 A trial's verdict is the relative L2 error of every model output against the high-precision run on
 the same input (NaN-safe: NaN/Inf where the reference is finite is infinite error).
@@ -22,11 +19,9 @@ from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.analyzer.analysis import PairKernel, Tolerances, run_graph
 from layerdiff.collector.transport.devices import Device
-from layerdiff.collector.engines.ncnn.options import HIGH_PRECISION_MASK
+from layerdiff.collector.fix.mechanisms import Mechanism, mechanism_for
 from layerdiff.collector.inputs.inputset import InputSet
-from layerdiff.collector.run.isolate import write_inject_dump
 from layerdiff.collector.inputs.modelfiles import ModelFiles
-from layerdiff.collector.fix.ncnn_patch import write_patched
 from layerdiff.collector.run.pipeline import RunSpec, collect_run
 
 
@@ -64,9 +59,10 @@ class TrialRunner:
 
     def __post_init__(self) -> None:
         self.outputs = {label: output_keys(path) for label, path in self.references.items()}
+        self.mechanism: Mechanism = mechanism_for(self.model.engine)
 
     def mask(self) -> int:
-        return int(HIGH_PRECISION_MASK.get(self.backend, HIGH_PRECISION_MASK["cpu"]))
+        return self.mechanism.mask(self.backend)
 
     def run(self, layers: tuple[str, ...], out_dir: Path | None = None, model: ModelFiles | None = None) -> Trial:
         """Run every input with `layers` (op names) kept high; dumps go to `out_dir` (default: scratch)."""
@@ -79,9 +75,9 @@ class TrialRunner:
         for inputs in self.inputs:
             spec = self._spec(layers, inputs, out_dir, model)
             with tempfile.TemporaryDirectory(prefix="layerdiff-fix-") as tmp:
-                if self.model.engine == "mnn" and layers:
-                    inject = self._inject_dump(layers, inputs.label, Path(tmp) / "inject")
-                    spec.placed_files = {f"inject/{f.name}": f for f in sorted(inject.iterdir())}
+                placed = self.mechanism.placed_files(self.references[inputs.label], tuple(layers), Path(tmp))
+                if placed:
+                    spec.placed_files = placed
                 outcome = collect_run(self.device, spec, out_dir, force=True)
             self.runs += 1
             if outcome.status != RunStatus.DONE or not outcome.paths:
@@ -94,22 +90,9 @@ class TrialRunner:
         return trial
 
     def _spec(self, layers: tuple[str, ...], inputs: InputSet, out_dir: Path, model: ModelFiles | None) -> RunSpec:
-        if self.model.engine == "mnn":
-            args = ["--inject", "{run_dir}/inject", *[a for op in layers for a in ("--replace", f"{op}:0")]] if layers else []
-            return RunSpec(self.model, self.backend, self.precision, inputs, deadline_s=self.deadline_s, extra_args=args,
-                           extra_attrs={"fix_layers": list(layers), "fix_mode": "what-if"})
-        if model is None and not layers:
-            model = self.model
-        if model is None:
-            model = write_patched(self.model, {op: self.mask() for op in layers}, out_dir, self.model.stem)
-        return RunSpec(model, self.backend, self.precision, inputs, deadline_s=self.deadline_s,
-                       extra_attrs={"fix_layers": list(layers), "fix_mode": "feature-mask"})
-
-    def _inject_dump(self, layers: tuple[str, ...], label: str, out: Path) -> Path:
-        """The reference's outputs of `layers`, as the raw dump `--replace` reads them from."""
-        with DumpFile(self.references[label]) as ref:
-            names = dict(zip(ref.layers["op"], ref.layers["name"]))
-            return write_inject_dump(ref, {f"{op}:0": [names[op]] for op in layers}, out)
+        """The run of one input with `layers` kept high, as the mechanism makes it (subclasses narrow it)."""
+        return self.mechanism.spec(self.model, self.backend, self.precision, tuple(layers), inputs, out_dir,
+                                   self.deadline_s, model)
 
     def output_error(self, label: str, path: Path) -> float:
         """Worst relative L2 over the model's outputs, this run against the reference on the same input."""

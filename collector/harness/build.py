@@ -30,13 +30,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-from layerdiff.vocabulary import HARNESS_BACKENDS, host_abi
+from layerdiff.vocabulary import PHONE_ABIS, host_abi
 from layerdiff.cache import user_cache_root
 from layerdiff.errors import HarnessError
 from layerdiff.collector.harness import children
 from layerdiff.collector.harness.buildprogress import BuildReporter, BuildWatcher, default_reporter, estimate_minutes
 from layerdiff import device_scripts
-from layerdiff.collector.engines import ENGINES, PHONE_ENGINES
 
 # Installed as layerdiff.device_scripts by the wheel and sdist (package data), as in a checkout.
 DEVICE_SCRIPTS = Path(device_scripts.__file__).resolve().parent
@@ -70,43 +69,21 @@ def cache_root() -> Path:
     return user_cache_root()
 
 
-def spec_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool = False) -> HarnessSpec:
-    """Choose the build that can run `engine` on `backend` for a device with `abi`.
-
-    A CPU-only ncnn run on an arm64 phone uses the static aarch64 binary (no NDK needed);
-    GPU backends and MNN need an NDK build; the host ABI gets the host build (Vulkan on).
-    """
-    mnn_root = os.environ.get("MNN_ROOT") or None
-    if engine not in PHONE_ENGINES:
-        where = " (it runs on the local device only)" if engine in ENGINES else ""
-        raise HarnessError(f"no device harness for engine {engine!r}{where}: use {' or '.join(PHONE_ENGINES)}")
-    if engine == "mnn" and not mnn_root:
-        raise HarnessError(
-            f"the MNN harness for {abi} needs an MNN build: set MNN_ROOT to a directory with include/ and lib/"
-        )
-    if engine == "paddle-lite":
-        return _paddle_lite_spec(abi, test_build)
-    with_ncnn = engine == "ncnn"
+def phone_target(abi: str) -> str:
+    """The build target of the C++ harness for a device with `abi` that needs a full build (GPU backends, a
+    linked engine library): the host's own build, or the NDK build for an Android ABI."""
     if abi == host_abi():
-        return HarnessSpec("host", with_ncnn, mnn_root if engine == "mnn" else None, with_ncnn, test_build)
-    if abi == "arm64-v8a" and engine == "ncnn" and backend == "cpu":
-        return HarnessSpec("aarch64", True, None, False, test_build)
-    if abi in ("arm64-v8a", "armeabi-v7a"):
-        return HarnessSpec(f"android-{abi}", with_ncnn, mnn_root if engine == "mnn" else None, with_ncnn, test_build)
-    raise HarnessError(f"no layerdiff harness build exists for ABI {abi!r} (supported: arm64-v8a, armeabi-v7a, {host_abi()})")
+        return "host"
+    if abi in PHONE_ABIS:
+        return f"android-{abi}"
+    raise HarnessError(f"no layerdiff harness build exists for ABI {abi!r} "
+                       f"(supported: {', '.join(PHONE_ABIS)}, {host_abi()})")
 
 
-def _paddle_lite_spec(abi: str, test_build: bool) -> HarnessSpec:
-    """The paddle-lite harness: no ncnn, linked against the user's Paddle-Lite inference library."""
-    root = os.environ.get("PADDLE_LITE_ROOT") or None
-    if not root:
-        raise HarnessError(f"the paddle-lite harness for {abi} needs Paddle-Lite's inference library for that ABI: "
-                           "set PADDLE_LITE_ROOT to its folder (cxx/include/paddle_api.h, cxx/lib/libpaddle_light_api_shared.so)")
-    if abi == host_abi():
-        return HarnessSpec("host", False, None, False, test_build, paddle_lite_root=root)
-    if abi in ("arm64-v8a", "armeabi-v7a"):
-        return HarnessSpec(f"android-{abi}", False, None, False, test_build, paddle_lite_root=root)
-    raise HarnessError(f"no layerdiff harness build exists for ABI {abi!r} (supported: arm64-v8a, armeabi-v7a, {host_abi()})")
+def wants_test_build(test_build: bool | None) -> bool:
+    """test_build None reads $LAYERDIFF_HARNESS_TEST_BUILD ("1": the faster CI build, which is what the test
+    suite builds anyway, so a CI run never builds both variants)."""
+    return os.environ.get("LAYERDIFF_HARNESS_TEST_BUILD", "") == "1" if test_build is None else test_build
 
 
 def ncnn_key(spec: HarnessSpec) -> str:
@@ -309,45 +286,3 @@ def prebuilt_override(abi: str) -> Path | None:
     if not path.is_file():
         raise HarnessError(f"{variable}={value} does not name a file: fix or unset it")
     return path
-
-
-def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool | None = None,
-                reporter: BuildReporter | None = None) -> Path:
-    """The harness binary to run `engine`/`backend` on a device with `abi`, built on demand.
-
-    test_build None reads $LAYERDIFF_HARNESS_TEST_BUILD ("1": the faster CI build of ncnn, which
-    is what the test suite builds anyway, so a CI run never builds both variants).
-    """
-    own = ENGINES[engine].phone_harness if engine in ENGINES else None
-    if own is not None:  # the engine's own native program for phones (e.g. ggml's layerdiff-ggml)
-        return own(abi, backend)
-    override = prebuilt_override(abi)
-    if override:
-        return override
-    if test_build is None:
-        test_build = os.environ.get("LAYERDIFF_HARNESS_TEST_BUILD", "") == "1"
-    return ensure_built(spec_for(abi, engine, backend, test_build=test_build), reporter)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m layerdiff.collector.harness.build --abi arm64-v8a [--engine ncnn] [--backend cpu] [--test-build]`:
-    build (or find) the binary and print its path; lets CI and users warm the cache up front."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="python -m layerdiff.collector.harness.build", description=main.__doc__.splitlines()[0])
-    parser.add_argument("--abi", default=host_abi())
-    parser.add_argument("--engine", default="ncnn", choices=list(PHONE_ENGINES))
-    parser.add_argument("--backend", default="cpu", choices=list(HARNESS_BACKENDS))
-    parser.add_argument("--test-build", action="store_true", default=None)
-    args = parser.parse_args(argv)
-    try:
-        print(harness_for(args.abi, args.engine, args.backend, test_build=args.test_build))
-    except HarnessError as err:
-        print(f"layerdiff: {err}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -23,30 +23,12 @@ from pathlib import Path
 from typing import Callable
 
 from layerdiff import errors
-from layerdiff.errors import InputError, ModelFormatError, UsageError
-from layerdiff.analyzer.formats.limits import env_bytes, human_bytes, total_ram
+from layerdiff.errors import InputError, ModelFormatError
+from layerdiff.analyzer.formats.limits import human_bytes
 from layerdiff.collector.engines.base import InputSpecs
+from layerdiff.collector.engines.readlimits import read_memory_limit, read_seconds_limit
 
-DEFAULT_READ_SECONDS = 120.0
 MAX_ANSWER_BYTES = 64 << 20  # a model declaring inputs enough to fill this is not a model
-
-
-def read_memory_limit() -> int:
-    """Address space the child may use: enough for an engine library and a multi-GB model."""
-    return env_bytes("LAYERDIFF_MODEL_READ_MEMORY", max(4 << 30, total_ram() // 2))
-
-
-def read_seconds_limit() -> float:
-    raw = os.environ.get("LAYERDIFF_MODEL_READ_SECONDS", "").strip()
-    if not raw:
-        return DEFAULT_READ_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise UsageError(f"LAYERDIFF_MODEL_READ_SECONDS={raw!r}: expected a positive number of seconds")
-    return value
 
 
 def read_specs_isolated(engine: str, path: Path) -> InputSpecs:

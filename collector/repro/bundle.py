@@ -24,7 +24,7 @@ from layerdiff.collector.inputs.modelfiles import ModelFiles
 from layerdiff.collector.repro.ncnn_cut import cut
 from layerdiff.collector.repro.runner import measure
 from layerdiff.errors import InputError, NothingToCompareError, StorageError, UsageError
-from layerdiff.vocabulary import ncnn_precision_flags
+from layerdiff.collector.engines.ncnn.options import ncnn_precision_flags
 
 RANGE = ".."
 RUNNER = Path(__file__).with_name("runner.py")

@@ -119,7 +119,8 @@ def isolate(device: Device, model: ModelFiles, backend: str, precision: str, ref
         raise UsageError("no layer to isolate; pass --layer KEY (or --failing-from REPORT_DIR)")
     rebuilds = ENGINES[model.engine].isolate_rebuilds_graph
     if not rebuilds and any(RANGE in key for key in keys):
-        raise UsageError(f"--layer FIRST..LAST (a sub-graph) needs an engine that rebuilds graphs (ggml), not "
+        able = ", ".join(name for name, engine in ENGINES.items() if engine.isolate_rebuilds_graph) or "none"
+        raise UsageError(f"--layer FIRST..LAST (a sub-graph) needs an engine that rebuilds graphs ({able}), not "
                          f"{model.engine}; name the layers one by one")
     with DumpFile(ref_path) as ref:
         if ref.attrs.get("model_sha256") and ref.attrs["model_sha256"] != model.sha256:

@@ -22,6 +22,7 @@ from layerdiff.vocabulary import RunStatus
 from layerdiff.clioptions import check_number
 from layerdiff.analyzer.formats.diskspace import writing
 from layerdiff.errors import DumpFormatError, Interrupted, LayerdiffError, StorageError, UsageError
+from layerdiff.analyzer.formats.enginefacts import ATTRIBUTE as ENGINE_FACTS, NO_FACTS
 from layerdiff.analyzer.formats.fedinputs import fed_ok
 from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, fed_check, read_raw_dump
 from layerdiff.collector.transport.devices import Device, DeviceError, DeviceInfo, ExecResult
@@ -327,6 +328,7 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     written = _declared_observability(raw, spec)
     if written:
         attrs["observability"] = written
+    attrs[ENGINE_FACTS] = _engine_facts(raw.header, spec)
     opencl = opencl_device_name(raw.header)
     if opencl:  # the device that computed, not the phone's display GPU (a CPU OpenCL such as PoCL, too)
         attrs["gpu"] = opencl
@@ -377,6 +379,15 @@ def _declared_observability(raw, spec: RunSpec) -> str:
     engine = ENGINES.get(str(raw.header.get("engine") or spec.model.engine))
     why = engine.written_why(spec.backend) if engine is not None else ""
     return json.dumps(written(why), sort_keys=True) if why else ""
+
+
+def _engine_facts(header: dict, spec: RunSpec) -> str:
+    """What the run's engine declares for the analyzer (analyzer/formats/enginefacts.py), as the header's
+    JSON: written for every run, so a dump without it is one written before the attribute existed."""
+    from layerdiff.collector.engines import ENGINES
+
+    engine = ENGINES.get(str(header.get("engine") or spec.model.engine))
+    return (engine.facts if engine is not None else NO_FACTS).to_json()
 
 
 def _device_info(device: Device, spec: RunSpec, header: dict) -> DeviceInfo:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from layerdiff.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_SKIPPED, InputError, StorageError
-from layerdiff.collector.harness.prepare import build_phone_harnesses
+from layerdiff.collector.sweep.prepare import build_phone_harnesses
 from layerdiff.collector.inputs.bundled import default_model
 from layerdiff.collector.inputs.inputset import resolve_inputs
 from layerdiff.collector.inputs.modelfiles import ENGINES, apply_shapes, input_shapes, parse_shapes, resolve_model

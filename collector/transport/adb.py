@@ -292,7 +292,8 @@ class AdbDevice:
     # -- running --------------------------------------------------------------------------------------
     def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
         """Stage the harness built for this phone's ABI (and any engine libraries beside it)."""
-        from layerdiff.collector.harness.build import HarnessError, harness_for
+        from layerdiff.collector.harness.build import HarnessError
+        from layerdiff.collector.engines.phoneharness import harness_for
 
         abi = self.info().abi
         try:

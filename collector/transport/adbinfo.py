@@ -59,7 +59,8 @@ def find_gpu_libs(device: AdbDevice) -> dict[str, list[str]]:
 def _cached_harness(abi: str, engine: str):
     """A harness binary for the ABI that exists already (prebuilt or cached build), else None."""
     from layerdiff.collector.engines import ENGINES
-    from layerdiff.collector.harness.build import HarnessError, binary_dir, prebuilt_override, spec_for
+    from layerdiff.collector.harness.build import HarnessError, binary_dir, prebuilt_override
+    from layerdiff.collector.engines.phoneharness import spec_for
 
     if ENGINES[engine].phone_harness is not None:  # its own program (ggml): the C++ harness's probe covers the phone
         return None

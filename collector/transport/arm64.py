@@ -91,6 +91,17 @@ class Arm64Device(LocalDevice):
         return (f"the emulated arm64 device has no GPU (qemu-user emulates the CPU only, so the host's "
                 f"drivers cannot serve it); use --backend cpu here, and a phone over adb for {backend}")
 
+    @property
+    def has_fp16_arithmetic(self) -> bool:
+        """Whether the emulated core does ARMv8.2 fp16 arithmetic (an engine's native fp16 build needs it)."""
+        return self.cpu not in ARMV80_CPUS
+
+    def emulated(self, binary: Path, description: str) -> HarnessInvocation:
+        """A native aarch64 program an engine built (its own harness), run on this core under qemu."""
+        check_qemu()
+        return HarnessInvocation(argv=[QEMU, "-cpu", self.cpu, str(binary)], env={},
+                                 description=f"{description} under qemu -cpu {self.cpu}")
+
     def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
         own = ENGINES[engine].arm64_harness if engine in ENGINES else None
         if own is not None:  # the engine's own native harness (e.g. ggml's static aarch64 binary)

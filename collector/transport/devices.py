@@ -22,6 +22,7 @@ from typing import Callable, Protocol, runtime_checkable
 from layerdiff.vocabulary import host_abi
 from layerdiff.errors import DeviceError
 from layerdiff.collector.harness import children
+from layerdiff.collector.harness.invocation import HarnessInvocation  # noqa: F401 (the devices' API)
 from layerdiff.collector.engines import ENGINES
 from layerdiff.collector.transport.scratch import keep_scratch_dir, make_scratch_dir, remove_scratch_dir
 
@@ -72,15 +73,6 @@ class ExecResult:
     timed_out: bool = False
     pid: int | None = None
     device_log: str = ""  # the device's own log lines for the harness (logcat on Android) after a crash
-
-
-@dataclass
-class HarnessInvocation:
-    """How to start the harness on a device: the argv prefix and extra environment."""
-
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    description: str = ""
 
 
 @runtime_checkable

@@ -6,7 +6,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from layerdiff.analyzer.formats.enginefacts import CpuByDesign, EngineFacts
 from layerdiff.collector.engines.base import Engine, InputSpecs
+
+# llama.cpp computes its input layer (the token-embedding lookup, node `embd` / `inp_embd`) on the CPU whatever
+# backend runs the rest (Vulkan: pinned host memory, `Vulkan_Host`), and with tied embeddings (Gemma) the logits
+# `result_output` too, reading `token_embd.weight`; its graph builders name the logits `result_output` in every
+# architecture, which says the model is a language model.
+FACTS = EngineFacts(
+    CpuByDesign(("embd", "inp_embd"), "llama.cpp's input layer",
+                "llama.cpp keeps the token-embedding table in CPU memory and computes what reads it there",
+                "result_output", "token_embd.weight"),
+    (("result_output", "language-model"),))
 
 
 def _input_specs(path: Path) -> InputSpecs:
@@ -41,7 +52,8 @@ WRITES = (("*", "the eval callback asks for every node, so the scheduler compute
                 "(SET_ROWS, CPY) as the cache region it wrote"),)
 ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vulkan"), prebuild=_prebuild,
                 arm64_harness=_arm64_harness, prompt_input="prompt", on_phones=True, phone_harness=_phone_harness,
-                isolate_rebuilds_graph=True,
+                isolate_rebuilds_graph=True, facts=FACTS,
+                model_help=".gguf (ggml: llama.cpp; local and arm64)",
                 not_isolatable=("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"),
                 bisect_refusal="ggml: the layerdiff ggml harness lets ggml's scheduler place every node and has no option to pin one node to another backend or precision; collect bisect cannot run",
                 # device_scripts/ggml/src/backends.cpp: on the CPU, high keeps the K/V cache in f32 (normal: f16,

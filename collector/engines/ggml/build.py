@@ -220,20 +220,15 @@ def prebuild(devices: list) -> None:
 def arm64_harness(device):
     """ggml's static aarch64 binary (ARMv8.2-A + fp16: its fp16 kernels, what phones run) under qemu."""
     from layerdiff.errors import DeviceError
-    from layerdiff.collector.transport.arm64 import ARMV80_CPUS
-    from layerdiff.collector.transport.arm64runtime import QEMU, check_qemu
-    from layerdiff.collector.transport.devices import HarnessInvocation
 
-    check_qemu()
-    if device.cpu in ARMV80_CPUS:  # measured: cortex-a53 dies with SIGILL in ggml's fp16 kernels
+    if not device.has_fp16_arithmetic:  # measured: cortex-a53 dies with SIGILL in ggml's fp16 kernels
         raise DeviceError(f"{device.serial}: ggml's aarch64 build needs ARMv8.2 fp16, which {device.cpu} lacks; "
                           "use --device arm64 (cortex-a76) or arm64:cortex-a55")
     try:
         binary = ensure_built(GgmlSpec("aarch64"))
     except HarnessError as err:
         raise DeviceError(f"{device.serial}: {err}") from None
-    return HarnessInvocation(argv=[QEMU, "-cpu", device.cpu, str(binary)], env={},
-                             description=f"aarch64 ggml (static, armv8.2-a+fp16) under qemu -cpu {device.cpu}")
+    return device.emulated(binary, "aarch64 ggml (static, armv8.2-a+fp16)")
 
 
 def main(argv: list[str] | None = None) -> int:

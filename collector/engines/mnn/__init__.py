@@ -13,9 +13,31 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
+
+def _harness_spec(abi: str, backend: str, test_build: bool):
+    from layerdiff.collector.engines.mnn.harness import harness_spec
+
+    return harness_spec(abi, backend, test_build)
+
+
+# What MNN offers instead of a per-op precision switch (`collect fix` writes it to fix.json as engine_options).
+FIX_ADVICE = (
+    "MNN has no per-op precision switch; these numbers are a what-if (the layers' high-precision outputs "
+    "injected into the low-precision run). An injected output also erases the error of everything upstream, "
+    "so the set is a lower bound: a layer computed at high precision from broken inputs would still be broken.",
+    "Per session: ScheduleConfig.backendConfig.precision (Precision_Low / Normal / High / Low_BF16) applies "
+    "to a whole session.",
+    "Split the model: Interpreter::createMultiPathSession with one ScheduleConfig per path "
+    "(ScheduleConfig::Path inputs/outputs), or Express Module::load(inputs, outputs, ...) per sub-graph on "
+    "its own RuntimeManager, so the chosen layers run in a sub-graph at precision high.",
+    "Keep ops on the CPU: a sub-graph created with backend CPU (ScheduleConfig.type / backupType) runs in fp32 on "
+    "CPUs without fp16 arithmetic.",
+)
+
+
 # Each op's outputs are copied in MNN's after-callback, right after the op ran (on a GPU backend, downloaded from
 # the device memory the op wrote), before a later op can reuse that memory.
 WRITES = (("*", "each op's outputs are copied to host tensors inside MNN's after-callback, right after that op ran "
                 "and before a later op can reuse its memory (on a GPU backend, downloaded from the memory the op wrote)"),)
-ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, writes=WRITES, arm64_wheels=("MNN==3.6.1",), library="MNN", extra="mnn",
+ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, harness_spec=_harness_spec, writes=WRITES, arm64_wheels=("MNN==3.6.1",), library="MNN", extra="mnn", fix_mechanism="what-if", fix_advice=FIX_ADVICE,
                 bisect_refusal="mnn: the MNN pip wheel and the phone harness run a whole model at one precision and backend, so no layer can be moved alone; collect bisect cannot run (collect fix gives a what-if instead)")

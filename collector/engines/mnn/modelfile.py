@@ -63,7 +63,7 @@ def input_specs(path: Path) -> InputSpecs:
     """pymnn reads the whole file into memory first: one larger than the reader's memory limit is
     refused before it is read (a sparse 20 GB file took a minute of reading to fail)."""
     from layerdiff.analyzer.formats.limits import human_bytes
-    from layerdiff.collector.inputs.modelread import read_memory_limit
+    from layerdiff.collector.engines.readlimits import read_memory_limit
 
     size, limit = path.stat().st_size, read_memory_limit()
     if size > limit:

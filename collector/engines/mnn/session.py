@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import re
 
-from layerdiff.vocabulary import MNN_FORWARD_CPU_EXTENSION, MNN_FORWARD_TYPES
+from layerdiff.analyzer.importers.mnncodes import MNN_FORWARD_CPU_EXTENSION, MNN_FORWARD_TYPES
 from layerdiff.collector.engines.harness_cli import EXIT_MODEL, HarnessArgs, HarnessExit
 from layerdiff.collector.engines.mnn.modelfile import quiet_stdout
 
 BACKEND_NAMES = {"cpu": "CPU", "opencl": "OPENCL", "vulkan": "VULKAN"}
-FORWARD_TYPES = MNN_FORWARD_TYPES  # MNNForwardType code -> backend name (layerdiff/vocabulary.py)
+FORWARD_TYPES = MNN_FORWARD_TYPES  # MNNForwardType code -> backend name (analyzer/importers/mnncodes.py)
 SESSION_INFO_BACKENDS = 2
 
 FORWARD_CPU_EXTENSION = MNN_FORWARD_CPU_EXTENSION  # Arm82 (fp16 at low on fp16 cores) or x86 AVX: see effective_precision

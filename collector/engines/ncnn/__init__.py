@@ -18,10 +18,18 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
+
+def _harness_spec(abi: str, backend: str, test_build: bool):
+    from layerdiff.collector.engines.ncnn.harness import harness_spec
+
+    return harness_spec(abi, backend, test_build)
+
+
 # Each blob is extracted right after its layer ran (extract runs it), from that layer's own output; ncnn fuses
 # nothing at run time (its fusions are made offline and are layers of the .param).
 WRITES = (("*", "each blob is extracted in layer order, so `extract` runs the layer that produces it and hands back "
                 "that layer's output (ncnn fuses nothing at run time: fusions are made offline and are layers of the "
                 ".param); on Vulkan the blob is downloaded from the GPU buffer that layer wrote"),)
-ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, model_files=_model_files, on_phones=True, writes=WRITES,
-                arm64_wheels=("ncnn==1.0.20250503",), library="ncnn", extra="ncnn", bisect_mechanism="feature-mask")
+ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, writes=WRITES, model_files=_model_files, on_phones=True, harness_spec=_harness_spec,
+                arm64_wheels=("ncnn==1.0.20250503",), library="ncnn", extra="ncnn", bisect_mechanism="feature-mask", fix_mechanism="feature-mask",
+                model_help="ncnn .param with its .bin", prepared_by_default=True)

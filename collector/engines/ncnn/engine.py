@@ -40,7 +40,7 @@ from layerdiff.collector.engines.harness_cli import (
     now_ms,
     repeat_dirs,
 )
-from layerdiff.vocabulary import ncnn_cpu_has_fp16, ncnn_precision_flags
+from layerdiff.collector.engines.ncnn.options import ncnn_cpu_has_fp16, ncnn_precision_flags
 from layerdiff.collector.engines import plainrun
 
 # What observing does differently here (plainrun.py; shown when the plain run disagrees).

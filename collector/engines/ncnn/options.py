@@ -1,6 +1,7 @@
 """ncnn's precision switches in one place: the Option flags per precision, and the per-layer feature mask.
 
-The flags the host engine sets for `--precision` are layerdiff.vocabulary's; the feature mask (param key 31 on a
+The flags every ncnn runner sets for `--precision` are `ncnn_precision_flags` below (one table for the host
+engine, the C++ harness, repro bundles and the sample runners); the feature mask (param key 31 on a
 layer's line in the `.param` file) is how one layer opts out of them, which is what `collect fix`
 writes. Both come from ncnn 1.0.20261020: `Option` in src/option.h, and `get_masked_option` in
 src/net.cpp, which clears the options below for a layer whose mask has the bit set (and, while
@@ -12,8 +13,37 @@ from enum import IntFlag
 
 FEATMASK_KEY = 31  # the .param key ncnn reads as Layer::featmask (int; types 0, 1 and 2 are accepted)
 
-# The Option flags per precision are layerdiff/vocabulary.py's `ncnn_precision_flags` (one table for
-# the host engine, the C++ harness and the sample runners).
+# ncnn's Option flags per precision, as every ncnn runner sets them (the host engine, the C++ harness
+# in device_scripts/harness/src/ncnn_engine.cpp, samples/runners.py; tests/test_vocabulary.py reads
+# the C++ against this). Facts from ncnn 1.0.20261020 (src/option.h, src/net.cpp): `normal` leaves
+# ncnn's defaults (fp16 packed/storage/arithmetic on, bf16 off); the CPU uses fp16 storage only where
+# the core has it (asimdhp, or vfpv4 storage on 32-bit ARM) and bf16 storage otherwise, so `low` asks
+# for exactly one of the two; `use_fp16_uniform` and `use_bf16_packed` are read by Vulkan only, and
+# ncnn itself clears `use_fp16_uniform` when fp16 arithmetic is off.
+NCNN_FP16_FLAGS = ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_fp16_uniform")
+NCNN_BF16_FLAGS = ("use_bf16_storage", "use_bf16_packed")
+
+
+def ncnn_precision_flags(precision: str, *, fp16: bool) -> dict[str, bool]:
+    """The ncnn Option flags for `precision`; `fp16`: the backend has fp16 (Vulkan, or a CPU with fp16 storage)."""
+    if precision == "high":
+        return {flag: False for flag in NCNN_FP16_FLAGS + NCNN_BF16_FLAGS}
+    if precision == "low":
+        return {**{flag: fp16 for flag in NCNN_FP16_FLAGS}, **{flag: not fp16 for flag in NCNN_BF16_FLAGS}}
+    return {}
+
+
+def ncnn_cpu_has_fp16(ncnn) -> bool:
+    """Whether ncnn's CPU kernels use fp16 storage on this core (the rule of ncnn's src/net.cpp)."""
+    vfpv4 = getattr(ncnn, "cpu_support_arm_vfpv4", None)
+    return bool(ncnn.cpu_support_arm_asimdhp()) or bool(vfpv4 and vfpv4() and _is_arm32())
+
+
+def _is_arm32() -> bool:
+    import platform
+
+    machine = platform.machine().lower()
+    return machine.startswith("armv") or machine == "arm"  # armv7l, armv8l (32-bit); aarch64/arm64 are not
 
 
 class Feature(IntFlag):

@@ -17,8 +17,15 @@ def _input_specs(path: Path) -> InputSpecs:
     return {name: (model.var_dims.get(name) or None, model.var_dtypes.get(name, "float32")) for name in model.feeds}
 
 
+
+def _harness_spec(abi: str, backend: str, test_build: bool):
+    from layerdiff.collector.engines.paddle_lite.harness import harness_spec
+
+    return harness_spec(abi, backend, test_build)
+
+
 # Variables are read after the run; fusion removed the variables it fused from the .nb (never asked for), and
 # those in OpenCL memory are listed as not readable (the header's options.not_observable), never dumped.
 WRITES = (("*", "every variable of the optimised program is read after the run with GetTensor (variables fusion "
                 "removed are not in the .nb; those held in OpenCL memory are listed as not readable, never dumped)"),)
-ENGINE = Engine("paddle-lite", (".nb",), _input_specs, backends=("cpu", "opencl"), on_phones=True, writes=WRITES)
+ENGINE = Engine("paddle-lite", (".nb",), _input_specs, writes=WRITES, backends=("cpu", "opencl"), on_phones=True, harness_spec=_harness_spec, model_help="Paddle-Lite .nb")

@@ -26,7 +26,8 @@ def harness_binary():
     """The host harness with the Paddle-Lite engine (built on first use), or HarnessExit saying what is missing."""
     if not os.environ.get("PADDLE_LITE_ROOT"):
         raise HarnessExit(EXIT_BACKEND, UNAVAILABLE)
-    from layerdiff.collector.harness.build import harness_for, host_abi
+    from layerdiff.collector.engines.phoneharness import harness_for
+    from layerdiff.vocabulary import host_abi
     from layerdiff.errors import HarnessError
 
     try:

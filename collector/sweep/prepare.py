@@ -44,7 +44,8 @@ def build_phone_harnesses(devices: list[Device], engine: str, backends: list[str
     Only builds (no device I/O beyond the ABI the device already reported); anything that cannot
     be built is left for the run itself to report, one line per run, as before.
     """
-    from layerdiff.collector.harness.build import HarnessError, harness_for
+    from layerdiff.collector.harness.build import HarnessError
+    from layerdiff.collector.engines.phoneharness import harness_for
 
     prebuild = ENGINES[engine].prebuild if engine in ENGINES else None
     if prebuild is not None:  # the engine's own native harness (e.g. ggml), built by its folder
