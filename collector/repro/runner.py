@@ -97,7 +97,7 @@ def run_litert_gpu(path, spec, config, arrays):
 
     icd = config["options"].get("vulkan_icd")
     if icd and not os.environ.get("VK_ICD_FILENAMES") and Path(icd).is_file():
-        os.environ["VK_ICD_FILENAMES"] = icd  # the Vulkan driver the failing run used, where this machine has it
+        os.environ["VK_ICD_FILENAMES"] = icd  # the Vulkan driver the failing run used, when the computer running the bundle has that file
     options = Options(hardware_accelerators=HardwareAccelerator.GPU | HardwareAccelerator.CPU,
                       cpu_options=CpuOptions(num_threads=int(config.get("threads", 1))),
                       gpu_options=GpuOptions(enforce_f32=bool(config["options"].get("enforce_f32",
