@@ -217,10 +217,11 @@ def _finding(config: dict, inputs: pd.DataFrame, layers: pd.DataFrame) -> Findin
 
 
 def _config_labels(comparison: Comparison, by_config: dict[tuple, list[int]]) -> dict[tuple, str]:
-    """'vulkan/low' when that names each configuration alone, else the full configuration label."""
+    """'vulkan/low' when that names each configuration alone, else the full configuration label (always
+    for an engine release asked for by version: its cpu/high is not the reference's cpu/high)."""
     runs = {config: comparison.plan.pairs[indices[0]].other for config, indices in by_config.items()}
     short = {config: f"{run.backend}/{run.precision}" for config, run in runs.items()}
-    if len(set(short.values())) == len(short):
+    if len(set(short.values())) == len(short) and not any(run.attrs.get("engine_requested") for run in runs.values()):
         return short
     return {config: run.config_label or run.label for config, run in runs.items()}
 

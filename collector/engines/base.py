@@ -86,6 +86,9 @@ class Engine:
     # The pip extra that installs `library` (`pip install 'layerdiff[EXTRA]'`): the core install is the
     # analyzer and the phone collector, each host engine comes with its extra.
     extra: str = ""
+    # The PyPI distribution whose wheel holds `library` (`MNN`, `ncnn`): `--engine NAME==VERSION` installs
+    # that version of it into a cached environment of its own (collector/engines/versions.py); "" refuses.
+    distribution: str = ""
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     def reach_of(self, backend: str, precision: str) -> dict[str, list[str]]:

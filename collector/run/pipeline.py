@@ -26,6 +26,7 @@ from layerdiff.analyzer.formats.fedinputs import fed_ok
 from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, fed_check, read_raw_dump
 from layerdiff.collector.transport.devices import Device, DeviceError, DeviceInfo, ExecResult
 from layerdiff.collector.engines.harness_cli import INPUT_DTYPES
+from layerdiff.collector.engines.versions import engine_label, requested, same_release
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.run.fresh import execute_fresh
 from layerdiff.collector.inputs.modelfiles import ModelFiles, input_dtypes
@@ -101,6 +102,7 @@ class RunSpec(RunOptions):
     prefix: str = ""
     suffix: str = ""  # "-2", "-3", ...: set by the sweep's plan when another run of it has the same file name
     expected_bytes: int | None = None  # dump size of one repetition, when known (see layerdiff.collector.sweep.plan)
+    engine_version: str = ""  # `--engine NAME==VERSION`: that release, from its cached environment (engines/versions.py)
 
     @property
     def stem(self) -> str:
@@ -109,7 +111,8 @@ class RunSpec(RunOptions):
     @property
     def base_stem(self) -> str:
         """The file name a run gets unless another run of its sweep has it already (README: file names)."""
-        return f"{self.prefix}{self.model.engine}_{self.backend}_{self.precision}_{_safe(self.inputs.label)}"
+        engine = engine_label(self.model.engine, self.engine_version)
+        return f"{self.prefix}{engine}_{self.backend}_{self.precision}_{_safe(self.inputs.label)}"
 
     def output_names(self) -> list[str]:
         if self.repeat == 1:
@@ -148,6 +151,8 @@ def collect_run(
         raise StorageError(f"output {out_dir} is a file; pass a directory to -o")
     out_dir.mkdir(parents=True, exist_ok=True)
     harness = device.prepare_harness(spec.model.engine, spec.backend)
+    if spec.engine_version:
+        harness = _versioned(harness, spec)
     run_dir = device.new_run_dir(spec.stem)
     try:
         check_space(device, spec, run_dir)
@@ -168,6 +173,15 @@ def collect_run(
             device.keep_run_dir(run_dir)  # a scratch of the host's: marked kept, so no later start removes it
     status = RunStatus.DONE if not message else RunStatus.FAILED
     return RunOutcome(spec, device.serial, status, paths, message, result.exit_status, time.monotonic() - start)
+
+
+def _versioned(harness, spec: RunSpec):
+    """The host engine's child, importing the release `--engine NAME==VERSION` asked for from its environment."""
+    from layerdiff.collector.engines import ENGINES
+    from layerdiff.collector.engines.versions import harness_env
+
+    return replace(harness, env={**harness.env, **harness_env(ENGINES[spec.model.engine], spec.engine_version)},
+                   description=f"{harness.description} {requested(spec.model.engine, spec.engine_version)}")
 
 
 SPACE_MARGIN = 16 << 20
@@ -318,6 +332,13 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
             "command": shlex.join(["layerdiff-harness", "--backend", spec.backend, "--precision", spec.precision]),
         },
     }
+    version_line = ""
+    if spec.engine_version:
+        attrs["engine_requested"] = requested(spec.model.engine, spec.engine_version)
+        reported = str(raw.header.get("engine_version", ""))
+        if not same_release(spec.engine_version, reported):
+            version_line = (f"{spec.model.engine}=={spec.engine_version} was asked for but the engine reported version "
+                            f"{reported or '(none)'}; remove its environment from the layerdiff cache and re-run")
     if spec.fresh_process and spec.repeat > 1:  # each process's header says repeat 0: the index is the collector's
         attrs["repeat"] = repeat_index
         attrs["provenance"]["fresh_process"] = True
@@ -333,7 +354,8 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
         attrs["input_fed_check"] = fed
     path = convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
                             stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
-    return path, cut_short(raw), "" if fed_ok(fed) else f"{spec.model.engine} was fed another input: {fed}"
+    fed_line = "" if fed_ok(fed) else f"{spec.model.engine} was fed another input: {fed}"
+    return path, cut_short(raw), "; ".join(line for line in (version_line, fed_line) if line)
 
 
 SETTING_OPTIONS = {"threads_requested": "--threads", "layers_filter": "--layers", "max_bytes": "--max-bytes"}

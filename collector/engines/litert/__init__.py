@@ -14,4 +14,5 @@ def _input_specs(path: Path) -> InputSpecs:
 
 
 ENGINE = Engine("litert", (".tflite",), _input_specs, backends=("cpu", "gpu"), library="ai_edge_litert", extra="litert",
+                distribution="ai-edge-litert",
                 bisect_refusal="litert: the ai-edge-litert wheel cannot place single ops on or off the GPU delegate nor choose one op's precision; collect bisect cannot run")

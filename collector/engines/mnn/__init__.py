@@ -13,5 +13,5 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, arm64_wheels=("MNN==3.6.1",), library="MNN", extra="mnn",
+ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, arm64_wheels=("MNN==3.6.1",), library="MNN", extra="mnn", distribution="MNN",
                 bisect_refusal="mnn: the MNN pip wheel and the phone harness run a whole model at one precision and backend, so no layer can be moved alone; collect bisect cannot run (collect fix gives a what-if instead)")

@@ -19,4 +19,4 @@ def _input_specs(path: Path) -> InputSpecs:
 
 
 ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, model_files=_model_files, on_phones=True,
-                arm64_wheels=("ncnn==1.0.20250503",), library="ncnn", extra="ncnn", bisect_mechanism="feature-mask")
+                arm64_wheels=("ncnn==1.0.20250503",), library="ncnn", extra="ncnn", distribution="ncnn", bisect_mechanism="feature-mask")

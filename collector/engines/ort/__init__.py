@@ -13,4 +13,5 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("onnxruntime", (".onnx",), _input_specs, library="onnxruntime", extra="onnx")
+ENGINE = Engine("onnxruntime", (".onnx",), _input_specs, library="onnxruntime", extra="onnx",
+                distribution="onnxruntime")

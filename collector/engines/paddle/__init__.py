@@ -18,4 +18,5 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("paddle", (".pdmodel", ".pdiparams"), _input_specs, model_files=_model_files, library="paddle", extra="paddle")
+ENGINE = Engine("paddle", (".pdmodel", ".pdiparams"), _input_specs, model_files=_model_files, library="paddle", extra="paddle",
+                distribution="paddlepaddle")
