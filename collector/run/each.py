@@ -11,6 +11,7 @@ incomplete), failed with one line naming it, and a new process takes the inputs 
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -86,6 +87,7 @@ def _one_process(device: Device, specs: list[RunSpec], out_dir: Path, listener: 
             result = device.execute(harness.argv + argv, env=harness.env, deadline_s=deadline, on_stdout_line=state.line)
         return state.after_exit(result)
     finally:
+        state.remover.finish()
         if not first.keep:
             _remove(device, run_dir)
         elif hasattr(device, "keep_run_dir"):
@@ -106,11 +108,11 @@ def _stage(device: Device, specs: list[RunSpec], run_dir: str, scratch: Path) ->
             local = scratch / f"case{k}-input{index}.npy"
             np.save(local, staged_array(array, dtypes.get(name, "float32")))
             inputs[name] = device.stage(local, run_dir)
-        lines.append(json.dumps({"out": f"{_case_dir(run_dir, k)}/dump", "inputs": inputs}))
+        lines.append(json.dumps({"out": _case_dir(run_dir, k), "inputs": inputs}))
     cases = scratch / CASES_FILE
     cases.write_text("\n".join(lines) + "\n", encoding="utf-8")
     argv += ["--backend", first.backend, "--precision", first.precision, "--threads", str(first.threads)]
-    argv += ["--out", f"{run_dir}/dump", "--each", device.stage(cases, run_dir)]
+    argv += ["--out", f"{run_dir}/unused", "--each", device.stage(cases, run_dir)]
     if first.layers:
         argv += ["--layers", first.layers]
     if first.max_bytes:
@@ -119,7 +121,8 @@ def _stage(device: Device, specs: list[RunSpec], run_dir: str, scratch: Path) ->
 
 
 def _case_dir(run_dir: str, k: int) -> str:
-    return f"{run_dir}/case{k}"
+    """Input k's raw dump directory (one level: a directory made or removed costs milliseconds on some disks)."""
+    return f"{run_dir}/dump{k}"
 
 
 class _State:
@@ -132,6 +135,7 @@ class _State:
         self.running: int | None = None  # the case the engine works on
         self.finished = 0
         self.since = time.monotonic()
+        self.remover = _Remover(device)
         self.pid: int | None = None
 
     def line(self, text: str) -> None:
@@ -181,8 +185,8 @@ class _State:
         recorded = replace(spec, extra_attrs={**spec.extra_attrs, "provenance": provenance})
         try:
             with writing(self.out_dir, spec.expected_bytes or 0):
-                paths, message = _fetch_and_convert(self.device, recorded, _case_dir(self.run_dir, k), targets, result,
-                                                    self.cancel)
+                paths, message = _fetch_and_convert(self.device, recorded, self.run_dir, targets, result, self.cancel,
+                                                    dump_dirs=[_case_dir(self.run_dir, k)])
         except LayerdiffError as err:
             paths, message = [], str(err)
         except OSError as err:
@@ -191,7 +195,7 @@ class _State:
             message = f"{why}: {message}" if message else why
         status = RunStatus.DONE if not message else RunStatus.FAILED
         if not spec.keep:
-            _remove(self.device, _case_dir(self.run_dir, k))  # the disk holds one input's dump at a time
+            self.remover.put(_case_dir(self.run_dir, k))  # the disk holds about one input's dump at a time
         self.listener.outcome(RunOutcome(spec, self.device.serial, status, paths, message, result.exit_status,
                                          time.monotonic() - self.since))
 
@@ -213,6 +217,28 @@ class _State:
         self._conclude(k, result, f"the engine process ended on input {label}, the inputs after it run in a new "
                                   "process")
         return k + 1
+
+
+class _Remover(threading.Thread):
+    """Removes converted inputs' dump directories beside the conversions (removing a directory waits on
+    the disk, converting on the CPU: in turn, they added up)."""
+
+    def __init__(self, device: Device) -> None:
+        super().__init__(name="each-remove", daemon=True)
+        self.device = device
+        self.queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.start()
+
+    def put(self, path: str) -> None:
+        self.queue.put(path)
+
+    def run(self) -> None:
+        while (path := self.queue.get()) is not None:
+            _remove(self.device, path)
+
+    def finish(self) -> None:
+        self.queue.put(None)
+        self.join()
 
 
 def _remove(device: Device, path: str) -> None:

@@ -6,6 +6,7 @@ partial raw dump into an HDF5 marked incomplete, under a temporary name renamed 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -266,13 +267,14 @@ def harness_failure(result: ExecResult, deadline_s: float) -> str:
 
 def _fetch_and_convert(
     device: Device, spec: RunSpec, run_dir: str, targets: list[Path], result: ExecResult,
-    cancel: threading.Event | None = None,
+    cancel: threading.Event | None = None, dump_dirs: list[str] | None = None,
 ) -> tuple[list[Path], str]:
     message = harness_failure(result, spec.deadline_s)
-    dump_dirs = [f"{run_dir}/dump"] if spec.repeat == 1 else [f"{run_dir}/dump/r{k}" for k in range(spec.repeat)]
+    if dump_dirs is None:
+        dump_dirs = [f"{run_dir}/dump"] if spec.repeat == 1 else [f"{run_dir}/dump/r{k}" for k in range(spec.repeat)]
     written: list[Path] = []
     stop = cancel.is_set if cancel is not None else None
-    with tempfile.TemporaryDirectory(prefix=FETCH_PREFIX, dir=targets[0].parent) as tmp:
+    with _fetch_scratch(device, targets[0].parent) as tmp:
         for k, (remote, target) in enumerate(zip(dump_dirs, targets)):
             if stop and stop():
                 raise Interrupted(f"{device.serial}: {spec.stem}: stopped on request")
@@ -292,6 +294,14 @@ def _fetch_and_convert(
             if fed_line and fed_line not in message:
                 message = f"{message + '; ' if message else ''}{fed_line}"
     return written, message
+
+
+def _fetch_scratch(device: Device, parent: Path):
+    """Where fetched dumps land: nowhere for a device whose dumps are already here (the host's are used in
+    place, and a directory made and removed per run costs as much as a small run's conversion)."""
+    if getattr(device, "fetches_in_place", False):
+        return contextlib.nullcontext(str(parent / f"{FETCH_PREFIX}unused"))
+    return tempfile.TemporaryDirectory(prefix=FETCH_PREFIX, dir=parent)
 
 
 def cut_short(raw) -> str:

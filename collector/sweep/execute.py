@@ -138,7 +138,7 @@ class _Worker(threading.Thread):
         def began(spec) -> None:
             run = by_spec[id(spec)]
             self.current = run
-            self.index.update(run.row, status=RunStatus.RUNNING, reason="")
+            self.index.update_soon(run.row, status=RunStatus.RUNNING, reason="")
             if self.observer:
                 self.observer.started(run)
 
@@ -149,8 +149,9 @@ class _Worker(threading.Thread):
                 if outcome.message.startswith(NO_SPACE):
                     self.halt.set()
             run.paths = outcome.paths
-            self.index.update(run.row, status=outcome.status, reason=outcome.message, duration_s=outcome.duration_s,
-                              files=[relative_name(p, self.plan.out_dir) for p in outcome.paths])
+            self.index.update_soon(run.row, status=outcome.status, reason=outcome.message,
+                                   duration_s=outcome.duration_s,
+                                   files=[relative_name(p, self.plan.out_dir) for p in outcome.paths])
             self.current = None
             if self.observer:
                 self.observer.finished(run)
@@ -169,6 +170,8 @@ class _Worker(threading.Thread):
             self._fail_rest(group, os_error_line(err), started)
         except Exception as err:  # noqa: BLE001 - any other failure is these runs', never the sweep's end
             self._fail_rest(group, internal_failure(err, self.plan.out_dir), started)
+        finally:
+            self.index.save()  # every row as it stands, whatever update_soon left unwritten
 
     def _fail_rest(self, group: list[PlannedRun], reason: str, started: float) -> None:
         if self.stop.is_set():
