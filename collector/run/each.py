@@ -58,6 +58,8 @@ class Listener:
     started: Callable[[RunSpec], None]
     outcome: Callable[[RunOutcome], None]
     layer: ProgressSink | None = None
+    # one line for a failure nothing foresaw inside one input's conversion (the sweep logs its traceback)
+    unexpected: Callable[[Exception], str] = lambda err: f"unexpected error {type(err).__name__}: {err}"
 
 
 def collect_each(device: Device, specs: list[RunSpec], out_dir: Path, listener: Listener,
@@ -191,6 +193,8 @@ class _State:
             paths, message = [], str(err)
         except OSError as err:
             paths, message = [], os_error_line(err)
+        except Exception as err:  # noqa: BLE001 - this input's failure, never the other inputs'
+            paths, message = [], self.listener.unexpected(err)
         if why:
             message = f"{why}: {message}" if message else why
         status = RunStatus.DONE if not message else RunStatus.FAILED

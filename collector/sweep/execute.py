@@ -159,8 +159,8 @@ class _Worker(threading.Thread):
         layer = (lambda k, n, op: self.observer.layer(self.current, k, n, op) if self.current else None) \
             if self.observer else None
         try:
-            collect_each(self.device, [run.spec for run in group], group[0].out_dir, Listener(began, ended, layer),
-                         cancel=self.stop)
+            listener = Listener(began, ended, layer, unexpected=lambda err: internal_failure(err, self.plan.out_dir))
+            collect_each(self.device, [run.spec for run in group], group[0].out_dir, listener, cancel=self.stop)
         except NoSpaceError as err:
             self.halt.set()
             self._fail_rest(group, f"{NO_SPACE}: {err}", started)
