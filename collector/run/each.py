@@ -158,6 +158,8 @@ class _State:
                 pass
 
     def _case(self, event: dict) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            return  # the sweep is stopping: the interrupt handler owns the rows, no input starts or ends now
         k = event.get("case")
         if not isinstance(k, int) or k != self.finished or k >= len(self.specs):
             return  # cases run in order; anything else is not this engine's doing
