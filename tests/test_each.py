@@ -44,8 +44,8 @@ def _provenance(path: Path) -> dict:
     return {**attrs, "provenance": json.loads(value) if isinstance(value, str) else value}
 
 
-def _specs() -> list[RunSpec]:
-    files = resolve_model(MODEL)
+def _specs(model: Path = MODEL) -> list[RunSpec]:
+    files = resolve_model(model)
     sets, errors = resolve_inputs([str(IMAGES_DIR)], input_shapes(files), parse_preprocess(RECIPE))
     assert not errors and len(sets) == 6
     return [RunSpec(files, "cpu", "high", inputs) for inputs in sets]
@@ -171,3 +171,20 @@ def test_ctrl_c_in_a_data_set_leaves_done_planned_and_one_interrupted_then_resum
     rows = list(read_index(out).values())
     assert [row.status for row in rows].count("done") == 120
     assert sum(row.reason == "already collected" for row in rows) == len(written)
+
+
+@pytest.mark.parametrize("suffix", [".mnn", ".onnx"])
+def test_mnn_and_onnxruntime_give_each_input_what_one_process_per_input_gives(suffix, tmp_path):
+    """MNN keeps its session for the process and ONNX Runtime its model: every input's tensors are the ones
+    a process of its own computes, bit for bit, and its fed-input check holds."""
+    specs = _specs(MODEL.with_suffix(suffix))
+    outcomes = []
+    collect_each(LocalDevice(), specs, tmp_path / "each", Listener(lambda s: None, outcomes.append))
+    assert [o.status for o in outcomes] == ["done"] * len(specs), [o.message for o in outcomes]
+    pids = {_provenance(o.paths[0])["provenance"]["engine_process"]["pid"] for o in outcomes}
+    assert len(pids) == 1
+    for spec, together in zip(specs, outcomes):
+        alone = collect_run(LocalDevice(), spec, tmp_path / "alone")
+        a, b = _tensors(alone.paths[0]), _tensors(together.paths[0])
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), spec.inputs.label
+        assert _provenance(together.paths[0])["input_fed_check"] == "equal"
