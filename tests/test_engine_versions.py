@@ -115,7 +115,7 @@ def test_two_releases_are_two_configurations_of_a_data_set(tmp_path):
             {r.config for r in analysis.runs if r.attrs["engine_version"] == "3.4.1"}
         [dataset] = [f for f in analysis.findings if f.kind == "dataset"]
         assert dataset.numbers["inputs"] == 3 and dataset.numbers["n_fail"] == 3
-        assert "3.10.0" in dataset.run
+        assert dataset.run == "mnn 3.10.0 cpu/high"
     finally:
         analysis.close()
 
