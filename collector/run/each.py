@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from layerdiff.analyzer.formats.diskspace import writing
+from layerdiff.analyzer.formats.diskspace import NO_SPACE, NoSpaceError, writing
 from layerdiff.errors import LayerdiffError, os_error_line
 from layerdiff.vocabulary import RunStatus
 from layerdiff.collector.engines.harness_cli import CASE_EVENT
@@ -138,6 +138,7 @@ class _State:
         self.finished = 0
         self.since = time.monotonic()
         self.remover = _Remover(device)
+        self.halted = False  # the output disk is full: later inputs would fail the same way
         self.pid: int | None = None
 
     def line(self, text: str) -> None:
@@ -158,8 +159,8 @@ class _State:
                 pass
 
     def _case(self, event: dict) -> None:
-        if self.cancel is not None and self.cancel.is_set():
-            return  # the sweep is stopping: the interrupt handler owns the rows, no input starts or ends now
+        if self.halted or (self.cancel is not None and self.cancel.is_set()):
+            return  # the sweep is stopping (Ctrl-C, a full disk): no input starts or ends now; they stay planned
         k = event.get("case")
         if not isinstance(k, int) or k != self.finished or k >= len(self.specs):
             return  # cases run in order; anything else is not this engine's doing
@@ -191,6 +192,9 @@ class _State:
             with writing(self.out_dir, spec.expected_bytes or 0):
                 paths, message = _fetch_and_convert(self.device, recorded, self.run_dir, targets, result, self.cancel,
                                                     dump_dirs=[_case_dir(self.run_dir, k)])
+        except NoSpaceError as err:
+            paths, message = [], f"{NO_SPACE}: {err}"
+            self.halted = True
         except LayerdiffError as err:
             paths, message = [], str(err)
         except OSError as err:
@@ -208,8 +212,8 @@ class _State:
     def after_exit(self, result: ExecResult) -> int:
         """The process ended: every case done, or it died inside one (that one fails, naming its input,
         with what it dumped kept) or before any (every case left fails with its line)."""
-        if self.finished >= len(self.specs) or (self.cancel is not None and self.cancel.is_set()):
-            return max(self.finished, 1)
+        if self.halted or self.finished >= len(self.specs) or (self.cancel is not None and self.cancel.is_set()):
+            return len(self.specs) if self.halted else max(self.finished, 1)
         if result.exit_status == 0 and not result.timed_out:
             result = replace(result, exit_status=5, stderr=result.stderr + "\nlayerdiff-harness: the engine stopped "
                              "before every input was run\n")
