@@ -77,14 +77,29 @@ def _task_option(value: str | None) -> str | None:
         raise typer.BadParameter(str(err).removeprefix("--task ")) from None
 
 
+def _engine_release(value: str) -> str:
+    """`--engine NAME` or `NAME==VERSION` (engines/versions.py), checked before any device is touched."""
+    from layerdiff.collector.engines.versions import split_engine
+
+    try:
+        name, version = split_engine(value)
+    except LayerdiffError as err:
+        raise typer.BadParameter(str(err).removeprefix("--engine ")) from None
+    choices(("auto", *ENGINES), "engine")(name)
+    if version and name == "auto":
+        raise typer.BadParameter("name the engine a release belongs to, e.g. mnn==3.5.0")
+    return value
+
+
 @app.callback(invoke_without_command=True)
 @_ctrl_c_is_one_line
 def collect(
     ctx: typer.Context,
     device: List[str] = typer.Option(None, "--device", "-d", help="local, arm64[:CPU] (emulated ARM core), a serial, all, or a comma list"),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
-    engine: str = typer.Option("auto", "--engine", help="auto (from the file name), or one of: " + ", ".join(ENGINES),
-                               callback=choices(("auto", *ENGINES), "engine")),
+    engine: str = typer.Option("auto", "--engine", help="auto (from the file name), or one of: " + ", ".join(ENGINES)
+                               + "; NAME==VERSION runs that release from its own cached environment (local device)",
+                               callback=_engine_release),
     backend: List[str] = typer.Option(None, "--backend", "-b", help=f"{backends_help(BACKENDS, ENGINE_BACKEND_NOTES)} (comma list or repeated)",
                                       callback=choices(BACKENDS, "backend")),
     precision: List[str] = typer.Option(None, "--precision", "-p", help=f"{', '.join(PRECISIONS)} (comma list or repeated)",

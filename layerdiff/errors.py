@@ -24,6 +24,7 @@ lost device from nothing-to-compare without parsing messages:
     ├── Interrupted                exit 130 Ctrl-C; half-written files were removed
     ├── HarnessError               exit 1  no harness binary can be had (build or prebuilt)
     ├── EngineNotInstalledError    exit 1  a host engine's library is not installed (names the pip extra)
+    ├── EngineVersionError         exit 1  `--engine NAME==VERSION`: that version cannot be had or run here
     ├── HarnessExit                exit = the harness contract code (device_scripts/HARNESS_CLI.md)
     └── ConversionError (RuntimeError) exit 1  a sample model conversion failed (samples/)
 
@@ -68,6 +69,11 @@ class ModelFormatError(InputError):
 
 class EngineNotInstalledError(LayerdiffError):
     """A host engine's Python library is missing: the message names the extra (`layerdiff[mnn]`) to install."""
+
+
+class EngineVersionError(LayerdiffError):
+    """`--engine NAME==VERSION` cannot run: no such version on the package index, no wheel for this
+    Python, an engine whose harness is not a PyPI wheel, or a device that is not the host."""
 
 
 class DumpFormatError(LayerdiffError):

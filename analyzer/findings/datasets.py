@@ -217,9 +217,16 @@ def _finding(config: dict, inputs: pd.DataFrame, layers: pd.DataFrame) -> Findin
 
 
 def _config_labels(comparison: Comparison, by_config: dict[tuple, list[int]]) -> dict[tuple, str]:
-    """'vulkan/low' when that names each configuration alone, else the full configuration label."""
-    runs = {config: comparison.plan.pairs[indices[0]].other for config, indices in by_config.items()}
+    """'vulkan/low' when that names each configuration alone, else the full configuration label (always
+    for an engine release asked for by version: its cpu/high is not the reference's cpu/high)."""
+    pairs = {config: comparison.plan.pairs[indices[0]] for config, indices in by_config.items()}
+    runs = {config: pair.other for config, pair in pairs.items()}
     short = {config: f"{run.backend}/{run.precision}" for config, run in runs.items()}
+    releases = any(str(p.base.attrs.get("engine_version", "")) != str(p.other.attrs.get("engine_version", ""))
+                   and p.base.attrs.get("engine") == p.other.attrs.get("engine") for p in pairs.values())
+    if releases:  # `mnn 3.6.1 cpu/high`: the release is what sets the configuration apart from its reference
+        return {config: " ".join(str(part) for part in (run.attrs.get("engine", ""), run.attrs.get("engine_version", ""),
+                                                         short[config]) if part) for config, run in runs.items()}
     if len(set(short.values())) == len(short):
         return short
     return {config: run.config_label or run.label for config, run in runs.items()}

@@ -30,6 +30,7 @@ from layerdiff.analyzer.findings.coverage import outputs_not_compared, run_stopp
 from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
 from layerdiff.analyzer.findings.provenance import provenance_findings
 from layerdiff.analyzer.findings.spread import run_spread
+from layerdiff.analyzer.findings.versions import release_parting
 from layerdiff.analyzer.findings.anomalies import (RANGE, ZERO, anomaly_numbers, input_anomaly, layer_anomalies,
                                                    moved_clause)
 
@@ -75,6 +76,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
                                       dict(zip(pair.base.layers["key"].tolist(), pair.base.layers["op_type"].astype(str).tolist())))
             found += sources
             found += _capped(first_divergence(rows, t, graph), verdict)
+            found += release_parting(pair, rows)
             # values in another order are not zeroed by arithmetic: the packed-order finding says why
             zeros = [z for z in zero_collapse_origin(rows, graph, t, pair.base, pair.other) if z.layer not in mislaid]
             zero_starts.update((f.run, f) for f in zeros)

@@ -30,6 +30,7 @@ class FindingKind(StrEnum):
     PACKED_ORDER = "packed_order"  # a failing layer holding the reference's values in packed order (layouts.py)
     FAILURE_SOURCE = "failure_source"
     FIRST_DIVERGENCE = "first_divergence"
+    RELEASE_PARTING = "release_parting"  # two releases of one engine: the first layer where they part (versions.py)
     LAYER_DIVERGENCE = "layer_divergence"
     LAYOUT_MISMATCH = "layout_mismatch"  # layers not compared: their recorded byte orders differ (layouts.py)
     ISOLATION = "isolation"

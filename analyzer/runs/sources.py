@@ -21,7 +21,7 @@ from layerdiff.analyzer.runs.placement import cpu_by_design
 from layerdiff.errors import LayerdiffError
 
 # Attributes that make two runs "the same configuration" (everything except input and repetition).
-CONFIG_FIELDS = ("device_serial", "device_model", "engine", "backend_requested", "precision_requested",
+CONFIG_FIELDS = ("device_serial", "device_model", "engine", "engine_version", "backend_requested", "precision_requested",
                  "threads", "model_sha256")
 LABEL_FIELDS = ("device", "engine", "setting", "input_label", "repeat")
 # Precomputed /layers counts the metrics use to skip work (no NaN -> no finiteness tests, ...).
@@ -124,7 +124,10 @@ class Run:
     @property
     def config_label(self) -> str:
         device = self.attrs.get("device_model") or self.attrs.get("device_serial") or ""
-        parts = [str(device), str(self.attrs.get("engine", "")), f"{self.backend}/{self.precision}"]
+        engine = str(self.attrs.get("engine", ""))
+        if self.attrs.get("engine_requested"):  # a release asked for by version is named with it
+            engine = f"{engine} {self.attrs.get('engine_version', '')}".strip()
+        parts = [str(device), engine, f"{self.backend}/{self.precision}"]
         return " ".join(p for p in parts if p and p != "/")
 
     @property
@@ -253,6 +256,7 @@ def _is_h5(path: Path) -> bool:
 def assign_labels(runs: list[Run]) -> None:
     """Give each run the shortest label that tells it apart: only the fields that vary are shown."""
     fields = [_label_fields(run) for run in runs]
+    _with_releases(fields, runs)
     varying = [name for name in LABEL_FIELDS if len({f[name] for f in fields}) > 1]
     if not varying:
         varying = ["setting"]
@@ -261,6 +265,18 @@ def assign_labels(runs: list[Run]) -> None:
     counts = pd.Series(labels).value_counts()
     for run, label in zip(runs, labels):
         run.label = f"{label} [{run.path.stem}]" if counts[label] > 1 or not label else label
+
+
+def _with_releases(fields: list[dict[str, str]], runs: list[Run]) -> None:
+    """Runs of one engine at two releases (`--engine mnn==3.5.0` beside the installed MNN) are two
+    configurations: their engine field names the release (`mnn 3.5.0`), only where releases differ."""
+    releases: dict[str, set[str]] = {}
+    for run in runs:
+        releases.setdefault(str(run.attrs.get("engine", "")), set()).add(str(run.attrs.get("engine_version", "")))
+    for field_set, run in zip(fields, runs):
+        version = str(run.attrs.get("engine_version", ""))
+        if len(releases.get(field_set["engine"], ())) > 1 and version:
+            field_set["engine"] = f"{field_set['engine']} {version}"
 
 
 def _with_models(labels: list[str], runs: list[Run]) -> list[str]:

@@ -109,6 +109,9 @@ class Engine:
     model_help: str = ""
     # `collect prepare` stages this engine's phone harness when no `--engine` is given.
     prepared_by_default: bool = False
+    # The PyPI distribution whose wheel holds `library` (`MNN`, `ncnn`): `--engine NAME==VERSION` installs
+    # that version of it into a cached environment of its own (collector/engines/versions.py); "" refuses.
+    distribution: str = ""
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     def reach_of(self, backend: str, precision: str) -> dict[str, list[str]]:

@@ -67,6 +67,7 @@ def _parser() -> _Parser:
     p.add_argument("--inject")
     p.add_argument("--target", action="append", default=[])
     p.add_argument("--replace", action="append", default=[])
+    p.add_argument("--each")
     p.add_argument("--version", action="store_true")
     p.add_argument("--probe", action="store_true")
     return p
@@ -216,7 +217,9 @@ class DumpSink:
         self.count += 1
         progress = {"event": "tensor", "k": self.count, "n": self.total_ops, "op": op}
         print("@@ld " + json.dumps(progress), flush=True)
-        if self.args.abort_after is not None and self.count >= self.args.abort_after:
+        _PROCESS["dumped"] += 1
+        counted = _PROCESS["dumped"] if _PROCESS["each"] else self.count  # --each: the process's tensors
+        if self.args.abort_after is not None and counted >= self.args.abort_after:
             sys.stdout.flush()
             import os
 
@@ -278,11 +281,78 @@ def harness_main(engine_name: str, run: Callable[[HarnessArgs], None], probe: Ca
         if ns.probe:
             print(json.dumps(probe()))
             return EXIT_OK
+        if ns.each:
+            return run_each(ns, engine_name, run, backends)
         run(validate(ns, engine_name, backends))
         return EXIT_OK
     except HarnessExit as exc:
         print(f"layerdiff-harness: {exc}", file=sys.stderr)
         return exc.code
+
+
+CASE_EVENT = "case"
+
+
+def read_cases(path: str) -> list[dict]:
+    """`--each FILE`: one JSON object a line, `{"out": DIR, "inputs": {NAME: FILE.npy}}`, one run each."""
+    cases = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise HarnessExit(EXIT_ARGS, f"--each {path}: not readable ({err})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            case = json.loads(line)
+            out, inputs = str(case["out"]), {str(k): str(v) for k, v in dict(case["inputs"]).items()}
+        except (ValueError, KeyError, TypeError) as err:
+            raise HarnessExit(EXIT_ARGS, f"--each {path} line {number}: not an {{\"out\", \"inputs\"}} object ({err})") from None
+        cases.append({"out": out, "inputs": inputs})
+    return cases
+
+
+def run_each(ns: argparse.Namespace, engine_name: str, run: Callable[[HarnessArgs], None],
+             backends: tuple[str, ...]) -> int:
+    """`--each FILE`: one run per line of FILE in this one process (the model loaded once where the engine
+    keeps it: `reuse`), each its own raw dump with its own header, written and closed before the next
+    starts. A case that fails says so on stdout (`@@ld {"event": "case", ...}`, with its exit code and
+    line) and the next one runs; one that crashes the process leaves the ones before it complete."""
+    if ns.repeat != 1 or ns.inject or ns.input:
+        raise HarnessExit(EXIT_ARGS, "--each takes each run's inputs from its file: no --input, --repeat or --inject")
+    cases = read_cases(ns.each)
+    _PROCESS["each"] = True
+    for k, case in enumerate(cases):
+        _event(k, "start")
+        ns.input = [f"{name}={file}" for name, file in case["inputs"].items()]
+        ns.out = case["out"]
+        try:
+            run(validate(ns, engine_name, backends))
+        except HarnessExit as exc:
+            print(f"layerdiff-harness: {exc}", file=sys.stderr, flush=True)
+            _event(k, "failed", code=exc.code, message=str(exc))
+            continue
+        _event(k, "done")
+    return EXIT_OK
+
+
+def _event(k: int, state: str, **fields) -> None:
+    import os
+
+    print("@@ld " + json.dumps({"event": CASE_EVENT, "case": k, "state": state, "pid": os.getpid(), **fields}), flush=True)
+
+
+_REUSED: dict = {}
+_PROCESS = {"each": False, "dumped": 0}  # tensors this process dumped: --abort-after counts them under --each
+
+
+def reuse(key: tuple, make: Callable[[], object]) -> object:
+    """What an engine loads once per process (its model, session or net, keyed by everything that
+    shapes it) and then runs every `--each` input on: the engine-process-per-configuration floor."""
+    if key not in _REUSED:
+        _REUSED.clear()  # one configuration per process: never two models' memory at once
+        _REUSED[key] = make()
+    return _REUSED[key]
 
 
 def now_ms() -> float:

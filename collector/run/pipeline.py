@@ -6,6 +6,7 @@ partial raw dump into an HDF5 marked incomplete, under a temporary name renamed 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -27,6 +28,7 @@ from layerdiff.analyzer.formats.fedinputs import fed_ok
 from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, fed_check, read_raw_dump
 from layerdiff.collector.transport.devices import Device, DeviceError, DeviceInfo, ExecResult
 from layerdiff.collector.engines.harness_cli import INPUT_DTYPES
+from layerdiff.collector.engines.versions import engine_label, requested, same_release
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.run.fresh import execute_fresh
 from layerdiff.collector.inputs.modelfiles import ModelFiles, input_dtypes
@@ -102,6 +104,7 @@ class RunSpec(RunOptions):
     prefix: str = ""
     suffix: str = ""  # "-2", "-3", ...: set by the sweep's plan when another run of it has the same file name
     expected_bytes: int | None = None  # dump size of one repetition, when known (see layerdiff.collector.sweep.plan)
+    engine_version: str = ""  # `--engine NAME==VERSION`: that release, from its cached environment (engines/versions.py)
 
     @property
     def stem(self) -> str:
@@ -110,7 +113,8 @@ class RunSpec(RunOptions):
     @property
     def base_stem(self) -> str:
         """The file name a run gets unless another run of its sweep has it already (README: file names)."""
-        return f"{self.prefix}{self.model.engine}_{self.backend}_{self.precision}_{_safe(self.inputs.label)}"
+        engine = engine_label(self.model.engine, self.engine_version)
+        return f"{self.prefix}{engine}_{self.backend}_{self.precision}_{_safe(self.inputs.label)}"
 
     def output_names(self) -> list[str]:
         if self.repeat == 1:
@@ -149,6 +153,8 @@ def collect_run(
         raise StorageError(f"output {out_dir} is a file; pass a directory to -o")
     out_dir.mkdir(parents=True, exist_ok=True)
     harness = device.prepare_harness(spec.model.engine, spec.backend)
+    if spec.engine_version:
+        harness = _versioned(harness, spec)
     run_dir = device.new_run_dir(spec.stem)
     try:
         check_space(device, spec, run_dir)
@@ -169,6 +175,15 @@ def collect_run(
             device.keep_run_dir(run_dir)  # a scratch of the host's: marked kept, so no later start removes it
     status = RunStatus.DONE if not message else RunStatus.FAILED
     return RunOutcome(spec, device.serial, status, paths, message, result.exit_status, time.monotonic() - start)
+
+
+def _versioned(harness, spec: RunSpec):
+    """The host engine's child, importing the release `--engine NAME==VERSION` asked for from its environment."""
+    from layerdiff.collector.engines import ENGINES
+    from layerdiff.collector.engines.versions import harness_env
+
+    return replace(harness, env={**harness.env, **harness_env(ENGINES[spec.model.engine], spec.engine_version)},
+                   description=f"{harness.description} {requested(spec.model.engine, spec.engine_version)}")
 
 
 SPACE_MARGIN = 16 << 20
@@ -253,13 +268,14 @@ def harness_failure(result: ExecResult, deadline_s: float) -> str:
 
 def _fetch_and_convert(
     device: Device, spec: RunSpec, run_dir: str, targets: list[Path], result: ExecResult,
-    cancel: threading.Event | None = None,
+    cancel: threading.Event | None = None, dump_dirs: list[str] | None = None,
 ) -> tuple[list[Path], str]:
     message = harness_failure(result, spec.deadline_s)
-    dump_dirs = [f"{run_dir}/dump"] if spec.repeat == 1 else [f"{run_dir}/dump/r{k}" for k in range(spec.repeat)]
+    if dump_dirs is None:
+        dump_dirs = [f"{run_dir}/dump"] if spec.repeat == 1 else [f"{run_dir}/dump/r{k}" for k in range(spec.repeat)]
     written: list[Path] = []
     stop = cancel.is_set if cancel is not None else None
-    with tempfile.TemporaryDirectory(prefix=FETCH_PREFIX, dir=targets[0].parent) as tmp:
+    with _fetch_scratch(device, targets[0].parent) as tmp:
         for k, (remote, target) in enumerate(zip(dump_dirs, targets)):
             if stop and stop():
                 raise Interrupted(f"{device.serial}: {spec.stem}: stopped on request")
@@ -279,6 +295,14 @@ def _fetch_and_convert(
             if fed_line and fed_line not in message:
                 message = f"{message + '; ' if message else ''}{fed_line}"
     return written, message
+
+
+def _fetch_scratch(device: Device, parent: Path):
+    """Where fetched dumps land: nowhere for a device whose dumps are already here (the host's are used in
+    place, and a directory made and removed per run costs as much as a small run's conversion)."""
+    if getattr(device, "fetches_in_place", False):
+        return contextlib.nullcontext(str(parent / f"{FETCH_PREFIX}unused"))
+    return tempfile.TemporaryDirectory(prefix=FETCH_PREFIX, dir=parent)
 
 
 def cut_short(raw) -> str:
@@ -319,6 +343,13 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
             "command": shlex.join(["layerdiff-harness", "--backend", spec.backend, "--precision", spec.precision]),
         },
     }
+    version_line = ""
+    if spec.engine_version:
+        attrs["engine_requested"] = requested(spec.model.engine, spec.engine_version)
+        reported = str(raw.header.get("engine_version", ""))
+        if not same_release(spec.engine_version, reported):
+            version_line = (f"{spec.model.engine}=={spec.engine_version} was asked for but the engine reported version "
+                            f"{reported or '(none)'}; remove its environment from the layerdiff cache and re-run")
     if spec.fresh_process and spec.repeat > 1:  # each process's header says repeat 0: the index is the collector's
         attrs["repeat"] = repeat_index
         attrs["provenance"]["fresh_process"] = True
@@ -338,7 +369,8 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
         attrs["input_fed_check"] = fed
     path = convert_raw_dump(raw, target, attrs=attrs, inputs=list(spec.inputs.arrays.items()),
                             stderr=result.stderr, exit_status=result.exit_status, cancel=stop)
-    return path, cut_short(raw), "" if fed_ok(fed) else f"{spec.model.engine} was fed another input: {fed}"
+    fed_line = "" if fed_ok(fed) else f"{spec.model.engine} was fed another input: {fed}"
+    return path, cut_short(raw), "; ".join(line for line in (version_line, fed_line) if line)
 
 
 SETTING_OPTIONS = {"threads_requested": "--threads", "layers_filter": "--layers", "max_bytes": "--max-bytes"}

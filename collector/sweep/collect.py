@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from layerdiff.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_SKIPPED, InputError, StorageError
+from layerdiff.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_SKIPPED, EngineVersionError, InputError, StorageError
+from layerdiff.collector.engines.versions import check_versionable, ensure_env, split_engine
 from layerdiff.collector.sweep.prepare import build_phone_harnesses
 from layerdiff.collector.inputs.bundled import default_model
 from layerdiff.collector.inputs.inputset import resolve_inputs
@@ -35,6 +36,11 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
     check_run_options(threads, repeat, deadline, layers, max_bytes)
     if out.exists() and not out.is_dir():
         raise StorageError(f"output {out} is a file; pass a directory to -o")
+    engine, engine_version = split_engine(engine)
+    if engine_version:  # refused before any model is read when the engine has no releases to install
+        if engine not in ENGINES:
+            raise EngineVersionError(f"--engine {engine}=={engine_version}: name an engine, one of {', '.join(ENGINES)}")
+        check_versionable(ENGINES[engine])
     model_files = resolve_model(model or default_model(), engine)
     model_shapes = apply_shapes(input_shapes(model_files), parse_shapes(shapes or []), model_files)
     input_sets, input_errors = resolve_inputs(inputs, model_shapes, parse_preprocess(preprocess),
@@ -48,12 +54,24 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
     resolved = resolve_devices(devices, adb_servers, exclude, connect)
     if any(type(device) is LocalDevice for device in resolved):  # arm64 runs its own wheels
         ENGINES[model_files.engine].require_installed()  # one line naming the extra, before anything runs
+    if engine_version:
+        check_version_devices(model_files.engine, engine_version, resolved)
     return SweepPlan(
         devices=resolved, model=model_files, backends=backends,
         precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
         deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force, retry_failed=retry_failed,
-        configs=list(configs or []), fresh_process=fresh_process,
+        configs=list(configs or []), fresh_process=fresh_process, engine_version=engine_version,
     ), input_errors
+
+
+def check_version_devices(engine: str, version: str, devices: list) -> None:
+    """`--engine NAME==VERSION` runs on the host only, with an engine whose harness is a wheel (one line else)."""
+    check_versionable(ENGINES[engine])
+    others = [device.serial for device in devices if type(device) is not LocalDevice]
+    if others:
+        raise EngineVersionError(
+            f"--engine {engine}=={version} runs on the local device only (the host engine from that release's wheel); "
+            f"{', '.join(others)} run the harness built with the installed {engine}: drop them or the ==VERSION")
 
 
 def _quiet_step(title: str):
@@ -63,6 +81,9 @@ def _quiet_step(title: str):
 def prepare(plan: SweepPlan, step_display: Callable = _quiet_step) -> None:
     """Build the phones' harnesses and the arm64 runtime the plan needs, before any run starts."""
     build_phone_harnesses(plan.devices, plan.model.engine, plan.backends)
+    if plan.engine_version:  # pip fills the release's environment once, before the display starts
+        with step_display(f"{plan.model.engine}=={plan.engine_version} environment") as step:
+            ensure_env(ENGINES[plan.model.engine], plan.engine_version, on_step=lambda text: step(text, 0, 1))
     prepare_runtime(plan.devices, step_display)
 
 

@@ -27,6 +27,7 @@ from layerdiff.collector.sweep.index import Index, read_index
 from layerdiff.collector.run.outdir_lock import OutdirLock, remove_leftovers
 from layerdiff.collector.sweep.plan import PlannedRun, SweepPlan, plan_runs, relative_name
 from layerdiff.collector.run.pipeline import RunOutcome, collect_run
+from layerdiff.collector.run.each import Listener, collect_each, runs_in_one_process, same_configuration
 from layerdiff.collector.transport.scratch import remove_stale_scratch
 
 
@@ -90,9 +91,16 @@ class _Worker(threading.Thread):
         return self.done.is_set()
 
     def _run_all(self) -> None:
-        for position, run in enumerate(self.runs):
+        position = 0
+        while position < len(self.runs):
             if self.stop.is_set() or self.halt.is_set():
                 return
+            group = self._one_process_group(position)
+            if len(group) > 1:
+                self._each(group)
+                position += len(group)
+                continue
+            run = self.runs[position]
             self.current = run
             self.index.update(run.row, status=RunStatus.RUNNING, reason="")
             if self.observer:
@@ -107,6 +115,75 @@ class _Worker(threading.Thread):
                     if self.observer:
                         self.observer.finished(rest)
                 return
+            position += 1
+
+    def _one_process_group(self, position: int) -> list[PlannedRun]:
+        """The runs from `position` on that one engine process serves: one configuration, consecutive inputs."""
+        first = self.runs[position]
+        if not runs_in_one_process(self.device, first.spec):
+            return [first]
+        group = [first]
+        for run in self.runs[position + 1:]:
+            if run.out_dir != first.out_dir or not same_configuration(first.spec, run.spec):
+                break
+            group.append(run)
+        return group
+
+    def _each(self, group: list[PlannedRun]) -> None:
+        """One configuration's inputs in one engine process (collector/run/each.py): each input's row is
+        running, then done or failed, as the engine reaches it; what no outcome reached fails with the reason."""
+        by_spec = {id(run.spec): run for run in group}
+        started = time.monotonic()
+
+        def began(spec) -> None:
+            run = by_spec[id(spec)]
+            self.current = run
+            self.index.update_soon(run.row, status=RunStatus.RUNNING, reason="")
+            if self.observer:
+                self.observer.started(run)
+
+        def ended(outcome: RunOutcome) -> None:
+            run = by_spec[id(outcome.spec)]
+            if outcome.status == RunStatus.FAILED:
+                remove_partials(run)
+                if outcome.message.startswith(NO_SPACE):
+                    self.halt.set()
+            run.paths = outcome.paths
+            self.index.update_soon(run.row, status=outcome.status, reason=outcome.message,
+                                   duration_s=outcome.duration_s,
+                                   files=[relative_name(p, self.plan.out_dir) for p in outcome.paths])
+            self.current = None
+            if self.observer:
+                self.observer.finished(run)
+
+        layer = (lambda k, n, op: self.observer.layer(self.current, k, n, op) if self.current else None) \
+            if self.observer else None
+        try:
+            listener = Listener(began, ended, layer, unexpected=lambda err: internal_failure(err, self.plan.out_dir))
+            collect_each(self.device, [run.spec for run in group], group[0].out_dir, listener, cancel=self.stop)
+        except NoSpaceError as err:
+            self.halt.set()
+            self._fail_rest(group, f"{NO_SPACE}: {err}", started)
+        except LayerdiffError as err:
+            self._fail_rest(group, str(err), started)
+        except OSError as err:
+            self._fail_rest(group, os_error_line(err), started)
+        except Exception as err:  # noqa: BLE001 - any other failure is these runs', never the sweep's end
+            self._fail_rest(group, internal_failure(err, self.plan.out_dir), started)
+        finally:
+            self.index.save()  # every row as it stands, whatever update_soon left unwritten
+
+    def _fail_rest(self, group: list[PlannedRun], reason: str, started: float) -> None:
+        if self.stop.is_set():
+            return  # the interrupt handler owns the rows now
+        for run in group:
+            if run.row.status in (RunStatus.PLANNED, RunStatus.RUNNING):
+                remove_partials(run)
+                self.index.update(run.row, status=RunStatus.FAILED, reason=reason,
+                                  duration_s=time.monotonic() - started)
+                if self.observer:
+                    self.observer.finished(run)
+        self.current = None
 
     def _one(self, run: PlannedRun) -> str:
         """Run one configuration; returns a reason when the device itself is gone.

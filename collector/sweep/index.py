@@ -7,6 +7,7 @@ re-run of the same command can resume from it.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,8 +74,11 @@ def read_index(out_dir: Path) -> dict[tuple, IndexRow]:
     return {row.key: row for row in rows}
 
 
+WRITE_EVERY_S = 1.0  # update_soon: the longest a finished data-set input waits for its index row
+
+
 class Index:
-    """The live index of a running sweep; thread-safe, persisted on every update."""
+    """The live index of a running sweep; thread-safe, persisted on every update (`update_soon`: within a second)."""
 
     def __init__(self, out_dir: Path, rows: list[IndexRow]) -> None:
         self.path = Path(out_dir) / INDEX_NAME
@@ -82,6 +86,7 @@ class Index:
         self.merged = [r for r in read_rows(out_dir) or [] if not is_sweep_row(r)]  # kept as they are
         self._lock = threading.Lock()
         self.write_error: LayerdiffError | None = None
+        self._written = 0.0
         self.save()
 
     def update(self, row: IndexRow, **changes) -> None:
@@ -90,6 +95,15 @@ class Index:
                 setattr(row, name, value)
             self._write()
 
+    def update_soon(self, row: IndexRow, **changes) -> None:
+        """`update`, writing the file at most every WRITE_EVERY_S: a data set's inputs finish faster than
+        the whole file can be rewritten after each (what a crash loses here, resume finds: the files)."""
+        with self._lock:
+            for name, value in changes.items():
+                setattr(row, name, value)
+            if time.monotonic() - self._written >= WRITE_EVERY_S:
+                self._write()
+
     def save(self) -> None:
         with self._lock:
             self._write()
@@ -97,6 +111,7 @@ class Index:
     def _write(self) -> None:
         """Replace the file whole; on a full disk the old file stays and the rows stay in memory
         (`write_error` says so, and the next write that fits catches up)."""
+        self._written = time.monotonic()
         try:
             with writing(self.path):
                 write_rows(self.path.parent, [row.as_csv() for row in self.rows] + self.merged)

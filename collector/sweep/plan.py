@@ -20,6 +20,7 @@ from layerdiff.errors import DeviceError, LayerdiffError, UsageError
 from layerdiff.collector.transport.devices import Device, DeviceError, LocalDevice
 from layerdiff.collector.transport.probe import probe_document
 from layerdiff.collector.engines.harness_cli import HARNESS_VERSION
+from layerdiff.collector.engines.versions import requested
 from layerdiff.collector.sweep.index import IndexRow, read_index
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
@@ -39,10 +40,12 @@ class SweepPlan(RunOptions):
     probe: bool = True
     configs: list[tuple[str, str]] = field(default_factory=list)  # (backend, precision) pairs; empty: the cross product
     extra_attrs: dict = field(default_factory=dict)  # written into every run's root attributes (e.g. the --task)
+    engine_version: str = ""  # `--engine NAME==VERSION` (collector/engines/versions.py); "": the installed engine
 
     def specs(self) -> list[RunSpec]:
         pairs = self.configs or [(backend, precision) for backend in self.backends for precision in self.precisions]
-        return [RunSpec(self.model, backend, precision, inputs, extra_attrs=dict(self.extra_attrs), **self.run_options())
+        return [RunSpec(self.model, backend, precision, inputs, extra_attrs=dict(self.extra_attrs),
+                        engine_version=self.engine_version, **self.run_options())
                 for backend, precision in pairs for inputs in self.inputs]
 
     def device_dir(self, device: Device) -> Path:
@@ -186,7 +189,7 @@ def plan_runs(plan: SweepPlan, previous: dict[tuple, IndexRow] | None = None) ->
         out_dir = plan.device_dir(device)
         for spec in plan.specs():
             spec.expected_bytes = expected
-            row = IndexRow(device.serial, spec.model.engine, spec.backend, spec.precision, spec.inputs.label,
+            row = IndexRow(device.serial, requested(spec.model.engine, spec.engine_version), spec.backend, spec.precision, spec.inputs.label,
                            spec.repeat, model_sha256=model_hash, input_sha256=spec.inputs.sha256(), harness=harness,
                            settings=settings_text(spec))
             runs.append(PlannedRun(device, spec, row, out_dir))
@@ -252,6 +255,8 @@ def _capabilities(plan: SweepPlan, device: Device) -> tuple[dict[str, dict] | No
         return None, "", ""
     if _host_cpu_only(plan, device):
         return {"cpu": {"ok": True}}, HARNESS_VERSION, ""
+    if plan.engine_version:  # the kept probe is the installed release's: each run of another says itself what works
+        return None, HARNESS_VERSION, ""
     try:
         backends, version = probe_backends(device, plan.model.engine)
     except LayerdiffError as err:

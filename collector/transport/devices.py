@@ -139,6 +139,7 @@ class LocalDevice:
     """
 
     serial = "local"
+    fetches_in_place = True  # fetch_dir returns the directory the child wrote: nothing is copied
 
     def __init__(self, workroot: Path | None = None) -> None:
         self._workroot = Path(workroot) if workroot else None

@@ -1,20 +1,35 @@
-"""Benchmark: the data-set view of a large sweep, against the analysis it is part of.
+"""Benchmark: data sets, collected and analyzed.
 
-One cpu/high and one opencl/low run on each of N inputs (written with the project's dump writer,
-tests/analyze_dumps.py's graph; every 29th input fails), analyzed once; then the data-set view
-(findings/datasets.py) and the per-op repeat numbers (measure/repeats.py) are built again from that
-analysis, each timed over a few rounds. The figure printed is the view's median time as a share of
-the whole analysis. Goal: <= 5%.
+`--collect` (the default): a sweep of the seed-003 sample (the `underflow` ncnn model on generated
+photos, samples/images.py, prepared as the scenario prepares them) over N inputs at cpu/high, as
+`collect --input DIR` runs it: one engine process for the configuration, each input its own HDF5 file.
+Against the floor: that same engine process alone (`--each`, the model loaded once, N inferences with
+every layer dumped, no collector), started by this script on the same inputs. Prints both times, the
+ratio (goal <= 1.5x) and the peak resident memory of the sweep at N and at N/10 inputs (memory bounded
+by one input's dump: the two are close).
 
-    python -m tests.bench.bench_datasets [--inputs 200] [--rounds 3]
+`--view`: the data-set view of a large sweep against the analysis it is part of. One cpu/high and one
+opencl/low run on each of N inputs (written with the project's dump writer, tests/analyze_dumps.py's
+graph; every 29th input fails), analyzed once; then the data-set view (findings/datasets.py) and the
+per-op repeat numbers (measure/repeats.py) are built again from that analysis, each timed over a few
+rounds. The figure printed is the view's median time as a share of the whole analysis. Goal: <= 5%.
+
+    python -m tests.bench.bench_datasets [--collect | --view] [--inputs 200] [--rounds 3]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.findings.datasets import dataset_view
@@ -22,12 +37,98 @@ from layerdiff.analyzer.measure.repeats import repeat_spread_per_op
 from tests.test_datasets import _dataset_folder
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--inputs", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    labels = [f"img{i:04d}.png" for i in range(args.inputs)]
+REPO = Path(__file__).resolve().parents[2]
+MODEL = REPO / "samples" / "models" / "underflow.param"
+# the photos' brightest pixel values, in turn: well exposed, dim (fp16 subnormals), nearly black (fp16 zeros)
+BRIGHTEST = (255, 3, 1)
+
+
+def photos(folder: Path, count: int) -> Path:
+    """`count` generated photos (samples/images.py's scenes, other seeds) as PNG files."""
+    from PIL import Image
+
+    from layerdiff.samples.images import scene
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in range(count):
+        Image.fromarray(scene(1000 + k, BRIGHTEST[k % len(BRIGHTEST)])).save(folder / f"photo{k:04d}.png")
+    return folder
+
+
+def prepared_inputs(folder: Path, out: Path) -> list[dict]:
+    """The photos as the sweep feeds them (the scenario's recipe), one .npy each, as `--each` cases."""
+    from layerdiff.collector.inputs.inputset import resolve_inputs
+    from layerdiff.collector.inputs.modelfiles import input_shapes, resolve_model
+    from layerdiff.collector.inputs.preprocess import parse_preprocess
+    from layerdiff.samples.images import RECIPE
+
+    files = resolve_model(MODEL, "auto")
+    sets, errors = resolve_inputs([str(folder)], input_shapes(files), parse_preprocess(RECIPE))
+    assert not errors, errors
+    out.mkdir(parents=True, exist_ok=True)
+    cases = []
+    for k, inputs in enumerate(sets):
+        staged = {}
+        for name, array in inputs.arrays.items():
+            path = out / f"case{k}-{len(staged)}.npy"
+            np.save(path, np.asarray(array, dtype="<f4"))
+            staged[name] = str(path)
+        cases.append({"out": str(out / f"dump{k}"), "inputs": staged})
+    return cases
+
+
+def timed(argv: list[str], env: dict | None = None) -> tuple[float, int]:
+    """Wall seconds and the peak resident memory (bytes) of the largest process the command ran."""
+    script = ("import resource, subprocess, sys, time; s = time.perf_counter(); "
+              "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); t = time.perf_counter() - s; "
+              "print(t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, r.returncode)")
+    done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True,
+                          env={**os.environ, **(env or {})})
+    wall, peak, code = done.stdout.split()
+    assert code == "0", f"{argv[:4]} exited {code}: {done.stderr[-500:]}"
+    return float(wall), int(peak)
+
+
+def floor(cases: list[dict], work: Path) -> tuple[float, int]:
+    """The engine process alone: the model loaded once, every input run with every layer dumped."""
+    from layerdiff.collector.transport.devices import HOST_ENGINE_ENV
+
+    listing = work / "cases.jsonl"
+    listing.write_text("\n".join(json.dumps(c) for c in cases) + "\n")
+    argv = [sys.executable, "-m", "layerdiff.collector.engines.ncnn.engine", "--engine", "ncnn",
+            "--model", str(MODEL), "--model", str(MODEL.with_suffix(".bin")), "--backend", "cpu",
+            "--precision", "high", "--out", str(work / "unused"), "--each", str(listing)]
+    return timed(argv, HOST_ENGINE_ENV)
+
+
+def sweep(folder: Path, out: Path) -> tuple[float, int]:
+    from layerdiff.samples.images import RECIPE
+
+    return timed([sys.executable, "-m", "layerdiff.collector.cli", "--model", str(MODEL), "--input", str(folder),
+                  "--preprocess", RECIPE, "--config", "cpu/high", "-o", str(out), "--no-report"])
+
+
+def bench_collect(count: int, rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        folder = photos(work / "photos", count)
+        small = photos(work / "photos-small", max(count // 10, 2))
+        cases = prepared_inputs(folder, work / "staged")
+        floors, sweeps = [], []
+        for k in range(rounds):
+            floors.append(floor([{**c, "out": f"{c['out']}-{k}"} for c in cases], work)[0])
+            sweeps.append(sweep(folder, work / f"runs{k}"))
+        _, small_peak = sweep(small, work / "runs-small")
+        written = len(list((work / "runs0").glob("*.h5")))
+    base, wall = statistics.median(floors), statistics.median(t for t, _ in sweeps)
+    peak = max(p for _, p in sweeps)
+    print(f"{count} inputs ({written} dumps written), cpu/high: sweep {wall:.2f} s, floor (one engine process, "
+          f"{count} inferences, every layer dumped) {base:.2f} s: {wall / base:.2f}x (goal <= 1.5x); "
+          f"peak memory {peak / 2**20:.0f} MiB at {count} inputs, {small_peak / 2**20:.0f} MiB at {max(count // 10, 2)}")
+
+
+def bench_view(count: int, rounds: int) -> None:
+    labels = [f"img{i:04d}.png" for i in range(count)]
     with tempfile.TemporaryDirectory() as tmp:
         folder = _dataset_folder(Path(tmp) / "runs", labels, failing={l for i, l in enumerate(labels) if i % 29 == 7})
         start = time.perf_counter()
@@ -35,7 +136,7 @@ def main() -> None:
         whole = time.perf_counter() - start
         try:
             times = []
-            for _ in range(args.rounds):
+            for _ in range(rounds):
                 start = time.perf_counter()
                 dataset_view(analysis.comparison, analysis.summary, analysis.findings)
                 repeat_spread_per_op(analysis.comparison)
@@ -43,8 +144,21 @@ def main() -> None:
         finally:
             analysis.close()
     share = statistics.median(times) / whole
-    print(f"{args.inputs} inputs: analysis {whole:.2f} s, data-set view {statistics.median(times):.3f} s "
+    print(f"{count} inputs: analysis {whole:.2f} s, data-set view {statistics.median(times):.3f} s "
           f"({share:.1%} of the analysis; goal <= 5%)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--view", action="store_true", help="time the data-set view instead of the collection")
+    parser.add_argument("--collect", action="store_true", help="time a sweep against its engine floor (default)")
+    parser.add_argument("--inputs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.view:
+        bench_view(args.inputs, args.rounds)
+    else:
+        bench_collect(args.inputs, args.rounds)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,6 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("litert", (".tflite",), _input_specs, backends=("cpu", "gpu"), library="ai_edge_litert", extra="litert", model_help=".tflite (local LiteRT)",
+ENGINE = Engine("litert", (".tflite",), _input_specs, backends=("cpu", "gpu"), distribution="ai-edge-litert", library="ai_edge_litert", extra="litert", model_help=".tflite (local LiteRT)",
                 backend_notes=(("gpu", "WebGPU"),),  # LiteRT's GPU accelerator (WebGPU over Vulkan on the host)
                 bisect_mechanism="delegated-range")

@@ -33,6 +33,7 @@ from layerdiff.collector.engines.mnn.session import (
 from layerdiff.collector.engines.mnn.modelfile import mnn_dtype
 from layerdiff.collector.engines.harness_cli import (
     HARNESS_VERSION,
+    reuse,
     EXIT_ARGS,
     EXIT_RUN,
     DumpSink,
@@ -303,7 +304,8 @@ def run(args: HarnessArgs) -> None:
     inputs = load_inputs(args.inputs)
     if not inputs:
         raise HarnessExit(EXIT_RUN, "no --input given; pass --input NAME=FILE.npy")
-    interpreter, session = create_session(MNN, args)
+    interpreter, session = reuse(("mnn", str(args.models[0]), args.backend, args.precision, args.threads),
+                                 lambda: create_session(MNN, args))  # once per process for every --each input
     backend_code, backend_actual = session_backend(interpreter, session)
     header = base_header(args, engine_version(), inputs)
     header.update({

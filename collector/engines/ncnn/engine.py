@@ -25,6 +25,7 @@ from layerdiff.driverlibs import mapped_vulkan_drivers
 from layerdiff.vocabulary import host_abi
 from layerdiff.collector.engines.harness_cli import (
     HARNESS_VERSION,
+    reuse,
     EXIT_ARGS,
     EXIT_BACKEND,
     EXIT_MODEL,
@@ -331,7 +332,8 @@ def run_isolated(net, args: HarnessArgs, sink: DumpSink, ncnn) -> float:
 def run(args: HarnessArgs) -> None:
     ncnn = _ncnn()
     inputs = load_inputs(args.inputs)
-    net, precision = load_net(args, ncnn)
+    net, precision = reuse(("ncnn", *map(str, args.models), args.backend, args.precision, args.threads),
+                           lambda: load_net(args, ncnn))  # once per process for every --each input
     if args.replace:
         raise HarnessExit(EXIT_ARGS, "--replace is MNN's what-if; an ncnn layer is kept at high precision with "
                                      "its feature mask (param key 31) instead")

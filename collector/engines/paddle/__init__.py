@@ -22,6 +22,6 @@ def _input_specs(path: Path) -> InputSpecs:
 # Every op output is a fetch target of the run that reads it: Paddle's executor writes each fetched variable.
 WRITES = (("*", "every op output is a fetch target of the run that reads it (the program unedited), and Paddle's "
                 "executor writes each variable it fetches in that run"),)
-ENGINE = Engine("paddle", (".pdmodel", ".pdiparams"), _input_specs, writes=WRITES, model_files=_model_files, library="paddle", extra="paddle",
+ENGINE = Engine("paddle", (".pdmodel", ".pdiparams"), _input_specs, writes=WRITES, model_files=_model_files, distribution="paddlepaddle", library="paddle", extra="paddle",
                 model_help=".pdmodel with its .pdiparams (local Paddle golden)",
                 facts=EngineFacts(golden=True))

@@ -1,0 +1,151 @@
+"""Engine versions as an axis: `--engine mnn==3.5.0` runs that release of the engine beside the installed one.
+
+The host engines already run as a child process (`python -m <folder>.engine`), so another release needs
+only another place for that child to import the engine's library from. That place is a cached
+environment of its own under the layerdiff cache, one per engine, version, Python and machine, filled
+once by pip from the package index with that release's wheel. The child runs with it first on its
+import path: the engine library comes from there, layerdiff and numpy from layerdiff's own environment
+(the wheel is installed without its dependencies, which are the installed engine's). What the child
+then reports as its version is what the dump records (`engine_version`), checked against the request.
+
+Engines whose harness is not a PyPI wheel (ggml's llama.cpp build, Paddle-Lite's C++ harness) and
+devices other than the host (phones run the C++ harness built with the pinned engine) are refused in one line.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from layerdiff.cache import user_cache_root
+from layerdiff.errors import EngineVersionError
+
+ENVS_DIR = "engine-envs"
+PIP_TIMEOUT_S = 900.0
+# A version as the package index spells one (PEP 440 characters only: it becomes a path and a pip argument).
+_VERSION = re.compile(r"[0-9][0-9A-Za-z.+!_-]{0,63}")
+
+
+def split_engine(text: str) -> tuple[str, str]:
+    """`mnn==3.5.0` → ("mnn", "3.5.0"); `mnn` → ("mnn", ""): the engine and the release asked for."""
+    name, sep, version = text.partition("==")
+    name, version = name.strip(), version.strip()
+    if sep and not _VERSION.fullmatch(version):
+        raise EngineVersionError(f"--engine {text!r}: write NAME==VERSION with a release number, e.g. mnn==3.5.0")
+    return name, version
+
+
+def engine_label(engine: str, version: str) -> str:
+    """How runs of one release are named in file names: `mnn-3.5.0` (the installed engine: `mnn`)."""
+    return f"{engine}-{version}" if version else engine
+
+
+def requested(engine: str, version: str) -> str:
+    """How the request is recorded (index.csv's engine column, the dump's `engine_requested`): `mnn==3.5.0`."""
+    return f"{engine}=={version}" if version else engine
+
+
+def python_tag() -> str:
+    """What a wheel must fit besides the release: this Python and this machine (`cp311-x86_64`)."""
+    return f"cp{sys.version_info.major}{sys.version_info.minor}-{platform.machine().lower()}"
+
+
+def env_path(engine: str, version: str) -> Path:
+    """The cached environment of one release of one engine for this Python (it may not exist yet)."""
+    return user_cache_root() / ENVS_DIR / f"{engine}-{version}-{python_tag()}"
+
+
+def check_versionable(engine) -> None:
+    """Refuse, in one line, an engine whose host harness is not a wheel the package index has releases of."""
+    if not engine.distribution:
+        raise EngineVersionError(
+            f"--engine {engine.name}==VERSION: the {engine.name} harness is built here, not installed from the package "
+            f"index, so only its installed release runs; drop the ==VERSION")
+
+
+def ensure_env(engine, version: str, on_step=None) -> Path:
+    """The environment holding `version` of `engine`'s wheel, made once with pip (later calls reuse it).
+
+    pip installs into a temporary folder renamed into place when complete, so a killed install leaves
+    nothing a later run would take for an environment, and two collects making the same one do not clash."""
+    check_versionable(engine)
+    path = env_path(engine.name, version)
+    if path.is_dir():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    if on_step is not None:
+        on_step(f"installing {engine.distribution}=={version} into {path}")
+    try:
+        _pip_install(engine, version, partial)
+        try:
+            partial.rename(path)
+        except OSError:
+            if not path.is_dir():  # another collect made it meanwhile: theirs is as good
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return path
+
+
+def _pip_install(engine, version: str, target: Path) -> None:
+    argv = [sys.executable, "-m", "pip", "install", "--no-deps", "--only-binary", ":all:", "--no-input",
+            "--disable-pip-version-check", "--quiet", "--target", str(target), f"{engine.distribution}=={version}"]
+    # a constraints file pins the installed engine's release; this environment is another release's own
+    env = {**os.environ, "PIP_CONSTRAINT": "", "PIP_REQUIRE_VIRTUALENV": "0"}
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise EngineVersionError(f"--engine {engine.name}=={version}: pip did not finish installing "
+                                 f"{engine.distribution}=={version} within {PIP_TIMEOUT_S:.0f} s; check the "
+                                 "package index is reachable and try again") from None
+    except OSError as err:
+        raise EngineVersionError(f"--engine {engine.name}=={version}: pip could not start ({err})") from None
+    if done.returncode != 0:
+        raise EngineVersionError(pip_failure(engine, version, done.stderr))
+    if not any(target.glob(f"{engine.library}*")):
+        raise EngineVersionError(f"--engine {engine.name}=={version}: {engine.distribution}=={version} installed "
+                                 f"no {engine.library} module; this release cannot run as the {engine.name} engine")
+
+
+_FROM_VERSIONS = re.compile(r"\(from versions: ([^)]*)\)")
+
+
+def pip_failure(engine, version: str, stderr: str) -> str:
+    """One line for a failed install: the release does not exist or has no wheel for this Python (naming
+    the releases that do), else pip's own last error line."""
+    where = f"Python {sys.version_info.major}.{sys.version_info.minor} on {platform.machine()}"
+    found = _FROM_VERSIONS.search(stderr)
+    if found:
+        versions = [v.strip() for v in found.group(1).split(",") if v.strip() and v.strip() != "none"]
+        offer = (f"releases with one: {', '.join(versions[-12:])}" if versions
+                 else f"no release of {engine.distribution} has a wheel for it")
+        return (f"--engine {engine.name}=={version}: the package index has no {engine.distribution} {version} "
+                f"wheel for {where} ({offer})")
+    errors = [line.strip() for line in stderr.splitlines() if line.strip().startswith("ERROR")]
+    last = (errors or [line.strip() for line in stderr.splitlines() if line.strip()] or ["no message"])[-1]
+    return f"--engine {engine.name}=={version}: pip could not install {engine.distribution}=={version}: {last[:300]}"
+
+
+def harness_env(engine, version: str) -> dict[str, str]:
+    """The host engine child's environment additions that make it import `version` of the engine."""
+    path = ensure_env(engine, version)
+    before = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(path), before) if p)}
+
+
+def same_release(asked: str, reported: str) -> bool:
+    """Does the version the engine reports name the release asked for? (`1.17.0` for `1.17.0`; an engine
+    may report more or fewer parts: `3.5` and `3.5.0` are one release.)"""
+    def parts(text: str) -> list[str]:
+        items = re.split(r"[.+-]", text.strip().lstrip("v"))
+        while len(items) > 1 and items[-1] == "0":
+            items.pop()
+        return items
+
+    return bool(reported) and parts(asked) == parts(reported)
