@@ -87,7 +87,8 @@ def _engine_release(value: str) -> str:
         raise typer.BadParameter(str(err).removeprefix("--engine ")) from None
     choices(("auto", *ENGINES), "engine")(name)
     if version and name == "auto":
-        raise typer.BadParameter("name the engine a release belongs to, e.g. mnn==3.5.0")
+        raise typer.BadParameter("name the engine a release belongs to, e.g. NAME==VERSION with NAME one of: "
+                                 + ", ".join(ENGINES))
     return value
 
 

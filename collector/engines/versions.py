@@ -50,7 +50,7 @@ def requested(engine: str, version: str) -> str:
 
 
 def python_tag() -> str:
-    """What a wheel must fit besides the release: this Python and this machine (`cp311-x86_64`)."""
+    """What a wheel must fit besides the release: the running Python and the host's architecture (`cp311-x86_64`)."""
     return f"cp{sys.version_info.major}{sys.version_info.minor}-{platform.machine().lower()}"
 
 
