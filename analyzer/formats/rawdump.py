@@ -292,7 +292,8 @@ def _check_extent(where: str, t: RawTensor) -> None:
 class RawDumpWriter:
     """Writes a raw dump the way the C++ harness does: bytes first, then the manifest line, flushed."""
 
-    def __init__(self, path: Path | str, header: dict[str, Any]) -> None:
+    def __init__(self, path: Path | str, header: dict[str, Any], *, summary: bool = True) -> None:
+        """`summary`: also write the tensor summary (FORMATS.md §3) a sketch-first collection reads."""
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         if any(self.path.iterdir()):
@@ -301,6 +302,9 @@ class RawDumpWriter:
         self._manifest = open(self.path / MANIFEST, "w", encoding="utf-8")
         self._offset = 0
         self._count = 0
+        from layerdiff.analyzer.formats.sketchformat import SummaryWriter
+
+        self._summary = SummaryWriter(self.path) if summary else None  # what a sketch-first collection pulls instead of tensors.bin
         full = {"record": "header", "format": RAW_FORMAT, "format_version": RAW_VERSION, "started": utc_now()}
         self._write_line({**full, **header})
 
@@ -341,6 +345,8 @@ class RawDumpWriter:
         if time_ms is not None:
             line["time_ms"] = time_ms
         self._write_line(line)
+        if self._summary is not None:
+            self._summary.add(self._count, line["name"], array)
         self._offset += int(array.nbytes)
         self._count += 1
 
@@ -360,6 +366,8 @@ class RawDumpWriter:
     def close(self, *, infer_ms: float, status: str = "ok", extra: dict[str, Any] | None = None) -> None:
         footer = {"record": "footer", "tensors": self._count, "bytes": self._offset, "infer_ms": infer_ms, **(extra or {})}
         self._write_line({**footer, "finished": utc_now(), "status": status})
+        if self._summary is not None:
+            self._summary.close()
         self._data.close()
         self._manifest.close()
 
