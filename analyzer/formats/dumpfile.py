@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -26,6 +27,7 @@ from layerdiff.analyzer.formats.tensorread import (FastReader, TensorBuffer, blo
 from layerdiff.analyzer.formats.timestamps import utc_now  # noqa: F401  (re-exported: callers import it from here)
 
 if TYPE_CHECKING:  # pandas costs ~0.5 s to import: engine children write dumps without it
+    from layerdiff.analyzer.formats.sketchformat import TensorSummary
     import pandas as pd
 
 
@@ -211,6 +213,37 @@ class DumpFile:
             )
         return ds
 
+    @property
+    def estimated_orders(self) -> frozenset[int]:
+        """Orders of the tensors this file knows by their summary alone (`/summaries/<order>`, FORMATS.md §2):
+        a sketch-first collection left them on the device."""
+        group = self._file.get("summaries", getlink=False) if "summaries" in self._file else None
+        if not isinstance(group, h5py.Group):
+            return frozenset()
+        return frozenset(int(name) for name in group if name.isdigit())
+
+    def summary(self, order: int) -> "TensorSummary":
+        """A tensor's summary (FORMATS.md §3): stored for an estimated tensor, computed from the tensor otherwise."""
+        from layerdiff.analyzer.formats.sketchformat import BUCKETS, SAMPLE, TensorSummary, summarize
+
+        order = int(order)
+        row = self.layers[self.layers["order"] == order]
+        if row.empty:
+            raise DumpFormatError(f"{self.path}: no layer with order {order}")
+        stats = _summary_stats(row.iloc[0])
+        if order not in self.estimated_orders:
+            return summarize(self.tensor(order), order, str(row.iloc[0]["name"]))
+        where = f"{self.path}: /summaries/{order}"
+        group = self._file["summaries"][str(order)]
+        sketch_ds = local_dataset(group, "sketch", self.path, f"/summaries/{order}/sketch")
+        sample_ds = local_dataset(group, "sample", self.path, f"/summaries/{order}/sample")
+        if sketch_ds is None or sample_ds is None or sketch_ds.shape != (BUCKETS,) or sketch_ds.dtype != np.float64:
+            raise DumpFormatError(f"{where}: needs a sketch of {BUCKETS} float64 and a sample")
+        if sample_ds.shape != (min(stats["numel"], SAMPLE),) or sample_ds.dtype.kind not in "fiu":
+            raise DumpFormatError(f"{where}: the sample holds {sample_ds.shape} values for {stats['numel']} elements")
+        return TensorSummary(order, str(row.iloc[0]["name"]), stats, sketch_ds[()], sample_ds[()],
+                             sample_ds.dtype.name)
+
     def tensor_by_key(self, key: str) -> np.ndarray:
         rows = self.layers.index[self.layers["key"] == key]
         if len(rows) == 0:
@@ -284,6 +317,17 @@ class DumpFile:
 
 
 MAX_LOG_BYTES = 64 << 20
+
+
+def _summary_stats(row: Any) -> dict[str, Any]:
+    """A summary's exact statistics from a /layers row: sums back from the float64 mean and std."""
+    counts = {k: int(row[k]) for k in ("numel", "n_nan", "n_posinf", "n_neginf", "n_zero", "n_fp16_overflow",
+                                       "n_fp16_underflow", "n_fp16_saturated")}
+    finite = counts["numel"] - counts["n_nan"] - counts["n_posinf"] - counts["n_neginf"]
+    mean, std = float(row["mean"]), float(row["std"])
+    known = finite > 0 and math.isfinite(mean) and math.isfinite(std)
+    return {**counts, "min": float(row["min"]), "max": float(row["max"]),
+            "sum": mean * finite if known else 0.0, "sumsq": finite * (std * std + mean * mean) if known else 0.0}
 
 
 def _input_order(name: str) -> tuple[int, str]:

@@ -467,11 +467,18 @@ def convert_raw_dump(
 
     expected = (sum(t.nbytes for t in dump.tensors) + sum(a.nbytes for _, a in inputs or [])
                 + sum(f.nbytes for f in dump.fed))
+    pulled, summaries = _sketched_parts(dump)
+    if summaries is not None:
+        merged.update(pulled_facts(dump, pulled))
     with DumpWriter(out_path, merged, compression=compression, expected_bytes=expected) as writer:
-        for tensor, array in dump.iter_arrays():
+        for tensor in dump.tensors:
             if cancel is not None and cancel():
                 raise Interrupted(f"{out_path}: conversion stopped on request")
-            writer.add_tensor({**tensor.meta(), "op": tensor.op}, array)
+            meta = {**tensor.meta(), "op": tensor.op, "shape": list(tensor.shape)}
+            if summaries is not None and tensor.order not in pulled and tensor.order in summaries.tensors:
+                writer.add_estimated(meta, summaries.tensors[tensor.order])
+            elif summaries is None or tensor.order in pulled:
+                writer.add_tensor(meta, dump.read(tensor))
         for name, array in inputs or []:
             writer.add_input(name, array, _array_sha256(array))
         for fed in dump.fed:
@@ -481,6 +488,36 @@ def convert_raw_dump(
         if stderr:
             writer.set_log(stderr)
     return Path(out_path)
+
+
+PULLED = "pulled.json"  # (collector) a sketch-first pull: which tensors' bytes are in the local tensors.bin
+
+
+def _sketched_parts(dump: RawDump) -> tuple[set[int], Any]:
+    """(orders pulled, summaries) of a sketch-first pull; (all, None) for a dump pulled whole. A tensor with
+    neither its bytes nor a summary is left out (a harness that died between the two), with a problem line."""
+    if not (dump.path / PULLED).is_file():
+        return set(), None
+    from layerdiff.analyzer.formats.sketchformat import read_summaries
+
+    record = json.loads((dump.path / PULLED).read_text())
+    orders = record.get("orders") if isinstance(record, dict) else None
+    if not isinstance(orders, list) or not all(isinstance(o, int) and not isinstance(o, bool) for o in orders):
+        raise DumpFormatError(f"{dump.path / PULLED}: 'orders' must be a list of tensor orders")
+    summaries = read_summaries(dump.path)
+    missing = [t.op for t in dump.tensors if t.order not in orders and t.order not in summaries.tensors]
+    if missing:
+        dump.problems.append(f"{dump.path}: {len(missing)} tensors have neither bytes nor a summary (first: "
+                             f"{missing[0]!r}); they are left out")
+    return set(orders), summaries
+
+
+def pulled_facts(dump: RawDump, pulled: set[int]) -> dict[str, Any]:
+    """Root attributes of a sketch-first run: how many bytes came over the link, of how many the dump holds."""
+    record = json.loads((dump.path / PULLED).read_text())
+    total = sum(t.nbytes for t in dump.tensors)
+    return {"sketch_first": True, "bytes_pulled": int(record.get("bytes_pulled", 0)), "dump_bytes": int(total),
+            "tensors_pulled": len(pulled)}
 
 
 def fed_check(dump: RawDump, inputs: list[tuple[str, np.ndarray]]) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 
 from layerdiff.analyzer.formats.sketchformat import BUCKETS, TensorSummary, summarize
 from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
+from layerdiff.errors import LayerdiffError
 
 SKETCH_REL_SIGMA = math.sqrt(2.0 / BUCKETS)  # relative spread of a squared-norm estimate
 SIGMA_COLUMNS = ("rel_l2_sigma", "cosine_sigma", "sqnr_db_sigma", "pass_fraction_sigma", "beyond_scale_sigma",
@@ -65,6 +66,49 @@ def estimate_against_tensor(reference: np.ndarray, run: TensorSummary, tol: Tole
     """A run known only by its summary against a reference held whole (a local golden): the reference is
     summarised the way every harness summarises, then compared summary to summary."""
     return estimate_layer(summarize(reference, run.order, run.name), run, tol, kernel)
+
+
+class SketchedValueErrors:
+    """Structural alignment's value question (rel L2 of row j against row i) when a run is known partly by
+    summaries: a pair with a summarised side is answered from the sketches (same element count and order),
+    the others by the tensors as usual (`errors`, an align.values.ValueErrors)."""
+
+    def __init__(self, errors, base_dump, other_dump, base_orders: list[int], other_orders: list[int]) -> None:
+        self._errors, self._dumps, self._orders = errors, (base_dump, other_dump), (base_orders, other_orders)
+        self._summaries: tuple[dict, dict] = ({}, {})
+        self._known: dict[tuple[int, int], float] = {}
+
+    def __call__(self, i: int, j: int) -> float:
+        base_order, other_order = self._orders[0][i], self._orders[1][j]
+        if (base_order not in self._dumps[0].estimated_orders
+                and other_order not in self._dumps[1].estimated_orders):
+            return self._errors(i, j)
+        if (i, j) not in self._known:
+            a, b = self._summary(0, base_order), self._summary(1, other_order)
+            if a is None or b is None or a.numel != b.numel:
+                self._known[i, j] = math.inf
+            else:
+                dd = float(np.sum((a.sketch - b.sketch) ** 2))
+                aa = a.stats["sumsq"]
+                self._known[i, j] = math.sqrt(dd / aa) if aa > 0 else (0.0 if dd == 0 else math.inf)
+        return self._known[i, j]
+
+    def _summary(self, side: int, order: int) -> TensorSummary | None:
+        cache = self._summaries[side]
+        if order not in cache:
+            try:
+                cache[order] = self._dumps[side].summary(order)
+            except (LayerdiffError, ValueError, OSError, KeyError):  # an unreadable summary: no match
+                cache[order] = None
+        return cache[order]
+
+    @property
+    def pairs_asked(self) -> int:
+        return self._errors.pairs_asked + len(self._known)
+
+    @property
+    def exact_calls(self) -> int:
+        return self._errors.exact_calls
 
 
 def _from_sample(row: dict[str, Any], numel: int, m: int) -> dict[str, Any]:
