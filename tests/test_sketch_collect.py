@@ -72,9 +72,10 @@ def test_refined_sketch_first_run_matches_the_full_pull(phone, dumps, tmp_path):
     full.close()
     pull = start_pull(phone, REMOTE, tmp_path / "low")
     first = pull.bytes_pulled
-    result = refine({"low": pull}, [golden], golden, tmp_path / "h5")
-    assert result.rounds >= 2 and result.named["low"] > 0 and pull.bytes_pulled > first
-    final = analyze_paths([golden, result.paths["low"]], ref=golden)
+    target = tmp_path / "h5" / "low.h5"
+    result = refine({target: pull}, [golden], golden)
+    assert result.rounds >= 2 and result.named[target] > 0 and pull.bytes_pulled > first
+    final = analyze_paths([golden, target], ref=golden)
     try:
         assert headline(final) == full_headline and full_headline
         assert final.summary["verdict"].tolist() == full_verdicts
@@ -83,7 +84,7 @@ def test_refined_sketch_first_run_matches_the_full_pull(phone, dumps, tmp_path):
             assert table.loc[layer, "estimated"] is not True
     finally:
         final.close()
-    assert result.bytes_pulled["low"] < result.dump_bytes["low"]
+    assert result.bytes_pulled[target] < result.dump_bytes[target]
 
 
 def test_a_dump_without_summary_asks_for_a_full_pull(standin, dumps, tmp_path):
@@ -93,3 +94,32 @@ def test_a_dump_without_summary_asks_for_a_full_pull(standin, dumps, tmp_path):
         shutil.copy(dumps["low"] / name, target / name)
     with pytest.raises(DumpFormatError, match="--full"):
         start_pull(AdbDevice(standin.serial), REMOTE, tmp_path / "low")
+
+
+def test_collect_sketch_on_a_phone_matches_collect_full(standin, monkeypatch, det_model, tmp_path):
+    """`collect --sketch` and `collect --full` of the same sweep (cpu/high and cpu/low of the C++ harness on the
+    stand-in): every run is pulled sketch-first, refined against the other, the phone's files removed after;
+    the sweep's analysis gives the verdicts, first divergence and failure sources of the full pull."""
+    from layerdiff.collector.sweep.collect import collect
+    from tests.test_harness_support import host_harness
+
+    monkeypatch.setenv("LAYERDIFF_HARNESS_X86_64", str(host_harness()))
+    work, args = det_model
+    model = args[args.index("--model") + 1]
+    answers = {}
+    for mode in ("full", "sketch"):
+        result = collect(model, devices=[standin.serial], configs=[("cpu", "high"), ("cpu", "low")],
+                         inputs=[f"in0={work / 'in0.npy'}"], out=tmp_path / mode, pull=mode)
+        assert result.exit_code == 0, [run.row.reason for run in result.sweep.runs]
+        analysis = analyze_paths(result.paths)
+        answers[mode] = (analysis.summary["verdict"].tolist(), headline(analysis))
+        estimated = int(analysis.comparison.table["estimated"].eq(True).sum())
+        analysis.close()
+        if mode == "sketch":
+            sketched = result.sweep.sketched
+            assert sketched.runs == 2 and 0 < sketched.bytes_pulled < sketched.dump_bytes
+            assert estimated > 0 and not (tmp_path / mode / ".sketch").exists()
+            assert not list(standin.host_path("/data/local/tmp/layerdiff/runs").glob("*/dump"))
+        else:
+            assert result.sweep.sketched is None or not result.sweep.sketched.runs and estimated == 0
+    assert answers["sketch"] == answers["full"] and answers["full"][1]

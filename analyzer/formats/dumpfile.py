@@ -55,6 +55,8 @@ class DumpFile:
         self._layers: "pd.DataFrame | None" = None
         self._fast = FastReader(self._file)
         self._declared: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._estimated: frozenset[int] | None = None
+        self._stats_rows: dict[int, int] | None = None
 
     def __enter__(self) -> "DumpFile":
         return self
@@ -217,22 +219,26 @@ class DumpFile:
     def estimated_orders(self) -> frozenset[int]:
         """Orders of the tensors this file knows by their summary alone (`/summaries/<order>`, FORMATS.md §2):
         a sketch-first collection left them on the device."""
-        group = self._file.get("summaries", getlink=False) if "summaries" in self._file else None
-        if not isinstance(group, h5py.Group):
-            return frozenset()
-        return frozenset(int(name) for name in group if name.isdigit())
+        if self._estimated is None:
+            group = self._file.get("summaries", getlink=False) if "summaries" in self._file else None
+            names = list(group) if isinstance(group, h5py.Group) else []
+            self._estimated = frozenset(int(name) for name in names if name.isdigit())
+        return self._estimated
 
     def summary(self, order: int) -> "TensorSummary":
-        """A tensor's summary (FORMATS.md §3): stored for an estimated tensor, computed from the tensor otherwise."""
-        from layerdiff.analyzer.formats.sketchformat import BUCKETS, SAMPLE, TensorSummary, summarize
+        """A tensor's summary (FORMATS.md §3): stored for an estimated tensor; for a tensor held whole, its
+        sketch and sample computed once per file version (a refining collection asks again each round)."""
+        from layerdiff.analyzer.formats.sketchformat import BUCKETS, SAMPLE, TensorSummary, cached_sketch
 
         order = int(order)
-        row = self.layers[self.layers["order"] == order]
-        if row.empty:
+        if self._stats_rows is None:
+            self._stats_rows = {int(o): i for i, o in enumerate(self.layers["order"].tolist())}
+        if order not in self._stats_rows:
             raise DumpFormatError(f"{self.path}: no layer with order {order}")
-        stats = _summary_stats(row.iloc[0])
+        row = self.layers.iloc[self._stats_rows[order]]
+        stats, name = _summary_stats(row), str(row["name"])
         if order not in self.estimated_orders:
-            return summarize(self.tensor(order), order, str(row.iloc[0]["name"]))
+            return cached_sketch(self.path, order, name, stats, lambda: self.tensor(order))
         where = f"{self.path}: /summaries/{order}"
         group = self._file["summaries"][str(order)]
         sketch_ds = local_dataset(group, "sketch", self.path, f"/summaries/{order}/sketch")
@@ -241,8 +247,7 @@ class DumpFile:
             raise DumpFormatError(f"{where}: needs a sketch of {BUCKETS} float64 and a sample")
         if sample_ds.shape != (min(stats["numel"], SAMPLE),) or sample_ds.dtype.kind not in "fiu":
             raise DumpFormatError(f"{where}: the sample holds {sample_ds.shape} values for {stats['numel']} elements")
-        return TensorSummary(order, str(row.iloc[0]["name"]), stats, sketch_ds[()], sample_ds[()],
-                             sample_ds.dtype.name)
+        return TensorSummary(order, name, stats, sketch_ds[()], sample_ds[()], sample_ds.dtype.name)
 
     def tensor_by_key(self, key: str) -> np.ndarray:
         rows = self.layers.index[self.layers["key"] == key]

@@ -32,7 +32,6 @@ from layerdiff.analyzer.align.graph import LayerGraph, run_graph
 from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
 from layerdiff.analyzer.measure.classes import topk_agreement
 from layerdiff.analyzer.measure.estimate import SIGMA_COLUMNS, SketchedValueErrors, estimate_layer
-from layerdiff.analyzer.formats.sketchformat import summarize
 from layerdiff.analyzer.runs.reference import Pair, Plan
 from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.align.blocks import layer_blocks
@@ -244,8 +243,7 @@ def _estimate(row: dict, base: Run, order: int, base_tensor: np.ndarray | None, 
                                                   "pull this layer whole")
         return
     try:
-        ref = (base.dump.summary(order) if base_tensor is None
-               else summarize(base_tensor, int(order), str(match["key"])))
+        ref = base.dump.summary(order)  # a tensor held whole: its sketch, computed once per file version
         run = pair.other.dump.summary(int(match["other_order"]))
         row.update(estimate_layer(ref, run, tolerances, kernel))
     except (LayerdiffError, ValueError) as err:
