@@ -56,6 +56,7 @@ class DumpFile:
         self._fast = FastReader(self._file)
         self._declared: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._estimated: frozenset[int] | None = None
+        self._summaries_stored: frozenset[int] | None = None
         self._stats_rows: dict[int, int] | None = None
 
     def __enter__(self) -> "DumpFile":
@@ -220,10 +221,23 @@ class DumpFile:
         """Orders of the tensors this file knows by their summary alone (`/summaries/<order>`, FORMATS.md §2):
         a sketch-first collection left them on the device."""
         if self._estimated is None:
-            group = self._file.get("summaries", getlink=False) if "summaries" in self._file else None
-            names = list(group) if isinstance(group, h5py.Group) else []
-            self._estimated = frozenset(int(name) for name in names if name.isdigit())
+            self._estimated = frozenset(self._summarised - self._tensor_names())
         return self._estimated
+
+    @property
+    def _summarised(self) -> frozenset[int]:
+        """Orders with a stored summary (estimated tensors, and tensors held whole whose summary was kept)."""
+        group = self._file.get("summaries", getlink=False) if "summaries" in self._file else None
+        names = list(group) if isinstance(group, h5py.Group) else []
+        return frozenset(int(name) for name in names if name.isdigit())
+
+    def _stored_summaries(self) -> frozenset[int]:
+        if self._summaries_stored is None:
+            self._summaries_stored = self._summarised
+        return self._summaries_stored
+
+    def _tensor_names(self) -> set[int]:
+        return {int(name) for name in self._tensors if name.isdigit()}
 
     def summary(self, order: int) -> "TensorSummary":
         """A tensor's summary (FORMATS.md §3): stored for an estimated tensor; for a tensor held whole, its
@@ -237,7 +251,7 @@ class DumpFile:
             raise DumpFormatError(f"{self.path}: no layer with order {order}")
         row = self.layers.iloc[self._stats_rows[order]]
         stats, name = _summary_stats(row), str(row["name"])
-        if order not in self.estimated_orders:
+        if order not in self.estimated_orders and order not in self._stored_summaries():
             return cached_sketch(self.path, order, name, stats, lambda: self.tensor(order))
         where = f"{self.path}: /summaries/{order}"
         group = self._file["summaries"][str(order)]

@@ -90,13 +90,18 @@ class DumpWriter:
         (statistics from the summary) and `/summaries/<order>` (sketch and sample), no `/tensors/<order>`."""
         order = int(meta["order"])
         key = tensor_key(meta["op"], int(meta.get("output_index", 0)))
-        group = self._file.require_group("summaries").create_group(str(order))
+        self.add_summary(order, summary, key)
+        shape = tuple(int(d) for d in meta["shape"])
+        self._rows.append(_layer_row(meta, key, _Declared(shape, summary.dtype), summary_stats(summary)))
+
+    def add_summary(self, order: int, summary: "TensorSummary", key: str = "") -> None:
+        """`/summaries/<order>`: a tensor's sketch and sample (FORMATS.md §2); without `/tensors/<order>` the
+        tensor is estimated, beside it the summary spares a sketch-first comparison from sketching it again."""
+        group = self._file.require_group("summaries").create_group(str(int(order)))
         self._check_space(summary.sketch.nbytes + summary.sample.nbytes, 0)
         group.create_dataset("sketch", data=summary.sketch)
         group.create_dataset("sample", data=summary.sample)
-        group.attrs["key"] = key
-        shape = tuple(int(d) for d in meta["shape"])
-        self._rows.append(_layer_row(meta, key, _Declared(shape, summary.dtype), summary_stats(summary)))
+        group.attrs["key"] = key or summary.name
 
     def add_input(self, name: str, array: np.ndarray, sha256: str = "") -> None:
         group = self._file.require_group("inputs")

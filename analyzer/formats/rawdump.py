@@ -468,6 +468,7 @@ def convert_raw_dump(
     expected = (sum(t.nbytes for t in dump.tensors) + sum(a.nbytes for _, a in inputs or [])
                 + sum(f.nbytes for f in dump.fed))
     pulled, summaries = _sketched_parts(dump)
+    whole_summaries = summaries or _whole_summaries(dump)  # kept: a sketch-first run compares with them
     if summaries is not None:
         merged.update(pulled_facts(dump, pulled))
     with DumpWriter(out_path, merged, compression=compression, expected_bytes=expected) as writer:
@@ -479,6 +480,8 @@ def convert_raw_dump(
                 writer.add_estimated(meta, summaries.tensors[tensor.order])
             elif summaries is None or tensor.order in pulled:
                 writer.add_tensor(meta, dump.read(tensor))
+                if whole_summaries is not None and tensor.order in whole_summaries.tensors:
+                    writer.add_summary(tensor.order, whole_summaries.tensors[tensor.order])
         for name, array in inputs or []:
             writer.add_input(name, array, _array_sha256(array))
         for fed in dump.fed:
@@ -510,6 +513,19 @@ def _sketched_parts(dump: RawDump) -> tuple[set[int], Any]:
         dump.problems.append(f"{dump.path}: {len(missing)} tensors have neither bytes nor a summary (first: "
                              f"{missing[0]!r}); they are left out")
     return set(orders), summaries
+
+
+def _whole_summaries(dump: RawDump):
+    """The summaries a harness wrote beside a dump pulled whole (None when it wrote none, or they do not read:
+    they only spare a later sketch-first comparison the work of sketching this run's tensors)."""
+    from layerdiff.analyzer.formats.sketchformat import has_summary, read_summaries
+
+    if not has_summary(dump.path):
+        return None
+    try:
+        return read_summaries(dump.path)
+    except DumpFormatError:
+        return None
 
 
 def pulled_facts(dump: RawDump, pulled: set[int]) -> dict[str, Any]:
