@@ -58,6 +58,7 @@ class DumpFile:
         self._estimated: frozenset[int] | None = None
         self._summaries_stored: frozenset[int] | None = None
         self._stats_rows: dict[int, int] | None = None
+        self._stats_columns: dict[str, list] = {}
 
     def __enter__(self) -> "DumpFile":
         return self
@@ -245,11 +246,13 @@ class DumpFile:
         from layerdiff.analyzer.formats.sketchformat import BUCKETS, SAMPLE, TensorSummary, cached_sketch
 
         order = int(order)
-        if self._stats_rows is None:
+        if self._stats_rows is None:  # plain lists: a pandas row lookup per layer cost more than the estimate
             self._stats_rows = {int(o): i for i, o in enumerate(self.layers["order"].tolist())}
+            self._stats_columns = {c: self.layers[c].tolist() for c in (*SUMMARY_STAT_COLUMNS, "name")}
         if order not in self._stats_rows:
             raise DumpFormatError(f"{self.path}: no layer with order {order}")
-        row = self.layers.iloc[self._stats_rows[order]]
+        at = self._stats_rows[order]
+        row = {c: values[at] for c, values in self._stats_columns.items()}
         stats, name = _summary_stats(row), str(row["name"])
         if order not in self.estimated_orders and order not in self._stored_summaries():
             return cached_sketch(self.path, order, name, stats, lambda: self.tensor(order))
@@ -336,6 +339,10 @@ class DumpFile:
 
 
 MAX_LOG_BYTES = 64 << 20
+
+
+SUMMARY_STAT_COLUMNS = ("numel", "n_nan", "n_posinf", "n_neginf", "n_zero", "n_fp16_overflow", "n_fp16_underflow",
+                        "n_fp16_saturated", "min", "max", "mean", "std")
 
 
 def _summary_stats(row: Any) -> dict[str, Any]:

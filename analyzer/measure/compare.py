@@ -177,7 +177,9 @@ def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kern
     base_buffer, other_buffer = TensorBuffer(), TensorBuffer()  # two layers' memory, reused: no page faults
     for order in sorted(wanted, key=lambda o: positions.get(o, o)):
         estimated = order in base.dump.estimated_orders  # left on the device: measured from its summary
-        base_tensor, base_error = (None, "") if estimated else _read(base, order, base_buffer)
+        summaries_only = estimated or all(int(columns["other_order"][i]) in pair.other.dump.estimated_orders
+                                          for _index, pair, columns, i in wanted[order])
+        base_tensor, base_error = (None, "") if summaries_only else _read(base, order, base_buffer)
         if base_error:
             problems.append(base_error)
         for index, pair, columns, i in wanted[order]:
@@ -185,7 +187,7 @@ def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kern
             row = _layer_row(index, pair, match, positions.get(order, order), match["key"] in outputs)
             if base_error:
                 row.update(status="unreadable", reasons=f"reference tensor unreadable: {base_error}")
-            elif estimated or int(match["other_order"]) in pair.other.dump.estimated_orders:
+            elif summaries_only or int(match["other_order"]) in pair.other.dump.estimated_orders:
                 _estimate(row, base, order, base_tensor, pair, match, kernel, tolerances, problems)
             else:
                 judged, judged_stats, _moved = _plain_side(base, match["key"], base_tensor, base_stats[order], row["is_output"])

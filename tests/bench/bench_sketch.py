@@ -50,6 +50,22 @@ def make_dumps(work: Path, size: int) -> dict[str, Path]:
     return out
 
 
+def _time_link(device) -> dict:
+    """Wrap the device's pulls so the seconds spent moving bytes over the link add up in the dict returned."""
+    spent = {"s": 0.0}
+    for name in ("fetch_files", "read_ranges"):
+        original = getattr(device, name)
+
+        def timed(*args, _original=original, **kw):
+            t = time.perf_counter()
+            try:
+                return _original(*args, **kw)
+            finally:
+                spent["s"] += time.perf_counter() - t
+        setattr(device, name, timed)
+    return spent
+
+
 def answers(analysis) -> tuple:
     headline = sorted((str(f.kind), f.layer) for f in analysis.findings if str(f.kind) in HEADLINE)
     return tuple(analysis.summary["verdict"].tolist()), tuple(headline)
@@ -84,6 +100,7 @@ def run(work: Path, args) -> None:
 
         golden = convert_raw_dump(dumps["high"], work / "golden.h5")
         device = AdbDevice(standin.serial)
+        link = _time_link(device)
 
         os.sync()
         t0 = time.perf_counter()
@@ -97,6 +114,7 @@ def run(work: Path, args) -> None:
         full_bytes = sum(p.stat().st_size for p in Path(local).rglob("*") if p.is_file())
 
         os.sync()
+        link["s"] = 0.0
         t0 = time.perf_counter()
         pull = start_pull(device, REMOTE, work / "sketch_raw")
         t_first = time.perf_counter() - t0
@@ -107,6 +125,7 @@ def run(work: Path, args) -> None:
         sketch_answers = answers(analysis)
         analysis.close()
         t_sketch = time.perf_counter() - t0
+        t_link = link["s"]
     finally:
         standin.kill()
         server.kill()
@@ -114,6 +133,7 @@ def run(work: Path, args) -> None:
     print(f"full:   {full_bytes / 1e6:8.1f} MB pulled, pull {t_pull:6.1f} s, to the answer {t_full:6.1f} s")
     print(f"sketch: {pull.bytes_pulled / 1e6:8.1f} MB pulled ({first_bytes / 1e6:.1f} MB first pass, {t_first:.1f} s; "
           f"{result.named[target]} tensors named in {result.rounds} rounds), to the answer {t_sketch:6.1f} s")
+    print(f"transfer: full {t_pull:.1f} s, sketch-first {t_link:.1f} s over the link: {t_pull / t_link:.1f}x less")
     print(f"bytes: {pull.bytes_pulled / full_bytes:.1%} of the full pull (goal <= 10%)")
     print(f"wall time: {t_full / t_sketch:.1f}x faster to the answer (goal >= 5x); pull alone "
           f"{t_pull / t_first:.1f}x for the first pass")
