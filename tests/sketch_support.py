@@ -46,3 +46,11 @@ def dumps(det_model):
     return {name: work / name for name in ("cpp", "high", "low")}
 
 
+@pytest.fixture(scope="module")
+def gpu_dump(det_model):
+    """pip ncnn on Vulkan (Mesa lavapipe) at low precision: fp16 storage and arithmetic on a GPU backend."""
+    work, args = det_model
+    _pip_ncnn([*args[:-1], "vulkan"], "low", work / "vulkan")
+    return work / "vulkan"
+
+

@@ -16,7 +16,7 @@ from layerdiff.analyzer.findings.exactneeds import exact_needs
 from layerdiff.analyzer.findings.finding import FindingKind
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.analyzer.formats.rawdump import PULLED, convert_raw_dump, read_raw_dump
-from tests.sketch_support import det_model, dumps  # noqa: F401 (fixtures; they run host_harness)
+from tests.sketch_support import det_model, dumps, gpu_dump  # noqa: F401 (fixtures; they run host_harness)
 
 HEADLINE = (FindingKind.FIRST_DIVERGENCE, FindingKind.FAILURE_SOURCE)
 
@@ -114,3 +114,13 @@ def test_a_summary_is_not_compared_across_axis_orders():
              "key": "x:0", "other_order": 0}
     _estimate(row, None, 0, None, None, match, None, None, [])
     assert row["status"] == "not_pulled"
+
+
+def test_sketched_gpu_run_gives_the_full_analysis_verdict_and_findings(runs, gpu_dump, tmp_path):
+    """A GPU run (ncnn Vulkan fp16 on lavapipe) sketched against the fp32 CPU golden: the same answers as whole."""
+    full = convert_raw_dump(gpu_dump, tmp_path / "gpu.h5")
+    sketched = convert_raw_dump(sketched_copy(gpu_dump, tmp_path / "gpu_raw"), tmp_path / "gpu_sketch.h5")
+    _, full_headline, full_verdict = analysed(runs["high"], full)
+    table, headline, verdict = analysed(runs["high"], sketched)
+    assert headline == full_headline and list(verdict.values()) == list(full_verdict.values())
+    assert table["estimated"].eq(True).sum() > 50
