@@ -114,11 +114,14 @@ def test_collect_sketch_on_a_phone_matches_collect_full(standin, monkeypatch, de
         analysis = analyze_paths(result.paths)
         answers[mode] = (analysis.summary["verdict"].tolist(), headline(analysis))
         estimated = int(analysis.comparison.table["estimated"].eq(True).sum())
+        pulled = analysis.summary["bytes_pulled"].tolist()
+        n_estimated = analysis.summary["n_estimated"].fillna(0).sum()
         analysis.close()
         if mode == "sketch":
             sketched = result.sweep.sketched
             assert sketched.runs == 2 and 0 < sketched.bytes_pulled < sketched.dump_bytes
             assert estimated > 0 and not (tmp_path / mode / ".sketch").exists()
+            assert all(0 < b < sketched.dump_bytes for b in pulled) and n_estimated == estimated
             assert not list(standin.host_path("/data/local/tmp/layerdiff/runs").glob("*/dump"))
         else:
             assert result.sweep.sketched is None or not result.sweep.sketched.runs and estimated == 0
