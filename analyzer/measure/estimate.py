@@ -123,22 +123,49 @@ def _from_sample(row: dict[str, Any], numel: int, m: int) -> dict[str, Any]:
 
 
 def _from_sketches(ref: TensorSummary, run: TensorSummary, row: dict[str, Any]) -> dict[str, Any]:
-    """rel L2, cosine and SQNR from the squared norms: the reference's and the run's exact (their sums
-    of squares), the difference's from the sketches."""
-    dd = float(np.sum((ref.sketch - run.sketch) ** 2))
+    """rel L2, cosine and SQNR from the squared norms: the reference's and the run's exact (their sums of
+    squares), the difference's from the sketches, sharpened by the sample when the two agree."""
+    dd, dd_var = squared_difference(ref, run)
     aa, bb = ref.stats["sumsq"], run.stats["sumsq"]
-    dd_sigma = dd * SKETCH_REL_SIGMA
+    dd_sigma = math.sqrt(dd_var)
     rel = math.sqrt(dd / aa) if aa > 0 else (0.0 if dd == 0 else math.inf)
-    cosine = _cosine(aa, bb, dd)
     return {
         "rel_l2": rel,
-        "rel_l2_sigma": rel * SKETCH_REL_SIGMA / 2.0,
-        "cosine": cosine,
+        "rel_l2_sigma": rel * dd_sigma / (2.0 * dd) if dd > 0 and math.isfinite(rel) else 0.0,  # d sqrt(x) = dx / 2 sqrt(x)
+        "cosine": _cosine(aa, bb, dd),
         # d cos / d dd = -1 / (2 |a| |b|)
         "cosine_sigma": dd_sigma / (2.0 * math.sqrt(aa * bb)) if aa > 0 and bb > 0 else 0.0,
         "sqnr_db": 10.0 * math.log10(aa / dd) if dd > 0 and aa > 0 else (math.inf if dd == 0 else -math.inf),
-        "sqnr_db_sigma": 10.0 / math.log(10.0) * SKETCH_REL_SIGMA if dd > 0 else 0.0,
+        "sqnr_db_sigma": 10.0 / math.log(10.0) * dd_sigma / dd if dd > 0 else 0.0,
     }
+
+
+def squared_difference(ref: TensorSummary, run: TensorSummary) -> tuple[float, float]:
+    """(estimate, variance) of the squared L2 norm of run - ref.
+
+    Two independent estimates: the sketches' (variance at most 2 dd^2 / BUCKETS, whatever the values) and
+    the shared sample's (numel / m times the sum of the sampled squared differences, variance from the
+    sample's own spread). When they agree within 3 combined sigmas they are weighted by inverse variance;
+    when they do not, the sample has missed a few large differences (a heavy tail its spread cannot show)
+    and the sketch alone is kept."""
+    dd_sketch = float(np.sum((ref.sketch - run.sketch) ** 2))
+    var_sketch = SKETCH_REL_SIGMA ** 2 * dd_sketch ** 2
+    with np.errstate(all="ignore"):
+        diff = run.sample.astype(np.float64) - ref.sample.astype(np.float64)
+    m = diff.size
+    if m < 2 or not np.isfinite(diff).all():
+        return dd_sketch, var_sketch
+    squares = diff * diff
+    scale = ref.numel / m
+    dd_sample = scale * float(squares.sum())
+    var_sample = scale * scale * m * float(squares.var(ddof=1))
+    if var_sample <= 0.0 or var_sketch <= 0.0 or not math.isfinite(dd_sample + var_sample):
+        return dd_sketch, var_sketch
+    if abs(dd_sketch - dd_sample) > 3.0 * math.sqrt(var_sketch + var_sample):
+        return dd_sketch, var_sketch
+    weight_sketch, weight_sample = 1.0 / var_sketch, 1.0 / var_sample
+    total = weight_sketch + weight_sample
+    return (dd_sketch * weight_sketch + dd_sample * weight_sample) / total, 1.0 / total
 
 
 def _from_counts(ref: TensorSummary, run: TensorSummary, row: dict[str, Any]) -> dict[str, Any]:
