@@ -6,7 +6,8 @@ status (judging stays threshold-side, analyzer/findings/exactneeds.py decides wh
 pulled whole because an estimate lies too close to a threshold):
 - relative L2, cosine and SQNR from the count-sketches: the squared norm of the difference is the sum
   of the squared bucket differences, unbiased, with a relative standard deviation of at most
-  sqrt(2 / BUCKETS) (4.4% for 1,024 buckets; half that on the relative L2, a square root);
+  sqrt(2 / BUCKETS) (4.4% for 1,024 buckets; half that on the relative L2, a square root), sharpened by the
+  sample's own estimate when the two agree (`squared_difference`);
 - the allclose share, the share beyond the tensor's scale, the zero collapse, saturation, quantiles of
   |diff| and a lower bound of the largest |diff| from the shared-position sample, measured by the very
   kernel full tensors go through, restricted to the sample's elements (binomial spread);
