@@ -124,3 +124,14 @@ def test_sketched_gpu_run_gives_the_full_analysis_verdict_and_findings(runs, gpu
     table, headline, verdict = analysed(runs["high"], sketched)
     assert headline == full_headline and list(verdict.values()) == list(full_verdict.values())
     assert table["estimated"].eq(True).sum() > 50
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"orders": "0,1"}', '{"orders": [0], "bytes_pulled": true}', "[1, 2]"])
+def test_a_damaged_pulled_record_is_one_line_naming_it(dumps, tmp_path, text):
+    from layerdiff.errors import DumpFormatError
+
+    raw = sketched_copy(dumps["low"], tmp_path / "raw")
+    (raw / PULLED).write_text(text)
+    with pytest.raises(DumpFormatError, match="pulled.json"):
+        convert_raw_dump(raw, tmp_path / "out.h5")
+    assert not (tmp_path / "out.h5").exists()

@@ -503,8 +503,8 @@ def _sketched_parts(dump: RawDump) -> tuple[set[int], Any]:
         return set(), None
     from layerdiff.analyzer.formats.sketchformat import read_summaries
 
-    record = json.loads((dump.path / PULLED).read_text())
-    orders = record.get("orders") if isinstance(record, dict) else None
+    record = _pulled_record(dump.path)
+    orders = record.get("orders")
     if not isinstance(orders, list) or not all(isinstance(o, int) and not isinstance(o, bool) for o in orders):
         raise DumpFormatError(f"{dump.path / PULLED}: 'orders' must be a list of tensor orders")
     summaries = read_summaries(dump.path)
@@ -528,9 +528,21 @@ def _whole_summaries(dump: RawDump):
         return None
 
 
+def _pulled_record(root: Path) -> dict[str, Any]:
+    """`pulled.json` as a dict; anything else is one line naming the file."""
+    try:
+        record = json.loads((root / PULLED).read_text())
+    except (OSError, ValueError, RecursionError) as err:
+        raise DumpFormatError(f"{root / PULLED}: unreadable ({type(err).__name__}); collect the run again") from None
+    if not isinstance(record, dict) or isinstance(record.get("bytes_pulled", 0), bool) \
+            or not isinstance(record.get("bytes_pulled", 0), int):
+        raise DumpFormatError(f"{root / PULLED}: expected an object with 'orders' and an integer 'bytes_pulled'")
+    return record
+
+
 def pulled_facts(dump: RawDump, pulled: set[int]) -> dict[str, Any]:
     """Root attributes of a sketch-first run: how many bytes came over the link, of how many the dump holds."""
-    record = json.loads((dump.path / PULLED).read_text())
+    record = _pulled_record(dump.path)
     total = sum(t.nbytes for t in dump.tensors)
     return {"sketch_first": True, "bytes_pulled": int(record.get("bytes_pulled", 0)), "dump_bytes": int(total),
             "tensors_pulled": len(pulled)}
