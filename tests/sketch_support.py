@@ -54,3 +54,16 @@ def gpu_dump(det_model):
     return work / "vulkan"
 
 
+
+
+@pytest.fixture(scope="module")
+def ort_golden(det_model):
+    """The ONNX model itself on ONNX Runtime: a golden whose layer names differ from ncnn's (pnnx renames them),
+    so a comparison with an ncnn run aligns by structure."""
+    work, _args = det_model
+    cmd = [sys.executable, "-m", "layerdiff.collector.engines.ort.engine", "--engine", "onnxruntime",
+           "--model", str(work / "ocr_det.onnx"), "--input", f"x={work / 'in0.npy'}", "--backend", "cpu",
+           "--precision", "high", "--out", str(work / "ort")]
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return work / "ort"

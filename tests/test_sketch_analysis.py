@@ -16,7 +16,7 @@ from layerdiff.analyzer.findings.exactneeds import exact_needs
 from layerdiff.analyzer.findings.finding import FindingKind
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.analyzer.formats.rawdump import PULLED, convert_raw_dump, read_raw_dump
-from tests.sketch_support import det_model, dumps, gpu_dump  # noqa: F401 (fixtures; they run host_harness)
+from tests.sketch_support import det_model, dumps, gpu_dump, ort_golden  # noqa: F401 (fixtures; they run host_harness)
 
 HEADLINE = (FindingKind.FIRST_DIVERGENCE, FindingKind.FAILURE_SOURCE)
 
@@ -135,3 +135,19 @@ def test_a_damaged_pulled_record_is_one_line_naming_it(dumps, tmp_path, text):
     with pytest.raises(DumpFormatError, match="pulled.json"):
         convert_raw_dump(raw, tmp_path / "out.h5")
     assert not (tmp_path / "out.h5").exists()
+
+
+def test_alignment_by_structure_works_on_a_sketched_run(runs, ort_golden, tmp_path):
+    """An ONNX Runtime golden (ONNX names) against the ncnn run (pnnx's names): layers are matched by structure,
+    the same pairs whether the ncnn run is whole or sketched, with the same answers."""
+    golden = convert_raw_dump(ort_golden, tmp_path / "ort.h5")
+    results = []
+    for run in (runs["low"], runs["low_sketch"]):
+        analysis = analyze_paths([golden, run], ref=golden)
+        alignment = analysis.comparison.alignments[0]
+        matched = sorted(zip(alignment.matched["key"], alignment.matched["other_key"]))
+        headline = {(f.kind, f.layer) for f in analysis.findings if f.kind in HEADLINE}
+        results.append((matched, headline, analysis.summary["verdict"].tolist()))
+        analysis.close()
+    assert len(results[0][0]) > 50 and any(a != b for a, b in results[0][0])  # names differ: matched by structure
+    assert results[0] == results[1]
