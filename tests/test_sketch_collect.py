@@ -126,3 +126,21 @@ def test_collect_sketch_on_a_phone_matches_collect_full(standin, monkeypatch, de
         else:
             assert result.sweep.sketched is None or not result.sweep.sketched.runs and estimated == 0
     assert answers["sketch"] == answers["full"] and answers["full"][1]
+
+
+def test_a_single_sketched_run_is_kept_with_its_estimates(standin, monkeypatch, det_model, tmp_path):
+    """One configuration alone has no reference: nothing names a layer to pull, the run keeps its estimates,
+    the collect succeeds saying so, and the phone's files are removed all the same."""
+    from layerdiff.collector.sweep.collect import collect
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
+    from tests.test_harness_support import host_harness
+
+    monkeypatch.setenv("LAYERDIFF_HARNESS_X86_64", str(host_harness()))
+    work, args = det_model
+    result = collect(args[args.index("--model") + 1], devices=[standin.serial], configs=[("cpu", "low")],
+                     inputs=[f"in0={work / 'in0.npy'}"], out=tmp_path / "one", pull="sketch")
+    assert result.exit_code == 0
+    assert result.sweep.sketched.runs == 1 and "not refined" in result.sweep.sketched.problems[0]
+    with DumpFile(result.paths[0]) as dump:
+        assert dump.estimated_orders and dump.attrs["sketch_first"]
+    assert not list(standin.host_path("/data/local/tmp/layerdiff/runs").glob("*/dump"))

@@ -26,7 +26,7 @@ from layerdiff.analyzer.formats.dumpformat import tensor_key
 from layerdiff.analyzer.formats.rawdump import MANIFEST, PLAIN_DIR, PULLED, TENSORS, RawDump, convert_raw_dump, read_raw_dump
 from layerdiff.analyzer.formats.sketchformat import SUMMARY_DATA, SUMMARY_LINES
 from layerdiff.collector.transport.devices import DeviceError
-from layerdiff.errors import DumpFormatError
+from layerdiff.errors import DumpFormatError, LayerdiffError
 
 SMALL_TENSOR_BYTES = 64 << 10  # a summary is ~8-40 KB: a tensor this small is pulled whole
 AUTO_SKETCH_BYTES = 100 << 20  # `collect` pulls sketch-first when a dump is larger than this (docs/sketch.md)
@@ -286,9 +286,15 @@ def refine_sketched(out_dirs: list[Path], devices: dict[str, object], others: li
             run_dirs.append((device, str(record["run_dir"])))
     if pulls:
         others = [p for p in others if Path(p) not in pulls]
-        result = refine(pulls, others, None, thresholds)
-        summary = SketchedRuns(len(pulls), sum(result.bytes_pulled.values()), sum(result.dump_bytes.values()),
-                               result.rounds, summary.problems)
+        try:
+            result = refine(pulls, others, None, thresholds)
+            summary = SketchedRuns(len(pulls), sum(result.bytes_pulled.values()), sum(result.dump_bytes.values()),
+                                   result.rounds, summary.problems)
+        except LayerdiffError as err:  # e.g. one run and no reference: nothing names a layer to pull
+            summary = SketchedRuns(len(pulls), sum(p.bytes_pulled for p in pulls.values()),
+                                   sum(p.dump_bytes for p in pulls.values()), 0,
+                                   summary.problems + [f"the sketch-first runs were not refined ({err}); their "
+                                                       "layers left on the device stay estimates"])
     for device, run_dir in dict.fromkeys(run_dirs):
         if not keep:
             try:
