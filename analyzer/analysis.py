@@ -43,6 +43,14 @@ from layerdiff.analyzer.findings.verdict import Thresholds
 # this module and layerdiff's root):
 from layerdiff.analyzer.align.graph import LayerGraph, build_graph, run_graph  # noqa: F401,E402
 from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances  # noqa: F401,E402
+from layerdiff.analyzer.findings.exactneeds import ExactNeeds, exact_needs  # noqa: E402 (sketch-first collection)
+
+
+def needed_exactly(analysis: Analysis) -> ExactNeeds:
+    """The layers of sketch-first runs whose tensors must be pulled whole before this analysis is final
+    (analyzer/findings/exactneeds.py), per run label, in each run's own layer keys."""
+    graphs = {run.label: analysis.comparison.graph(run) for run in analysis.runs}
+    return exact_needs(analysis.comparison.table, analysis.findings, analysis.thresholds, graphs)
 
 
 @dataclass

@@ -92,6 +92,18 @@ def _engine_release(value: str) -> str:
     return value
 
 
+def _say_sketched(sketched) -> None:
+    """One line on what the sketch-first runs pulled, and one per run that could not be refined."""
+    if sketched is None or not sketched.runs:
+        return
+    share = sketched.bytes_pulled / sketched.dump_bytes if sketched.dump_bytes else 0.0
+    print(f"collect: {sketched.runs} runs pulled sketch-first: {sketched.bytes_pulled / 1e6:.1f} MB of "
+          f"{sketched.dump_bytes / 1e6:.1f} MB ({share:.1%}) in {sketched.rounds} rounds; layers left on the "
+          "device are estimates (the report marks them)", file=sys.stderr)
+    for problem in sketched.problems:
+        print(terminal_lines(f"collect: {problem}"), file=sys.stderr)
+
+
 @app.callback(invoke_without_command=True)
 @_ctrl_c_is_one_line
 def collect(
@@ -123,6 +135,9 @@ def collect(
     connect: List[str] = typer.Option(None, "--connect", help="host:port of a device-lab phone to `adb connect` "
                                       "through the (first) adb server and run on too (repeatable)"),
     keep: bool = typer.Option(False, "--keep", help="keep the run's files on the device"),
+    sketch: bool = typer.Option(False, "--sketch", help="pull a phone's dump sketch-first (summaries, then only the "
+                                "layers the analysis needs; automatic past 100 MB): docs/sketch.md"),
+    full: bool = typer.Option(False, "--full", help="pull every phone dump whole, however large"),
     force: bool = typer.Option(False, "--force", help="re-run and overwrite runs already collected"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="re-run runs the index records as failed"),
     report: Optional[bool] = typer.Option(None, "--report/--no-report",
@@ -135,6 +150,8 @@ def collect(
     if ctx.invoked_subcommand is not None:
         return
     configs = parse_configs(split_list(config), BACKENDS, PRECISIONS)
+    if sketch and full:
+        raise typer.BadParameter("choose one way to pull the dumps", param_hint="--sketch/--full")
     if configs and (backend or precision):
         raise typer.BadParameter("it names each run's backend and precision; drop --backend/--precision",
                                  param_hint="--config")
@@ -144,6 +161,7 @@ def collect(
         inputs=input or [], shapes=shape or [], out=out, threads=threads, repeat=repeat, deadline=deadline, layers=layers,
         max_bytes=max_bytes, exclude=split_list(exclude), adb_servers=adb_server or [], keep=keep, force=force,
         retry_failed=retry_failed, configs=configs, fresh_process=fresh_process, connect=split_list(connect),
+        pull="sketch" if sketch else "full" if full else "auto",
     )
     if task:
         plan.extra_attrs["task"] = task
@@ -153,6 +171,7 @@ def collect(
     with SweepProgress(console) as progress:
         result = run_sweep(plan, observer=progress, on_planned=progress.planned)
     progress.summary(result.runs, plan.out_dir, result.interrupted)
+    _say_sketched(result.sketched)
     if result.interrupted:
         raise typer.Exit(130)
     report_written = True

@@ -18,7 +18,8 @@ SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "ver
                    "layers_compared", "n_pass", "n_warn", "n_fail", "n_other", "only_in_reference", "only_in_run",
                    "first_divergence", "first_divergence_op", "first_fail", "first_fail_op", "worst_layer",
                    "worst_rel_l2", "output_beyond_tolerance", "output", "output_rel_l2",
-                   "output_sqnr_db", "top1", "top5", "task", "output_judgement", "backend_actual", "precision_effective", "complete", "file"]
+                   "output_sqnr_db", "top1", "top5", "task", "output_judgement", "backend_actual", "precision_effective", "complete", "file",
+                   "bytes_pulled", "dump_bytes", "n_estimated"]
 
 def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding],
                 thresholds: Thresholds | None = None, judgements: dict | None = None) -> pd.DataFrame:
@@ -54,7 +55,16 @@ def _identity(run: Run, role: str) -> dict:
         "verdict": role if role == "reference" else "", "backend_actual": run.backend,
         "precision_effective": str(run.attrs.get("precision_effective", "")),
         "complete": bool(run.dump.complete), "file": run.path.name,
+        **_pulled(run),
     }
+
+
+def _pulled(run: Run) -> dict:
+    """A sketch-first run's bytes over the link and its dump's size (docs/sketch.md); NaN for runs pulled whole."""
+    if not run.attrs.get("sketch_first"):
+        return {"bytes_pulled": math.nan, "dump_bytes": math.nan}
+    return {"bytes_pulled": float(run.attrs.get("bytes_pulled", math.nan)),
+            "dump_bytes": float(run.attrs.get("dump_bytes", math.nan))}
 
 
 def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | None = None, judgement=None) -> dict:
@@ -79,6 +89,7 @@ def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | N
         "verdict": verdict, "verdict_reason": why,
         "output_beyond_tolerance": dense_output_beyond(outputs),
         "layers_compared": int(len(rows)), "n_pass": int((status == "pass").sum()),
+        "n_estimated": int(rows["estimated"].eq(True).sum()) if "estimated" in rows else 0,
         "n_warn": int((status == "warn").sum()), "n_fail": int((status == "fail").sum()),
         "n_other": int((~status.isin(["pass", "warn", "fail"])).sum()),
         "only_in_reference": int(len(alignment.only_base)), "only_in_run": int(len(alignment.only_other)),

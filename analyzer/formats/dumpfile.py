@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -26,6 +27,7 @@ from layerdiff.analyzer.formats.tensorread import (FastReader, TensorBuffer, blo
 from layerdiff.analyzer.formats.timestamps import utc_now  # noqa: F401  (re-exported: callers import it from here)
 
 if TYPE_CHECKING:  # pandas costs ~0.5 s to import: engine children write dumps without it
+    from layerdiff.analyzer.formats.sketchformat import TensorSummary
     import pandas as pd
 
 
@@ -53,6 +55,10 @@ class DumpFile:
         self._layers: "pd.DataFrame | None" = None
         self._fast = FastReader(self._file)
         self._declared: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._estimated: frozenset[int] | None = None
+        self._summaries_stored: frozenset[int] | None = None
+        self._stats_rows: dict[int, int] | None = None
+        self._stats_columns: dict[str, list] = {}
 
     def __enter__(self) -> "DumpFile":
         return self
@@ -211,6 +217,55 @@ class DumpFile:
             )
         return ds
 
+    @property
+    def estimated_orders(self) -> frozenset[int]:
+        """Orders of the tensors this file knows by their summary alone (`/summaries/<order>`, FORMATS.md §2):
+        a sketch-first collection left them on the device."""
+        if self._estimated is None:
+            self._estimated = frozenset(self._summarised - self._tensor_names())
+        return self._estimated
+
+    @property
+    def _summarised(self) -> frozenset[int]:
+        """Orders with a stored summary (estimated tensors, and tensors held whole whose summary was kept)."""
+        group = self._file.get("summaries", getlink=False) if "summaries" in self._file else None
+        names = list(group) if isinstance(group, h5py.Group) else []
+        return frozenset(int(name) for name in names if name.isdigit())
+
+    def _stored_summaries(self) -> frozenset[int]:
+        if self._summaries_stored is None:
+            self._summaries_stored = self._summarised
+        return self._summaries_stored
+
+    def _tensor_names(self) -> set[int]:
+        return {int(name) for name in self._tensors if name.isdigit()}
+
+    def summary(self, order: int) -> "TensorSummary":
+        """A tensor's summary (FORMATS.md §3): stored for an estimated tensor; for a tensor held whole, its
+        sketch and sample computed once per file version (a refining collection asks again each round)."""
+        from layerdiff.analyzer.formats.sketchformat import BUCKETS, SAMPLE, TensorSummary, cached_sketch
+
+        order = int(order)
+        if self._stats_rows is None:  # plain lists: a pandas row lookup per layer cost more than the estimate
+            self._stats_rows = {int(o): i for i, o in enumerate(self.layers["order"].tolist())}
+            self._stats_columns = {c: self.layers[c].tolist() for c in (*SUMMARY_STAT_COLUMNS, "name")}
+        if order not in self._stats_rows:
+            raise DumpFormatError(f"{self.path}: no layer with order {order}")
+        at = self._stats_rows[order]
+        row = {c: values[at] for c, values in self._stats_columns.items()}
+        stats, name = _summary_stats(row), str(row["name"])
+        if order not in self.estimated_orders and order not in self._stored_summaries():
+            return cached_sketch(self.path, order, name, stats, lambda: self.tensor(order))
+        where = f"{self.path}: /summaries/{order}"
+        group = self._file["summaries"][str(order)]
+        sketch_ds = local_dataset(group, "sketch", self.path, f"/summaries/{order}/sketch")
+        sample_ds = local_dataset(group, "sample", self.path, f"/summaries/{order}/sample")
+        if sketch_ds is None or sample_ds is None or sketch_ds.shape != (BUCKETS,) or sketch_ds.dtype != np.float64:
+            raise DumpFormatError(f"{where}: needs a sketch of {BUCKETS} float64 and a sample")
+        if sample_ds.shape != (min(stats["numel"], SAMPLE),) or sample_ds.dtype.kind not in "fiu":
+            raise DumpFormatError(f"{where}: the sample holds {sample_ds.shape} values for {stats['numel']} elements")
+        return TensorSummary(order, name, stats, sketch_ds[()], sample_ds[()], sample_ds.dtype.name)
+
     def tensor_by_key(self, key: str) -> np.ndarray:
         rows = self.layers.index[self.layers["key"] == key]
         if len(rows) == 0:
@@ -284,6 +339,21 @@ class DumpFile:
 
 
 MAX_LOG_BYTES = 64 << 20
+
+
+SUMMARY_STAT_COLUMNS = ("numel", "n_nan", "n_posinf", "n_neginf", "n_zero", "n_fp16_overflow", "n_fp16_underflow",
+                        "n_fp16_saturated", "min", "max", "mean", "std")
+
+
+def _summary_stats(row: Any) -> dict[str, Any]:
+    """A summary's exact statistics from a /layers row: sums back from the float64 mean and std."""
+    counts = {k: int(row[k]) for k in ("numel", "n_nan", "n_posinf", "n_neginf", "n_zero", "n_fp16_overflow",
+                                       "n_fp16_underflow", "n_fp16_saturated")}
+    finite = counts["numel"] - counts["n_nan"] - counts["n_posinf"] - counts["n_neginf"]
+    mean, std = float(row["mean"]), float(row["std"])
+    known = finite > 0 and math.isfinite(mean) and math.isfinite(std)
+    return {**counts, "min": float(row["min"]), "max": float(row["max"]),
+            "sum": mean * finite if known else 0.0, "sumsq": finite * (std * std + mean * mean) if known else 0.0}
 
 
 def _input_order(name: str) -> tuple[int, str]:

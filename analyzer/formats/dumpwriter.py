@@ -5,7 +5,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
@@ -17,6 +17,9 @@ from layerdiff.analyzer.formats.diskspace import (SpaceGuard, as_write_error, hd
 from layerdiff.analyzer.formats.dumpformat import FORMAT_NAME, FORMAT_VERSION, LAYER_COLUMNS, ROOT_DEFAULTS, STRING_DTYPE, partial_path, tensor_key
 from layerdiff.analyzer.formats.tensorstats import TensorStats, tensor_stats
 from layerdiff.analyzer.formats.timestamps import utc_now
+
+if TYPE_CHECKING:
+    from layerdiff.analyzer.formats.sketchformat import TensorSummary
 
 
 class DumpWriter:
@@ -81,6 +84,24 @@ class DumpWriter:
         stats = tensor_stats(array)
         self._rows.append(_layer_row(meta, key, array, stats))
         return stats
+
+    def add_estimated(self, meta: dict[str, Any], summary: "TensorSummary") -> None:
+        """A tensor left on the device, known by its summary alone (a sketch-first collection): its /layers row
+        (statistics from the summary) and `/summaries/<order>` (sketch and sample), no `/tensors/<order>`."""
+        order = int(meta["order"])
+        key = tensor_key(meta["op"], int(meta.get("output_index", 0)))
+        self.add_summary(order, summary, key)
+        shape = tuple(int(d) for d in meta["shape"])
+        self._rows.append(_layer_row(meta, key, _Declared(shape, summary.dtype), summary_stats(summary)))
+
+    def add_summary(self, order: int, summary: "TensorSummary", key: str = "") -> None:
+        """`/summaries/<order>`: a tensor's sketch and sample (FORMATS.md §2); without `/tensors/<order>` the
+        tensor is estimated, beside it the summary spares a sketch-first comparison from sketching it again."""
+        group = self._file.require_group("summaries").create_group(str(int(order)))
+        self._check_space(summary.sketch.nbytes + summary.sample.nbytes, 0)
+        group.create_dataset("sketch", data=summary.sketch)
+        group.create_dataset("sample", data=summary.sample)
+        group.attrs["key"] = key or summary.name
 
     def add_input(self, name: str, array: np.ndarray, sha256: str = "") -> None:
         group = self._file.require_group("inputs")
@@ -197,6 +218,24 @@ def _attr_value(value: Any) -> Any:
     if isinstance(value, (list, dict, tuple)):
         return json.dumps(value, default=str)
     return str(value)
+
+
+class _Declared:
+    """Shape and dtype of a tensor that is not here (what a /layers row needs of an array)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.shape, self.dtype = shape, np.dtype(dtype)
+
+
+def summary_stats(summary: "TensorSummary") -> TensorStats:
+    """The /layers statistics of a tensor from its summary (mean and std from the float64 sums)."""
+    s = summary.stats
+    finite = s["numel"] - s["n_nan"] - s["n_posinf"] - s["n_neginf"]
+    mean = s["sum"] / finite if finite else math.nan
+    std = math.sqrt(max(s["sumsq"] / finite - mean * mean, 0.0)) if finite else math.nan
+    return TensorStats(numel=s["numel"], min=s["min"], max=s["max"], mean=mean, std=std,
+                       **{k: s[k] for k in ("n_nan", "n_posinf", "n_neginf", "n_zero", "n_fp16_overflow",
+                                            "n_fp16_underflow", "n_fp16_saturated")})
 
 
 def _layer_row(meta: dict[str, Any], key: str, array: np.ndarray, stats: TensorStats) -> dict[str, Any]:

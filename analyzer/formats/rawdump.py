@@ -292,7 +292,8 @@ def _check_extent(where: str, t: RawTensor) -> None:
 class RawDumpWriter:
     """Writes a raw dump the way the C++ harness does: bytes first, then the manifest line, flushed."""
 
-    def __init__(self, path: Path | str, header: dict[str, Any]) -> None:
+    def __init__(self, path: Path | str, header: dict[str, Any], *, summary: bool = True) -> None:
+        """`summary`: also write the tensor summary (FORMATS.md §3) a sketch-first collection reads."""
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         if any(self.path.iterdir()):
@@ -301,6 +302,9 @@ class RawDumpWriter:
         self._manifest = open(self.path / MANIFEST, "w", encoding="utf-8")
         self._offset = 0
         self._count = 0
+        from layerdiff.analyzer.formats.sketchformat import SummaryWriter
+
+        self._summary = SummaryWriter(self.path) if summary else None  # what a sketch-first collection pulls instead of tensors.bin
         full = {"record": "header", "format": RAW_FORMAT, "format_version": RAW_VERSION, "started": utc_now()}
         self._write_line({**full, **header})
 
@@ -341,6 +345,8 @@ class RawDumpWriter:
         if time_ms is not None:
             line["time_ms"] = time_ms
         self._write_line(line)
+        if self._summary is not None:
+            self._summary.add(self._count, line["name"], array)
         self._offset += int(array.nbytes)
         self._count += 1
 
@@ -360,6 +366,8 @@ class RawDumpWriter:
     def close(self, *, infer_ms: float, status: str = "ok", extra: dict[str, Any] | None = None) -> None:
         footer = {"record": "footer", "tensors": self._count, "bytes": self._offset, "infer_ms": infer_ms, **(extra or {})}
         self._write_line({**footer, "finished": utc_now(), "status": status})
+        if self._summary is not None:
+            self._summary.close()
         self._data.close()
         self._manifest.close()
 
@@ -459,11 +467,21 @@ def convert_raw_dump(
 
     expected = (sum(t.nbytes for t in dump.tensors) + sum(a.nbytes for _, a in inputs or [])
                 + sum(f.nbytes for f in dump.fed))
+    pulled, summaries = _sketched_parts(dump)
+    whole_summaries = summaries or _whole_summaries(dump)  # kept: a sketch-first run compares with them
+    if summaries is not None:
+        merged.update(pulled_facts(dump, pulled))
     with DumpWriter(out_path, merged, compression=compression, expected_bytes=expected) as writer:
-        for tensor, array in dump.iter_arrays():
+        for tensor in dump.tensors:
             if cancel is not None and cancel():
                 raise Interrupted(f"{out_path}: conversion stopped on request")
-            writer.add_tensor({**tensor.meta(), "op": tensor.op}, array)
+            meta = {**tensor.meta(), "op": tensor.op, "shape": list(tensor.shape)}
+            if summaries is not None and tensor.order not in pulled and tensor.order in summaries.tensors:
+                writer.add_estimated(meta, summaries.tensors[tensor.order])
+            elif summaries is None or tensor.order in pulled:
+                writer.add_tensor(meta, dump.read(tensor))
+                if whole_summaries is not None and tensor.order in whole_summaries.tensors:
+                    writer.add_summary(tensor.order, whole_summaries.tensors[tensor.order])
         for name, array in inputs or []:
             writer.add_input(name, array, _array_sha256(array))
         for fed in dump.fed:
@@ -473,6 +491,61 @@ def convert_raw_dump(
         if stderr:
             writer.set_log(stderr)
     return Path(out_path)
+
+
+PULLED = "pulled.json"  # (collector) a sketch-first pull: which tensors' bytes are in the local tensors.bin
+
+
+def _sketched_parts(dump: RawDump) -> tuple[set[int], Any]:
+    """(orders pulled, summaries) of a sketch-first pull; (all, None) for a dump pulled whole. A tensor with
+    neither its bytes nor a summary is left out (a harness that died between the two), with a problem line."""
+    if not (dump.path / PULLED).is_file():
+        return set(), None
+    from layerdiff.analyzer.formats.sketchformat import read_summaries
+
+    record = _pulled_record(dump.path)
+    orders = record.get("orders")
+    if not isinstance(orders, list) or not all(isinstance(o, int) and not isinstance(o, bool) for o in orders):
+        raise DumpFormatError(f"{dump.path / PULLED}: 'orders' must be a list of tensor orders")
+    summaries = read_summaries(dump.path)
+    missing = [t.op for t in dump.tensors if t.order not in orders and t.order not in summaries.tensors]
+    if missing:
+        dump.problems.append(f"{dump.path}: {len(missing)} tensors have neither bytes nor a summary (first: "
+                             f"{missing[0]!r}); they are left out")
+    return set(orders), summaries
+
+
+def _whole_summaries(dump: RawDump):
+    """The summaries a harness wrote beside a dump pulled whole (None when it wrote none, or they do not read:
+    they only spare a later sketch-first comparison the work of sketching this run's tensors)."""
+    from layerdiff.analyzer.formats.sketchformat import has_summary, read_summaries
+
+    if not has_summary(dump.path):
+        return None
+    try:
+        return read_summaries(dump.path)
+    except DumpFormatError:
+        return None
+
+
+def _pulled_record(root: Path) -> dict[str, Any]:
+    """`pulled.json` as a dict; anything else is one line naming the file."""
+    try:
+        record = json.loads((root / PULLED).read_text())
+    except (OSError, ValueError, RecursionError) as err:
+        raise DumpFormatError(f"{root / PULLED}: unreadable ({type(err).__name__}); collect the run again") from None
+    if not isinstance(record, dict) or isinstance(record.get("bytes_pulled", 0), bool) \
+            or not isinstance(record.get("bytes_pulled", 0), int):
+        raise DumpFormatError(f"{root / PULLED}: expected an object with 'orders' and an integer 'bytes_pulled'")
+    return record
+
+
+def pulled_facts(dump: RawDump, pulled: set[int]) -> dict[str, Any]:
+    """Root attributes of a sketch-first run: how many bytes came over the link, of how many the dump holds."""
+    record = _pulled_record(dump.path)
+    total = sum(t.nbytes for t in dump.tensors)
+    return {"sketch_first": True, "bytes_pulled": int(record.get("bytes_pulled", 0)), "dump_bytes": int(total),
+            "tensors_pulled": len(pulled)}
 
 
 def fed_check(dump: RawDump, inputs: list[tuple[str, np.ndarray]]) -> str:

@@ -31,6 +31,7 @@ from layerdiff.progress import Steps
 from layerdiff.analyzer.align.graph import LayerGraph, run_graph
 from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
 from layerdiff.analyzer.measure.classes import topk_agreement
+from layerdiff.analyzer.measure.estimate import SIGMA_COLUMNS, SketchedValueErrors, estimate_layer
 from layerdiff.analyzer.runs.reference import Pair, Plan
 from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.align.blocks import layer_blocks
@@ -116,8 +117,11 @@ def value_error(base: Run, other: Run) -> ValueErrors:
     if not (names_axes(base_layouts) and names_axes(other_layouts)):  # as structural alignment sees shapes
         base_layouts, other_layouts = [""] * len(base_layouts), [""] * len(other_layouts)
     # tensors in one axis order (NHWC as NCHW), as structural alignment sees their shapes
-    return ValueErrors(lambda i: canonical_tensor(_read(base, base_orders[i])[0], base_layouts[i]),
-                       lambda j: canonical_tensor(_read(other, other_orders[j])[0], other_layouts[j]))
+    errors = ValueErrors(lambda i: canonical_tensor(_read(base, base_orders[i])[0], base_layouts[i]),
+                         lambda j: canonical_tensor(_read(other, other_orders[j])[0], other_layouts[j]))
+    if base.dump.estimated_orders or other.dump.estimated_orders:  # a sketch-first run: its summaries answer
+        return SketchedValueErrors(errors, base.dump, other.dump, base_orders, other_orders)
+    return errors
 
 
 
@@ -172,7 +176,10 @@ def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kern
     positions = {int(o): i for i, o in enumerate(base.layers["order"])}
     base_buffer, other_buffer = TensorBuffer(), TensorBuffer()  # two layers' memory, reused: no page faults
     for order in sorted(wanted, key=lambda o: positions.get(o, o)):
-        base_tensor, base_error = _read(base, order, base_buffer)
+        estimated = order in base.dump.estimated_orders  # left on the device: measured from its summary
+        summaries_only = estimated or all(int(columns["other_order"][i]) in pair.other.dump.estimated_orders
+                                          for _index, pair, columns, i in wanted[order])
+        base_tensor, base_error = (None, "") if summaries_only else _read(base, order, base_buffer)
         if base_error:
             problems.append(base_error)
         for index, pair, columns, i in wanted[order]:
@@ -180,6 +187,8 @@ def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kern
             row = _layer_row(index, pair, match, positions.get(order, order), match["key"] in outputs)
             if base_error:
                 row.update(status="unreadable", reasons=f"reference tensor unreadable: {base_error}")
+            elif summaries_only or int(match["other_order"]) in pair.other.dump.estimated_orders:
+                _estimate(row, base, order, base_tensor, pair, match, kernel, tolerances, problems)
             else:
                 judged, judged_stats, _moved = _plain_side(base, match["key"], base_tensor, base_stats[order], row["is_output"])
                 _measure(row, judged, pair, match, kernel, tolerances, judged_stats, problems, other_buffer)
@@ -221,6 +230,29 @@ def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel
                    n_tie_flips=agree["n_tie_flips"])
     row["status"], row["reasons"] = MEASURED, ""
     row["plain_judged"] = moved  # a fact for the judge: this output's numbers are the plain run's
+
+
+def _estimate(row: dict, base: Run, order: int, base_tensor: np.ndarray | None, pair: Pair, match: dict,
+              kernel: PairKernel, tolerances: Tolerances, problems: list[str]) -> None:
+    """Fill one row from the tensors' summaries (one side or both left on the device): every metric with
+    its uncertainty, `estimated` set; status `measured`, or why not (analyzer/measure/estimate.py)."""
+    axes = matched_axes(match)
+    if axes.status == "mismatch":
+        row.update(status="shape_mismatch", reasons=axes.reason)
+        return
+    if axes.status not in ("same", "squeezed"):
+        row.update(status="not_pulled", reasons="a summary compares only with a tensor in the same axis order; "
+                                                  "pull this layer whole")
+        return
+    try:
+        ref = base.dump.summary(order)  # a tensor held whole: its sketch, computed once per file version
+        run = pair.other.dump.summary(int(match["other_order"]))
+        row.update(estimate_layer(ref, run, tolerances, kernel))
+    except (LayerdiffError, ValueError) as err:
+        problems.append(f"{pair.other.shown_path}: {match['key']}: {err}")
+        row.update(status="unreadable", reasons=str(err))
+        return
+    row["status"], row["reasons"] = MEASURED, ""
 
 
 def _plain_side(run: Run, key: str, tensor: np.ndarray, stats: dict, is_output: bool) -> tuple[np.ndarray, dict, bool]:
@@ -289,7 +321,7 @@ TABLE_COLUMNS = [
     "pass_fraction", "n_fail", "beyond_scale", "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new",
     "n_posinf_lost", "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed",
     "n_saturated", "n_zero_new", "n_out_of_range", "ref_min", "ref_max", "run_min", "run_max", "range_excess",
-    "top1", "top5", "n_top1_flips", "n_tie_flips", "plain_judged",
+    "top1", "top5", "n_top1_flips", "n_tie_flips", "plain_judged", "estimated", *SIGMA_COLUMNS,
 ]  # plus "growth" and "worst_input", added once every row of a pair is known
 
 

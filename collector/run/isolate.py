@@ -95,7 +95,7 @@ def write_inject_dump(ref: DumpFile, targets: dict[str, list[str]], out_dir: Pat
     layers = ref.layers.set_index("name", drop=False)
     model_inputs = dict(ref.inputs())
     writer = RawDumpWriter(out_dir, {"engine": ref.attrs.get("engine", ""), "harness": "layerdiff-inject",
-                                     "targets": targets, "reference": ref.path.name})
+                                     "targets": targets, "reference": ref.path.name}, summary=False)
     for name in needed:
         if name in layers.index:
             row = layers.loc[name]

@@ -33,6 +33,7 @@ from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.run.fresh import execute_fresh
 from layerdiff.collector.inputs.modelfiles import ModelFiles, input_dtypes
 from layerdiff.collector.run.outdir_lock import FETCH_PREFIX
+from layerdiff.collector.run.sketchpull import fetch_dump, sketch_dir
 from layerdiff.collector.transport.scratch import scratch_dir
 
 PROGRESS_PREFIX = "@@ld "
@@ -58,9 +59,12 @@ class RunOptions:
     max_bytes: int | None = None
     keep: bool = False
     fresh_process: bool = False  # with repeat > 1: each repeat in its own harness process (collector/run/fresh.py)
+    pull: str = "auto"  # "auto" | "sketch" | "full": how a phone's dump comes to the host (docs/sketch.md)
 
     def __post_init__(self) -> None:
         check_run_options(self.threads, self.repeat, self.deadline_s, self.layers, self.max_bytes)
+        if self.pull not in ("auto", "sketch", "full"):
+            raise UsageError(f"pull mode {self.pull!r}: use auto, sketch (--sketch) or full (--full)")
 
     def run_options(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(RunOptions)}
@@ -169,7 +173,8 @@ def collect_run(
         with writing(out_dir, (spec.expected_bytes or 0) * spec.repeat):
             paths, message = _fetch_and_convert(device, spec, run_dir, targets, result, cancel)
     finally:
-        if not spec.keep:
+        sketched = any(sketch_dir(t).is_dir() for t in targets)  # refined once the sweep is done, then removed
+        if not spec.keep and not sketched:
             _cleanup(device, run_dir)
         elif hasattr(device, "keep_run_dir"):
             device.keep_run_dir(run_dir)  # a scratch of the host's: marked kept, so no later start removes it
@@ -280,7 +285,9 @@ def _fetch_and_convert(
             if stop and stop():
                 raise Interrupted(f"{device.serial}: {spec.stem}: stopped on request")
             try:
-                local = device.fetch_dir(remote, Path(tmp) / f"r{k}")
+                local = fetch_dump(device, remote, Path(tmp) / f"r{k}", spec.pull, target, run_dir)
+            except DumpFormatError as err:  # --sketch of a dump without summaries
+                return written, f"{message + '; ' if message else ''}{err}"
             except DeviceError as err:
                 return written, f"{message + '; ' if message else ''}{err}"
             if not (Path(local) / MANIFEST).is_file():

@@ -31,7 +31,8 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
                max_bytes: int | None, exclude: list[str], adb_servers: list[str], keep: bool, force: bool,
                retry_failed: bool = False, preprocess: str | None = None,
                shapes: list[str] | None = None, configs: list[tuple[str, str]] | None = None,
-               fresh_process: bool = False, connect: list[str] | None = None) -> tuple[SweepPlan, list[str]]:
+               fresh_process: bool = False, connect: list[str] | None = None,
+               pull: str = "auto") -> tuple[SweepPlan, list[str]]:
     """Everything `collect` needs, checked before any device is touched; plus unusable-input lines."""
     check_run_options(threads, repeat, deadline, layers, max_bytes)
     if out.exists() and not out.is_dir():
@@ -60,7 +61,7 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
         devices=resolved, model=model_files, backends=backends,
         precisions=precisions, inputs=input_sets, out_dir=out, threads=threads, repeat=repeat,
         deadline_s=deadline, layers=layers, max_bytes=max_bytes, keep=keep, force=force, retry_failed=retry_failed,
-        configs=list(configs or []), fresh_process=fresh_process, engine_version=engine_version,
+        configs=list(configs or []), fresh_process=fresh_process, engine_version=engine_version, pull=pull,
     ), input_errors
 
 
@@ -122,15 +123,17 @@ def collect(model: Path | str | None = None, *, devices: Iterable[str] = ("local
             deadline: float = 900.0, layers: str | None = None, max_bytes: int | None = None,
             exclude: Iterable[str] = (), adb_servers: Iterable[str] = (), keep: bool = False, force: bool = False,
             retry_failed: bool = False, fresh_process: bool = False, task: str | None = None,
-            connect: Iterable[str] = ()) -> Collected:
+            connect: Iterable[str] = (), pull: str = "auto") -> Collected:
     """Run `model` with every layer dumped on each device x backend x precision x input, as `collect`
-    does (same files, same index.csv, resumes the same way), without printing progress."""
+    does (same files, same index.csv, resumes the same way), without printing progress. `pull`: how phones'
+    dumps come over (`auto`: sketch-first past 100 MB, `sketch`, `full`; docs/sketch.md)."""
     plan, input_errors = build_plan(
         devices=list(devices), model=Path(model) if model is not None else None, engine=engine,
         backends=list(backends), precisions=list(precisions), inputs=list(inputs), shapes=list(shapes),
         preprocess=preprocess, out=Path(out), threads=threads, repeat=repeat, deadline=deadline, layers=layers,
         max_bytes=max_bytes, exclude=list(exclude), adb_servers=list(adb_servers), keep=keep, force=force,
-        retry_failed=retry_failed, configs=list(configs), fresh_process=fresh_process, connect=list(connect))
+        retry_failed=retry_failed, configs=list(configs), fresh_process=fresh_process, connect=list(connect),
+        pull=pull)
     if task:  # what the outputs are (analyze --task), recorded in every dump
         plan.extra_attrs["task"] = task
     prepare(plan)

@@ -47,6 +47,7 @@ class SweepResult:
     index: Index
     interrupted: bool = False
     failed: list[PlannedRun] = field(default_factory=list)
+    sketched: object = None  # sketchpull.SketchedRuns: what the sketch-first runs pulled (None: none ran)
 
 
 class _Worker(threading.Thread):
@@ -315,7 +316,22 @@ def _run_locked(plan: SweepPlan, observer: SweepObserver | None,
         interrupted = True
         _interrupt(workers, index, stop)
     failed = [r for r in runs if r.row.status == RunStatus.FAILED]
-    return SweepResult(runs, index, interrupted, failed)
+    result = SweepResult(runs, index, interrupted, failed)
+    if not interrupted:
+        result.sketched = _refine_sketched(plan, runs)
+    return result
+
+
+def _refine_sketched(plan: SweepPlan, runs: list[PlannedRun]):
+    """Pull what the analysis needs of the sweep's sketch-first runs (collector/run/sketchpull.py), with
+    every run of the sweep as their possible references; nothing to do when every dump came whole."""
+    from layerdiff.collector.run.sketchpull import SKETCH_DIR, SketchedRuns, refine_sketched
+
+    out_dirs = sorted({run.out_dir for run in runs})
+    if not any((d / SKETCH_DIR).is_dir() for d in out_dirs):
+        return SketchedRuns()
+    others = [run.out_dir / name for run in runs for name in run.row.files if (run.out_dir / name).is_file()]
+    return refine_sketched(out_dirs, {d.serial: d for d in plan.devices}, others, plan.keep)
 
 
 STOP_WAIT_S = 5.0

@@ -278,6 +278,44 @@ class AdbDevice:
             raise self._lost(f"listing {remote_dir}", err) from None
         return local_dir
 
+    def fetch_files(self, remote_dir: str, names: list[str], local_dir: Path) -> list[str]:
+        """Pull the named files of a dump directory (those present; `plain/...` names included): a sketch-first
+        collection's first pass. Returns the names pulled."""
+        local_dir = Path(local_dir)
+        local_dir.mkdir(parents=True, exist_ok=True)
+        pulled = []
+        try:
+            with self._sync() as sync:
+                for name in names:
+                    if sync.stat(f"{remote_dir}/{name}") is None:
+                        continue
+                    (local_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                    self._pull_one(sync, f"{remote_dir}/{name}", local_dir / name)
+                    pulled.append(name)
+        except _Lost as err:
+            raise self._lost(f"pulling from {remote_dir}", err) from None
+        return pulled
+
+    def read_ranges(self, remote_path: str, ranges: list[tuple[int, int]]) -> bytes:
+        """The bytes of (offset, length) ranges of one device file, back to back, in one round trip: one `dd`
+        per range (`iflag=skip_bytes,count_bytes`, toybox and coreutils alike) streamed over one shell."""
+        if not ranges:
+            return b""
+        quoted = shlex.quote(remote_path)
+        script = ";".join(f"dd if={quoted} bs=1M iflag=skip_bytes,count_bytes skip={int(offset)} count={int(length)} "
+                          "2>/dev/null" for offset, length in ranges)
+        out, err = bytearray(), bytearray()
+        try:
+            code = run_shell_v2(self._dev, script, on_stdout=out.extend, on_stderr=err.extend, idle_timeout=60.0)
+        except _Lost as lost:
+            raise self._lost(f"reading {len(ranges)} tensors of {remote_path}", lost) from None
+        expected = sum(length for _offset, length in ranges)
+        if code != 0 or len(out) != expected:
+            raise DeviceError(f"{self.serial}: reading {len(ranges)} byte ranges of {remote_path} gave {len(out)} of "
+                              f"{expected} bytes (exit {code}{': ' + err.decode(errors='replace').strip()[:200] if err else ''}); "
+                              "the dump on the phone may be gone: collect again with --full")
+        return bytes(out)
+
     def _pull_one(self, sync: SyncSession, remote: str, target: Path) -> None:
         partial = target.with_name(f".{target.name}.partial")
         try:

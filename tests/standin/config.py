@@ -27,6 +27,7 @@ class StandInConfig:
     qemu_cpu: str = "max"
     qemu_ld_prefix: str = ""  # -L for dynamically linked aarch64 programs (static ones need none)
     name: str = "standin"
+    link_bytes_per_s: float = 0.0  # > 0: the device-to-host link is throttled to this rate (a USB 2 cable: ~35e6)
 
     def full_props(self, port: int) -> dict[str, str]:
         """Default Android properties for this ABI, overridden by `props`."""

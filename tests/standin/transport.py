@@ -5,6 +5,7 @@ import itertools
 import os
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING, Callable
 
 from .streams import Stream
@@ -30,10 +31,28 @@ class Transport:
         self._streams: dict[int, Stream] = {}
         self._ids = itertools.count(1)
         self._online = False
+        self._link_start = self._link_last = 0.0
+        self._link_sent = 0
 
     def send(self, data: bytes) -> None:
         with self._send_lock:
             self.sock.sendall(data)
+            self._throttle(len(data))
+
+    def _throttle(self, size: int) -> None:
+        """Hold the link to `link_bytes_per_s` (a USB 2 cable moves ~35 MB/s): wait until the bytes sent so
+        far could have crossed it. The counter restarts after an idle second, as a cable would."""
+        rate = self.device.config.link_bytes_per_s
+        if rate <= 0:
+            return
+        now = time.monotonic()
+        if now - self._link_last > 1.0:
+            self._link_start, self._link_sent = now, 0
+        self._link_sent += size
+        ahead = self._link_start + self._link_sent / rate - now
+        if ahead > 0:
+            time.sleep(ahead)
+        self._link_last = time.monotonic()
 
     def run(self) -> None:
         """Serve until the connection ends; then every open stream sees a close."""

@@ -28,8 +28,8 @@ from layerdiff.collector.harness.buildprogress import BuildReporter, default_rep
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendor/llama.cpp is built (ggml 0.25.3)
 GGML_DIR = DEVICE_SCRIPTS / "ggml"
-SHARED_SOURCES = ("options", "engine", "npy", "sha256", "json", "json_read", "inject_source", "dump_writer", "plain_run",
-                  "sysutil")  # harness/src, reused
+SHARED_SOURCES = ("options", "engine", "npy", "sha256", "json", "json_read", "inject_source", "dump_writer", "sketch",
+                  "plain_run", "sysutil")  # harness/src, reused
 BUILD_MINUTES = {"host": 8, "aarch64": 10, "android": 12}  # measured on 2 busy cores: host CPU-only 7.3 min
 # What ggml's Vulkan CMake needs beyond a compiler (Debian package -> what it provides): checked before a
 # --vulkan build starts, so a missing one is one line naming the packages, not a CMake trace minutes in.

@@ -25,6 +25,7 @@ DumpWriter::DumpWriter(const std::string& dir, const DumpLimits& limits, int64_t
     check_io(manifest_ != nullptr, "create manifest.jsonl");
     tensors_ = std::fopen(join_path(dir, "tensors.bin").c_str(), "wb");
     check_io(tensors_ != nullptr, "create tensors.bin");
+    summary_ = std::make_unique<SummaryWriter>(dir);
 }
 
 DumpWriter::~DumpWriter() {
@@ -64,6 +65,7 @@ bool DumpWriter::begin(const TensorInfo& info, uint64_t nbytes) {
     current_ = info;
     current_expected_ = nbytes;
     current_written_ = 0;
+    sketch_.begin(info.dtype, static_cast<int64_t>(elements));
     watching_current_ = watched_names_.count(info.name) > 0 && watched_.count(info.name) == 0;
     if (watching_current_) watched_[info.name] = WatchedTensor{info, {}};
     return true;
@@ -73,6 +75,7 @@ void DumpWriter::append(const void* data, size_t size) {
     if (size == 0) return;
     check_io(std::fwrite(data, 1, size, tensors_) == size, "write tensors.bin");
     current_written_ += size;
+    sketch_.add(data, size);
     if (watching_current_) {
         const unsigned char* bytes = static_cast<const unsigned char*>(data);
         std::vector<unsigned char>& kept = watched_[current_.name].bytes;
@@ -104,6 +107,7 @@ void DumpWriter::end() {
     if (current_.time_ms >= 0) line.add("time_ms", current_.time_ms);
     check_io(std::fputs((line.str() + "\n").c_str(), manifest_) >= 0, "write manifest.jsonl");
     check_io(std::fflush(manifest_) == 0, "flush manifest.jsonl");
+    summary_->write(count_, current_.name, current_.dtype, sketch_);
     offset_ += current_expected_;
     ++count_;
 

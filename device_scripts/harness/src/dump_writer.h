@@ -7,10 +7,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "sketch.h"
 
 namespace ld {
 
@@ -87,6 +90,8 @@ private:
     std::map<std::string, WatchedTensor> watched_;
     bool watching_current_ = false;
     // the tensor being streamed
+    std::unique_ptr<SummaryWriter> summary_;  // summary.jsonl + summary.bin (FORMATS.md section 3)
+    TensorSketch sketch_;                     // the current tensor's summary, fed as its bytes stream
     TensorInfo current_;
     uint64_t current_expected_ = 0;
     uint64_t current_written_ = 0;
