@@ -53,6 +53,7 @@ class DumpFile:
         self._layers: "pd.DataFrame | None" = None
         self._fast = FastReader(self._file)
         self._declared: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._attrs: dict[str, Any] | None = None
 
     def __enter__(self) -> "DumpFile":
         return self
@@ -97,11 +98,15 @@ class DumpFile:
 
     @property
     def attrs(self) -> dict[str, Any]:
-        """Root attributes as plain Python values, with defaults for ones an older writer omitted."""
-        out = dict(ROOT_DEFAULTS)
-        for key, value in self._file.attrs.items():
-            out[key] = _plain(value)
-        return out
+        """Root attributes as plain Python values, with defaults for ones an older writer omitted (a copy:
+        the file is open read-only, so they are read once; the judge asks for `complete` per pair and
+        finding, and every read went through each attribute of the file again)."""
+        if self._attrs is None:
+            out = dict(ROOT_DEFAULTS)
+            for key, value in self._file.attrs.items():
+                out[key] = _plain(value)
+            self._attrs = out
+        return dict(self._attrs)
 
     @property
     def provenance(self) -> dict[str, Any]:
