@@ -23,7 +23,7 @@ def collect() -> None:
 
 
 def analyze() -> None:
-    _run("analyze", "layerdiff.analyzer.cli.app")
+    _run("analyze", "layerdiff.analyzer.cli.app", skip_teardown=True)
 
 
 def _stop_like_ctrl_c(signum: int, frame) -> None:
@@ -31,7 +31,7 @@ def _stop_like_ctrl_c(signum: int, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _run(tool: str, module: str) -> None:
+def _run(tool: str, module: str, skip_teardown: bool = False) -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         try:
             signal.signal(signum, _stop_like_ctrl_c)
@@ -58,7 +58,7 @@ def _run(tool: str, module: str) -> None:
         code = EXIT_INTERRUPTED  # __set_name__ turns it into a RuntimeError)
     if code == EXIT_INTERRUPTED and _STOPPED_BY:
         code = 128 + _STOPPED_BY[0]
-    _exit(code)
+    _exit(code, skip_teardown)
 
 
 def _caused_by_ctrl_c(err: BaseException) -> bool:
@@ -79,19 +79,40 @@ def _line(tool: str, text: str) -> None:
         pass
 
 
-def _exit(code: int) -> None:
+def _exit(code: int, skip_teardown: bool = False) -> None:
     """Leave without letting a late Ctrl-C turn the interpreter's own shutdown into a traceback:
-    from here on SIGINT ends the process as the shell expects (it was already recorded or done)."""
+    from here on SIGINT ends the process as the shell expects (it was already recorded or done).
+    `skip_teardown`: see `exit_without_teardown`."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
     except (ValueError, OSError):
         pass
+    if skip_teardown:
+        exit_without_teardown(code)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except (OSError, ValueError, KeyboardInterrupt):
         pass
     sys.exit(code)
+
+
+def exit_without_teardown(code: int) -> None:
+    """End a finished `analyze` process now: stdout and stderr flushed, then `os._exit`.
+
+    The interpreter's own shutdown frees every object the analysis made (pandas frames, the findings,
+    the imported libraries' modules) one by one: about 0.15 s of CPU, a fifth of a re-judged analysis,
+    for nothing, because when the command has returned every file it wrote is closed and renamed into
+    place and every dump it read is closed; analyze starts no thread or process that outlives it and
+    registers no exit handler."""
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, KeyboardInterrupt):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover - the console scripts call collect()/analyze()

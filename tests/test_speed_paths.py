@@ -84,6 +84,38 @@ def test_a_threshold_change_rejudges_the_stored_measurement(runs, cache, monkeyp
     assert len(_entries(cache)) == 1
 
 
+def test_rejudging_reads_no_tensor_and_judges_as_a_fresh_analysis(runs, cache, tmp_path, monkeypatch):
+    """Every judge threshold re-judges the stored measurement without reading a tensor (the storage
+    evidence of the precision labels included; only a failing layer's packed-order check reads its two
+    tensors, so these thresholds warn), keeps the one stored entry, and finds exactly what a fresh
+    analysis with those thresholds finds."""
+    from layerdiff.analyzer.findings.verdict import Thresholds
+
+    analyze_paths([runs]).close()
+    judged = Thresholds(warn_rel_l2=1e-5, fail_rel_l2=0.5, min_pass_fraction=0.999, warn_zero_collapse=0.01,
+                        fail_zero_collapse=0.9, underflow_risk_share=0.01, growth_factor=2.0)
+
+    def no_tensor(*args, **kwargs):
+        raise AssertionError("a tensor was read to judge")
+
+    with monkeypatch.context() as patched:
+        for name in ("tensor", "sample"):
+            patched.setattr(DumpFile, name, no_tensor)
+        rejudged = analyze_paths([runs], thresholds=judged)
+        rejudged_results, storage = _results(rejudged), dict(rejudged.comparison.storage)
+        statuses = rejudged.comparison.table["status"].tolist()
+        rejudged.close()
+    assert len(_entries(cache)) == 1 and storage
+    monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path / "another-cache"))
+    fresh = analyze_paths([runs], thresholds=judged)
+    try:
+        assert _results(fresh) == rejudged_results and fresh.comparison.table["status"].tolist() == statuses
+        assert fresh.comparison.storage == storage
+        assert "warn" in statuses
+    finally:
+        fresh.close()
+
+
 def test_changed_dump_or_options_are_measured_again(runs, cache):
     before = analyze_paths([runs])
     worst_before = float(before.comparison.table["rel_l2"].max())

@@ -224,4 +224,6 @@ def _main(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from layerdiff.console import exit_without_teardown
+
+    exit_without_teardown(main())

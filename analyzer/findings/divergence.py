@@ -85,7 +85,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
             found += error_curve(rows)
         found += nondeterminism(pair, rows)
     found += run_spread(comparison)
-    found += provenance_findings(runs)
+    found += provenance_findings(runs, comparison.storage)
     found += input_dependence(comparison, t, zero_starts)
     for base in {id(r): r for r in comparison.plan.references.values()}.values():
         found += fp16_risk(base, t)

@@ -7,10 +7,10 @@ runs labelled with different precisions whose every tensor is the same bytes com
 either label may be wrong, and every verdict that reads "fp16 vs fp32" then compares something else.
 Neither is a layer failure, so both are `warn` findings worded as a question about the label.
 
-Cheap on purpose: the storage evidence reads a sample (`SAMPLE_ELEMENTS` values of at most
-`SAMPLE_LAYERS` layers spread over execution order), and identity is first decided from the `/layers`
-statistics every dump already holds (min, max, mean, std and the counts, float64 over the whole
-tensor), then confirmed on sampled values; no tensor is ever read whole a second time.
+Cheap on purpose: the storage evidence is measured from a sample (`layerdiff.analyzer.measure.storage
+.sampled_evidence`) and stored with the measurement, so a re-judged analysis reads no tensor for it; identity
+is first decided from the `/layers` statistics every dump already holds (min, max, mean, std and the counts,
+float64 over the whole tensor), then confirmed on sampled values; no tensor is ever read whole a second time.
 """
 from __future__ import annotations
 
@@ -19,54 +19,33 @@ import json
 
 import numpy as np
 
-from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
-from layerdiff.analyzer.measure.storage import MIN_ELEMENTS, StorageEvidence, storage_evidence
+from layerdiff.analyzer.measure.storage import StorageEvidence, sample_values, sampled_evidence
 
-SAMPLE_LAYERS = 24
-SAMPLE_ELEMENTS = 2048
 CONFIRM_LAYERS = 8  # identical statistics are confirmed on this many layers' sampled values
 STAT_COLUMNS = ("min", "max", "mean", "std", "n_nan", "n_posinf", "n_neginf", "n_zero")
 DEFINITE = {"fp16", "bf16", "fp32"}  # a "mixed" or "unknown" measurement proves nothing against a label
 
 
-def provenance_findings(runs: list) -> list[Finding]:
-    """Label-vs-bytes questions for every run, then for every pair of runs with identical bytes."""
-    found = [f for run in runs for f in _label_vs_bytes(run)]
+def provenance_findings(runs: list, measured: dict[str, StorageEvidence] | None = None) -> list[Finding]:
+    """Label-vs-bytes questions for every run, then for every pair of runs with identical bytes.
+
+    `measured`: run label -> its storage evidence as the measurement stored it; a run it lacks (one
+    no comparison measured) is sampled here."""
+    found = [f for run in runs for f in _label_vs_bytes(run, (measured or {}).get(run.label))]
     return found + _identical_under_other_labels(runs)
-
-
-def sampled_evidence(run) -> StorageEvidence:
-    """Storage evidence from a sample of the run's float32 layers (never a full read of big tensors)."""
-    layers = run.layers
-    rows = layers[(layers["dtype"].astype(str) == "float32") & (layers["numel"] >= MIN_ELEMENTS)]
-    if rows.empty:
-        return StorageEvidence(0, 0, 0)
-    picked = rows.iloc[np.unique(np.linspace(0, len(rows) - 1, min(SAMPLE_LAYERS, len(rows))).astype(int))]
-    # float32 widened to float64 by `sample` and narrowed back: exact, so the bit tests still hold
-    samples = (_sample(run, int(o)) for o in picked["order"])
-    return storage_evidence(s.astype(np.float32) for s in samples if s is not None)
-
-
-def _sample(run, order: int) -> np.ndarray | None:
-    """A layer's sampled values, or None when the layer cannot be read (over the size limits, damaged):
-    a provenance question is never worth aborting the analysis; the measurement says why per layer."""
-    try:
-        return run.dump.sample(order, SAMPLE_ELEMENTS)
-    except (LayerdiffError, OSError, ValueError):
-        return None
 
 
 def _label(run) -> str:
     return str(run.attrs.get("precision_effective") or "")
 
 
-def _label_vs_bytes(run) -> list[Finding]:
+def _label_vs_bytes(run, evidence: StorageEvidence | None = None) -> list[Finding]:
     """A label naming a storage format the sampled bytes definitely are not."""
     label = _label(run)
     if not label:
         return []
-    evidence = sampled_evidence(run)
+    evidence = evidence if evidence is not None else sampled_evidence(run)
     measured = evidence.measured()
     if measured not in DEFINITE or evidence.agrees(label):
         return []
@@ -163,7 +142,7 @@ def _same_samples(a, b) -> int | None:
     orders_a, orders_b = a.layers["order"].to_numpy(), b.layers["order"].to_numpy()
     compared = 0
     for i in np.unique(np.linspace(0, len(orders_a) - 1, min(CONFIRM_LAYERS, len(orders_a))).astype(int)):
-        x, y = _sample(a, int(orders_a[i])), _sample(b, int(orders_b[i]))
+        x, y = sample_values(a, int(orders_a[i])), sample_values(b, int(orders_b[i]))
         if x is None or y is None or x.shape != y.shape or not np.array_equal(x.view(np.uint64), y.view(np.uint64)):
             return None
         compared += x.size

@@ -59,6 +59,7 @@ class DumpFile:
         self._summaries_stored: frozenset[int] | None = None
         self._stats_rows: dict[int, int] | None = None
         self._stats_columns: dict[str, list] = {}
+        self._attrs: dict[str, Any] | None = None
 
     def __enter__(self) -> "DumpFile":
         return self
@@ -103,11 +104,15 @@ class DumpFile:
 
     @property
     def attrs(self) -> dict[str, Any]:
-        """Root attributes as plain Python values, with defaults for ones an older writer omitted."""
-        out = dict(ROOT_DEFAULTS)
-        for key, value in self._file.attrs.items():
-            out[key] = _plain(value)
-        return out
+        """Root attributes as plain Python values, with defaults for ones an older writer omitted (a copy:
+        the file is open read-only, so they are read once; the judge asks for `complete` per pair and
+        finding, and every read went through each attribute of the file again)."""
+        if self._attrs is None:
+            out = dict(ROOT_DEFAULTS)
+            for key, value in self._file.attrs.items():
+                out[key] = _plain(value)
+            self._attrs = out
+        return dict(self._attrs)
 
     @property
     def provenance(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from layerdiff.analyzer.align.graph import LayerGraph, run_graph
 from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
 from layerdiff.analyzer.measure.classes import topk_agreement
 from layerdiff.analyzer.measure.estimate import SIGMA_COLUMNS, SketchedValueErrors, estimate_layer
+from layerdiff.analyzer.measure.storage import StorageEvidence, sampled_evidence
 from layerdiff.analyzer.runs.reference import Pair, Plan
 from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.align.blocks import layer_blocks
@@ -49,6 +50,7 @@ class Comparison:
     alignments: list[PairAlignment]
     graphs: dict[str, LayerGraph] = field(default_factory=dict)  # run label -> its graph
     problems: list[str] = field(default_factory=list)
+    storage: dict[str, StorageEvidence] = field(default_factory=dict)  # run label -> what its bytes were stored in
 
     def graph(self, run: Run) -> LayerGraph:
         """The run's layer graph, rebuilt if it was released (an analysis drops them once its findings
@@ -72,7 +74,8 @@ def compare_all(plan: Plan, rules: NameRules, tolerances: Tolerances, steps: Ste
     alignments = [_align(p, rules, steps) for p in plan.pairs]
     for pair, alignment in zip(plan.pairs, alignments):
         relabel_unmatched(alignment, pair.base, pair.other)
-    comparison = Comparison(plan=plan, table=pd.DataFrame(), alignments=alignments, graphs=graphs)
+    comparison = Comparison(plan=plan, table=pd.DataFrame(), alignments=alignments, graphs=graphs,
+                            storage={run.label: sampled_evidence(run) for run in runs.values()})
     for index, (pair, alignment) in enumerate(zip(plan.pairs, alignments)):
         if alignment.matched.empty:
             comparison.problems.append(

@@ -39,9 +39,10 @@ from layerdiff.analyzer.formats.atomic import atomic_write_chunks
 from layerdiff.analyzer.runs.reference import Plan
 from layerdiff.analyzer.measure.metrics import Tolerances
 from layerdiff.analyzer.measure.fingerprint import code_fingerprint
+from layerdiff.analyzer.measure.storage import StorageEvidence
 
 PREFIX = "results-"
-FORMAT = 4  # 3: numeric columns as bytes; 4: rows measured, not judged (status `measured`)
+FORMAT = 5  # 3: numeric columns as bytes; 4: rows measured, not judged (status `measured`); 5: storage evidence
 TUPLE_COLUMNS = ("base_shape", "other_shape")
 NUMERIC_KINDS = "iubf"
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -83,8 +84,9 @@ def load(plan: Plan, key: str) -> Comparison | None:
                       for a in doc["alignments"]]
         table = _frame(doc.pop("table"))
         convcache.touch(path)  # recently used entries survive the trimming
+        storage = {str(label): StorageEvidence(*(int(v) for v in counts)) for label, counts in doc["storage"].items()}
         return Comparison(plan=plan, table=table, alignments=alignments, graphs={},  # built when judging asks
-                          problems=[str(p) for p in doc["problems"]])
+                          problems=[str(p) for p in doc["problems"]], storage=storage)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
 
@@ -101,7 +103,8 @@ def store(comparison: Comparison, key: str) -> None:
 
 
 def _document(comparison: Comparison, key: str) -> Iterator[bytes]:
-    head = {"key": key, "format": FORMAT, "problems": comparison.problems}
+    head = {"key": key, "format": FORMAT, "problems": comparison.problems,
+            "storage": {label: [e.informative, e.fp16_exact, e.bf16_exact] for label, e in comparison.storage.items()}}
     yield orjson.dumps(head)[:-1] + b',"alignments":['
     for i, alignment in enumerate(comparison.alignments):
         yield b"," if i else b""

@@ -6,6 +6,10 @@ storage, Vulkan fp16 buffers) hands back only values fp16 can hold; bf16 storage
 bits of every float32 zero; fp32 arithmetic leaves almost every computed tensor with values neither
 can hold. Tensors whose values are all integers (one-hot, casts, shapes) say nothing either way and
 are skipped. `agrees` is what the tests hold every label against.
+
+`sampled_evidence` reads a sample (`SAMPLE_ELEMENTS` values of at most `SAMPLE_LAYERS` layers spread
+over execution order), never a big tensor whole; it is part of the measurement
+(`layerdiff.analyzer.measure.compare`), stored with it, so judging a label reads no tensor.
 """
 from __future__ import annotations
 
@@ -14,9 +18,13 @@ from typing import Iterable
 
 import numpy as np
 
+from layerdiff.errors import LayerdiffError
+
 MIN_ELEMENTS = 16  # smaller tensors are too often fp16-exact by chance to count
 SHARE = 0.5  # a reduced storage precision: at least this share of informative tensors holds only its values
 FP32_SHARE = 0.1  # fp32: at most this share of informative tensors is fp16-exact (by chance: saturated activations)
+SAMPLE_LAYERS = 24
+SAMPLE_ELEMENTS = 2048
 
 
 @dataclass(frozen=True)
@@ -74,3 +82,24 @@ def storage_evidence(arrays: Iterable[np.ndarray]) -> StorageEvidence:
         in_range = np.abs(finite) <= 65504
         fp16 += bool(in_range.all() and np.all(finite.astype(np.float16).astype(np.float32) == finite))
     return StorageEvidence(informative, fp16, bf16)
+
+
+def sampled_evidence(run) -> StorageEvidence:
+    """Storage evidence from a sample of the run's float32 layers (never a full read of big tensors)."""
+    layers = run.layers
+    rows = layers[(layers["dtype"].astype(str) == "float32") & (layers["numel"] >= MIN_ELEMENTS)]
+    if rows.empty:
+        return StorageEvidence(0, 0, 0)
+    picked = rows.iloc[np.unique(np.linspace(0, len(rows) - 1, min(SAMPLE_LAYERS, len(rows))).astype(int))]
+    # float32 widened to float64 by `sample` and narrowed back: exact, so the bit tests still hold
+    samples = (sample_values(run, int(o)) for o in picked["order"])
+    return storage_evidence(s.astype(np.float32) for s in samples if s is not None)
+
+
+def sample_values(run, order: int) -> np.ndarray | None:
+    """A layer's sampled values, or None when the layer cannot be read (over the size limits, damaged):
+    a provenance question is never worth aborting the analysis; the measurement says why per layer."""
+    try:
+        return run.dump.sample(order, SAMPLE_ELEMENTS)
+    except (LayerdiffError, OSError, ValueError):
+        return None
