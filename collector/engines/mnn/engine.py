@@ -119,8 +119,12 @@ def _host_copy(MNN, tensor, own_order: bool = False) -> np.ndarray:
     """An op output as an NCHW numpy array of its own element type (int ops such as Shape stay int), as
     the C++ harness copies it; with `own_order` (a fed input read back) in the order of its own shape."""
     channels_last = tensor.getDimensionType() == MNN.Tensor_DimensionType_Tensorflow
-    shape = tuple(tensor.getShape()) if own_order else caffe_shape(tuple(tensor.getShape()), channels_last)
-    kind = _host_dimension_type(MNN, tensor) if own_order else MNN.Tensor_DimensionType_Caffe
+    # below rank 4 a channels-last tensor's own shape is the graph's order ([1, 2016, 18] of a TFLite
+    # detector head); a CAFFE copy would move its last axis to axis 1 under the same dims (as the C++ harness,
+    # which copies every channels-last tensor in its own order, does not)
+    own = own_order or (channels_last and len(tensor.getShape()) < 4)
+    shape = tuple(tensor.getShape()) if own else caffe_shape(tuple(tensor.getShape()), channels_last)
+    kind = _host_dimension_type(MNN, tensor) if own else MNN.Tensor_DimensionType_Caffe
     halide, _ = _host_type(MNN, tensor, np.empty(0))
     host = MNN.Tensor(shape, halide, kind)
     tensor.copyToHostTensor(host)
@@ -226,12 +230,15 @@ def run_once(MNN, interpreter, session, inputs, sink: DumpSink, memory: str, edg
 
 def _overwrite(MNN, tensor, value: np.ndarray, name: str) -> None:
     """Write a reference value into an op's output inside the after-callback, so later ops read it."""
-    shape = caffe_shape(tuple(tensor.getShape()), tensor.getDimensionType() == MNN.Tensor_DimensionType_Tensorflow)
+    channels_last = tensor.getDimensionType() == MNN.Tensor_DimensionType_Tensorflow
+    own = channels_last and len(tensor.getShape()) < 4  # dumped in its own order (_host_copy)
+    shape = tuple(tensor.getShape()) if own else caffe_shape(tuple(tensor.getShape()), channels_last)
     if int(np.prod(shape)) != value.size:
         raise HarnessExit(EXIT_ARGS, f"--replace {name}: the injected tensor has shape {list(value.shape)}, "
                                      f"the op writes {list(shape)}")
     value = np.ascontiguousarray(value.reshape(shape), dtype=np.float32)
-    tensor.copyFrom(MNN.Tensor(shape, MNN.Halide_Type_Float, value, MNN.Tensor_DimensionType_Caffe))  # NCHW values under NCHW dims
+    kind = MNN.Tensor_DimensionType_Tensorflow if own else MNN.Tensor_DimensionType_Caffe  # values under their own dims
+    tensor.copyFrom(MNN.Tensor(shape, MNN.Halide_Type_Float, value, kind))
 
 
 def replacements(args: HarnessArgs) -> dict[tuple[str, int], np.ndarray]:

@@ -170,6 +170,10 @@ def load_net(args: HarnessArgs, ncnn):
     if args.backend == "vulkan" and ncnn.get_gpu_count() == 0:
         raise HarnessExit(EXIT_BACKEND, NO_VULKAN)
     param, weights = _model_pair(args.models)
+    if unknown_layer_types(param, ncnn):
+        # refused before loading: an ncnn that lacks a layer (an older wheel and pnnx's `Flip`) may only
+        # print "layer Flip not exists or registered", load the rest, and crash (SIGSEGV) when it runs
+        raise HarnessExit(EXIT_MODEL, param_refusal(param, ncnn))
     net = ncnn.Net()
     configure(net.opt, args)
     if net.load_param(str(param)) != 0:
@@ -202,9 +206,11 @@ def param_refusal(param: Path, ncnn) -> str:
     if not unknown:
         return f"{param}: ncnn could not parse this .param file"
     shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
-    return (f"{param}: ncnn does not know the layer type(s) {shown}: the converter left them unconverted "
-            "(pnnx keeps operators it cannot map to ncnn layers under their PyTorch names); rewrite the model "
-            "around them or run it on an engine that implements them")
+    version = str(getattr(ncnn, "__version__", "") or "")
+    return (f"{param}: ncnn does not know the layer type(s) {shown}{' (ncnn ' + version + ')' if version else ''}: the "
+            "converter left them unconverted (pnnx keeps operators it cannot map to ncnn layers under their "
+            "PyTorch names), or they are newer than this ncnn (use the ncnn the converter targets); rewrite the "
+            "model around them or run it on an engine that implements them")
 
 
 def _model_pair(models: list[Path]) -> tuple[Path, Path]:
