@@ -318,11 +318,11 @@ def bisect_command(
     deadline: float = typer.Option(900.0, "--deadline"),
 ) -> None:
     """Find the layer(s) whose move to the failing backend/precision breaks the outputs; only outputs are observed."""
-    from layerdiff.collector.fix.bisect import bisect, bisect_document, mechanism_for, parse_ref_config, summary_lines
+    from layerdiff.collector.fix.bisect import bisect, bisect_document, bisectable, parse_ref_config, summary_lines
 
     reference = parse_ref_config(ref_config, backend, BACKENDS, PRECISIONS)
     # an engine without a per-layer switch refuses before any input is read or device touched
-    files, inputs = _model_and_inputs(model, engine, input, preprocess, out, check=lambda f: mechanism_for(f.engine))
+    files, inputs = _model_and_inputs(model, engine, input, preprocess, out, check=lambda f: bisectable(f, backend))
     target = resolve_devices([device], adb_server or [])[0]
     result = bisect(target, files, backend, precision, inputs, out, tolerance=tolerance, ref_config=reference,
                     deadline_s=deadline)
