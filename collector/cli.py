@@ -353,12 +353,14 @@ def repro_command(
     check: Optional[Path] = typer.Option(None, "--check", help="a bundle directory: re-run its runner, say whether it "
                                          "still reproduces"),
     device: str = typer.Option("local", "--device", "-d", help="with --check: where to run it (local)"),
+    ggml_dir: Optional[Path] = typer.Option(None, "--ggml-dir", help="with --check on a ggml bundle: the ggml source "
+                                            "tree its repro.cpp is built against (default: the ggml harness's)"),
 ) -> None:
-    """A failing layer as a bundle an engine maintainer runs without layerdiff (ncnn), or --check one."""
+    """A failing layer as a bundle an engine maintainer runs without layerdiff (ncnn, MNN, ggml), or --check one."""
     if check is not None:
         from layerdiff.collector.repro.check import check_bundle
 
-        result = check_bundle(check, device)
+        result = check_bundle(check, device, ggml_dir=ggml_dir)
         for line in result.lines():
             print(terminal_lines(f"repro: {line}"), file=sys.stderr)
         if not (result.reproduces and result.reference_bit_identical is not False):
