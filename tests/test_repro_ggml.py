@@ -137,3 +137,28 @@ def test_unsupported_nodes_and_ranges_are_one_line(ggml_samples, conv_runs, tmp_
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], lines
         assert not (tmp_path / "b").exists()
+
+
+def test_a_language_model_mul_mat_reads_its_weight_from_the_gguf(ggml_binary, ggml_samples, tmp_path):
+    """tinyllama's Qcur-0: the activations from the reference dump, the f16 weight from the GGUF, value for value."""
+    runs = tmp_path / "runs"
+    done = collect("--model", ggml_samples["tinyllama"], "--backend", "cpu", "--precision", "high", "--precision", "low",
+                   "--input", f"prompt={ggml_samples['prompt']}", "-o", runs, "--no-report")
+    assert done.returncode == 0, done.stderr
+    run, ref = runs / "ggml_cpu_low_tinyllama_prompt.h5", runs / "ggml_cpu_high_tinyllama_prompt.h5"
+    done = collect("repro", "--model", ggml_samples["tinyllama"], "--run", run, "--ref", ref, "--layer", "Qcur-0",
+                   "-o", tmp_path / "q")
+    assert done.returncode == 0, done.stderr
+    graph = json.loads((tmp_path / "q" / "model" / "graph.json").read_text())
+    assert graph["op"] == "MUL_MAT"
+    assert [(s["name"], s["origin"], s["types"]) for s in graph["sources"]] == [
+        ("blk.0.attn_q.weight", "weight", {"reference": "f16", "run": "f16"}),
+        ("attn_norm-0", "node", {"reference": "f32", "run": "f32"})]
+    np.testing.assert_array_equal(np.load(tmp_path / "q" / "tensors" / "input0_blk.0.attn_q.weight.npy"),
+                                  gguf_weights(ggml_samples["tinyllama"])["blk.0.attn_q.weight"])
+    with DumpFile(ref) as dump:
+        np.testing.assert_array_equal(np.load(tmp_path / "q" / "tensors" / "input1_attn_norm-0.npy"),
+                                      dump.tensor_by_key("attn_norm-0:0"))
+    done = collect("repro", "--model", ggml_samples["tinyllama"], "--run", run, "--ref", ref, "--layer", "kq_soft_max-0",
+                   "-o", tmp_path / "s")
+    assert done.returncode != 0 and "is a SOFT_MAX node" in done.stderr and "Traceback" not in done.stderr
