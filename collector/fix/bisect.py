@@ -90,25 +90,22 @@ def ncnn_layers(model: ModelFiles) -> list[ModelLayer]:
     return layers
 
 
-def _ggml_keep_args(kept: tuple[str, ...]) -> list[str]:
-    """The ggml harness's `--keep REGEX` naming exactly these nodes (`(?!)` names none: the failing run)."""
-    return ["--keep", outputs_only(list(kept)) if kept else "(?!)"]
+def _ggml_keep(kept: tuple[str, ...]) -> list[str]:
+    from layerdiff.collector.engines.ggml.keep import keep_args
+
+    return keep_args(kept)
 
 
 def _ggml_outputs(model: ModelFiles) -> list[str]:
-    from layerdiff.collector.engines.ggml.models import CONV_ARCH, architecture
+    from layerdiff.collector.engines.ggml.keep import outputs
 
-    return ["conv.out"] if architecture(model.files[0]) == CONV_ARCH else ["result_output"]
+    return outputs(model)
 
 
 def _ggml_refusal(model: ModelFiles, backend: str) -> str:
-    from layerdiff.collector.engines.ggml.models import CONV_ARCH, architecture
+    from layerdiff.collector.engines.ggml.keep import refusal
 
-    if architecture(model.files[0]) == CONV_ARCH:
-        return ""
-    return (f"{model.files[0].name}: ggml can keep nodes of layerdiff's convolution graph only; a language model's "
-            "graph is built inside llama.cpp's llama_decode, whose public API offers no per-node choice of backend "
-            "or type; collect bisect cannot run (collect isolate re-runs single nodes instead)")
+    return refusal(model, backend)
 
 
 MECHANISMS: dict[str, Mechanism] = {
@@ -122,7 +119,7 @@ MECHANISMS: dict[str, Mechanism] = {
         "IM2COL; a MUL_MAT reading f32 columns and an f32 kernel); on a GPU backend ggml's scheduler pins it to "
         "the CPU backend (ggml_backend_sched_set_tensor_backend)",
         lambda model: [], frozenset(), lambda backend: False,
-        keep_args=_ggml_keep_args, outputs=_ggml_outputs, refusal=_ggml_refusal),
+        keep_args=_ggml_keep, outputs=_ggml_outputs, refusal=_ggml_refusal),
 }
 
 
