@@ -194,7 +194,7 @@ def test_bad_requests_get_one_line(runs, tmp_path):
     done = collect(*common, "--model", MODELS / "convnet.param", "--layer", LAYER)
     assert done.returncode != 0 and "another model" in done.stderr and "Traceback" not in done.stderr
     done = collect(*common, "--model", MODELS / "overflow.onnx", "--layer", LAYER)
-    assert done.returncode != 0 and "ncnn and MNN models only" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode != 0 and "ncnn, MNN and ggml models only" in done.stderr and "Traceback" not in done.stderr
     odd = tmp_path / "odd"
     odd.mkdir()
     (odd / "overflow.param").write_text((MODELS / "overflow.param").read_text().replace("Convolution      stem/conv",
