@@ -154,3 +154,39 @@ def test_seed_004_bisect_on_an_arm64_phone(standins, ggml_samples, tmp_path):
         with DumpFile(path) as dump:
             assert dump.attrs["abi"] == "arm64-v8a" and dump.attrs["device_serial"] == phone.serial
         _output(path)
+
+
+@pytest.fixture(scope="module")
+def vulkan_binary():
+    from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir
+
+    binary = binary_dir(GgmlSpec(vulkan=True)) / "layerdiff-ggml"
+    if not binary.is_file():
+        pytest.skip("no Vulkan build of layerdiff-ggml cached (python -m layerdiff.collector.engines.ggml.build --vulkan)")
+    return binary
+
+
+@pytest.mark.slow
+def test_on_vulkan_a_kept_node_is_pinned_to_the_cpu_backend(vulkan_binary, ggml_samples, tmp_path):
+    """lavapipe: --keep moves the IM2COL to the CPU backend (its buffer says so), the rest stays on Vulkan."""
+    large = f"x={ggml_samples['conv_large']}"
+    proc = run_ggml(vulkan_binary, tmp_path / "kept", ggml_samples["conv2d"], large, "vulkan", "low",
+                    "--keep", r"^conv\.im2col$")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    header, arrays, records = dump_arrays(tmp_path / "kept")
+    keep = header["options"]["keep"]
+    assert keep["kept"] == ["conv.im2col"] and keep["how"].startswith("pinned to the CPU backend")
+    assert "conv.im2col" in keep["movable"] and "conv.mul_mat" in keep["movable"] and "conv.reshape" not in keep["movable"]
+    assert records["conv.im2col"].layout.endswith("@CPU") and records["conv.mul_mat"].layout.endswith("@Vulkan0")
+
+
+@pytest.mark.slow
+def test_seed_004_bisect_on_vulkan(vulkan_binary, ggml_samples, tmp_path):
+    out = tmp_path / "bisect"
+    done = collect("bisect", "--model", ggml_samples["conv2d"], "--backend", "vulkan", "--precision", "low",
+                   "--input", f"x={ggml_samples['conv_large']}", "-o", out)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((out / "bisect.json").read_text())
+    assert doc["status"] == "found" and doc["culprits"][0]["layer"] == "conv.im2col"
+    for path in sorted(out.rglob("*.h5")):
+        _output(path)
