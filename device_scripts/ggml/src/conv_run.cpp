@@ -62,20 +62,22 @@ bool view_op(const ggml_tensor* t) {
 
 // The nodes --keep can name and the ones it names. On the CPU a node is kept by the type it is built in,
 // which the convolution graph offers for its IM2COL and MUL_MAT; on a GPU (`sched` given) every node that
-// computes can be pinned to the CPU backend.
+// computes is pinned: a kept one to the CPU backend, a moved one to the GPU (the scheduler would otherwise
+// carry a kept node's CPU placement down to the unpinned nodes after it).
 KeepRecord keep_nodes_of(ggml_cgraph* graph, const std::vector<std::string>& names, const KeepNodes& keep,
-                         ggml_backend_sched_t sched, ggml_backend_t cpu) {
+                         ggml_backend_sched_t sched, ggml_backend_t gpu, ggml_backend_t cpu) {
     KeepRecord record;
     record.how = sched != nullptr ? "pinned to the CPU backend (ggml_backend_sched_set_tensor_backend), in the "
-                                    "high precision's types" : "built in the high precision's types";
+                                    "high precision's types; every other node that computes pinned to the GPU"
+                                  : "built in the high precision's types";
     for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
         ggml_tensor* node = ggml_graph_node(graph, i);
         bool movable = sched != nullptr ? !view_op(node) : node->op == GGML_OP_IM2COL || node->op == GGML_OP_MUL_MAT;
         if (!movable) continue;
         record.movable.push_back(names[i]);
-        if (!keep.wants(names[i])) continue;
-        record.kept.push_back(names[i]);
-        if (sched != nullptr) ggml_backend_sched_set_tensor_backend(sched, node, cpu);
+        bool kept = keep.wants(names[i]);
+        if (kept) record.kept.push_back(names[i]);
+        if (sched != nullptr) ggml_backend_sched_set_tensor_backend(sched, node, kept ? cpu : gpu);
     }
     return record;
 }
@@ -212,7 +214,7 @@ double ConvRun::compute(const ModelInput& input, DumpWriter* out, NodeDumper* du
     if (keep_.given) {
         // the scheduler forgets a node's pinned backend when it resets: reset, pin, allocate, then compute
         ggml_backend_sched_reset(sched);
-        keep_record_ = keep_nodes_of(graph, names, keep_, device != nullptr ? sched : nullptr, cpu);
+        keep_record_ = keep_nodes_of(graph, names, keep_, device != nullptr ? sched : nullptr, backends.list.front(), cpu);
         if (ggml_backend_sched_alloc_graph(sched, graph)) status = ggml_backend_sched_graph_compute(sched, graph);
     } else {
         status = ggml_backend_sched_graph_compute(sched, graph);
