@@ -362,11 +362,11 @@ def bisect_command(
     deadline: float = typer.Option(900.0, "--deadline"),
 ) -> None:
     """Find the layer(s) whose move to the failing backend/precision breaks the outputs; only outputs are observed."""
-    from layerdiff.collector.fix.bisect import bisect, bisect_document, mechanism_for, parse_ref_config, summary_lines
+    from layerdiff.collector.fix.bisect import bisect, bisect_document, bisectable, parse_ref_config, summary_lines
 
     reference = parse_ref_config(ref_config, backend, BACKENDS, PRECISIONS)
     # an engine without a per-layer switch refuses before any input is read or device touched
-    files, inputs = _model_and_inputs(model, engine, input, preprocess, out, check=lambda f: mechanism_for(f.engine))
+    files, inputs = _model_and_inputs(model, engine, input, preprocess, out, check=lambda f: bisectable(f, backend))
     target = resolve_devices([device], adb_server or [])[0]
     result = bisect(target, files, backend, precision, inputs, out, tolerance=tolerance, ref_config=reference,
                     deadline_s=deadline)
@@ -397,12 +397,14 @@ def repro_command(
     check: Optional[Path] = typer.Option(None, "--check", help="a bundle directory: re-run its runner, say whether it "
                                          "still reproduces"),
     device: str = typer.Option("local", "--device", "-d", help="with --check: where to run it (local)"),
+    ggml_dir: Optional[Path] = typer.Option(None, "--ggml-dir", help="with --check on a ggml bundle: the ggml source "
+                                            "tree its repro.cpp is built against (default: the ggml harness's)"),
 ) -> None:
-    """A failing layer as a bundle an engine maintainer runs without layerdiff (ncnn, MNN, LiteRT, ONNX), or --check one."""
+    """A failing layer as a bundle an engine maintainer runs without layerdiff (ncnn, MNN, LiteRT, ONNX Runtime, ggml), or --check one."""
     if check is not None:
         from layerdiff.collector.repro.check import check_bundle
 
-        result = check_bundle(check, device)
+        result = check_bundle(check, device, ggml_dir=ggml_dir)
         for line in result.lines():
             print(terminal_lines(f"repro: {line}"), file=sys.stderr)
         if not (result.reproduces and result.reference_bit_identical is not False):

@@ -44,6 +44,7 @@ class HarnessArgs:
     inject: Path | None = None
     targets: list[str] = field(default_factory=list)
     replace: list[str] = field(default_factory=list)  # with --inject: whole run, these outputs overwritten
+    keep: str | None = None  # ggml: nodes kept in the reference configuration (collect bisect), a node-name regex
 
 
 class _Parser(argparse.ArgumentParser):
@@ -68,6 +69,7 @@ def _parser() -> _Parser:
     p.add_argument("--target", action="append", default=[])
     p.add_argument("--replace", action="append", default=[])
     p.add_argument("--each")
+    p.add_argument("--keep")
     p.add_argument("--version", action="store_true")
     p.add_argument("--probe", action="store_true")
     return p
@@ -117,6 +119,7 @@ def validate(ns: argparse.Namespace, engine_name: str, backends: tuple[str, ...]
         abort_after=ns.abort_after,
         inject=Path(ns.inject) if ns.inject else None,
         targets=list(ns.target),
+        keep=ns.keep,
         replace=list(ns.replace),
     )
 
@@ -258,6 +261,8 @@ def native_argv(engine: str, args: HarnessArgs) -> list[str]:
         argv += ["--max-bytes", str(args.max_bytes)]
     if args.abort_after is not None:
         argv += ["--abort-after", str(args.abort_after)]
+    if args.keep is not None:
+        argv += ["--keep", args.keep]
     if args.inject is not None:
         argv += ["--inject", str(args.inject), *[a for t in args.targets for a in ("--target", t)],
                  *[a for k in args.replace for a in ("--replace", k)]]

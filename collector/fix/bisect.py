@@ -59,16 +59,23 @@ class ModelLayer:
 
 @dataclass(frozen=True)
 class Mechanism:
-    """How one engine moves single layers back to the reference configuration."""
+    """How one engine moves single layers back to the reference configuration.
+
+    Two kinds: the model file is rewritten per trial (`layers` reads it: ncnn), or the graph exists only in
+    the harness's code and a harness argument keeps the layers (`keep_args`: ggml), the harness then listing
+    the layers it can keep in the header of every such run (`options.keep.movable`), read from the first trial."""
 
     name: str
     how: str  # one sentence for bisect.json and the docs
-    layers: Callable[[ModelFiles], list[ModelLayer]]  # every layer, execution order
+    layers: Callable[[ModelFiles], list[ModelLayer]]  # every layer, execution order ([] when the harness lists them)
     fixed: frozenset[str]  # op types that compute nothing and never move (model inputs, blob copies)
     kept_needs_producers: Callable[[str], bool]  # backend -> a kept layer must be fed by kept layers
     # an engine whose trials run in the collect process (LiteRT: the wheel is the engine), not through a device:
     # (model, (backend, precision), reference config, inputs) -> a runner with run(kept) -> Trial, runs, output_names
     in_process: Callable | None = None
+    keep_args: Callable[[tuple[str, ...]], list[str]] | None = None  # kept layers -> harness arguments
+    outputs: Callable[[ModelFiles], list[str]] | None = None  # the model outputs, when `layers` cannot tell
+    refusal: Callable[[ModelFiles, str], str] | None = None  # (model, backend) -> one line, "" when it can run
 
     def movable(self, layers: list[ModelLayer], backend: str) -> list[str]:
         closed = self.kept_needs_producers(backend)
@@ -86,6 +93,24 @@ def ncnn_layers(model: ModelFiles) -> list[ModelLayer]:
     return layers
 
 
+def _ggml_keep(kept: tuple[str, ...]) -> list[str]:
+    from layerdiff.collector.engines.ggml.keep import keep_args
+
+    return keep_args(kept)
+
+
+def _ggml_outputs(model: ModelFiles) -> list[str]:
+    from layerdiff.collector.engines.ggml.keep import outputs
+
+    return outputs(model)
+
+
+def _ggml_refusal(model: ModelFiles, backend: str) -> str:
+    from layerdiff.collector.engines.ggml.keep import refusal
+
+    return refusal(model, backend)
+
+
 MECHANISMS: dict[str, Mechanism] = {
     "feature-mask": Mechanism(
         "feature-mask",
@@ -95,6 +120,13 @@ MECHANISMS: dict[str, Mechanism] = {
         "delegated-range", "the model is cut into consecutive pieces of operators (.tflite files of their own); moved "
         "pieces run the failing configuration (the GPU accelerator), kept pieces the reference, fed each other's graph edges", lambda model: _litert_layers(model), frozenset(),
         lambda backend: False, in_process=lambda *args: _litert_runner(*args)),
+    "node-keep": Mechanism(
+        "node-keep",
+        "the harness's --keep REGEX: on the CPU a kept node is built in the high precision's types (an f32 "
+        "IM2COL; a MUL_MAT reading f32 columns and an f32 kernel); on a GPU backend ggml's scheduler pins it to "
+        "the CPU backend (ggml_backend_sched_set_tensor_backend)",
+        lambda model: [], frozenset(), lambda backend: False,
+        keep_args=_ggml_keep, outputs=_ggml_outputs, refusal=_ggml_refusal),
 }
 
 
@@ -125,8 +157,13 @@ class PlainTrialRunner(TrialRunner):
     """A fix trial runner whose every run dumps only the model's outputs."""
 
     layers_pattern: str = ""
+    keep_args: Callable[[tuple[str, ...]], list[str]] | None = None
 
     def _spec(self, layers, inputs, out_dir, model) -> RunSpec:
+        if self.keep_args is not None:  # the harness keeps the layers: the model file stays as it is
+            return RunSpec(self.model, self.backend, self.precision, inputs, deadline_s=self.deadline_s,
+                           layers=self.layers_pattern, extra_args=self.keep_args(tuple(layers)),
+                           extra_attrs={"fix_layers": list(layers), "fix_mode": "node-keep"})
         return replace(super()._spec(layers, inputs, out_dir, model), layers=self.layers_pattern)
 
 
@@ -232,10 +269,19 @@ def mechanism_for(engine_name: str) -> Mechanism:
     return MECHANISMS[engine.bisect_mechanism]
 
 
+def bisectable(model: ModelFiles, backend: str) -> Mechanism:
+    """The mechanism that moves this model's layers on `backend`, or UsageError with the one line why not."""
+    mechanism = mechanism_for(model.engine)
+    refusal = mechanism.refusal(model, backend) if mechanism.refusal else ""
+    if refusal:
+        raise UsageError(refusal)
+    return mechanism
+
+
 def bisect(device: Device, model: ModelFiles, backend: str, precision: str, inputs: list[InputSet], out_dir: Path, *,
            tolerance: float = 1e-2, ref_config: tuple[str, str] | None = None, deadline_s: float = 900.0) -> BisectResult:
     """Find the culprit layer(s) of `backend`/`precision` against the reference (default: `backend`/high)."""
-    mechanism = mechanism_for(model.engine)
+    mechanism = bisectable(model, backend)
     ref_config = ref_config or (backend, "high")
     if tuple(ref_config) == (backend, precision):
         raise UsageError(f"{backend}/{precision} is the reference itself; name the failing precision (-p low) or "
@@ -271,16 +317,19 @@ def _bisect(device: Device, model: ModelFiles, backend: str, precision: str, inp
         runner = mechanism.in_process(model, (backend, precision), ref_config, inputs)
         outputs, refs = list(runner.output_names), {}
     else:
-        outputs = output_layers(layers)
+        outputs = mechanism.outputs(model) if mechanism.outputs else output_layers(layers)
         pattern = outputs_only(outputs)
         refs = _references(device, model, ref_config, inputs, out_dir / "reference", pattern, deadline_s)
         trials_dir = out_dir / "trials"
         shutil.rmtree(trials_dir, ignore_errors=True)
         runner = PlainTrialRunner(device, model, backend, precision, inputs, refs, trials_dir, deadline_s)
-        runner.layers_pattern = pattern
+        runner.layers_pattern, runner.keep_args = pattern, mechanism.keep_args
     search = Bisection(runner, movable, tolerance, mechanism.kept_needs_producers(backend))
     prefix_kept = search.prefix_kept
     failing = search.trial([])
+    if mechanism.keep_args is not None:  # the harness listed the layers it can keep in the failing run's header
+        movable = search.movable = harness_movable(failing)
+        search.steps[0].moved = list(movable)
     result = BisectResult("nothing_fails", [], failing, None, movable, outputs, 0, len(inputs), 0.0, tolerance,
                           mechanism, search.steps, refs, prefix_kept)
     if not failing.within(tolerance):
@@ -292,6 +341,24 @@ def _bisect(device: Device, model: ModelFiles, backend: str, precision: str, inp
             result.culprits = search.culprits()
     result.runs, result.seconds = runner.runs, time.monotonic() - start
     return result
+
+
+def harness_movable(trial: Trial) -> list[str]:
+    """The layers a `--keep` harness could keep, in execution order, from the header of a trial's dump."""
+    from layerdiff.analyzer.formats.dumpfile import DumpFile
+
+    for label, path in trial.paths.items():
+        with DumpFile(path) as dump:
+            header = dump.provenance.get("raw_header")
+        options = header.get("options") if isinstance(header, dict) else None
+        keep = options.get("keep") if isinstance(options, dict) else None
+        movable = keep.get("movable") if isinstance(keep, dict) else None
+        if isinstance(movable, list) and all(isinstance(name, str) for name in movable):
+            return list(movable)
+        raise DeviceError(f"{path}: the harness recorded no options.keep.movable for input {label}; its build "
+                          "predates --keep: rebuild it")
+    reasons = "; ".join(f"{label}: {why}" for label, why in trial.failures.items()) or "no run finished"
+    raise DeviceError(f"the failing configuration's run did not finish, so the layers to move are unknown ({reasons})")
 
 
 def _references(device: Device, model: ModelFiles, config: tuple[str, str], inputs: list[InputSet], out: Path,
@@ -323,6 +390,8 @@ def bisect_document(result: BisectResult, *, device: str, model: str, backend: s
         **({"kept_mask": {"key": 31, "value": int(HIGH_PRECISION_MASK.get(backend, HIGH_PRECISION_MASK["cpu"])),
                           "bits": describe(int(HIGH_PRECISION_MASK.get(backend, HIGH_PRECISION_MASK["cpu"])))}}
            if result.mechanism.name == "feature-mask" else {}),
+        **({"kept_argument": result.mechanism.keep_args(tuple(c["layer"] for c in result.culprits))}
+           if result.mechanism.keep_args is not None and result.culprits else {}),
         "observed": {"outputs": result.outputs, "layers_filter": outputs_only(result.outputs)},
         "culprits": [{"layer": c["layer"], "error_when_moved": _number(c["error_moved"])} for c in result.culprits],
         "errors": {"failing": {k: _number(v) for k, v in result.failing.errors.items()},

@@ -69,16 +69,22 @@ def write_bundle(model: ModelFiles, run_path: Path, ref_path: Path, layer: str, 
     """Cut `layer` (a key; ncnn also FIRST..LAST in file order) out of `model` and write the bundle to `out_dir`."""
     if model.engine in REFUSED:
         raise UsageError(f"{model.name}: {REFUSED[model.engine]}")
-    if model.engine not in PIECES:
+    if model.engine not in ENGINE_TITLES:
         raise UsageError(f"{model.name}: `collect repro` writes bundles for {', '.join(ENGINE_TITLES.values())} models "
                          f"only, not {model.engine}; `collect isolate` re-runs its layers")
-    if model.engine == "mnn" and RANGE in layer:
-        raise UsageError(f"--layer {layer}: an MNN bundle holds one op; name the ops one by one")
+    if model.engine in ONE_OP and RANGE in layer:
+        raise UsageError(f"--layer {layer}: {ONE_OP[model.engine]} bundle holds one op; name the ops one by one")
     with DumpFile(ref_path) as ref, DumpFile(run_path) as run:
         for dump in (ref, run):
             recorded = dump.attrs.get("model_sha256")
             if recorded and recorded != model.sha256:
                 raise InputError(f"{dump.path} was made with another model than {model.name}; bundle against its own runs")
+        if model.engine == "ggml":
+            from layerdiff.collector.repro.ggml_node import read_node
+
+            node = read_node(model, ref, run, layer)
+            return _write(Piece("ggml", {}, {"graph": "model/graph.json"}, [], [node.name], [node.name]), ref, run,
+                          node.name, Path(out_dir), lambda piece, r, f, name, folder: _fill_ggml(node, r, f, folder))
         sides = layer.split(RANGE, 1) if RANGE in layer else (layer, layer)
         column = "op" if model.engine == "ncnn" else "name"  # ncnn cuts layers; the others, ops by the tensor they write
         first, last = (_row(ref, side)[column] for side in sides)
@@ -192,7 +198,7 @@ def config_of(dump: DumpFile, engine: str = "ncnn") -> dict:
         options = {k: recorded[k] for k in RUNNER_OPTIONS[engine] if k in recorded}
         return {"backend": backend, "precision": precision, "threads": int(attrs.get("threads", 1) or 1),
                 "options": options, "options_recorded": bool(options), "source": dump.path.name}
-    if engine == "mnn":
+    if engine in ("mnn", "ggml"):  # a session config (MNN); ggml's choices are the node's types (model/graph.json)
         return {"backend": backend, "precision": precision, "threads": int(attrs.get("threads", 1) or 1),
                 "options": {}, "options_recorded": False, "source": dump.path.name}
     recorded = (prov.get("raw_header") or {}).get("options") or {}
@@ -234,14 +240,14 @@ def _write_tensor(folder: Path, stem: str, array: np.ndarray, table: dict, role:
     return f"tensors/{stem}.npy"
 
 
-def _write(piece: Piece, ref: DumpFile, run: DumpFile, layer: str, out_dir: Path) -> Bundle:
+def _write(piece: Piece, ref: DumpFile, run: DumpFile, layer: str, out_dir: Path, fill=None) -> Bundle:
     """The bundle is built beside `out_dir` and renamed into place: an interrupted write leaves no half bundle."""
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()) and not (out_dir / "repro.json").is_file()):
         raise StorageError(f"{out_dir}: exists and is not a repro bundle; name a new directory with -o")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     partial = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    recorded = _fill(piece, ref, run, layer, partial)
+    recorded = (fill or _fill)(piece, ref, run, layer, partial)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(partial, out_dir)
@@ -294,12 +300,47 @@ def _fill(piece: Piece, ref: DumpFile, run: DumpFile, layer: str, out_dir: Path)
     return outputs[0]["recorded_error"]
 
 
+def _fill_ggml(node, ref: DumpFile, run: DumpFile, out_dir: Path) -> dict:
+    """A ggml bundle: the node's sources, reference and failing outputs, graph.json, repro.cpp and its CMake."""
+    from layerdiff.collector.repro.ggml_node import CMAKE_LISTS as GGML_CMAKE, cpp_source as ggml_cpp, graph_document
+
+    tensors = out_dir / "tensors"
+    (out_dir / "model").mkdir(parents=True, exist_ok=True)
+    tensors.mkdir(exist_ok=True)
+    table: dict[str, dict] = {}
+    inputs, bins = [], {}
+    for k, source in enumerate(node.sources):
+        npy = _write_tensor(tensors, f"input{k}_{_safe(source.name)}", source.values, table, "input", source.name)
+        bins[source.name] = npy[:-4] + ".bin"
+        inputs.append({"blob": source.name, "shape": list(source.values.shape), "npy": npy, "origin": source.origin})
+    stem = f"output0_{_safe(node.name)}"
+    recorded = measure_error(node.failing, node.reference)
+    outputs = [{"blob": node.name, "shape": list(node.reference.shape), "npy_name": f"{stem}.npy",
+                "reference_npy": _write_tensor(tensors, f"reference_{stem}", node.reference, table, "reference output", node.name),
+                "run_npy": _write_tensor(tensors, f"run_{stem}", node.failing, table, "failing run output", node.name),
+                "recorded_error": recorded}]
+    configs = {"run": config_of(run, "ggml"), "reference": config_of(ref, "ggml")}
+    graph = graph_document(node, bins, configs)
+    spec = {"format": "layerdiff-repro", "format_version": 1, "engine": "ggml", "layer": node.name,
+            "layers": [node.name], "model": {"graph": "model/graph.json"}, "inputs": inputs, "outputs": outputs,
+            "configs": configs, "fingerprint": {"run": fingerprint(run), "reference": fingerprint(ref)}}
+    (out_dir / "model" / "graph.json").write_text(json.dumps(graph, indent=2))
+    (out_dir / "repro.json").write_text(json.dumps(spec, indent=2))
+    (out_dir / "tensors.json").write_text(json.dumps(table, indent=2))
+    (out_dir / "fingerprint.json").write_text(json.dumps(spec["fingerprint"], indent=2))
+    (out_dir / "repro.cpp").write_text(ggml_cpp(graph, outputs[0]["reference_npy"][:-4] + ".bin", recorded))
+    (out_dir / "CMakeLists.txt").write_text(GGML_CMAKE)
+    (out_dir / "README.md").write_text(readme(spec))
+    return recorded
+
+
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-ENGINE_TITLES = {"ncnn": "ncnn", "mnn": "MNN", "litert": "LiteRT", "onnxruntime": "ONNX Runtime"}
+ENGINE_TITLES = {"ncnn": "ncnn", "mnn": "MNN", "litert": "LiteRT", "onnxruntime": "ONNX Runtime", "ggml": "ggml"}
 ENGINE_WHEELS = {"ncnn": "ncnn", "mnn": "MNN", "litert": "ai-edge-litert", "onnxruntime": "onnxruntime"}
+ONE_OP = {"mnn": "an MNN", "ggml": "a ggml"}
 
 
 def readme(spec: dict) -> str:
@@ -309,6 +350,8 @@ def readme(spec: dict) -> str:
     device = spec["fingerprint"]["run"]
     err = spec["outputs"][0]["recorded_error"]
     inputs = ", ".join(f"`{item['blob']}` {item['shape']}" for item in spec["inputs"])
+    if engine == "ggml":
+        return ggml_readme(spec)
     if engine == "ncnn":
         flags = ", ".join(f"{k}={int(v)}" for k, v in sorted(run["options"].items()))
         options = f"num_threads={run['threads']}, lightmode=1, {flags}"
@@ -348,6 +391,52 @@ python run_repro.py          # both configurations: prints rel L2, max abs, NaN/
 - `tensors/input*.npy|.bin`: the reference's inputs; `tensors/reference_output*`: the reference's output;
   `tensors/run_output*`: the failing run's output. `.bin` files are raw little-endian (float32 for float tensors),
   shapes and dtypes in `tensors.json`
+- `repro.json`: the two configurations; `fingerprint.json`: device, GPU, driver, engine version
+"""
+
+
+def ggml_readme(spec: dict) -> str:
+    """The ggml bundle's README: the node, the types each configuration built it with, how to build and run it."""
+    run, ref = spec["configs"]["run"], spec["configs"]["reference"]
+    device = spec["fingerprint"]["run"]
+    err = spec["outputs"][0]["recorded_error"]
+    graph_types = ", ".join(f"`{item['blob']}` {item['shape']} ({item['origin']})" for item in spec["inputs"])
+    return f"""# ggml: node `{spec['layer']}` diverges on {run['backend']}/{run['precision']}
+
+**What**: the node `{spec['layer']}` fed with the reference's own source tensors ({graph_types}) gives a wrong
+output as built on **{run['backend']}** with precision **{run['precision']}**; the same graph on
+{ref['backend']}/{ref['precision']} is the reference. The op, its parameters and each source's type per
+configuration are in `model/graph.json` (and written into `repro.cpp`).
+
+**Measured in the failing run** (output `{spec['outputs'][0]['blob']}` against the reference): rel L2 {_fmt(err['rel_l2'])},
+max abs {_fmt(err['max_abs'])}, NaN {err['nan']}, +Inf {err['pos_inf']}, -Inf {err['neg_inf']}
+(of {int(np.prod(spec['outputs'][0]['shape']))} values).
+
+**Target platform**: {device.get('device_model', '?')} ({device.get('device_manufacturer', '')} {device.get('soc', '')}),
+ABI {device.get('abi', '?')}, Android {device.get('android_release') or 'n/a'}, GPU {device.get('gpu') or 'n/a'},
+driver {device.get('driver')}; {device.get('engine_version', '?')}; effective precision
+{device.get('precision_effective', '?')}. Full fingerprint: `fingerprint.json`.
+
+## Run it
+
+`repro.cpp` needs only ggml: build it against a ggml source tree (llama.cpp's `ggml/` folder or the ggml
+repository, at the version above or the one to test):
+
+```
+cmake -S . -B build -DGGML_DIR=<llama.cpp>/ggml && cmake --build build --target repro -j
+./build/repro                # from inside this folder: both configurations against the reference output
+./build/repro run --json
+```
+
+It prints, per configuration, rel L2, max abs, NaN/Inf counts and whether the output is bit-identical to the
+reference; for the failing configuration `REPRODUCES` when the failure is there again. It computes on ggml's
+CPU backend.
+
+## Files
+
+- `model/graph.json`: the node (op, parameters, sources with ggml `ne` and type per configuration)
+- `tensors/input*.npy|.bin`: the reference's source tensors; `tensors/reference_output*`: the reference's output;
+  `tensors/run_output*`: the failing run's output. `.bin` files are raw little-endian float32, shapes in `tensors.json`
 - `repro.json`: the two configurations; `fingerprint.json`: device, GPU, driver, engine version
 """
 

@@ -8,6 +8,7 @@ reference's tensor bit for bit (the cut-out layer computes what it computed insi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -49,14 +50,18 @@ def _num(value) -> str:
     return "n/a" if value is None else f"{value:.3e}"
 
 
-def check_bundle(bundle: Path, device: str = "local", python: str | None = None) -> CheckResult:
-    """Run `bundle`'s runner with `python` (default: this interpreter) and read its JSON answer."""
+def check_bundle(bundle: Path, device: str = "local", python: str | None = None, ggml_dir: Path | None = None) -> CheckResult:
+    """Run `bundle`'s runner with `python` (default: this interpreter) and read its JSON answer; a ggml bundle's
+    runner is its repro.cpp, built against `ggml_dir` (default: the ggml source tree layerdiff's ggml harness
+    is built from) in the bundle's `build/`."""
     if device != "local":
         raise UsageError(f"--device {device}: a bundle is checked where collect runs (--device local); on a phone, "
                          "run the bundle's repro.cpp")
     bundle = Path(bundle).resolve()  # the runner runs inside the bundle: a relative path would point past it
     if bundle.suffix == ".zip":
         raise UsageError(f"{bundle}: unpack the .zip and check its folder")
+    if (bundle / "CMakeLists.txt").is_file() and (bundle / "model" / "graph.json").is_file():
+        return _verdict(bundle, _run_ggml(bundle, ggml_dir))
     runner = bundle / "run_repro.py"
     if not runner.is_file() or not (bundle / "repro.json").is_file():
         raise InputError(f"{bundle}: not a repro bundle (no run_repro.py and repro.json); write one with `collect repro`")
@@ -80,3 +85,48 @@ def _verdict(bundle: Path, report: dict) -> CheckResult:
     reproduces = all(e.get("reproduces") for e in run.get("outputs", {}).values()) if run.get("ran") else None
     identical = all(e.get("bit_identical") for e in ref.get("outputs", {}).values()) if ref.get("ran") else None
     return CheckResult(bundle, reproduces, identical, report, reasons)
+
+
+GGML_BUILD_TIMEOUT_S = 1800  # ggml-base + ggml-cpu from source: minutes on two cores
+
+
+def _ggml_tree(ggml_dir: Path | None) -> Path:
+    if ggml_dir is None:
+        from layerdiff.collector.engines.ggml.build import source_dir
+
+        ggml_dir = source_dir() / "ggml"
+    if not (Path(ggml_dir) / "include" / "ggml.h").is_file():
+        raise UsageError(f"{ggml_dir}: not a ggml source tree (no include/ggml.h); pass --ggml-dir <llama.cpp>/ggml, or "
+                         "build layerdiff's ggml harness once (`python -m layerdiff.collector.engines.ggml.build`) to fetch one")
+    return Path(ggml_dir)
+
+
+def _run_ggml(bundle: Path, ggml_dir: Path | None) -> dict:
+    """Build the bundle's repro.cpp with CMake against a ggml tree (into bundle/build) and run it with --json."""
+    import shutil
+
+    tree, bundle = _ggml_tree(ggml_dir), bundle.resolve()  # the program runs from inside the bundle
+    if shutil.which("cmake") is None:
+        raise UsageError("checking a ggml bundle builds its repro.cpp with CMake: install cmake and a C++ compiler")
+    build = bundle / "build"
+    steps = [["cmake", "-S", str(bundle), "-B", str(build), f"-DGGML_DIR={tree}", "-DCMAKE_BUILD_TYPE=Release"],
+             ["cmake", "--build", str(build), "--target", "repro", "-j", str(os.cpu_count() or 1)]]
+    for step in steps:
+        try:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=GGML_BUILD_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            raise InputError(f"{bundle}: building repro.cpp took over {GGML_BUILD_TIMEOUT_S} s") from None
+        if done.returncode != 0:
+            tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
+            raise InputError(f"{bundle}: building repro.cpp against {tree} failed: {tail[0]}")
+    binary = build / "repro"
+    try:
+        done = subprocess.run([str(binary), "--json"], capture_output=True, text=True, timeout=RUNNER_TIMEOUT_S,
+                              cwd=bundle, check=False)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"{binary}: did not finish in {RUNNER_TIMEOUT_S} s") from None
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InputError(f"{binary}: failed (exit {done.returncode}): {tail}") from None

@@ -55,7 +55,7 @@ ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vu
                 isolate_rebuilds_graph=True, facts=FACTS,
                 model_help=".gguf (ggml: llama.cpp; local and arm64)",
                 not_isolatable=("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"),
-                bisect_refusal="ggml: the layerdiff ggml harness lets ggml's scheduler place every node and has no option to pin one node to another backend or precision; collect bisect cannot run",
+                bisect_mechanism="node-keep",
                 # device_scripts/ggml/src/backends.cpp: on the CPU, high keeps the K/V cache in f32 (normal: f16,
                 # written by SET_ROWS) and rebuilds a convolution's IM2COL in f32 (normal: f16); nothing else
                 # changes, so a graph with neither (an encoder without a cache: BERT) computes the same bytes

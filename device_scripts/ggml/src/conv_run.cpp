@@ -1,6 +1,7 @@
 #include "conv_run.h"
 
 #include <cstring>
+#include <map>
 #include <memory>
 
 #include "errors.h"
@@ -34,15 +35,57 @@ std::vector<float> kernel_floats(const ggml_tensor* k) {
 }
 
 // ggml_conv_2d itself when its f16 IM2COL is wanted; otherwise the same graph (ggml.c, ggml_conv_2d)
-// with the IM2COL in `im2col_type`, because ggml_conv_2d offers no choice.
-ggml_tensor* conv2d(ggml_context* ctx, ggml_tensor* a, ggml_tensor* b, ggml_type im2col_type, int s, int p, int d) {
-    if (im2col_type == GGML_TYPE_F16) return ggml_conv_2d(ctx, a, b, s, s, p, p, d, d);
+// with the IM2COL in `im2col_type`, because ggml_conv_2d offers no choice. `columns_type`: the type the
+// MUL_MAT reads the columns in (--keep keeps the IM2COL and the MUL_MAT apart: an IM2COL in one type
+// feeding a MUL_MAT that reads another gets a CPY between, as an app mixing types would write it).
+ggml_tensor* conv2d(ggml_context* ctx, ggml_tensor* a, ggml_tensor* b, ggml_type im2col_type, ggml_type columns_type,
+                    int s, int p, int d) {
+    if (im2col_type == GGML_TYPE_F16 && columns_type == GGML_TYPE_F16) return ggml_conv_2d(ctx, a, b, s, s, p, p, d, d);
     ggml_tensor* im2col = ggml_im2col(ctx, a, b, s, s, p, p, d, d, true, im2col_type);
+    ggml_tensor* columns = columns_type == im2col_type ? im2col : ggml_cast(ctx, im2col, columns_type);
     ggml_tensor* result = ggml_mul_mat(ctx,
-        ggml_reshape_2d(ctx, im2col, im2col->ne[0], im2col->ne[3] * im2col->ne[2] * im2col->ne[1]),
+        ggml_reshape_2d(ctx, columns, im2col->ne[0], im2col->ne[3] * im2col->ne[2] * im2col->ne[1]),
         ggml_reshape_2d(ctx, a, a->ne[0] * a->ne[1] * a->ne[2], a->ne[3]));
     result = ggml_reshape_4d(ctx, result, im2col->ne[1], im2col->ne[2], im2col->ne[3], a->ne[3]);
     return ggml_cont(ctx, ggml_permute(ctx, result, 0, 1, 3, 2));
+}
+
+// Nodes that compute nothing (a view of another node's memory): never kept, never pinned.
+bool view_op(const ggml_tensor* t) {
+    switch (t->op) {
+        case GGML_OP_NONE: case GGML_OP_VIEW: case GGML_OP_RESHAPE: case GGML_OP_PERMUTE: case GGML_OP_TRANSPOSE:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// The nodes --keep can name and the ones it names. On the CPU a node is kept by the type it is built in,
+// which the convolution graph offers for its IM2COL and MUL_MAT; on a GPU (`sched` given) every node that
+// computes is pinned: a kept one to the CPU backend, a moved one to the GPU (the scheduler would otherwise
+// carry a kept node's CPU placement down to the unpinned nodes after it).
+KeepRecord keep_nodes_of(ggml_cgraph* graph, const std::vector<std::string>& names, const KeepNodes& keep,
+                         ggml_backend_sched_t sched, ggml_backend_t gpu, ggml_backend_t cpu) {
+    KeepRecord record;
+    record.how = sched != nullptr ? "pinned to the CPU backend (ggml_backend_sched_set_tensor_backend), in the "
+                                    "high precision's types; every other node that computes pinned to the GPU"
+                                  : "built in the high precision's types";
+    for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
+        ggml_tensor* node = ggml_graph_node(graph, i);
+        bool movable = sched != nullptr ? !view_op(node) : node->op == GGML_OP_IM2COL || node->op == GGML_OP_MUL_MAT;
+        if (!movable) continue;
+        record.movable.push_back(names[i]);
+        bool kept = keep.wants(names[i]);
+        if (kept) record.kept.push_back(names[i]);
+        if (sched != nullptr) ggml_backend_sched_set_tensor_backend(sched, node, kept ? cpu : gpu);
+    }
+    return record;
+}
+
+std::string join_words(const std::vector<std::string>& words) {
+    std::string out;
+    for (const std::string& w : words) out += (out.empty() ? "" : " ") + w;
+    return out;
 }
 
 struct Backends {  // the requested backend first, the CPU last (the scheduler's fallback)
@@ -94,18 +137,22 @@ RunFacts ConvRun::prepare(ModelInput* input, NodeRecorder* recorder) {
     std::string type = ggml_type_name(precision_.conv_type);
     std::string im2col = ggml_type_name(precision_.im2col_type);
     facts.precision_effective = "im2col " + im2col + ", kernel " + type;
+    if (!keep_record_.kept.empty()) facts.precision_effective += ", kept in high: " + join_words(keep_record_.kept);
     JsonObject per_buffer;
     for (const auto& entry : dumper_->nodes_per_buffer()) per_buffer.add(entry.first, entry.second);
-    facts.options_json = JsonObject()
-                             .add("graph", std::string(precision_.im2col_type == GGML_TYPE_F16
-                                                           ? "ggml_conv_2d (IM2COL f16 + MUL_MAT)"
-                                                           : "ggml_conv_2d's graph with an f32 IM2COL"))
-                             .add("im2col_type", im2col)
-                             .add("kernel_type", type)
-                             .add("stride", stride_).add("padding", padding_).add("dilation", dilation_)
-                             .add("GGML_VK_DISABLE_F16", !precision_.vulkan_fp16)
-                             .add_raw("nodes_per_buffer", per_buffer.str())
-                             .str();
+    JsonObject options;
+    options.add("graph", std::string(precision_.im2col_type == GGML_TYPE_F16 ? "ggml_conv_2d (IM2COL f16 + MUL_MAT)"
+                                                                             : "ggml_conv_2d's graph with an f32 IM2COL"))
+        .add("im2col_type", im2col)
+        .add("kernel_type", type)
+        .add("stride", stride_).add("padding", padding_).add("dilation", dilation_)
+        .add("GGML_VK_DISABLE_F16", !precision_.vulkan_fp16)
+        .add_raw("nodes_per_buffer", per_buffer.str());
+    if (keep_.given) {
+        options.add_raw("keep", JsonObject().add("pattern", keep_.text).add("how", keep_record_.how)
+                                    .add("kept", keep_record_.kept).add("movable", keep_record_.movable).str());
+    }
+    facts.options_json = options.str();
     return facts;
 }
 
@@ -124,21 +171,33 @@ double ConvRun::compute(const ModelInput& input, DumpWriter* out, NodeDumper* du
     ggml_tensor* x = ggml_new_tensor_4d(leaves.get(), GGML_TYPE_F32, s[3], s[2], s[1], s[0]);
     ggml_set_name(x, "x");
     ggml_set_input(x);
-    ggml_tensor* w = ggml_new_tensor(leaves.get(), precision_.conv_type, 4, kernel_->ne);
+    // --keep: a kept IM2COL writes the high precision's type; a kept MUL_MAT reads both operands in the high
+    // precision's types (the columns and the kernel), a moved one in this precision's
+    const GgmlPrecision kept = precision_for("high");
+    bool keep_mul_mat = keep_.wants("conv.mul_mat");
+    ggml_type kernel_type = keep_mul_mat ? kept.conv_type : precision_.conv_type;
+    ggml_type columns_type = keep_mul_mat ? kept.im2col_type : precision_.im2col_type;
+    ggml_type im2col_type = keep_.wants("conv.im2col") ? kept.im2col_type : precision_.im2col_type;
+    ggml_tensor* w = ggml_new_tensor(leaves.get(), kernel_type, 4, kernel_->ne);
     ggml_set_name(w, "conv.weight");
-    ggml_tensor* y = conv2d(ctx.get(), w, x, precision_.im2col_type, stride_, padding_, dilation_);
+    ggml_tensor* y = conv2d(ctx.get(), w, x, im2col_type, columns_type, stride_, padding_, dilation_);
     ggml_set_output(y);
     ggml_cgraph* graph = ggml_new_graph(ctx.get());
     ggml_build_forward_expand(graph, y);
+    std::vector<std::string> names;  // as the dump names them: a repeated name gets #1, #2
+    std::map<std::string, int> uses;
     for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {  // ggml_conv_2d names none of its nodes
         ggml_tensor* node = ggml_graph_node(graph, i);
         std::string op = ggml_op_desc(node);
         for (char& c : op) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        ggml_format_name(node, "%s", (node == y ? std::string("conv.out") : "conv." + op).c_str());
+        std::string name = node == y ? std::string("conv.out") : "conv." + op;
+        ggml_format_name(node, "%s", name.c_str());
+        int n = uses[name]++;
+        names.push_back(n == 0 ? name : name + "#" + std::to_string(n));
     }
     ggml_backend_buffer_t weights = ggml_backend_alloc_ctx_tensors(leaves.get(), backends.list.front());
     std::vector<float> k = kernel_floats(kernel_);
-    if (precision_.conv_type == GGML_TYPE_F16) {
+    if (kernel_type == GGML_TYPE_F16) {
         std::vector<ggml_fp16_t> half(k.size());
         ggml_fp32_to_fp16_row(k.data(), half.data(), static_cast<int64_t>(k.size()));
         ggml_backend_tensor_set(w, half.data(), 0, half.size() * 2);
@@ -152,7 +211,15 @@ double ConvRun::compute(const ModelInput& input, DumpWriter* out, NodeDumper* du
     if (!dumper->plain()) dumper->start(out);  // a plain run's dumper stays plain
     ggml_backend_sched_set_eval_callback(sched, NodeDumper::callback, dumper);
     double start = monotonic_ms();
-    ggml_status status = ggml_backend_sched_graph_compute(sched, graph);
+    ggml_status status = GGML_STATUS_ALLOC_FAILED;
+    if (keep_.given) {
+        // the scheduler forgets a node's pinned backend when it resets: reset, pin, allocate, then compute
+        ggml_backend_sched_reset(sched);
+        keep_record_ = keep_nodes_of(graph, names, keep_, device != nullptr ? sched : nullptr, backends.list.front(), cpu);
+        if (ggml_backend_sched_alloc_graph(sched, graph)) status = ggml_backend_sched_graph_compute(sched, graph);
+    } else {
+        status = ggml_backend_sched_graph_compute(sched, graph);
+    }
     double ms = monotonic_ms() - start;
     if (result != nullptr && status == GGML_STATUS_SUCCESS) {  // the plain run's output, read as the dump reads nodes
         std::vector<char> bytes;

@@ -10,6 +10,7 @@
 #include "backends.h"
 #include "dump_writer.h"
 #include "model_input.h"
+#include "node_keep.h"
 #include "plain_run.h"
 #include "run_facts.h"
 
@@ -29,6 +30,8 @@ public:
     // The plain run (docs/fidelity.md): the graph computed with no node asked for, conv.out read back.
     std::vector<std::string> output_names() const { return {"conv.out"}; }
     std::vector<PlainOutput> plain_run(const ModelInput& input);
+    // --keep (node_keep.h): before open(); the header then records options.keep.
+    void set_keep(const KeepNodes& keep) { keep_ = keep; }
 
 private:
     double compute(const ModelInput& input, DumpWriter* out, class NodeDumper* dumper, PlainOutput* result = nullptr);
@@ -40,6 +43,8 @@ private:
     GgmlPrecision precision_;
     int threads_ = 1;
     NodeDumper* dumper_ = nullptr;
+    KeepNodes keep_;
+    KeepRecord keep_record_;  // filled by each compute()
 };
 
 }  // namespace ld

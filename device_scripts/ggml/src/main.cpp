@@ -22,6 +22,7 @@
 #include "plain_run.h"
 #include "node_dump.h"
 #include "node_isolate.h"
+#include "node_keep.h"
 #include "options.h"
 #include "sha256.h"
 #include "sysutil.h"
@@ -172,8 +173,32 @@ int isolate_with(Runner& runner, const Options& o, ModelInput& input, const Ggml
     return kExitOk;
 }
 
-int run(const Options& o) {
+// --keep REGEX is ggml's own argument (the shared parser does not know it): taken out of argv first.
+KeepNodes take_keep(int* argc, char** argv) {
+    KeepNodes keep;
+    int out = 1;
+    for (int i = 1; i < *argc; ++i) {
+        if (std::string(argv[i]) != "--keep") {
+            argv[out++] = argv[i];
+            continue;
+        }
+        if (i + 1 >= *argc) bad("--keep needs a node-name REGEX");
+        if (keep.given) bad("give --keep once (one REGEX: a|b names several nodes)");
+        keep.given = true;
+        keep.text = argv[++i];
+        try {
+            keep.pattern = std::regex(keep.text, std::regex::ECMAScript);
+        } catch (const std::regex_error&) {
+            bad("--keep '" + keep.text + "' is not a valid regular expression");
+        }
+    }
+    *argc = out;
+    return keep;
+}
+
+int run(const Options& o, const KeepNodes& keep) {
     validate(o);
+    if (keep.given && !o.inject_dir.empty()) bad("--keep and --inject go in separate runs");
     if (!file_readable(o.models[0])) throw HarnessError(kExitModel, "cannot read model file " + o.models[0] + ": check the path");
     ModelInput input = load_model_input(o.inputs[0].first, o.inputs[0].second);
     GgmlPrecision precision = precision_for(o.precision);
@@ -184,10 +209,15 @@ int run(const Options& o) {
     bool isolating = !o.inject_dir.empty();
     if (arch.rfind("layerdiff.conv2d", 0) == 0) {
         ConvRun conv;
+        conv.set_keep(keep);
         return isolating ? isolate_with(conv, o, input, precision) : run_with(conv, o, input, precision);
     }
     if (input.name != "tokens" && input.name != "prompt") {
         bad("a language model takes --input tokens=IDS.npy or --input prompt=TEXT.txt, not '" + input.name + "'");
+    }
+    if (keep.given) {
+        bad("--keep works on layerdiff's convolution graph only: llama.cpp builds a language model's graph inside "
+            "llama_decode, and its public API offers no per-node choice of backend or type");
     }
     LlamaRun model;
     return isolating ? isolate_with(model, o, input, precision) : run_with(model, o, input, precision);
@@ -213,6 +243,7 @@ const char* usage() {
            "                      --backend cpu|opencl|vulkan --precision low|normal|high\n"
            "                      --out DIR [--threads N] [--layers REGEX] [--max-bytes N] [--repeat N] [--abort-after K]\n"
            "                      [--inject DIR --target NODE|FIRST..LAST ...]   (the input: the reference run's own)\n"
+           "                      [--keep REGEX]   (these nodes in the high precision / on the CPU: collect bisect)\n"
            "       layerdiff-ggml --version | --probe\n";
 }
 
@@ -223,6 +254,7 @@ int main(int argc, char** argv) {
     using namespace ld;
     llama_log_set(quiet_log, nullptr);
     try {
+        KeepNodes keep = take_keep(&argc, argv);
         Options o = parse_options(argc, argv);
         if (o.backend.empty()) o.backend = "cpu";
         if (o.precision.empty()) o.precision = "high";
@@ -230,7 +262,7 @@ int main(int argc, char** argv) {
             case Mode::Help: std::fputs(usage(), stdout); return kExitOk;
             case Mode::Version: std::printf("%s\n", version_line().c_str()); return kExitOk;
             case Mode::Probe: std::printf("%s\n", probe_json().c_str()); return kExitOk;
-            case Mode::Run: return run(o);
+            case Mode::Run: return run(o, keep);
         }
     } catch (const HarnessError& err) {
         std::fflush(stdout);
