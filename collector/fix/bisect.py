@@ -159,6 +159,9 @@ class PlainTrialRunner(TrialRunner):
     layers_pattern: str = ""
     keep_args: Callable[[tuple[str, ...]], list[str]] | None = None
 
+    def _placed_files(self, label: str, layers: tuple[str, ...], tmp: Path) -> dict:
+        return {} if self.keep_args is not None else super()._placed_files(label, layers, tmp)
+
     def _spec(self, layers, inputs, out_dir, model) -> RunSpec:
         if self.keep_args is not None:  # the harness keeps the layers: the model file stays as it is
             return RunSpec(self.model, self.backend, self.precision, inputs, deadline_s=self.deadline_s,

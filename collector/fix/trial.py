@@ -59,7 +59,15 @@ class TrialRunner:
 
     def __post_init__(self) -> None:
         self.outputs = {label: output_keys(path) for label, path in self.references.items()}
-        self.mechanism: Mechanism = mechanism_for(self.model.engine)
+        self._mechanism: Mechanism | None = None
+
+    @property
+    def mechanism(self) -> Mechanism:
+        """`collect fix`'s mechanism for the engine, looked up when a trial first needs it (a bisect runner whose
+        harness keeps the layers itself never does)."""
+        if self._mechanism is None:
+            self._mechanism = mechanism_for(self.model.engine)
+        return self._mechanism
 
     def mask(self) -> int:
         return self.mechanism.mask(self.backend)
@@ -75,7 +83,7 @@ class TrialRunner:
         for inputs in self.inputs:
             spec = self._spec(layers, inputs, out_dir, model)
             with tempfile.TemporaryDirectory(prefix="layerdiff-fix-") as tmp:
-                placed = self.mechanism.placed_files(self.references[inputs.label], tuple(layers), Path(tmp))
+                placed = self._placed_files(inputs.label, tuple(layers), Path(tmp))
                 if placed:
                     spec.placed_files = placed
                 outcome = collect_run(self.device, spec, out_dir, force=True)
@@ -88,6 +96,10 @@ class TrialRunner:
             trial.paths[inputs.label] = outcome.paths[0]
             trial.errors[inputs.label] = self.output_error(inputs.label, outcome.paths[0])
         return trial
+
+    def _placed_files(self, label: str, layers: tuple[str, ...], tmp: Path) -> dict:
+        """Files the mechanism stages beside the model for this trial (MNN's injected outputs)."""
+        return self.mechanism.placed_files(self.references[label], layers, tmp)
 
     def _spec(self, layers: tuple[str, ...], inputs: InputSet, out_dir: Path, model: ModelFiles | None) -> RunSpec:
         """The run of one input with `layers` kept high, as the mechanism makes it (subclasses narrow it)."""
