@@ -54,16 +54,11 @@ ALLOWED: dict[str, tuple[int, str]] = {
     # Which build runs an engine is the engine folder's hook (Engine.harness_spec).
     "collector/harness/build.py": (78, "the C++ harness's build recipe: one option per library it links"),
     "collector/harness/buildprogress.py": (8, "the C++ harness build's steps, as its scripts print them"),
-    # `collect fix` (by the mechanism an engine's folder names), `collect bisect` and `collect repro` act on an
-    # engine's own model file and options.
+    # `collect fix` (by the mechanism an engine's folder names) and `collect bisect` act on an engine's own model
+    # file and options.
     "collector/fix/mechanisms.py": (2, "the feature-mask mechanism: the one engine's model-file patcher it drives"),
     "collector/fix/bisect.py": (13, "bisect's mechanisms, keyed by Engine.bisect_mechanism"),
     "collector/fix/ncnn_patch.py": (6, "patches an ncnn .param"),
-    "collector/repro/bundle.py": (62, "the bundle's per-engine runner"),
-    "collector/repro/runner.py": (59, "the bundle's run_repro.py, one code path per engine's wheel"),
-    "collector/repro/mnn_cut.py": (8, "cuts an op out of an MNN model"),
-    "collector/repro/ncnn_cut.py": (5, "cuts layers out of an ncnn model"),
-    "collector/repro/litert_cut.py": (8, "cuts ops out of a .tflite with the LiteRT wheel's schema"),
     "collector/fix/litert_pieces.py": (6, "runs a .tflite cut into pieces on the LiteRT accelerators"),
 }
 

@@ -168,7 +168,7 @@ def test_bad_requests_get_one_line(runs, tmp_path):
     (odd / "overflow.param").write_text((MODELS / "overflow.param").read_text().replace("Convolution      stem/conv",
                                                                                         "Mystery          stem/conv"))
     (odd / "overflow.bin").write_bytes((MODELS / "overflow.bin").read_bytes())
-    from layerdiff.collector.repro.ncnn_cut import cut
+    from layerdiff.collector.engines.ncnn.cut import cut
     from layerdiff.errors import InputError
     with pytest.raises(InputError, match="Mystery"):
         cut(odd / "overflow.param", odd / "overflow.bin", LAYER, LAYER, {"block1/add": (1, 8, 16, 16)})
@@ -261,7 +261,7 @@ CORPUS_CUTS = {"ocr_det": ("Convolution", "ConvolutionDepthWise", "Deconvolution
 
 def test_real_pnnx_models_cut_into_layers_that_compute_what_they_computed_in_the_full_graph(pnnx_models, tmp_path):
     """Each cut layer, fed the full graph's own tensors (pip ncnn, fp32), gives its full-graph output bit for bit."""
-    from layerdiff.collector.repro.ncnn_cut import cut, read_param, weight_spans
+    from layerdiff.collector.engines.ncnn.cut import cut, read_param, weight_spans
 
     compared = []
     for stem, (param, feeds) in pnnx_models.items():

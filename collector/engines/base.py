@@ -112,6 +112,11 @@ class Engine:
     # The PyPI distribution whose wheel holds `library` (`MNN`, `ncnn`): `--engine NAME==VERSION` installs
     # that version of it into a cached environment of its own (collector/engines/versions.py); "" refuses.
     distribution: str = ""
+    # `collect repro`: () -> the folder's ReproRecipe (collector/engines/reprorecipe.py: how a layer is cut out of
+    # its model and how its wheel runs the cut), imported only when a bundle is written; None when it writes no
+    # bundles, and then `repro_refusal` may say why in one line.
+    repro: Callable[[], object] | None = None
+    repro_refusal: str = ""
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     def reach_of(self, backend: str, precision: str) -> dict[str, list[str]]:
