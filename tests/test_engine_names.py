@@ -49,11 +49,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "analyzer/align/naming.py": (2, "built-in name normalisation, described by the tool that writes the names"),
     "analyzer/align/unmatched.py": (2, "engine-inserted helper ops, described by the engine that inserts them"),
     "analyzer/report/fixsection.py": (1, "reads the advice key of fix.json files written before `engine_options`"),
-    # The C++ phone harness (device_scripts/harness) is one native program that links ncnn, MNN and
-    # Paddle-Lite; its build scripts take one option per library, and its cache keys are made of them.
-    # Which build runs an engine is the engine folder's hook (Engine.harness_spec).
-    "collector/harness/build.py": (78, "the C++ harness's build recipe: one option per library it links"),
-    "collector/harness/buildprogress.py": (8, "the C++ harness build's steps, as its scripts print them"),
     # `collect fix` (by the mechanism an engine's folder names) and `collect bisect` act on an engine's own model
     # file and options.
     "collector/fix/mechanisms.py": (2, "the feature-mask mechanism: the one engine's model-file patcher it drives"),

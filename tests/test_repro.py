@@ -189,11 +189,12 @@ def test_bad_requests_get_one_line(runs, tmp_path):
 @pytest.mark.slow
 def test_the_cpp_file_builds_against_ncnn_and_shows_the_overflow(bundle, tmp_path):
     """repro.cpp with its CMakeLists.txt against the host ncnn layerdiff builds (Vulkan on; no NDK here)."""
-    from layerdiff.collector.harness.build import cache_root, ncnn_key
+    from layerdiff.collector.engines.ncnn.harness import ncnn_key
+    from layerdiff.collector.harness.build import cache_root
     from tests.test_harness_support import HOST_SPEC, host_harness
 
     host_harness()  # builds (or finds cached) the host ncnn the harness links
-    ncnn_dir = cache_root() / "harness" / f"ncnn-{HOST_SPEC.target}-{ncnn_key(HOST_SPEC)}" / "lib" / "cmake" / "ncnn"
+    ncnn_dir = cache_root() / "harness" / f"ncnn-{HOST_SPEC.target}-{ncnn_key(HOST_SPEC.target, HOST_SPEC.vulkan, HOST_SPEC.test_build)}" / "lib" / "cmake" / "ncnn"
     build = tmp_path / "build"
     for cmd in (["cmake", "-S", str(bundle), "-B", str(build), f"-Dncnn_DIR={ncnn_dir}", "-DCMAKE_BUILD_TYPE=Release"],
                 ["cmake", "--build", str(build)]):

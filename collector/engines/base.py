@@ -59,6 +59,10 @@ class Engine:
     # ... or, for an engine the C++ phone harness runs (device_scripts/harness), which build of it runs the engine:
     # (phone ABI, backend, test build) -> collector/harness/build.py's HarnessSpec (HarnessError: one line why not).
     harness_spec: Callable[[str, str, bool], object] | None = None
+    # ... and its part of a C++ harness build that does not link it: (target, vulkan, test build) ->
+    # collector/harness/build.py's HarnessLibrary (the option telling the build scripts, its source files left out of
+    # the key, its key entries), so every build's key has the same shape whichever engine it links.
+    harness_absent: Callable[[str, bool, bool], object] | None = None
     # An engine whose harness tokenizes text itself (ggml: llama.cpp's tokenizer, on the device) names
     # the input a UTF-8 text file goes to (`--input prompt=FILE.txt`): staged as its uint8 bytes, in
     # place of the model's declared inputs (the harness records the ids that ran).
