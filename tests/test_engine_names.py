@@ -1,6 +1,7 @@
 """An engine is its folder: product code outside collector/engines/ does not name engines.
 
-What counts: in every Python file of analyzer/, collector/ (outside collector/engines/) and layerdiff/, each
+What counts: in every Python file of analyzer/ (outside analyzer/importers/, the readers of foreign formats: see
+FOREIGN_FORMATS), collector/ (outside collector/engines/) and layerdiff/, each
 identifier (a name, attribute, function, class, argument, keyword or imported module) and each string
 literal that is not a docstring, whose words (split at anything not a letter or digit, and at camelCase)
 include an engine's word: a registered engine's name or folder, the Python module it runs (`MNN`,
@@ -23,23 +24,17 @@ from layerdiff.collector.engines import ENGINE_FOLDERS, ENGINES
 REPO = Path(__file__).resolve().parent.parent
 PRODUCT = ("analyzer", "collector", "layerdiff")
 ENGINE_FOLDER = REPO / "collector" / "engines"
+# The readers of foreign formats: files other tools write (MNN's dump folders and console logs, Paddle-Lite's debug
+# tool and profiler, Polygraphy's JSON of ONNX Runtime outputs). A foreign format is named after the tool that
+# writes it, and the analyzer-only install reads them without the collector (tests/test_layering.py), so they are a
+# room of the analyzer, not engine folders: the room is documentation of those formats, as docs/ is. Outside it,
+# product code reaches a reader by the format it detects (an import of `importers.mnn_text` elsewhere counts).
+FOREIGN_FORMATS = REPO / "analyzer" / "importers"
 ALIASES = {"tflite", "llama"}  # what a model file or a user calls an engine besides its registered name
 GENERIC = {"lite", "ai", "edge"}  # words of engine names that are ordinary words on their own (sqlite, edge)
 
 # file -> (most engine words it may hold, why it holds them)
 ALLOWED: dict[str, tuple[int, str]] = {
-    # Readers of files an engine's own tools write (MNN's dump folders and console logs, Paddle-Lite's
-    # debug tool and profiler): the format is named after the tool, and the analyzer-only install reads
-    # them, so they live with the analyzer, not in an engine folder of the collector.
-    "analyzer/importers/dispatch.py": (23, "dispatches to the readers of engines' own tool formats"),
-    "analyzer/importers/mnn_text.py": (18, "reads MNN's own text dumps"),
-    "analyzer/importers/mnn_log.py": (12, "reads MNN's own console logs"),
-    "analyzer/importers/mnnnames.py": (4, "reads MNN's own dump file names"),
-    "analyzer/importers/mnncodes.py": (15, "MNN's own enums, as its logs print them and the MNN engine reads them"),
-    "analyzer/importers/paddle_debug.py": (5, "reads Paddle-Lite's model_debug_tool output"),
-    "analyzer/importers/paddle_profiler.py": (8, "reads Paddle's profiler output"),
-    "analyzer/importers/polygraphy_json.py": (1, "reads Polygraph's JSON of ONNX Runtime outputs"),
-    "analyzer/cli/offline.py": (4, "`analyze import` help names the foreign formats it reads"),
     # Dumps written before the header recorded `engine_facts`: the facts their engine implied then, frozen
     # (tests/test_engine_facts.py checks they equal the engine folder's declaration).
     "analyzer/formats/enginefacts.py": (5, "the frozen facts of dumps older than the header attribute"),
@@ -113,7 +108,7 @@ def engine_names_in(path: Path, words: set[str]) -> list[str]:
 
 def product_files() -> list[Path]:
     return [path for root in PRODUCT for path in sorted((REPO / root).rglob("*.py"))
-            if ENGINE_FOLDER not in path.parents]
+            if ENGINE_FOLDER not in path.parents and FOREIGN_FORMATS not in path.parents]
 
 
 @functools.lru_cache(maxsize=1)
