@@ -44,11 +44,8 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "analyzer/align/naming.py": (2, "built-in name normalisation, described by the tool that writes the names"),
     "analyzer/align/unmatched.py": (2, "engine-inserted helper ops, described by the engine that inserts them"),
     "analyzer/report/fixsection.py": (1, "reads the advice key of fix.json files written before `engine_options`"),
-    # `collect fix` (by the mechanism an engine's folder names) and `collect bisect` act on an engine's own model
-    # file and options.
-    "collector/fix/mechanisms.py": (2, "the feature-mask mechanism: the one engine's model-file patcher it drives"),
+    # `collect bisect` acts on an engine's own model file and options.
     "collector/fix/bisect.py": (13, "bisect's mechanisms, keyed by Engine.bisect_mechanism"),
-    "collector/fix/ncnn_patch.py": (6, "patches an ncnn .param"),
     "collector/fix/litert_pieces.py": (6, "runs a .tflite cut into pieces on the LiteRT accelerators"),
 }
 

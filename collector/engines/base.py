@@ -83,6 +83,9 @@ class Engine:
     # MECHANISMS: "feature-mask" patches the model, "what-if" injects outputs); "" when it cannot, and then
     # `fix_advice` may still say, one sentence each, what the engine offers instead (written to fix.json).
     fix_mechanism: str = ""
+    # With "feature-mask": () -> its FeatureMaskModel (collector/engines/featuremask.py: how its model files take
+    # per-layer masks), imported only when `collect fix` runs.
+    feature_mask: Callable[[], object] | None = None
     fix_advice: tuple[str, ...] = ()
     bisect_refusal: str = ""
     # What separates two of its precisions on a backend, as the op types through which that setting can

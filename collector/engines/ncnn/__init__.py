@@ -25,6 +25,12 @@ def _harness_spec(abi: str, backend: str, test_build: bool):
     return harness_spec(abi, backend, test_build)
 
 
+def _feature_mask():
+    from layerdiff.collector.engines.ncnn.patch import FEATURE_MASK
+
+    return FEATURE_MASK
+
+
 def _harness_absent(target: str, vulkan: bool, test_build: bool):
     from layerdiff.collector.engines.ncnn.harness import absent
 
@@ -44,5 +50,5 @@ def _repro():
 
 
 ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, repro=_repro, writes=WRITES, model_files=_model_files, on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent,
-                arm64_wheels=("ncnn==1.0.20250503",), distribution="ncnn", library="ncnn", extra="ncnn", bisect_mechanism="feature-mask", fix_mechanism="feature-mask",
+                arm64_wheels=("ncnn==1.0.20250503",), distribution="ncnn", library="ncnn", extra="ncnn", bisect_mechanism="feature-mask", fix_mechanism="feature-mask", feature_mask=_feature_mask,
                 model_help="ncnn .param with its .bin", prepared_by_default=True)
