@@ -43,7 +43,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "analyzer/align/byname.py": (2, "built-in rename rules, described by the converter that renames"),
     "analyzer/align/naming.py": (2, "built-in name normalisation, described by the tool that writes the names"),
     "analyzer/align/unmatched.py": (2, "engine-inserted helper ops, described by the engine that inserts them"),
-    "analyzer/report/fixsection.py": (1, "reads the advice key of fix.json files written before `engine_options`"),
     # `collect bisect` acts on an engine's own model file and options.
     "collector/fix/bisect.py": (13, "bisect's mechanisms, keyed by Engine.bisect_mechanism"),
     "collector/fix/litert_pieces.py": (6, "runs a .tflite cut into pieces on the LiteRT accelerators"),
