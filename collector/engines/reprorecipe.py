@@ -7,8 +7,10 @@ model and running the cut are knowledge of the engine. The engine's folder decla
 The runner a bundle carries is two files: collector/repro/runner.py (shared: reads repro.json, feeds the
 reference's inputs, measures each configuration's outputs) copied as `run_repro.py`, and the recipe's `runner`
 file copied as `engine_runner.py`, which defines `run(module, spec, config, here)` (the cut model's outputs under
-one configuration, or the reason it could not run: `(None, why)`) and may define `gpu_info(module)` (the GPU the
-wheel uses, for the printed header). Both need only the engine's wheel and numpy.
+one configuration, or the reason it could not run: `(None, why)`; `module` is the engine's Python module,
+`Engine.library`, or None for an engine without one) and may define `gpu_info(module)` (the GPU the engine uses,
+for the printed header) and `version(module)` (the engine's version, when the module has no `__version__`).
+Both need only the engine's wheel and numpy.
 """
 from __future__ import annotations
 
@@ -66,3 +68,6 @@ class ReproRecipe:
     # repro.json's spec -> more files for the bundle (a C++ runner for phones), and the README section about them
     extra_files: Callable[[dict], dict[str, str]] = field(default=lambda spec: {})
     extra_readme: str = ""
+    # The README's install line before `python run_repro.py`; "" installs the engine's wheel at the run's version
+    # (an engine without a wheel says how its runner half gets the engine).
+    install: str = ""

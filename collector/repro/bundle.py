@@ -269,7 +269,7 @@ driver {device.get('driver')}; {title} {device.get('engine_version', '?')}; effe
 ## Run it
 
 ```
-pip install {spec['wheel']}=={device.get('engine_version', '')} numpy
+{recipe.install or f"pip install {spec['wheel']}=={device.get('engine_version', '')} numpy"}
 python run_repro.py          # both configurations: prints rel L2, max abs, NaN/Inf against the reference
 ```
 {recipe.extra_readme}

@@ -20,8 +20,11 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 
 
-def engine_version(engine):
-    """The wheel's version: `__version__`, else a `version()` function."""
+def engine_version(engine_runner, engine):
+    """The engine's version as its half of the runner says (`version(module)`), else the wheel's `__version__`,
+    else its `version()` function."""
+    if callable(getattr(engine_runner, "version", None)):
+        return str(engine_runner.version(engine))
     version = getattr(engine, "__version__", None)
     if version is None and callable(getattr(engine, "version", None)):
         version = engine.version()
@@ -77,9 +80,9 @@ def main(argv=None):
     sys.path.insert(0, str(HERE))
     import engine_runner  # the engine's half, beside this file: run(module, spec, config, here)
 
-    engine = __import__(spec["module"])
+    engine = __import__(spec["module"]) if spec.get("module") else None  # None: an engine without a Python module
     names = ("run", "reference") if args.config == "both" else (args.config,)
-    result = {"engine": spec["engine"], "engine_version": engine_version(engine),
+    result = {"engine": spec["engine"], "engine_version": engine_version(engine_runner, engine),
               "platform": platform.platform(), "gpu": gpu_info(engine_runner, engine),
               "layer": spec["layer"], "configs": {}}
     for name in names:
