@@ -39,7 +39,9 @@ ALLOWED: dict[str, tuple[int, str]] = {
     # (tests/test_engine_facts.py checks they equal the engine folder's declaration).
     "analyzer/formats/enginefacts.py": (5, "the frozen facts of dumps older than the header attribute"),
     # Name rules for op names producers write (converters' renames, engine-inserted helper ops): applied to
-    # every pair, whichever engines wrote it, including dumps imported from engines' own tools.
+    # every pair, whichever engines wrote it, including dumps imported from engines' own tools and dumps without
+    # `engine_facts`; declared as engine facts they would come back as frozen facts of those dumps above. The
+    # engine words are in the rules' descriptions (shown in the report), the rules themselves are patterns.
     "analyzer/align/byname.py": (2, "built-in rename rules, described by the converter that renames"),
     "analyzer/align/naming.py": (2, "built-in name normalisation, described by the tool that writes the names"),
     "analyzer/align/unmatched.py": (2, "engine-inserted helper ops, described by the engine that inserts them"),
