@@ -102,7 +102,7 @@ class RichReporter:
         self.task = self.progress.add_task("starting", total=None)
 
     def update(self, status: BuildStatus) -> None:
-        self.progress.update(self.task, description=_STEP_NAMES.get(status.step, status.step),
+        self.progress.update(self.task, description=step_text(status.step),
                              completed=status.done, total=status.total or None)
 
     def finished(self, ok: bool, elapsed_s: float) -> None:
