@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 HARNESS_USERS = {  # build name -> what in a test module's source means it runs that build (in build order)
-    "host": ("host_harness", "HOST_SPEC", 'HarnessSpec("host"'),
-    "aarch64": ("aarch64_harness", "AARCH64_SPEC", 'HarnessSpec("aarch64"'),
+    "host": ("host_harness", "HOST_SPEC", 'ncnn_spec("host"'),
+    "aarch64": ("aarch64_harness", "AARCH64_SPEC", 'ncnn_spec("aarch64"'),
     "ggml-host": ("ggml_binary",),
     "ggml-aarch64": ('GgmlSpec("aarch64")', 'engine="ggml"'),
 }

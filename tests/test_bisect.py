@@ -11,7 +11,7 @@ from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.collector.engines.harness_cli import split_key
 from layerdiff.collector.engines.ncnn.options import HIGH_PRECISION_MASK
-from layerdiff.collector.fix.ncnn_patch import write_patched
+from layerdiff.collector.engines.ncnn.patch import write_patched
 from layerdiff.collector.inputs.modelfiles import resolve_model
 from layerdiff.samples.catalog import reference
 from tests.conftest import MODELS, SAMPLES
@@ -84,16 +84,16 @@ def test_overflow_on_vulkan_low_names_the_analysis_culprit_from_outputs_alone(tm
     failing = _prob(out / "trials" / "trial1" / "ncnn_vulkan_low_overflow.h5")
     assert _rel_l2(failing, ref) > 0.1
     model = resolve_model(MODELS / "overflow.param")
-    patched = write_patched(model, {op: int(HIGH_PRECISION_MASK["vulkan"]) for op in culprits}, tmp_path / "patched")
-    again = collect("--model", patched.files[0], "--backend", "vulkan", "--precision", "low", "--input", OVERFLOW_INPUT,
+    patched = write_patched(model.files, {op: int(HIGH_PRECISION_MASK["vulkan"]) for op in culprits}, tmp_path / "patched")
+    again = collect("--model", patched[0], "--backend", "vulkan", "--precision", "low", "--input", OVERFLOW_INPUT,
                     "--layers", "^prob$", "-o", tmp_path / "again")
     assert again.returncode == 0, again.stderr
     assert _rel_l2(_prob(tmp_path / "again" / "ncnn_vulkan_low_overflow.h5"), ref) < 1e-2
     # ... and every culprit is needed: keeping all but one of them still fails
     for left_out in culprits:
         rest = {op: int(HIGH_PRECISION_MASK["vulkan"]) for op in culprits if op != left_out}
-        partial = write_patched(model, rest, tmp_path / f"without-{left_out.replace('/', '_')}")
-        run = collect("--model", partial.files[0], "--backend", "vulkan", "--precision", "low", "--input",
+        partial = write_patched(model.files, rest, tmp_path / f"without-{left_out.replace('/', '_')}")
+        run = collect("--model", partial[0], "--backend", "vulkan", "--precision", "low", "--input",
                       OVERFLOW_INPUT, "--layers", "^prob$", "-o", tmp_path / f"run-{left_out.replace('/', '_')}")
         assert run.returncode == 0, run.stderr
         assert _rel_l2(_prob(next((tmp_path / f"run-{left_out.replace('/', '_')}").glob("*.h5"))), ref) > 1e-2

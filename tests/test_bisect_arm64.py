@@ -12,7 +12,7 @@ import pytest
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.collector.transport.adb import AdbDevice
 from layerdiff.collector.fix.bisect import bisect, bisect_document, summary_lines
-from layerdiff.collector.fix.ncnn_patch import layer_names
+from layerdiff.collector.engines.ncnn.patch import layer_names
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import resolve_model
 from tests.conftest import MODELS, sample_input

@@ -1,6 +1,7 @@
 """An engine is its folder: product code outside collector/engines/ does not name engines.
 
-What counts: in every Python file of analyzer/, collector/ (outside collector/engines/) and layerdiff/, each
+What counts: in every Python file of analyzer/ (outside analyzer/importers/, the readers of foreign formats: see
+FOREIGN_FORMATS), collector/ (outside collector/engines/) and layerdiff/, each
 identifier (a name, attribute, function, class, argument, keyword or imported module) and each string
 literal that is not a docstring, whose words (split at anything not a letter or digit, and at camelCase)
 include an engine's word: a registered engine's name or folder, the Python module it runs (`MNN`,
@@ -23,50 +24,33 @@ from layerdiff.collector.engines import ENGINE_FOLDERS, ENGINES
 REPO = Path(__file__).resolve().parent.parent
 PRODUCT = ("analyzer", "collector", "layerdiff")
 ENGINE_FOLDER = REPO / "collector" / "engines"
+# The readers of foreign formats: files other tools write (MNN's dump folders and console logs, Paddle-Lite's debug
+# tool and profiler, Polygraphy's JSON of ONNX Runtime outputs). A foreign format is named after the tool that
+# writes it, and the analyzer-only install reads them without the collector (tests/test_layering.py), so they are a
+# room of the analyzer, not engine folders: the room is documentation of those formats, as docs/ is. Outside it,
+# product code reaches a reader by the format it detects (an import of `importers.mnn_text` elsewhere counts).
+FOREIGN_FORMATS = REPO / "analyzer" / "importers"
 ALIASES = {"tflite", "llama"}  # what a model file or a user calls an engine besides its registered name
 GENERIC = {"lite", "ai", "edge"}  # words of engine names that are ordinary words on their own (sqlite, edge)
 
 # file -> (most engine words it may hold, why it holds them)
 ALLOWED: dict[str, tuple[int, str]] = {
-    # Readers of files an engine's own tools write (MNN's dump folders and console logs, Paddle-Lite's
-    # debug tool and profiler): the format is named after the tool, and the analyzer-only install reads
-    # them, so they live with the analyzer, not in an engine folder of the collector.
-    "analyzer/importers/dispatch.py": (23, "dispatches to the readers of engines' own tool formats"),
-    "analyzer/importers/mnn_text.py": (18, "reads MNN's own text dumps"),
-    "analyzer/importers/mnn_log.py": (12, "reads MNN's own console logs"),
-    "analyzer/importers/mnnnames.py": (4, "reads MNN's own dump file names"),
-    "analyzer/importers/mnncodes.py": (15, "MNN's own enums, as its logs print them and the MNN engine reads them"),
-    "analyzer/importers/paddle_debug.py": (5, "reads Paddle-Lite's model_debug_tool output"),
-    "analyzer/importers/paddle_profiler.py": (8, "reads Paddle's profiler output"),
-    "analyzer/importers/polygraphy_json.py": (1, "reads Polygraph's JSON of ONNX Runtime outputs"),
-    "analyzer/cli/offline.py": (4, "`analyze import` help names the foreign formats it reads"),
     # Dumps written before the header recorded `engine_facts`: the facts their engine implied then, frozen
     # (tests/test_engine_facts.py checks they equal the engine folder's declaration).
     "analyzer/formats/enginefacts.py": (5, "the frozen facts of dumps older than the header attribute"),
     # Name rules for op names producers write (converters' renames, engine-inserted helper ops): applied to
-    # every pair, whichever engines wrote it, including dumps imported from engines' own tools.
+    # every pair, whichever engines wrote it, including dumps imported from engines' own tools and dumps without
+    # `engine_facts`; declared as engine facts they would come back as frozen facts of those dumps above. The
+    # engine words are in the rules' descriptions (shown in the report), the rules themselves are patterns.
     "analyzer/align/byname.py": (2, "built-in rename rules, described by the converter that renames"),
     "analyzer/align/naming.py": (2, "built-in name normalisation, described by the tool that writes the names"),
     "analyzer/align/unmatched.py": (2, "engine-inserted helper ops, described by the engine that inserts them"),
-    "analyzer/report/fixsection.py": (1, "reads the advice key of fix.json files written before `engine_options`"),
-    # The C++ phone harness (device_scripts/harness) is one native program that links ncnn, MNN and
-    # Paddle-Lite; its build scripts take one option per library, and its cache keys are made of them.
-    # Which build runs an engine is the engine folder's hook (Engine.harness_spec).
-    "collector/harness/build.py": (78, "the C++ harness's build recipe: one option per library it links"),
-    "collector/harness/buildprogress.py": (8, "the C++ harness build's steps, as its scripts print them"),
-    # `collect fix` (by the mechanism an engine's folder names), `collect bisect` and `collect repro` act on an
-    # engine's own model file and options.
-    "collector/fix/mechanisms.py": (2, "the feature-mask mechanism: the one engine's model-file patcher it drives"),
+    # `collect bisect` acts on an engine's own model file and options.
     "collector/fix/bisect.py": (23, "bisect's mechanisms, keyed by Engine.bisect_mechanism"),
-    "collector/fix/ncnn_patch.py": (6, "patches an ncnn .param"),
-    "collector/repro/bundle.py": (85, "the bundle's per-engine runner"),
-    "collector/repro/runner.py": (59, "the bundle's run_repro.py, one code path per engine's wheel"),
-    "collector/repro/mnn_cut.py": (8, "cuts an op out of an MNN model"),
-    "collector/repro/ncnn_cut.py": (5, "cuts layers out of an ncnn model"),
     "collector/repro/check.py": (22, "--check builds a ggml bundle's C++ program against a ggml source tree"),
     "collector/repro/ggml_node.py": (22, "describes a ggml node for the bundle's repro.cpp"),
+    "collector/repro/program.py": (10, "a ggml node's bundle around its repro.cpp"),
     "collector/cli.py": (5, "`collect repro --check --ggml-dir`: the source tree a ggml bundle is built against"),
-    "collector/repro/litert_cut.py": (8, "cuts ops out of a .tflite with the LiteRT wheel's schema"),
     "collector/fix/litert_pieces.py": (6, "runs a .tflite cut into pieces on the LiteRT accelerators"),
 }
 
@@ -126,7 +110,7 @@ def engine_names_in(path: Path, words: set[str]) -> list[str]:
 
 def product_files() -> list[Path]:
     return [path for root in PRODUCT for path in sorted((REPO / root).rglob("*.py"))
-            if ENGINE_FOLDER not in path.parents]
+            if ENGINE_FOLDER not in path.parents and FOREIGN_FORMATS not in path.parents]
 
 
 @functools.lru_cache(maxsize=1)

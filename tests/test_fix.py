@@ -13,7 +13,7 @@ from layerdiff.collector.engines.ncnn.options import HIGH_PRECISION_MASK, Featur
 from layerdiff.collector.fix.trial import TrialRunner
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import resolve_model
-from layerdiff.collector.fix.ncnn_patch import layer_names, patched_param_text
+from layerdiff.collector.engines.ncnn.patch import layer_names, patched_param_text
 from layerdiff.samples.catalog import reference
 from tests.conftest import MODELS, SAMPLES, sample_input
 from tests.test_collect_cli import collect

@@ -14,7 +14,7 @@ from layerdiff.collector.fix.search import fix
 from layerdiff.collector.fix.fixjson import fix_document
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import resolve_model
-from layerdiff.collector.fix.ncnn_patch import layer_names
+from layerdiff.collector.engines.ncnn.patch import layer_names
 from layerdiff.samples.catalog import reference
 from tests.conftest import MODELS, sample_input
 

@@ -14,7 +14,8 @@ import pytest
 
 from layerdiff.collector.engines import phoneharness
 from layerdiff.collector.harness import build as harness
-from layerdiff.collector.harness.build import HarnessError, HarnessSpec
+from layerdiff.collector.engines.ncnn.harness import NCNN_VERSION, ncnn_key, ncnn_spec
+from layerdiff.collector.harness.build import HarnessError
 from tests.test_harness_support import HOST_SPEC, REPO, host_harness
 
 
@@ -22,7 +23,7 @@ def test_spec_follows_abi_engine_and_backend(monkeypatch):
     monkeypatch.delenv("MNN_ROOT", raising=False)
     assert phoneharness.spec_for(harness.host_abi(), "ncnn").target == "host"
     assert phoneharness.spec_for(harness.host_abi(), "ncnn").vulkan is True
-    assert phoneharness.spec_for("arm64-v8a", "ncnn", "cpu") == HarnessSpec("aarch64")
+    assert phoneharness.spec_for("arm64-v8a", "ncnn", "cpu") == ncnn_spec("aarch64")
     assert phoneharness.spec_for("arm64-v8a", "ncnn", "vulkan").target == "android-arm64-v8a"
     assert phoneharness.spec_for("armeabi-v7a", "ncnn").target == "android-armeabi-v7a"
     with pytest.raises(HarnessError, match="MNN_ROOT"):
@@ -46,10 +47,10 @@ def test_android_without_ndk_names_the_build_command(monkeypatch, tmp_path):
 def test_cache_root_and_keys(monkeypatch, tmp_path):
     monkeypatch.setenv("LAYERDIFF_CACHE", str(tmp_path))
     assert harness.binary_dir(HOST_SPEC).parent == tmp_path / "harness"
-    assert harness.harness_key(HOST_SPEC) == harness.harness_key(HarnessSpec("host", vulkan=True, test_build=True))
-    variants = {HOST_SPEC, HarnessSpec("host", vulkan=False, test_build=True), HarnessSpec("host", vulkan=True)}
+    assert harness.harness_key(HOST_SPEC) == harness.harness_key(ncnn_spec("host", vulkan=True, test_build=True))
+    variants = {HOST_SPEC, ncnn_spec("host", vulkan=False, test_build=True), ncnn_spec("host", vulkan=True)}
     assert len({harness.harness_key(s) for s in variants}) == 3
-    assert len({harness.ncnn_key(s) for s in variants}) == 3
+    assert len({ncnn_key(s.target, s.vulkan, s.test_build) for s in variants}) == 3
 
 
 def test_prebuilt_override(monkeypatch, tmp_path):
@@ -64,8 +65,9 @@ def test_prebuilt_override(monkeypatch, tmp_path):
 
 BUILD_ONE = """
 import sys
-from layerdiff.collector.harness.build import HarnessSpec, ensure_built
-path = ensure_built(HarnessSpec("host", vulkan=True, test_build=True))
+from layerdiff.collector.engines.ncnn.harness import ncnn_spec
+from layerdiff.collector.harness.build import ensure_built
+path = ensure_built(ncnn_spec("host", vulkan=True, test_build=True))
 print(path, path.stat().st_ino)
 """
 
@@ -77,7 +79,7 @@ def test_concurrent_callers_build_once(tmp_path):
     cache = tmp_path / "cache"
     (cache / "harness").mkdir(parents=True)
     (cache / "harness" / "src").symlink_to(real / "src")
-    ncnn_dir = f"ncnn-host-{harness.ncnn_key(HOST_SPEC)}"
+    ncnn_dir = f"ncnn-host-{ncnn_key(HOST_SPEC.target, HOST_SPEC.vulkan, HOST_SPEC.test_build)}"
     (cache / "harness" / ncnn_dir).symlink_to(real / ncnn_dir)
     env = {**os.environ, "LAYERDIFF_CACHE": str(cache)}
     procs = [subprocess.Popen([sys.executable, "-c", BUILD_ONE], cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -95,11 +97,11 @@ def test_ncnn_sdist_is_found_through_the_pypi_json_api():
     """The index can list the sdist with a URL relative to itself; it must come back absolute."""
     fetch = subprocess.run(
         [sys.executable, "-c", "import sys; sys.path.insert(0, 'device_scripts'); import fetch_ncnn_source as f; "
-         f"print(*f.sdist_url('{harness.NCNN_VERSION}'))"],
+         f"print(*f.sdist_url('{NCNN_VERSION}'))"],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert fetch.returncode == 0, fetch.stderr
     url, sha256 = fetch.stdout.split()
-    assert url.startswith("https://") and "/../" not in url and url.endswith(f"ncnn-{harness.NCNN_VERSION}.tar.gz")
+    assert url.startswith("https://") and "/../" not in url and url.endswith(f"ncnn-{NCNN_VERSION}.tar.gz")
     assert len(sha256) == 64
 
 

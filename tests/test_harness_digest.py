@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import shutil
 
+from layerdiff.collector.engines.mnn.harness import mnn_spec
+from layerdiff.collector.engines.ncnn.harness import ncnn_spec
+from layerdiff.collector.engines.paddle_lite.harness import paddle_lite_spec
 from layerdiff.collector.harness import build
 
 
@@ -12,12 +15,11 @@ def test_an_engines_own_files_count_only_for_its_builds(tmp_path, monkeypatch):
     shutil.copytree(build.DEVICE_SCRIPTS / "harness", scripts / "harness", ignore=shutil.ignore_patterns("build*"))
     shutil.copytree(build.DEVICE_SCRIPTS / "cmake", scripts / "cmake")
     monkeypatch.setattr(build, "DEVICE_SCRIPTS", scripts)
-    ncnn, mnn, lite = (build.HarnessSpec("host"), build.HarnessSpec("host", False, "/m"),
-                       build.HarnessSpec("host", False, None, paddle_lite_root="/p"))
-    assert build.spec_engines(ncnn) == {"ncnn"} and build.spec_engines(lite) == {"paddle-lite"}
+    ncnn, mnn, lite = ncnn_spec("host"), mnn_spec("host", "/m"), paddle_lite_spec("host", "/p")
+    assert [p.title for p in lite.libraries] == ["Paddle-Lite"] and len(lite.absent) == 2  # the other two left out
 
     def digests():
-        return [build.sources_digest(build.spec_engines(s)) for s in (ncnn, mnn, lite)]
+        return [build.sources_digest(tuple(p.source_prefix for p in s.absent)) for s in (ncnn, mnn, lite)]
 
     before = digests()
     with open(scripts / "harness" / "src" / "mnn_backend.cpp", "a") as f:

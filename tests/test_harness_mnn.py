@@ -25,7 +25,8 @@ import pytest
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.analyzer.formats.rawdump import RawDumpWriter, read_raw_dump
-from layerdiff.collector.harness.build import HarnessSpec, build_command, ensure_built
+from layerdiff.collector.engines.mnn.harness import mnn_spec
+from layerdiff.collector.harness.build import build_command, ensure_built
 from layerdiff.collector.run.isolate import target_inputs, write_inject_dump
 from tests.test_harness_support import INPUTS, MODELS, REPO, arrays_by_key, check_well_formed, max_scaled_diff, run_harness
 
@@ -45,7 +46,7 @@ GPU_LIBRARIES = {"opencl": "libMNN_CL.so", "vulkan": "libMNN_Vulkan.so"}
 
 @pytest.fixture(scope="module")
 def harness() -> list[str]:
-    return [str(ensure_built(HarnessSpec("host", with_ncnn=False, mnn_root=MNN_ROOT)))]
+    return [str(ensure_built(mnn_spec("host", MNN_ROOT)))]
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +302,7 @@ def mnn_root_copy(root: Path, *, express_headers: bool) -> Path:
 
 
 def build_harness(mnn_root: Path, out: Path) -> list[str]:
-    build = subprocess.run(build_command(HarnessSpec("host", with_ncnn=False, mnn_root=str(mnn_root)), out),
+    build = subprocess.run(build_command(mnn_spec("host", str(mnn_root)), out),
                            capture_output=True, text=True, timeout=900)
     assert build.returncode == 0, build.stdout + build.stderr
     return [str(out / "layerdiff-harness")]

@@ -27,7 +27,8 @@ import pytest
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.analyzer.formats.rawdump import RawDump
-from layerdiff.collector.harness.build import HarnessSpec, ensure_built
+from layerdiff.collector.engines.mnn.harness import mnn_spec
+from layerdiff.collector.harness.build import ensure_built
 from tests.opencl_pocl import build_shim, pocl_missing, shim_env
 from tests.test_harness_support import INPUTS, MODELS, HarnessRun, arrays_by_key, check_well_formed, max_scaled_diff
 
@@ -56,7 +57,7 @@ TOLERANCE = 1e-4  # opencl/high within 1e-4 of cpu/high (absolute, relative past
 
 @pytest.fixture(scope="module")
 def harness() -> Path:
-    return ensure_built(HarnessSpec(target="host", with_ncnn=False, mnn_root=MNN_ROOT))  # MNN only, no ncnn build
+    return ensure_built(mnn_spec("host", MNN_ROOT))  # MNN only, no ncnn build
 
 
 @pytest.fixture(scope="module")

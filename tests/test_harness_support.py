@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from layerdiff.analyzer.formats.rawdump import RawDump, read_raw_dump
-from layerdiff.collector.harness.build import HarnessSpec, ensure_built
+from layerdiff.collector.engines.ncnn.harness import ncnn_spec
+from layerdiff.collector.harness.build import ensure_built
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "samples" / "models"
 INPUTS = REPO / "samples" / "inputs"
-HOST_SPEC = HarnessSpec("host", vulkan=True, test_build=True)
-AARCH64_SPEC = HarnessSpec("aarch64", vulkan=False, test_build=True)
+HOST_SPEC = ncnn_spec("host", vulkan=True, test_build=True)
+AARCH64_SPEC = ncnn_spec("aarch64", vulkan=False, test_build=True)
 
 
 @dataclass

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from layerdiff.collector.harness.build import HarnessSpec, cache_root, ensure_built, ncnn_key, NCNN_VERSION
+from layerdiff.collector.engines.ncnn.harness import NCNN_VERSION, ncnn_key, ncnn_spec
+from layerdiff.collector.harness.build import HarnessSpec, cache_root, ensure_built
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -233,7 +234,7 @@ def _cache_sharing_ncnn(tmp_path: Path, specs: list[HarnessSpec]) -> Path:
     main = cache_root() / "harness"
     for spec in specs:
         ensure_built(spec)  # the main cache's ncnn (and a harness) for this target, as the suite uses them
-        name = f"ncnn-{spec.target}-{ncnn_key(spec)}"
+        name = f"ncnn-{spec.target}-{ncnn_key(spec.target, spec.vulkan, spec.test_build)}"
         (cache / "harness" / name).symlink_to(main / name)
     (cache / "harness" / "src").mkdir()
     (cache / "harness" / "src" / f"ncnn-{NCNN_VERSION}").symlink_to(main / "src" / f"ncnn-{NCNN_VERSION}")
@@ -242,7 +243,7 @@ def _cache_sharing_ncnn(tmp_path: Path, specs: list[HarnessSpec]) -> Path:
 
 def test_collect_through_adb_builds_the_harness_from_the_installed_package(venv, elsewhere, standins, tmp_path):
     """x86_64 and arm64 stand-ins on the real adb server; harness builds (host, static aarch64) from the venv."""
-    specs = [HarnessSpec("host", vulkan=True, test_build=True), HarnessSpec("aarch64", test_build=True)]
+    specs = [ncnn_spec("host", vulkan=True, test_build=True), ncnn_spec("aarch64", test_build=True)]
     cache = _cache_sharing_ncnn(tmp_path, specs)
     phones = [standins.start(), standins.start(abi="arm64-v8a")]
     for phone in phones:

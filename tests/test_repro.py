@@ -168,7 +168,7 @@ def test_bad_requests_get_one_line(runs, tmp_path):
     (odd / "overflow.param").write_text((MODELS / "overflow.param").read_text().replace("Convolution      stem/conv",
                                                                                         "Mystery          stem/conv"))
     (odd / "overflow.bin").write_bytes((MODELS / "overflow.bin").read_bytes())
-    from layerdiff.collector.repro.ncnn_cut import cut
+    from layerdiff.collector.engines.ncnn.cut import cut
     from layerdiff.errors import InputError
     with pytest.raises(InputError, match="Mystery"):
         cut(odd / "overflow.param", odd / "overflow.bin", LAYER, LAYER, {"block1/add": (1, 8, 16, 16)})
@@ -189,11 +189,12 @@ def test_bad_requests_get_one_line(runs, tmp_path):
 @pytest.mark.slow
 def test_the_cpp_file_builds_against_ncnn_and_shows_the_overflow(bundle, tmp_path):
     """repro.cpp with its CMakeLists.txt against the host ncnn layerdiff builds (Vulkan on; no NDK here)."""
-    from layerdiff.collector.harness.build import cache_root, ncnn_key
+    from layerdiff.collector.engines.ncnn.harness import ncnn_key
+    from layerdiff.collector.harness.build import cache_root
     from tests.test_harness_support import HOST_SPEC, host_harness
 
     host_harness()  # builds (or finds cached) the host ncnn the harness links
-    ncnn_dir = cache_root() / "harness" / f"ncnn-{HOST_SPEC.target}-{ncnn_key(HOST_SPEC)}" / "lib" / "cmake" / "ncnn"
+    ncnn_dir = cache_root() / "harness" / f"ncnn-{HOST_SPEC.target}-{ncnn_key(HOST_SPEC.target, HOST_SPEC.vulkan, HOST_SPEC.test_build)}" / "lib" / "cmake" / "ncnn"
     build = tmp_path / "build"
     for cmd in (["cmake", "-S", str(bundle), "-B", str(build), f"-Dncnn_DIR={ncnn_dir}", "-DCMAKE_BUILD_TYPE=Release"],
                 ["cmake", "--build", str(build)]):
@@ -261,7 +262,7 @@ CORPUS_CUTS = {"ocr_det": ("Convolution", "ConvolutionDepthWise", "Deconvolution
 
 def test_real_pnnx_models_cut_into_layers_that_compute_what_they_computed_in_the_full_graph(pnnx_models, tmp_path):
     """Each cut layer, fed the full graph's own tensors (pip ncnn, fp32), gives its full-graph output bit for bit."""
-    from layerdiff.collector.repro.ncnn_cut import cut, read_param, weight_spans
+    from layerdiff.collector.engines.ncnn.cut import cut, read_param, weight_spans
 
     compared = []
     for stem, (param, feeds) in pnnx_models.items():

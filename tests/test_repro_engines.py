@@ -185,7 +185,7 @@ def test_litert_bisect_moves_the_gpu_range_and_names_the_convs_reading_densified
     """`collect bisect` on LiteRT: pieces of the model cut in execution order, moved ones on the GPU accelerator.
     The model is pose_detection's first five operators (PAD, CONV_2D, DEPTHWISE_CONV_2D, CONV_2D, CONV_2D) cut out
     of the real model; the two last convolutions read sparse (DENSIFY) weights, the first two fp16 ones."""
-    from layerdiff.collector.repro.litert_cut import cut
+    from layerdiff.collector.engines.litert.cut import cut
 
     full = load_graph(pose["model"].read_bytes())
     ops = [op for op in full.computing_ops() if op.outputs][:5]

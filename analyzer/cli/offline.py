@@ -14,22 +14,23 @@ from layerdiff.clioptions import choices
 
 from layerdiff.errors import LayerdiffError, UsageError
 from layerdiff.safetext import terminal_lines
+from layerdiff.analyzer.importers import helptext
 from layerdiff.analyzer.report.export import KEY_BY, METRICS, export_model_explorer, export_polygraphy
 
 EXPORT_FORMATS = ("model-explorer", "polygraphy")
 
 
 def import_command(
-    src: Path = typer.Argument(..., help="Dump to import: raw dump dir, .h5, MNN output dir, Polygraphy .json, .npz, .npy dir, Paddle-Lite precision profiler dir or model_debug_tool tensor file, or a .zip of one"),
+    src: Path = typer.Argument(..., help=helptext.SOURCE),
     output: Path = typer.Option(..., "-o", "--output", help="HDF5 file to write"),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="key=value attribute the format lacks (repeatable), e.g. backend_requested=opencl"),
     fmt: Optional[str] = typer.Option(None, "--format", help="Skip detection and read as this format"),
     order_file: Optional[Path] = typer.Option(None, "--order-file", help="Layer order: one name per line"),
-    shapes_file: Optional[Path] = typer.Option(None, "--shapes-file", help="MNN: saved console log or shapes.json giving tensor shapes"),
-    runner: Optional[str] = typer.Option(None, "--runner", help="Polygraphy: runner name (or part of it) or index"),
-    iteration: int = typer.Option(0, "--iteration", help="Polygraphy: iteration index"),
-    include_inputs: bool = typer.Option(False, "--include-inputs", help="MNN: also import the Input_<op>_<i> dumps"),
-    topo_file: Optional[Path] = typer.Option(None, "--topo-file", help="Paddle-Lite model_debug_tool: its topology file (default: topo_file.txt beside the tensor file)"),
+    shapes_file: Optional[Path] = typer.Option(None, "--shapes-file", help=helptext.SHAPES_FILE),
+    runner: Optional[str] = typer.Option(None, "--runner", help=helptext.RUNNER),
+    iteration: int = typer.Option(0, "--iteration", help=helptext.ITERATION),
+    include_inputs: bool = typer.Option(False, "--include-inputs", help=helptext.INCLUDE_INPUTS),
+    topo_file: Optional[Path] = typer.Option(None, "--topo-file", help=helptext.TOPO_FILE),
 ) -> None:
     """Convert a foreign dump to a layerdiff HDF5, attaching provenance with --set."""
     from layerdiff.analyzer.importers import import_one, parse_set_options  # the command's own imports, not --help's

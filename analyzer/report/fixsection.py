@@ -39,7 +39,8 @@ def fix_html(run_paths: list[Path]) -> list[str]:
         search = doc.get("search", {})
         parts.append(f"<p>Search: {_e(search.get('runs'))} runs ({_e(search.get('trials'))} trials) in "
                      f"{_e(search.get('seconds'))} s.{_e(_speed(doc))}</p>")
-        advice = doc.get("engine_options") or doc.get("mnn_options")  # fix.json files before engine_options
+        # fix.json files before `engine_options` named the key after their engine
+        advice = doc.get("engine_options") or doc.get(f"{doc.get('engine')}_options")
         if isinstance(advice, list) and advice:
             parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in advice) + "</ul>")
     return parts

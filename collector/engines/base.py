@@ -59,6 +59,10 @@ class Engine:
     # ... or, for an engine the C++ phone harness runs (device_scripts/harness), which build of it runs the engine:
     # (phone ABI, backend, test build) -> collector/harness/build.py's HarnessSpec (HarnessError: one line why not).
     harness_spec: Callable[[str, str, bool], object] | None = None
+    # ... and its part of a C++ harness build that does not link it: (target, vulkan, test build) ->
+    # collector/harness/build.py's HarnessLibrary (the option telling the build scripts, its source files left out of
+    # the key, its key entries), so every build's key has the same shape whichever engine it links.
+    harness_absent: Callable[[str, bool, bool], object] | None = None
     # An engine whose harness tokenizes text itself (ggml: llama.cpp's tokenizer, on the device) names
     # the input a UTF-8 text file goes to (`--input prompt=FILE.txt`): staged as its uint8 bytes, in
     # place of the model's declared inputs (the harness records the ids that ran).
@@ -79,6 +83,9 @@ class Engine:
     # MECHANISMS: "feature-mask" patches the model, "what-if" injects outputs); "" when it cannot, and then
     # `fix_advice` may still say, one sentence each, what the engine offers instead (written to fix.json).
     fix_mechanism: str = ""
+    # With "feature-mask": () -> its FeatureMaskModel (collector/engines/featuremask.py: how its model files take
+    # per-layer masks), imported only when `collect fix` runs.
+    feature_mask: Callable[[], object] | None = None
     fix_advice: tuple[str, ...] = ()
     bisect_refusal: str = ""
     # What separates two of its precisions on a backend, as the op types through which that setting can
@@ -112,6 +119,14 @@ class Engine:
     # The PyPI distribution whose wheel holds `library` (`MNN`, `ncnn`): `--engine NAME==VERSION` installs
     # that version of it into a cached environment of its own (collector/engines/versions.py); "" refuses.
     distribution: str = ""
+    # `collect repro`: () -> the folder's ReproRecipe (collector/engines/reprorecipe.py: how a layer is cut out of
+    # its model and how its wheel runs the cut), imported only when a bundle is written; None when it writes no
+    # bundles, and then `repro_refusal` may say why in one line.
+    repro: Callable[[], object] | None = None
+    repro_refusal: str = ""
+    # `collect repro` writes this engine's bundle around a program of its own (collector/repro/program.py) instead of
+    # a cut model and a Python runner; the text is the one line a FIRST..LAST range is refused with.
+    repro_program: str = ""
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     def reach_of(self, backend: str, precision: str) -> dict[str, list[str]]:

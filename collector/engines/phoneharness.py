@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from layerdiff.collector.engines import ENGINES, PHONE_ENGINES, PREPARED_BY_DEFAULT
-from layerdiff.collector.harness.build import (HarnessError, HarnessSpec, ensure_built, prebuilt_override,
-                                               wants_test_build)
+from layerdiff.collector.harness.build import (HarnessError, HarnessLibrary, HarnessSpec, ensure_built,
+                                               prebuilt_override, wants_test_build)
 from layerdiff.collector.harness.buildprogress import BuildReporter
 from layerdiff.vocabulary import HARNESS_BACKENDS, host_abi
 
@@ -24,6 +24,15 @@ def spec_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool = 
     if recipe is None:
         raise HarnessError(f"the {engine} engine runs its own native harness on phones, not the C++ harness")
     return recipe(abi, backend, test_build)
+
+
+def cpp_harness_spec(target: str, linked: dict[str, HarnessLibrary], *, vulkan: bool = False,
+                     test_build: bool = False) -> HarnessSpec:
+    """The C++ harness build for `target` linking `linked` (engine name -> the part its folder declares), with the
+    part of every other engine the harness can link for a build without it (`Engine.harness_absent`)."""
+    absent = tuple(engine.harness_absent(target, vulkan, test_build) for name, engine in ENGINES.items()
+                   if engine.harness_absent is not None and name not in linked)
+    return HarnessSpec(target, tuple(linked.values()), absent, vulkan, test_build)
 
 
 def harness_for(abi: str, engine: str, backend: str = "cpu", *, test_build: bool | None = None,

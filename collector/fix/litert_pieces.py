@@ -3,7 +3,7 @@ the GPU delegate's node range, done with the `ai-edge-litert` wheel's public API
 
 The wheel's GPU options have no delegated node range and no per-op placement, so the range is made
 by cutting: a trial splits the model's operators, in execution order, into consecutive pieces, each
-piece its own `.tflite` (collector/repro/litert_cut.py: the operators as the file has them, with the
+piece its own `.tflite` (collector/engines/litert/cut.py: the operators as the file has them, with the
 weight decoding they read). A piece of moved operators is compiled for the failing configuration
 (the GPU accelerator with CPU fallback, as layerdiff's GPU runs); a piece of kept operators runs the
 reference configuration (the CPU interpreter, or the accelerator with fp32 enforced). The pieces run
@@ -31,7 +31,7 @@ from layerdiff.collector.engines.litert.graph import Graph, load_graph
 from layerdiff.collector.fix.trial import Trial
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
-from layerdiff.collector.repro.litert_cut import cut_graph
+from layerdiff.collector.engines.litert.cut import cut_graph
 from layerdiff.errors import DeviceError, InputError
 
 def operator_names(model: ModelFiles) -> list[str]:

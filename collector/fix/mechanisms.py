@@ -2,24 +2,23 @@
 by the engine's folder (`Engine.fix_mechanism`), so the search knows no engine.
 
 - `feature-mask`: for real. The trial model is the original with those layers' per-layer feature mask set
-  (an engine whose model file carries one: ncnn's param key 31, `layerdiff.collector.fix.ncnn_patch`),
+  (an engine whose model file carries one declares how in its folder: `Engine.feature_mask`, ncnn's param key 31),
   written beside the trial's dumps and run at the low precision being fixed. A kept layer that must read fp32
-  (the engine's `CLOSED_UPSTREAM` backends) keeps every layer feeding it too. The fix is a patched model.
+  (the engine's `closed_upstream` backends) keeps every layer feeding it too. The fix is a patched model.
 - `what-if`: an engine without a per-op precision switch gets the layers' outputs overwritten with the
   high-precision run's (`--inject DIR --replace KEY`, device_scripts/HARNESS_CLI.md); what follows is computed
   at low precision from them. The fix is advice (`Engine.fix_advice`), the numbers a lower bound.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.collector.engines import ENGINES
-from layerdiff.collector.engines.ncnn.options import CLOSED_UPSTREAM, HIGH_PRECISION_MASK, describe
-from layerdiff.collector.fix.ncnn_patch import layer_names, write_patched
+from layerdiff.collector.engines.featuremask import FeatureMaskModel
 from layerdiff.collector.inputs.inputset import InputSet
-from layerdiff.collector.inputs.modelfiles import ModelFiles
+from layerdiff.collector.inputs.modelfiles import ModelFiles, resolve_model
 from layerdiff.collector.run.isolate import write_inject_dump
 from layerdiff.collector.run.pipeline import RunSpec
 from layerdiff.errors import UsageError
@@ -33,31 +32,33 @@ class FeatureMask:
     patches_model: bool = True
     closed_reason: str = ("which needs fp32 inputs on the CPU (the engine casts a 16-bit input to fp32 only for "
                           "layers that keep 16-bit storage)")
+    model_masks: FeatureMaskModel | None = None  # the engine's (Engine.feature_mask), filled by mechanism_for
 
     def closed(self, backend: str) -> bool:
         """Whether a kept layer needs every layer feeding it kept too on `backend`."""
-        return bool(CLOSED_UPSTREAM.get(backend, False))
+        return bool(self.model_masks.closed_upstream.get(backend, False))
 
     def layer_total(self, model: ModelFiles, ops: list[str]) -> int:
-        return len(layer_names(model.files[0]))
+        return len(self.model_masks.layer_names(model.files[0]))
 
     def mask(self, backend: str) -> int:
-        return int(HIGH_PRECISION_MASK.get(backend, HIGH_PRECISION_MASK["cpu"]))
+        return self.model_masks.high_mask(backend)
 
     def describe_mask(self, mask: int) -> str:
         """The options a mask turns off, by name (fix.json's `bits`)."""
-        return describe(mask)
+        return self.model_masks.describe(mask)
 
-    def write_fix(self, model: ModelFiles, masks: dict[str, int], out_dir: Path, stem: str) -> ModelFiles:
+    def write_fix(self, model: ModelFiles, masks: dict[str, int], out_dir: Path, stem: str | None) -> ModelFiles:
         """The patched model: `masks` set on those layers, every other byte as the original."""
-        return write_patched(model, masks, out_dir, stem)
+        files = self.model_masks.write_patched(list(model.files), masks, out_dir, stem)
+        return resolve_model(files[0], model.engine)
 
     def spec(self, model: ModelFiles, backend: str, precision: str, layers: tuple[str, ...], inputs: InputSet,
              out_dir: Path, deadline_s: float, patched: ModelFiles | None) -> RunSpec:
         if patched is None and not layers:
             patched = model
         if patched is None:
-            patched = write_patched(model, {op: self.mask(backend) for op in layers}, out_dir, model.stem)
+            patched = self.write_fix(model, {op: self.mask(backend) for op in layers}, out_dir, model.stem)
         return RunSpec(patched, backend, precision, inputs, deadline_s=deadline_s,
                        extra_attrs={"fix_layers": list(layers), "fix_mode": self.name})
 
@@ -106,4 +107,9 @@ def mechanism_for(engine: str) -> Mechanism:
         able = ", ".join(name for name, e in ENGINES.items() if e.fix_mechanism in MECHANISMS)
         raise UsageError(f"collect fix has no way to keep single layers of a {engine} model at high precision "
                          f"(engines it can fix: {able})")
-    return MECHANISMS[declared]
+    mechanism = MECHANISMS[declared]
+    if isinstance(mechanism, FeatureMask):
+        if ENGINES[engine].feature_mask is None:
+            raise UsageError(f"collect fix cannot patch a {engine} model: its engine declares no feature mask")
+        mechanism = replace(mechanism, model_masks=ENGINES[engine].feature_mask())
+    return mechanism

@@ -1,15 +1,19 @@
-"""Pick the C++ harness binary for a device ABI and engine, building it on demand into a cache.
+"""Build the C++ harness binary for a device ABI and a set of linked libraries, on demand, into a cache.
 
-Why a cache keyed by content: building ncnn takes minutes, so a binary is built once per
-(harness sources, build scripts, target, options) and reused by every later run, test session
-and CI step; a change to any of those gives a new key, never a stale binary. ncnn itself is
-cached separately (keyed by its version and build options) so editing the harness sources does
-not rebuild ncnn. Concurrent callers serialise on a file lock so only one of them builds.
+Why a cache keyed by content: building a library such as a whole inference engine takes minutes, so a binary
+is built once per (harness sources, build scripts, target, options) and reused by every later run, test
+session and CI step; a change to any of those gives a new key, never a stale binary. A library built from
+source is cached separately by its own folder's key, so editing the harness sources does not rebuild it.
+Concurrent callers serialise on a file lock so only one of them builds.
+
+Which libraries a build links, with which build-script options and cache-key entries, is declared by the
+engine folders (`HarnessLibrary`, made by `collector/engines/<engine>/harness.py`); this module assembles
+them and names no engine.
 
 Cache layout (root: layerdiff.cache.user_cache_root(), i.e. $LAYERDIFF_CACHE, else
 $XDG_CACHE_HOME/layerdiff, else ~/.cache/layerdiff):
-    harness/src/ncnn-<version>/            the ncnn sdist from PyPI, unpacked
-    harness/ncnn-<target>-<key>/           ncnn installed for one target and option set
+    harness/src/...                        library sources fetched by a library's `fetch` command
+    harness/<library>-<target>-<key>/      a library built from source, as its folder names it
     harness/<target>-<key>/layerdiff-harness
     harness/<target>-<key>/build.log       output of the last build
     harness/<target>-<key>/builds.txt      one line per build run (command)
@@ -26,7 +30,7 @@ import shlex
 import subprocess
 import sys
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -39,10 +43,27 @@ from layerdiff import device_scripts
 
 # Installed as layerdiff.device_scripts by the wheel and sdist (package data), as in a checkout.
 DEVICE_SCRIPTS = Path(device_scripts.__file__).resolve().parent
-NCNN_VERSION = "1.0.20261020"
-# Bump when the ncnn CMake options in device_scripts/build_*.sh change: it keys cached ncnn builds.
-NCNN_RECIPE = 2
 TARGET_SCRIPTS = {"host": "build_host.sh", "aarch64": "build_aarch64.sh", "android": "build_android.sh"}
+
+
+@dataclass(frozen=True)
+class HarnessLibrary:
+    """One library's part of a C++ harness build, as the engine folder that runs the library declares it.
+
+    A build also carries the parts of the libraries it leaves out (`HarnessSpec.absent`): the build scripts
+    take an option saying so, the library's own harness sources stay out of the key, and its entries keep
+    the key's shape, so a key never depends on which libraries exist besides the linked ones."""
+
+    title: str = ""  # how the build's first line names it (`MNN`); "" for an absent library
+    args: tuple[str, ...] = ()  # build script options (`--mnn-root DIR`, or the option that leaves it out)
+    source_prefix: str = ""  # harness source files (by name prefix) that only builds linking it read
+    key_spec: str = "{}"  # JSON object: its fields in the cache key's "spec" entry
+    key: str = "{}"  # JSON object: its entries at the cache key's top level (a library build's own key, a stamp)
+    fetch: tuple[str, ...] = ()  # a command fetching its source into the cache before a build
+    built_marker: str = ""  # a file present once its own slow build is cached ("" when it has none)
+    # In args, fetch and built_marker, "{cache}" stands for the harness cache folder and "{python}" for this
+    # Python: filled in when the build runs, so a spec made before the cache moved still builds into the new one.
+    not_built_why: str = ""  # what the first line says while that build is missing
 
 
 @dataclass(frozen=True)
@@ -51,17 +72,19 @@ class HarnessSpec:
 
     target: "host", "aarch64" (static Linux, runs on phones' CPUs and under qemu) or
     "android-<abi>" (NDK build, needed for OpenCL/Vulkan on phones).
-    test_build: ncnn without int8 and optional ISA variants, built faster for tests and CI.
-    ncnn_layers: build ncnn with only these layers (None: all layers).
+    libraries: the linked libraries' parts; absent: the parts of those left out (see HarnessLibrary).
+    vulkan: the Vulkan backend compiled in. test_build: the faster build the tests and CI use.
     """
 
     target: str
-    with_ncnn: bool = True
-    mnn_root: str | None = None
+    libraries: tuple[HarnessLibrary, ...] = ()
+    absent: tuple[HarnessLibrary, ...] = ()
     vulkan: bool = False
     test_build: bool = False
-    ncnn_layers: tuple[str, ...] | None = None
-    paddle_lite_root: str | None = None  # Paddle-Lite inference library (PADDLE_LITE_ROOT): the paddle-lite engine
+
+    @property
+    def parts(self) -> tuple[HarnessLibrary, ...]:
+        return self.libraries + self.absent
 
 
 def cache_root() -> Path:
@@ -86,14 +109,6 @@ def wants_test_build(test_build: bool | None) -> bool:
     return os.environ.get("LAYERDIFF_HARNESS_TEST_BUILD", "") == "1" if test_build is None else test_build
 
 
-def ncnn_key(spec: HarnessSpec) -> str:
-    """Cache key of the ncnn library a spec links against."""
-    layers = sorted(spec.ncnn_layers) if spec.ncnn_layers else None
-    recipe = {"recipe": NCNN_RECIPE, "ncnn": NCNN_VERSION, "target": spec.target, "vulkan": spec.vulkan,
-              "layers": layers, "test_build": spec.test_build}
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _check_device_scripts() -> None:
     """The harness sources ship with the package; without them nothing can be built (a broken install)."""
     if not (DEVICE_SCRIPTS / "harness" / "CMakeLists.txt").is_file():
@@ -101,28 +116,16 @@ def _check_device_scripts() -> None:
                            "(pip install --force-reinstall layerdiff) or run from a checkout")
 
 
-# Harness source files that belong to one engine (by file name prefix); every other file is common.
-ENGINE_SOURCE_PREFIXES = {"ncnn": "ncnn_", "mnn": "mnn_", "paddle-lite": "paddle_lite"}
-
-
-def spec_engines(spec: HarnessSpec) -> set[str]:
-    return {name for name, on in (("ncnn", spec.with_ncnn), ("mnn", bool(spec.mnn_root)),
-                                  ("paddle-lite", bool(spec.paddle_lite_root))) if on}
-
-
-def sources_digest(engines: set[str] | None = None) -> str:
+def sources_digest(left_out: tuple[str, ...] = ()) -> str:
     """sha256 over the harness sources and build scripts: any edit gives a new binary.
 
-    An engine's own files (`mnn_*`, `ncnn_*`, `paddle_lite*`) count only for builds with that engine
-    (None: every file), so working on one engine never invalidates the others' binaries (the ncnn
-    build is a 10-minute rebuild)."""
+    A library's own files (by its `source_prefix`) count only for builds linking it: `left_out` holds the
+    prefixes of the libraries a build leaves out, so working on one engine never invalidates the others'
+    binaries (a library built from source can be a 10-minute rebuild)."""
     _check_device_scripts()
     digest = hashlib.sha256()
-    def counts(path: Path) -> bool:
-        owner = next((e for e, prefix in ENGINE_SOURCE_PREFIXES.items() if path.name.startswith(prefix)), None)
-        return owner is None or engines is None or owner in engines
-
-    files = sorted(p for p in (DEVICE_SCRIPTS / "harness").rglob("*") if p.is_file() and counts(p))
+    files = sorted(p for p in (DEVICE_SCRIPTS / "harness").rglob("*")
+                   if p.is_file() and not any(prefix and p.name.startswith(prefix) for prefix in left_out))
     files += sorted(DEVICE_SCRIPTS.glob("build_*.sh")) + sorted((DEVICE_SCRIPTS / "cmake").glob("*"))
     for path in files:
         digest.update(str(path.relative_to(DEVICE_SCRIPTS)).encode() + b"\0")
@@ -131,23 +134,23 @@ def sources_digest(engines: set[str] | None = None) -> str:
 
 
 def harness_key(spec: HarnessSpec) -> str:
-    """Cache key of a harness binary: sources + spec + the ncnn it links."""
-    mnn_lib = _mnn_library_stamp(spec.mnn_root) if spec.mnn_root else None
-    recipe = {"sources": sources_digest(spec_engines(spec)), "spec": asdict(spec), "ncnn": ncnn_key(spec), "mnn": mnn_lib}
-    if spec.paddle_lite_root:
-        recipe["paddle_lite"] = _library_stamp(spec.paddle_lite_root, "libpaddle_*") + [os.environ.get("PADDLE_LITE_EXTRA_LIBS", "")]
-    else:
-        del recipe["spec"]["paddle_lite_root"]  # keys of ncnn/MNN builds stay what they were
+    """Cache key of a harness binary: sources + target + options + every library part's entries."""
+    fields = {"target": spec.target, "vulkan": spec.vulkan, "test_build": spec.test_build}
+    recipe: dict = {"sources": sources_digest(tuple(part.source_prefix for part in spec.absent)), "spec": fields}
+    for part in spec.parts:
+        fields.update(json.loads(part.key_spec))
+        recipe.update(json.loads(part.key))
     blob = json.dumps(recipe, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _mnn_library_stamp(mnn_root: str) -> list[list]:
-    """Names, sizes and mtimes of the MNN libraries, so a rebuilt MNN gives a new key."""
-    return _library_stamp(mnn_root, "libMNN*")
+def _filled(word: str) -> str:
+    """A library part's word with "{cache}" and "{python}" filled in (see HarnessLibrary)."""
+    return word.replace("{cache}", str(cache_root() / "harness")).replace("{python}", sys.executable)
 
 
-def _library_stamp(library_root: str, pattern: str) -> list[list]:
+def library_stamp(library_root: str, pattern: str) -> list[list]:
+    """Names, sizes and mtimes of a prebuilt library's files, so a rebuilt library gives a new key."""
     root = Path(library_root)
     libs = sorted(p for p in root.rglob(pattern) if p.is_file())
     return [[str(p.relative_to(root)), p.stat().st_size, int(p.stat().st_mtime)] for p in libs]
@@ -165,21 +168,8 @@ def build_command(spec: HarnessSpec, out_dir: Path | None = None) -> list[str]:
     cmd = ["bash", str(DEVICE_SCRIPTS / TARGET_SCRIPTS[base]), "--out", str(out), "--build-dir", str(out / "build")]
     if base == "android":
         cmd += ["--abi", spec.target.split("-", 1)[1]]
-    if spec.with_ncnn:
-        cache = cache_root() / "harness"
-        cmd += ["--ncnn-prefix", str(cache / f"ncnn-{spec.target}-{ncnn_key(spec)}"),
-                "--ncnn-src", str(cache / "src" / f"ncnn-{NCNN_VERSION}")]
-        cmd += ["--vulkan", "ON" if spec.vulkan else "OFF"]
-        if spec.ncnn_layers:
-            cmd += ["--layers", ",".join(spec.ncnn_layers)]
-        if spec.test_build:
-            cmd.append("--test-build")
-    else:
-        cmd.append("--no-ncnn")
-    if spec.mnn_root:
-        cmd += ["--mnn-root", spec.mnn_root]
-    if spec.paddle_lite_root:
-        cmd += ["--paddle-lite-root", spec.paddle_lite_root]
+    for part in spec.absent + spec.libraries:  # the options leaving libraries out come first
+        cmd += [_filled(word) for word in part.args]
     return cmd
 
 
@@ -195,16 +185,15 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _fetch_ncnn_source() -> None:
-    """Unpack ncnn's PyPI sdist into the cache (once) before a build needs it."""
+def _fetch_source(part: HarnessLibrary) -> None:
+    """Run a library's fetch command (once: it skips what the cache holds) before a build needs its source."""
+    fetch = [_filled(word) for word in part.fetch]
     dest = cache_root() / "harness" / "src"
-    fetch = [sys.executable, str(DEVICE_SCRIPTS / "fetch_ncnn_source.py"), str(dest),
-             "--version", NCNN_VERSION]
     with _locked(dest.parent / "src.lock"):
         result = subprocess.run(fetch, capture_output=True, text=True)
     if result.returncode != 0:
         detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise HarnessError(f"cannot fetch the ncnn source from PyPI ({detail}); run: {shlex.join(fetch)}")
+        raise HarnessError(f"cannot fetch the {part.title} source ({detail}); run: {shlex.join(fetch)}")
 
 
 def ensure_built(spec: HarnessSpec, reporter: BuildReporter | None = None) -> Path:
@@ -223,8 +212,9 @@ def ensure_built(spec: HarnessSpec, reporter: BuildReporter | None = None) -> Pa
     with _locked(out.with_suffix(".lock")):
         if binary.is_file():
             return binary
-        if spec.with_ncnn:
-            _fetch_ncnn_source()
+        for part in spec.libraries:
+            if part.fetch:
+                _fetch_source(part)
         out.mkdir(parents=True, exist_ok=True)
         cmd = build_command(spec)
         with open(out / "builds.txt", "a") as history:  # one line per build run: audit trail
@@ -238,14 +228,13 @@ def ensure_built(spec: HarnessSpec, reporter: BuildReporter | None = None) -> Pa
 
 def describe_build(spec: HarnessSpec) -> str:
     """What is about to be built, why, and roughly how long it takes (first line a user sees)."""
-    ncnn_cached = not spec.with_ncnn or (cache_root() / "harness" / f"ncnn-{spec.target}-{ncnn_key(spec)}"
-                                         / ".complete").is_file()
-    engines = " + ".join(e for e, on in (("ncnn " + NCNN_VERSION, spec.with_ncnn), ("MNN", bool(spec.mnn_root)),
-                                         ("Paddle-Lite", bool(spec.paddle_lite_root))) if on)
+    missing = next((part for part in spec.libraries if part.built_marker and not Path(_filled(part.built_marker)).is_file()),
+                   None)
+    libraries = " + ".join(part.title for part in spec.libraries)
     vulkan = " with Vulkan" if spec.vulkan else ""
-    minutes = estimate_minutes(spec.target, vulkan=spec.vulkan, ncnn_cached=ncnn_cached, test_build=spec.test_build)
-    why = "ncnn is not built yet for this target" if not ncnn_cached else "no cached binary for these harness sources"
-    return (f"building the {spec.target} harness ({engines}{vulkan}): {why}; about {minutes} min, "
+    minutes = estimate_minutes(spec.target, vulkan=spec.vulkan, library_cached=missing is None, test_build=spec.test_build)
+    why = missing.not_built_why if missing else "no cached binary for these harness sources"
+    return (f"building the {spec.target} harness ({libraries}{vulkan}): {why}; about {minutes} min, "
             f"once (cached in {binary_dir(spec)})")
 
 

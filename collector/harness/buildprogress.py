@@ -20,10 +20,15 @@ from typing import Protocol
 STEP_MARK = "layerdiff-build-step:"
 PLAIN_EVERY_S = 30.0
 _NINJA = re.compile(rb"\[(\d+)/(\d+)\]")
-_STEP_NAMES = {
-    "ncnn-configure": "configuring ncnn", "ncnn-build": "compiling ncnn", "ncnn-install": "installing ncnn",
-    "harness-configure": "configuring the harness", "harness-build": "compiling the harness",
-}
+_STEP_VERBS = {"configure": "configuring", "build": "compiling", "install": "installing"}
+
+
+def step_text(step: str) -> str:
+    """A build script's step (`harness-build`, `<library>-configure`) as a user reads it (`compiling the harness`)."""
+    subject, _, verb = step.rpartition("-")
+    if not subject or verb not in _STEP_VERBS:
+        return step
+    return f"{_STEP_VERBS[verb]} {'the harness' if subject == 'harness' else subject}"
 
 
 @dataclass
@@ -37,7 +42,7 @@ class BuildStatus:
 
     def line(self) -> str:
         count = f" {self.done}/{self.total}" if self.total else ""
-        return f"{_STEP_NAMES.get(self.step, self.step)}{count} ({self.elapsed_s:.0f} s)"
+        return f"{step_text(self.step)}{count} ({self.elapsed_s:.0f} s)"
 
 
 class BuildReporter(Protocol):
@@ -46,9 +51,10 @@ class BuildReporter(Protocol):
     def finished(self, ok: bool, elapsed_s: float) -> None: ...
 
 
-def estimate_minutes(target: str, *, vulkan: bool, ncnn_cached: bool, test_build: bool) -> int:
-    """Rough build time on a 2-core machine (measured: host+Vulkan ~11 min, aarch64 ~7, harness ~1)."""
-    if ncnn_cached:
+def estimate_minutes(target: str, *, vulkan: bool, library_cached: bool, test_build: bool) -> int:
+    """Rough build time on a 2-core machine (measured: a library built from source with Vulkan ~11 min, for
+    aarch64 ~7, the harness alone ~1)."""
+    if library_cached:
         return 1
     base = 11 if vulkan else (7 if target == "aarch64" else 6)
     return max(2, round(base * (0.6 if test_build else 1.0)))
@@ -96,7 +102,7 @@ class RichReporter:
         self.task = self.progress.add_task("starting", total=None)
 
     def update(self, status: BuildStatus) -> None:
-        self.progress.update(self.task, description=_STEP_NAMES.get(status.step, status.step),
+        self.progress.update(self.task, description=step_text(status.step),
                              completed=status.done, total=status.total or None)
 
     def finished(self, ok: bool, elapsed_s: float) -> None:

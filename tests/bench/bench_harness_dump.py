@@ -24,7 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from layerdiff.analyzer.formats.rawdump import read_raw_dump  # noqa: E402
-from layerdiff.collector.harness.build import HarnessSpec, ensure_built  # noqa: E402
+from layerdiff.collector.engines.ncnn.harness import ncnn_spec  # noqa: E402
+from layerdiff.collector.harness.build import ensure_built  # noqa: E402
 
 CHANNELS = 32
 
@@ -78,7 +79,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    binary = ensure_built(HarnessSpec("host", vulkan=True, test_build=True))
+    binary = ensure_built(ncnn_spec("host", vulkan=True, test_build=True))
     with tempfile.TemporaryDirectory(prefix="ld-bench-") as tmp:
         folder = Path(tmp)
         files = write_model(folder, args.size, args.layers)

@@ -44,7 +44,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from layerdiff.collector.harness.build import HarnessSpec, ensure_built  # noqa: E402
+from layerdiff.collector.engines.mnn.harness import mnn_spec  # noqa: E402
+from layerdiff.collector.harness.build import ensure_built  # noqa: E402
 from tests.standin.launcher import AdbServer, StandIn  # noqa: E402
 
 MODEL = REPO / "samples" / "models" / "convnet.mnn"
@@ -147,7 +148,7 @@ def main() -> None:
     if mnn_check is None:
         raise SystemExit(f"no backendTest.out under {mnn_root}/bin (build MNN with -DMNN_BUILD_TOOLS=ON, "
                          "or pass --backend-test PATH)")
-    binary = ensure_built(HarnessSpec("host", with_ncnn=False, mnn_root=str(mnn_root)))
+    binary = ensure_built(mnn_spec("host", str(mnn_root)))
     sides = {"one command   ": one_command, "cross product ": cross_product}
     if args.three_commands:
         sides["three commands"] = three_commands

@@ -126,11 +126,13 @@ def test_ctrl_c_during_a_local_sweep(tmp_path, delay):
 
 def test_ctrl_c_during_the_first_harness_build_kills_the_build(tmp_path, standin):
     """A fresh harness build (cmake → ninja → compilers) in progress: all of it ends with collect."""
+    from layerdiff.collector.engines.ncnn.harness import NCNN_VERSION, ncnn_spec
     from layerdiff.collector.harness import build as harness
 
     shared = harness.cache_root() / "harness" / "src"
-    if not (shared / f"ncnn-{harness.NCNN_VERSION}").is_dir():
-        harness._fetch_ncnn_source()  # what the harness tests fetch anyway, into the same shared cache
+    if not (shared / f"ncnn-{NCNN_VERSION}").is_dir():
+        # what the harness tests fetch anyway, into the same shared cache
+        harness._fetch_source(ncnn_spec("host").libraries[0])
     cache = tmp_path / "cache"
     (cache / "harness").mkdir(parents=True)
     (cache / "harness" / "src").symlink_to(shared)

@@ -13,6 +13,13 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
-ENGINE = Engine("litert", (".tflite",), _input_specs, backends=("cpu", "gpu"), distribution="ai-edge-litert", library="ai_edge_litert", extra="litert", model_help=".tflite (local LiteRT)",
+
+def _repro():
+    from layerdiff.collector.engines.litert.repro import RECIPE
+
+    return RECIPE
+
+
+ENGINE = Engine("litert", (".tflite",), _input_specs, repro=_repro, backends=("cpu", "gpu"), distribution="ai-edge-litert", library="ai_edge_litert", extra="litert", model_help=".tflite (local LiteRT)",
                 backend_notes=(("gpu", "WebGPU"),),  # LiteRT's GPU accelerator (WebGPU over Vulkan on the host)
                 bisect_mechanism="delegated-range")

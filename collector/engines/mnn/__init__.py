@@ -20,6 +20,12 @@ def _harness_spec(abi: str, backend: str, test_build: bool):
     return harness_spec(abi, backend, test_build)
 
 
+def _harness_absent(target: str, vulkan: bool, test_build: bool):
+    from layerdiff.collector.engines.mnn.harness import absent
+
+    return absent(target, vulkan, test_build)
+
+
 # What MNN offers instead of a per-op precision switch (`collect fix` writes it to fix.json as engine_options).
 FIX_ADVICE = (
     "MNN has no per-op precision switch; these numbers are a what-if (the layers' high-precision outputs "
@@ -39,5 +45,12 @@ FIX_ADVICE = (
 # the device memory the op wrote), before a later op can reuse that memory.
 WRITES = (("*", "each op's outputs are copied to host tensors inside MNN's after-callback, right after that op ran "
                 "and before a later op can reuse its memory (on a GPU backend, downloaded from the memory the op wrote)"),)
-ENGINE = Engine("mnn", (".mnn",), _input_specs, on_phones=True, harness_spec=_harness_spec, writes=WRITES, arm64_wheels=("MNN==3.6.1",), distribution="MNN", library="MNN", extra="mnn", fix_mechanism="what-if", fix_advice=FIX_ADVICE,
+
+def _repro():
+    from layerdiff.collector.engines.mnn.repro import RECIPE
+
+    return RECIPE
+
+
+ENGINE = Engine("mnn", (".mnn",), _input_specs, repro=_repro, on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent, writes=WRITES, arm64_wheels=("MNN==3.6.1",), distribution="MNN", library="MNN", extra="mnn", fix_mechanism="what-if", fix_advice=FIX_ADVICE,
                 bisect_refusal="mnn: the MNN pip wheel and the phone harness run a whole model at one precision and backend, so no layer can be moved alone; collect bisect cannot run (collect fix gives a what-if instead)")

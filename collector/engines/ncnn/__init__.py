@@ -25,11 +25,30 @@ def _harness_spec(abi: str, backend: str, test_build: bool):
     return harness_spec(abi, backend, test_build)
 
 
+def _feature_mask():
+    from layerdiff.collector.engines.ncnn.patch import FEATURE_MASK
+
+    return FEATURE_MASK
+
+
+def _harness_absent(target: str, vulkan: bool, test_build: bool):
+    from layerdiff.collector.engines.ncnn.harness import absent
+
+    return absent(target, vulkan, test_build)
+
+
 # Each blob is extracted right after its layer ran (extract runs it), from that layer's own output; ncnn fuses
 # nothing at run time (its fusions are made offline and are layers of the .param).
 WRITES = (("*", "each blob is extracted in layer order, so `extract` runs the layer that produces it and hands back "
                 "that layer's output (ncnn fuses nothing at run time: fusions are made offline and are layers of the "
                 ".param); on Vulkan the blob is downloaded from the GPU buffer that layer wrote"),)
-ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, writes=WRITES, model_files=_model_files, on_phones=True, harness_spec=_harness_spec,
-                arm64_wheels=("ncnn==1.0.20250503",), distribution="ncnn", library="ncnn", extra="ncnn", bisect_mechanism="feature-mask", fix_mechanism="feature-mask",
+
+def _repro():
+    from layerdiff.collector.engines.ncnn.repro import RECIPE
+
+    return RECIPE
+
+
+ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, repro=_repro, writes=WRITES, model_files=_model_files, on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent,
+                arm64_wheels=("ncnn==1.0.20250503",), distribution="ncnn", library="ncnn", extra="ncnn", bisect_mechanism="feature-mask", fix_mechanism="feature-mask", feature_mask=_feature_mask,
                 model_help="ncnn .param with its .bin", prepared_by_default=True)

@@ -18,5 +18,12 @@ def _input_specs(path: Path) -> InputSpecs:
 # node wrote in this run, and keeps a node whose output is fetched out of its fusions (nothing fetched is fused away).
 WRITES = (("*", "every node output is fetched as a graph output, which the node writes in this run; ONNX Runtime "
                 "keeps a node whose output is fetched out of its fusions, so no fetched tensor is fused away"),)
-ENGINE = Engine("onnxruntime", (".onnx",), _input_specs, writes=WRITES, distribution="onnxruntime", library="onnxruntime", extra="onnx", model_help=".onnx (local golden)",
+
+def _repro():
+    from layerdiff.collector.engines.ort.repro import RECIPE
+
+    return RECIPE
+
+
+ENGINE = Engine("onnxruntime", (".onnx",), _input_specs, repro=_repro, writes=WRITES, distribution="onnxruntime", library="onnxruntime", extra="onnx", model_help=".onnx (local golden)",
                 facts=EngineFacts(golden=True))

@@ -22,6 +22,10 @@ def _input_specs(path: Path) -> InputSpecs:
 # Every op output is a fetch target of the run that reads it: Paddle's executor writes each fetched variable.
 WRITES = (("*", "every op output is a fetch target of the run that reads it (the program unedited), and Paddle's "
                 "executor writes each variable it fetches in that run"),)
-ENGINE = Engine("paddle", (".pdmodel", ".pdiparams"), _input_specs, writes=WRITES, model_files=_model_files, distribution="paddlepaddle", library="paddle", extra="paddle",
+# Why `collect repro` writes no Paddle bundle.
+REPRO_REFUSAL = ("the paddle engine runs Paddle's CPU executor in one configuration (fp32, no optimisation), so no "
+                 "Paddle run fails for a bundle to reproduce, and `collect repro` does not cut Paddle programs; against "
+                 "Paddle-Lite, Paddle is the reference (`collect isolate` re-runs Paddle-Lite's layers)")
+ENGINE = Engine("paddle", (".pdmodel", ".pdiparams"), _input_specs, writes=WRITES, repro_refusal=REPRO_REFUSAL, model_files=_model_files, distribution="paddlepaddle", library="paddle", extra="paddle",
                 model_help=".pdmodel with its .pdiparams (local Paddle golden)",
                 facts=EngineFacts(golden=True))

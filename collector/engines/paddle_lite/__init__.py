@@ -24,8 +24,17 @@ def _harness_spec(abi: str, backend: str, test_build: bool):
     return harness_spec(abi, backend, test_build)
 
 
+def _harness_absent(target: str, vulkan: bool, test_build: bool):
+    from layerdiff.collector.engines.paddle_lite.harness import absent
+
+    return absent(target, vulkan, test_build)
+
+
 # Variables are read after the run; fusion removed the variables it fused from the .nb (never asked for), and
 # those in OpenCL memory are listed as not readable (the header's options.not_observable), never dumped.
 WRITES = (("*", "every variable of the optimised program is read after the run with GetTensor (variables fusion "
                 "removed are not in the .nb; those held in OpenCL memory are listed as not readable, never dumped)"),)
-ENGINE = Engine("paddle-lite", (".nb",), _input_specs, writes=WRITES, backends=("cpu", "opencl"), on_phones=True, harness_spec=_harness_spec, model_help="Paddle-Lite .nb")
+# Why `collect repro` writes no Paddle-Lite bundle.
+REPRO_REFUSAL = ("a Paddle-Lite `.nb` is written only by Paddle-Lite's `opt` from a Paddle program, and no Python "
+                 "package writes or edits one, so no op can be cut out of it; `collect isolate` re-runs its layers")
+ENGINE = Engine("paddle-lite", (".nb",), _input_specs, writes=WRITES, repro_refusal=REPRO_REFUSAL, backends=("cpu", "opencl"), on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent, model_help="Paddle-Lite .nb")

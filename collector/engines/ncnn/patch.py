@@ -12,10 +12,9 @@ import shutil
 from pathlib import Path
 
 from layerdiff.errors import InputError
+from layerdiff.collector.engines.featuremask import FeatureMaskModel
 from layerdiff.collector.engines.ncnn.modelfile import MAGIC
-from layerdiff.collector.engines.ncnn.options import FEATMASK_KEY
-from layerdiff.collector.inputs.modelfiles import ModelFiles, resolve_model
-
+from layerdiff.collector.engines.ncnn.options import CLOSED_UPSTREAM, FEATMASK_KEY, HIGH_PRECISION_MASK, describe
 
 
 def layer_names(param: Path) -> list[str]:
@@ -49,12 +48,12 @@ def _with_mask(line: str, fields: list[str], mask: int) -> str:
     return body.replace(f" {old}", f" {prefix}{merged}", 1) + newline
 
 
-def write_patched(model: ModelFiles, masks: dict[str, int], out_dir: Path, stem: str | None = None) -> ModelFiles:
-    """`OUT/<stem>.param` + `.bin`: the model with `masks` applied; returns the new model's files."""
-    param = next((f for f in model.files if f.suffix == ".param"), None)
-    if model.engine != "ncnn" or param is None:
-        raise InputError(f"{model.name}: only ncnn text .param models can be patched with feature masks")
-    weights = next((f for f in model.files if f.suffix == ".bin"), param.with_suffix(".bin"))
+def write_patched(files: list[Path], masks: dict[str, int], out_dir: Path, stem: str | None = None) -> list[Path]:
+    """`OUT/<stem>.param` + `.bin`: the model with `masks` applied; returns the new model's files (.param first)."""
+    param = next((f for f in files if f.suffix == ".param"), None)
+    if param is None:
+        raise InputError(f"{files[0]}: only ncnn text .param models can be patched with feature masks")
+    weights = next((f for f in files if f.suffix == ".bin"), param.with_suffix(".bin"))
     stem = stem or param.stem
     out_dir.mkdir(parents=True, exist_ok=True)
     new_param, new_bin = out_dir / f"{stem}.param", out_dir / f"{stem}.bin"
@@ -63,7 +62,7 @@ def write_patched(model: ModelFiles, masks: dict[str, int], out_dir: Path, stem:
         tmp = new_bin.with_name(new_bin.name + ".partial")
         shutil.copyfile(weights, tmp)
         os.replace(tmp, new_bin)
-    return resolve_model(new_param, "ncnn")
+    return [new_param, new_bin]
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -77,3 +76,8 @@ def _layer_lines(text: str, source: Path) -> list[list[str]]:
     if not lines or lines[0].strip() != MAGIC:
         raise InputError(f"{source}: not a text ncnn .param file (first line is not {MAGIC})")
     return [f for f in (line.split() for line in lines[2:]) if len(f) >= 4]
+
+
+# What `collect fix` and its feature-mask mechanism read from ncnn (Engine.feature_mask).
+FEATURE_MASK = FeatureMaskModel(layer_names, write_patched, dict(CLOSED_UPSTREAM), {k: int(v) for k, v in HIGH_PRECISION_MASK.items()},
+                                describe)
