@@ -56,7 +56,7 @@ ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vu
                 model_help=".gguf (ggml: llama.cpp; local and arm64)",
                 not_isolatable=("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"),
                 bisect_mechanism="node-keep",
-                repro_program="a ggml bundle holds one node; name the nodes one by one",
+                repro_program="a ggml bundle holds one op; name the ops one by one",
                 # device_scripts/ggml/src/backends.cpp: on the CPU, high keeps the K/V cache in f32 (normal: f16,
                 # written by SET_ROWS) and rebuilds a convolution's IM2COL in f32 (normal: f16); nothing else
                 # changes, so a graph with neither (an encoder without a cache: BERT) computes the same bytes
