@@ -10,6 +10,9 @@ and MNN on the picture moved a few pixels right, labelled as the golden's input 
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -192,3 +195,15 @@ def test_another_family_on_the_yolox_head_is_refused_in_one_line_not_misread(cha
         assert why in said.sentence, said.sentence
         assert task not in ("yolov5", "yolov8") or "use --task yolox" in said.sentence, said.sentence
         assert "box(es)" not in row["verdict_reason"] and row["verdict"] != "pass", (key, row["verdict_reason"])
+
+
+def test_analyze_command_prints_the_yolox_verdicts(char_det, tmp_path):
+    """The command a user types: the moved run fails on its moved boxes, the lossy run keeps all four."""
+    runs, _heads = char_det
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-m", "layerdiff.analyzer.cli.app", *(str(p) for p in runs.values()),
+                           "--ref", str(runs["golden"]), "--task", TASK, "-o", str(tmp_path / "report")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    said = proc.stdout + proc.stderr
+    assert "Traceback" not in said and (tmp_path / "report" / "index.html").is_file(), said[-2000:]
+    assert "all 4 box(es) kept" in said and "4 of 4 box(es) moved (IoU" in said, said[-2000:]
