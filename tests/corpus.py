@@ -59,6 +59,10 @@ YOLO_MODEL = CorpusModel("fall_yolov8", "person / fall detection, YOLOv8 [1, 6, 
 # fed 0..255 BGR; pnnx writes the LSTM's reversed direction with ncnn's Flip layer.
 CAPTCHA_MODEL = CorpusModel("captcha_crnn", "captcha text, CRNN + CTC", "captcha-whisperer",
                             "captcha_whisperer/models/captcha_crnn.onnx", "captcha_inputs", "[1,3,60,160]f32")
+# A YOLOX-style character detector (ddddocr's common_det.onnx, 416x416, one raw grid head [1, 3549, 6]: box
+# offsets, objectness and one class per cell at strides 8, 16, 32), fed 0..255 BGR letterboxed as ddddocr does.
+CHAR_DET_MODEL = CorpusModel("char_det", "character detection, YOLOX grid head [1, 3549, 6]", "ddddocr",
+                             "ddddocr/common_det.onnx", "char_det_inputs", "")
 # Silero VAD with a 0-d int64 `sr` input and If control flow: pnnx cannot convert it, so it is
 # collected on ONNX Runtime (the golden) and MNN only.
 SCALAR_MODEL = CorpusModel("vad_scalar", "voice activity with a scalar int64 sample-rate input", "silero-vad",
@@ -253,6 +257,38 @@ def captcha_inputs() -> dict[str, np.ndarray]:
     return {"image": np.ascontiguousarray(bgr.transpose(2, 0, 1))[None]}
 
 
+def captcha_picture(width: int = 320, height: int = 120, text: str = "K7W3") -> np.ndarray:
+    """A captcha-like picture (HxWx3 uint8, RGB): dark characters at varied sizes over noise lines."""
+    from PIL import Image, ImageDraw, ImageFont
+    picture = Image.new("RGB", (width, height), (238, 236, 228))
+    draw = ImageDraw.Draw(picture)
+    for i, char in enumerate(text):
+        try:
+            font = ImageFont.truetype("DejaVuSans-Bold.ttf", 36 + 4 * (i % 2))
+        except OSError:
+            font = ImageFont.load_default(size=36 + 4 * (i % 2))
+        draw.text((14 + 46 * i, 8 + 6 * (i % 2)), char, fill=(30 + 40 * i, 50, 110), font=font)
+    for i in range(3):
+        draw.line([(0, 20 * i + 8), (width, height - 8 - 20 * i)], fill=(160, 160, 160), width=1)
+    return np.asarray(picture)
+
+
+def letterbox_416(picture: np.ndarray) -> np.ndarray:
+    """ddddocr's detector preprocessing: BGR, scaled by min(416 / H, 416 / W) (bilinear) into the top-left
+    of a 416x416 canvas of 114, 0..255 as float32, NCHW."""
+    from PIL import Image
+    ratio = min(416 / picture.shape[0], 416 / picture.shape[1])
+    size = (int(picture.shape[1] * ratio), int(picture.shape[0] * ratio))
+    resized = np.asarray(Image.fromarray(picture).resize(size, Image.BILINEAR))
+    canvas = np.full((416, 416, 3), 114, np.uint8)
+    canvas[:size[1], :size[0]] = resized[:, :, ::-1]
+    return np.ascontiguousarray(canvas.transpose(2, 0, 1), dtype=np.float32)[None]
+
+
+def char_det_inputs() -> dict[str, np.ndarray]:
+    return {"images": letterbox_416(captcha_picture())}
+
+
 def vad_inputs() -> dict[str, np.ndarray]:
     state = np.zeros((1, 1, 128), np.float32)
     return {"input": _speech_like(576), "h": state, "c": state.copy()}
@@ -263,7 +299,7 @@ def vad_scalar_inputs() -> dict[str, np.ndarray]:
 
 
 INPUT_MAKERS = {f.__name__: f for f in (det_inputs, cls_inputs, rec_inputs, vad_inputs, vad_scalar_inputs, layout_inputs,
-                                                yolo_inputs, captcha_inputs)}
+                                                yolo_inputs, captcha_inputs, char_det_inputs)}
 
 
 # ncnn layers that store no weights in the .bin (the ones pnnx writes before the convs we corrupt)

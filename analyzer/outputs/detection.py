@@ -54,6 +54,13 @@ def _side(size: int, stride: int, ceil: bool) -> int:
     return -(-size // stride) if ceil else size // stride
 
 
+def image_of_input(map_hw: tuple[int, ...], input_hw: tuple[int, int]) -> bool:
+    """Whether a [H, W] map can be an image of the input: the same scale on both axes, each side off by at
+    most the one pixel a rounded-down or rounded-up resize gives (a mask at 1/4 of 801x600 is 200x150 or 201x150)."""
+    (h, w), (height, width) = map_hw[-2:], input_hw
+    return abs(h / height - w / width) <= 1 / height + 1 / width
+
+
 def anchor_counts(input_hw: tuple[int, int], per_cell: int) -> set[int]:
     """The row counts a YOLO head of this input can have: `per_cell` predictions per grid cell at strides
     8/16/32 (or 8/16/32/64, the P6 models), feature maps rounded down or up."""
@@ -150,6 +157,43 @@ def _yolov8(arrays, input_hw, task: Task, conf: float) -> Boxes:
     return _xywh_boxes(head[keep, :4], scores[keep], classes[keep])
 
 
+def check_reference(task: Task, outputs: list[np.ndarray], input_hw: tuple[int, int] | None) -> None:
+    """Refuse a head the task would misread, by a fact of the family's own decoding checked on the
+    reference's outputs (the run compared with it may be broken: that is a failure, not a refusal)."""
+    if task.name == "yolov8" and input_hw is not None:
+        _anchors_inside_their_boxes(_one([np.asarray(o, dtype=np.float64) for o in outputs], task), input_hw, task)
+
+
+def _anchors_inside_their_boxes(head: np.ndarray, input_hw: tuple[int, int], task: Task) -> None:
+    """YOLOv8 decodes each box as non-negative distances from its anchor point to the four edges, so every
+    box contains its anchor point. A head whose boxes mostly do not holds no decoded boxes in pixels (a raw
+    YOLOX grid head of the same row count reads as tiny boxes in the top-left corner)."""
+    if head.shape[0] < head.shape[1]:
+        head = head.T
+    points = _anchor_points(input_hw, len(head))
+    if head.shape[1] < 5 or points is None:
+        return  # the decoder refuses this shape in its own words
+    cx, cy, w, h = head[:, :4].T
+    slack = max(1.0, 0.01 * max(input_hw))
+    inside = (np.abs(cx - points[:, 0]) <= np.abs(w) / 2 + slack) & (np.abs(cy - points[:, 1]) <= np.abs(h) / 2 + slack)
+    if inside.mean() < 0.5:
+        raise InputError(f"--task {task.text}: in the reference only {inside.mean():.0%} of the {len(head)} boxes contain "
+                         "their anchor point, which every YOLOv8 box does (its edges are non-negative distances from "
+                         "it): the first four columns are not boxes in pixels; a raw grid head with objectness "
+                         "[cells, 5 + C] is YOLOX's layout: use --task yolox")
+
+
+def _anchor_points(input_hw: tuple[int, int], rows: int) -> np.ndarray | None:
+    """The anchor point (cell centre, pixels) of each row of a one-per-cell head of `rows` rows, or None
+    when no stride layout of the input has that many cells."""
+    for strides in ([8, 16, 32], [8, 16, 32, 64]):
+        for ceil in (False, True):
+            if grid_cells(input_hw, strides, ceil) == rows:
+                grid, stride = yolox_grid(input_hw, strides, ceil)
+                return (grid + 0.5) * stride[:, None]
+    return None
+
+
 def _picodet(arrays, input_hw, task: Task, conf: float) -> Boxes:
     """Per stride a score tensor [N, C] and a distance distribution [N, 4 (reg_max + 1)] (GFL)."""
     if input_hw is None:
@@ -220,6 +264,9 @@ def _text_det(arrays, input_hw, task: Task, conf: float) -> Boxes:
     """DB text detection: regions of the probability map above `thresh`; a region's score is its mean
     probability (PP-OCR's box score), kept when >= conf and at least `min_area` pixels."""
     prob = _one(arrays, task)
+    if input_hw is not None and not image_of_input(prob.shape, input_hw):
+        raise InputError(f"--task {task.text}: a DB probability map is an image of the {input_hw[0]}x{input_hw[1]} input "
+                         f"(its size or a scaled copy), this output is {list(prob.shape)}")
     labels = components(prob > float(task.get("thresh")))
     found = []
     for rows, cols in _regions(labels):

@@ -164,6 +164,7 @@ def input_hw(run) -> tuple[int, int] | None:
 def _detections(pair, task: Task, ref, run, names) -> OutputJudgement:
     hw = input_hw(pair.base) or input_hw(pair.other)
     conf, tol = float(task.get("conf")), float(task.get("score_tol"))
+    detection.check_reference(task, ref, hw)
     ref_boxes, run_boxes = (detection.decode(task, x, hw, conf) for x in (ref, run))
     ref_all, run_all = (detection.decode(task, x, hw, max(conf - tol, 0.0)) for x in (ref, run))
     changes = compare_boxes(ref_boxes, run_boxes, ref_all, run_all, float(task.get("moved")), tol)
@@ -230,6 +231,10 @@ def _mask_output(pair, outputs: list[Output], task: Task) -> Output:
     if spatial(chosen) is None:
         raise InputError(f"--task {task.text}: output {chosen.said()} is not a mask (segmentation reads [N, C, H, W] "
                          "or [N, H, W, C], as the dump records its layout, or one map [H, W])")
+    mask_hw = tuple(spatial(chosen)[0].shape[-2:])
+    if hw is not None and not detection.image_of_input(mask_hw, hw):
+        raise InputError(f"--task {task.text}: output {chosen.said()} is no mask of the {hw[0]}x{hw[1]} input: its "
+                         f"{mask_hw[0]}x{mask_hw[1]} map is not the input's size nor a scaled copy of it")
     return chosen
 
 
