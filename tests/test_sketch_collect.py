@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.findings.finding import FindingKind
 from layerdiff.analyzer.formats.rawdump import PULLED, TENSORS, convert_raw_dump, read_raw_dump
 from layerdiff.collector.run.sketchpull import initial_orders, refine, start_pull
-from layerdiff.collector.transport.adb import AdbDevice
+from layerdiff.collector.transport.adb import RANGE_BLOCKS, RANGE_BYTES, AdbDevice, block_span
 from layerdiff.collector.transport.devices import DeviceError
 from layerdiff.errors import DumpFormatError
 from tests.sketch_support import det_model, dumps  # noqa: F401 (fixtures; they run host_harness)
@@ -41,6 +42,51 @@ def test_read_ranges_returns_exactly_the_bytes_asked(phone, dumps):
     ranges = [(0, 10), (4096, 1), (len(data) - 7, 7), (123, 0)]
     got = phone.read_ranges(f"{REMOTE}/{TENSORS}", ranges)
     assert got == b"".join(data[o:o + n] for o, n in ranges)
+
+
+OLD_DD = """#!/bin/sh
+# dd as toybox had it before iflag=: byte flags are an unknown argument
+for arg in "$@"; do
+  case "$arg" in iflag=*|oflag=*) echo "dd: unknown arg ${arg%%=*}" >&2; exit 1;; esac
+done
+exec /bin/dd "$@"
+"""
+
+
+@pytest.fixture
+def old_dd_phone(phone, standin):
+    """The same phone with a `dd` that refuses `iflag=` (first on the PATH of every command it runs)."""
+    tool = Path(standin.config.state) / "bin" / "dd"
+    tool.write_text(OLD_DD)
+    tool.chmod(0o755)
+    return phone
+
+
+def test_a_dd_without_byte_flags_reads_whole_blocks_trimmed_here(old_dd_phone, dumps):
+    data = (dumps["low"] / TENSORS).read_bytes()
+    size = len(data)
+    ranges = [(0, 10), (4095, 2), (4096, 4096), (123, 0), (size - 7, 7), (size // 2 + 1, 70001), (size, 0)]
+    got = old_dd_phone.read_ranges(f"{REMOTE}/{TENSORS}", ranges)
+    assert old_dd_phone.range_style() == RANGE_BLOCKS
+    assert got == b"".join(data[o:o + n] for o, n in ranges)
+
+
+def test_a_dd_with_byte_flags_is_asked_for_exact_ranges(phone):
+    assert phone.range_style() == RANGE_BYTES
+
+
+def test_block_reads_past_the_end_are_one_line_naming_the_phone(old_dd_phone, dumps):
+    size = (dumps["low"] / TENSORS).stat().st_size
+    with pytest.raises(DeviceError, match="collect again with --full") as err:
+        old_dd_phone.read_ranges(f"{REMOTE}/{TENSORS}", [(size - 4, 100)])
+    assert old_dd_phone.serial in str(err.value)
+
+
+def test_block_spans_cover_each_range_and_stop_at_the_end_of_the_file():
+    assert block_span(0, 10, 10_000) == (0, 1, 4096)
+    assert block_span(4095, 2, 10_000) == (0, 2, 8192)
+    assert block_span(8192, 0, 10_000) == (2, 0, 0)
+    assert block_span(9_000, 1_000, 10_000) == (2, 1, 10_000 - 8192)
 
 
 def test_a_range_past_the_end_is_one_line_naming_the_phone(phone, dumps):
