@@ -10,7 +10,9 @@ import json
 import shutil
 from pathlib import Path
 
+import h5py
 import numpy as np
+import pandas as pd
 import pytest
 
 from layerdiff.analyzer.analysis import analyze_paths
@@ -131,6 +133,34 @@ def test_refined_sketch_first_run_matches_the_full_pull(phone, dumps, tmp_path):
     finally:
         final.close()
     assert result.bytes_pulled[target] < result.dump_bytes[target]
+
+
+def test_later_rounds_add_the_pulled_tensors_and_remeasure_only_them(phone, dumps, tmp_path):
+    """The HDF5 a refinement updates round by round holds what one conversion of the final pull writes, and the
+    analysis it keeps (its rows from earlier rounds reused) gives every number a fresh analysis gives."""
+    golden = convert_raw_dump(dumps["high"], tmp_path / "golden.h5")
+    pull = start_pull(phone, REMOTE, tmp_path / "low")
+    target = tmp_path / "h5" / "low.h5"
+    result = refine({target: pull}, [golden], golden, keep_analysis=True)
+    (tmp_path / "fresh").mkdir()
+    fresh_h5 = convert_raw_dump(tmp_path / "low", tmp_path / "fresh" / "low.h5")
+    fresh = analyze_paths([golden, fresh_h5], ref=golden)
+    try:
+        assert result.rounds >= 2 and result.reused > 0
+        kept, again = (a.comparison.table.set_index("key").sort_index() for a in (result.analysis, fresh))
+        numbers = ["rel_l2", "cosine", "max_abs", "pass_fraction", "estimated", "rel_l2_sigma", "status"]
+        pd.testing.assert_frame_equal(kept[numbers], again[numbers])
+        assert headline(result.analysis) == headline(fresh)
+    finally:
+        result.analysis.close()
+        fresh.close()
+    with h5py.File(target) as updated, h5py.File(fresh_h5) as whole:
+        assert sorted(updated["tensors"]) == sorted(whole["tensors"])
+        for name in whole["tensors"]:
+            assert np.array_equal(updated["tensors"][name][()], whole["tensors"][name][()])
+        assert updated["layers"][()].tolist() == whole["layers"][()].tolist()
+        for key in ("bytes_pulled", "tensors_pulled", "dump_bytes", "sketch_first"):
+            assert updated.attrs[key] == whole.attrs[key]
 
 
 def test_a_dump_without_summary_asks_for_a_full_pull(standin, dumps, tmp_path):

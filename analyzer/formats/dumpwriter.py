@@ -255,3 +255,46 @@ def _layer_row(meta: dict[str, Any], key: str, array: np.ndarray, stats: TensorS
         "time_ms": math.nan if time_ms is None else float(time_ms),
         **stats.as_dict(),
     }
+
+
+def add_pulled_tensors(path: Path | str, tensors: list[tuple[dict[str, Any], np.ndarray]], attrs: dict[str, Any]) -> Path:
+    """Put tensors pulled since `path` was written into it: each one's `/tensors/<order>` beside the summary it
+    was estimated from (kept: the summary of a whole tensor spares sketching it), its /layers row from the tensor
+    itself, and the root attributes in `attrs` (`bytes_pulled`, `tensors_pulled`). A sketch-first collection's
+    later rounds: rewriting the whole file for a few tensors cost more than the analysis of them.
+
+    Works on a copy renamed over the file at the end: an interrupted update leaves the file as it was."""
+    import shutil
+
+    path = Path(path)
+    partial = partial_path(path)
+    SpaceGuard(path, path.stat().st_size + sum(a.nbytes for _m, a in tensors)).reserve(0)
+    shutil.copyfile(path, partial)
+    try:
+        with writing(path), h5py.File(partial, "r+") as file:
+            table = file["layers"][()]
+            rows = {int(o): i for i, o in enumerate(table["order"].tolist())}
+            group = file.require_group("tensors")
+            for meta, array in tensors:
+                order = int(meta["order"])
+                key = tensor_key(meta["op"], int(meta.get("output_index", 0)))
+                if str(order) in group:
+                    continue
+                ds = group.create_dataset(str(order), data=np.ascontiguousarray(array) if array.ndim else array)
+                for name, value in {"key": key, "name": str(meta.get("name", key)), "op": str(meta["op"])}.items():
+                    ds.attrs[name] = value
+                if order in rows:
+                    row = _layer_row(meta, key, array, tensor_stats(array))
+                    for column, _ in LAYER_COLUMNS:
+                        table[column][rows[order]] = row[column]
+            file["layers"][...] = table
+            provenance = json.loads(str(file.attrs.get("provenance", "{}")) or "{}")
+            for key, value in attrs.items():
+                file.attrs[key] = _attr_value(value)
+                provenance[key] = value
+            file.attrs["provenance"] = json.dumps(provenance, default=str, sort_keys=True)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return path
