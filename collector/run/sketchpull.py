@@ -220,8 +220,7 @@ def refine(pulls: dict[Path, SketchedPull], others: list[Path], ref: Path | str 
     measures again only the layers whose tensors it pulled (MeasureMemo); the others keep their rows.
     `keep_analysis`: the last round's analysis is the answer; it comes back open in `RefineResult.analysis`
     (the caller closes it) instead of being analysed again."""
-    from layerdiff.analyzer.analysis import analyze_paths, needed_exactly
-    from layerdiff.analyzer.measure.compare import MeasureMemo
+    from layerdiff.analyzer.analysis import MeasureMemo, analyze_paths, needed_exactly
 
     targets = {Path(path): pull for path, pull in pulls.items()}
     for path in targets:
