@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.findings.coverage import outputs_not_compared, run_stopped_early
@@ -69,7 +70,8 @@ def _pulled(run: Run) -> dict:
 
 def _worst_estimate(worst_row) -> dict:
     """Whether the worst layer's rel L2 is an estimate (a layer left on the phone) and its standard deviation."""
-    if worst_row is None or worst_row.get("estimated") is not True:
+    flag = None if worst_row is None else worst_row.get("estimated")
+    if not (isinstance(flag, (bool, np.bool_)) and bool(flag)):  # None/NaN/False: measured from both tensors
         return {"worst_estimated": False, "worst_rel_l2_sigma": math.nan}
     return {"worst_estimated": True, "worst_rel_l2_sigma": float(worst_row.get("rel_l2_sigma", math.nan))}
 
