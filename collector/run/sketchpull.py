@@ -292,6 +292,18 @@ class SketchedRuns:
     dump_bytes: int = 0
     rounds: int = 0
     problems: list[str] = field(default_factory=list)
+    waiting: int = 0  # runs left unrefined by a Ctrl-C: their files wait for the same command to run again
+
+
+def waiting_sketches(out_dirs: list[Path]) -> SketchedRuns:
+    """The sketch-first runs a stopped sweep leaves unrefined (a Ctrl-C before or during refinement): each keeps
+    its dump on the phone and its summaries and pulled bytes in `.sketch/`, so that running the same command
+    again refines them (the done runs are not run again) and then removes both."""
+    count = 0
+    for out_dir in out_dirs:
+        root = Path(out_dir) / SKETCH_DIR
+        count += sum(1 for d in root.iterdir() if (d / REMOTE_RECORD).is_file()) if root.is_dir() else 0
+    return SketchedRuns(waiting=count)
 
 
 def refine_sketched(out_dirs: list[Path], devices: dict[str, object], others: list[Path], keep: bool,
