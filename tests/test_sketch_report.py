@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+from pathlib import Path
 
 import h5py
 import pytest
@@ -16,6 +18,7 @@ from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.formats.rawdump import convert_raw_dump
 from layerdiff.analyzer.report.page import write_report
 from tests.sketch_support import det_model, dumps  # noqa: F401 (fixtures; they run host_harness)
+from tests.test_analyze_report import CHROMIUM, _chromium
 from tests.test_sketch_analysis import sketched_copy
 
 ESTIMATE = re.compile(r"^(-?[0-9.e+-]+) ± ([0-9.e+-]+) \(estimated\)$")
@@ -96,3 +99,17 @@ def test_results_json_keeps_the_numbers_their_sigmas_and_the_bytes(report):
     assert len(layers) == run["summary"]["n_estimated"]
     assert all(isinstance(layer["rel_l2"], float) and layer["rel_l2_sigma"] >= 0 for layer in layers)
     assert sum(layer["rel_l2_sigma"] > 0 for layer in layers) > len(layers) // 2
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed")
+def test_chromium_draws_the_estimated_cells_apart(report, tmp_path):
+    """In the browser the estimated cells of the layer table carry their own class (drawn in italics) and read
+    as estimates, `figure ± sigma (estimated)`."""
+    out, table, _pulled, _whole = report
+    dom = subprocess.run([*_chromium(tmp_path), "--dump-dom", (out / "index.html").as_uri()], capture_output=True,
+                         text=True, timeout=180).stdout
+    start = dom.index('id="layer-table"')
+    body = dom[start:dom.index("</table>", start)]
+    cells = re.findall(r'<td class="[^"]*\bestimate\b[^"]*">([^<]*)</td>', body)
+    assert cells and all(c.endswith("(estimated)") for c in cells)
+    assert any(ESTIMATE.match(c) for c in cells)
