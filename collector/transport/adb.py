@@ -302,9 +302,9 @@ class AdbDevice:
 
     def read_ranges(self, remote_path: str, ranges: list[tuple[int, int]]) -> bytes:
         """The bytes of (offset, length) ranges of one device file, back to back, in one round trip: one `dd` per
-        range streamed over one shell. A `dd` that takes `iflag=skip_bytes,count_bytes` (toybox since Android 10,
-        coreutils) reads each range exactly; an older one (toybox before those flags, toolbox) reads the 4 KiB
-        blocks around each range, which the host trims (`range_style`)."""
+        range streamed over one shell. A `dd` that takes `iflag=skip_bytes,count_bytes` (today's toybox, coreutils)
+        reads each range exactly; an older one (toybox's earlier `dd` knew no `iflag=`; old Androids' toolbox)
+        reads the 4 KiB blocks around each range, which the host trims (`range_style`)."""
         if not ranges:
             return b""
         if self.range_style() == RANGE_BYTES:
