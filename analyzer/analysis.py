@@ -21,7 +21,7 @@ import pandas as pd
 from layerdiff.analyzer.formats.fedinputs import fed_ok
 from layerdiff.analyzer.measure import resultcache
 from layerdiff.analyzer.align.byname import NameRules
-from layerdiff.analyzer.measure.compare import Comparison, compare_all
+from layerdiff.analyzer.measure.compare import Comparison, MeasureMemo, compare_all
 from layerdiff.errors import LayerdiffError, NothingToCompareError, UsageError
 from layerdiff.progress import Steps
 from layerdiff.analyzer.findings.divergence import KIND_ORDER, Finding, all_findings
@@ -81,14 +81,15 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
                   thresholds: Thresholds | None = None,
                   steps: Steps | None = None,
                   set_attrs: dict[str, dict] | None = None, ref_input: str | None = None,
-                  task: str | None = None) -> Analysis:
+                  task: str | None = None, memo: MeasureMemo | None = None) -> Analysis:
     """Analyze every dump under `paths`; raises LayerdiffError only when nothing can be compared.
 
     `ref` may be any dump, also one not under `paths` (a golden `.npz`, Polygraphy JSON, directory):
     it is opened with the rest. `ref_input` names the input a reference without input hash was
     made from (see `layerdiff.analyzer.runs.reference.plan_comparisons`). `set_attrs` attaches provenance to
     foreign inputs (see `layerdiff.analyzer.runs.sources.open_runs`). `task` declares what the outputs are
-    (`--task`, see `layerdiff.analyzer.outputs.task`); without it a task a run's file records is used."""
+    (`--task`, see `layerdiff.analyzer.outputs.task`); without it a task a run's file records is used. `memo`:
+    rows an earlier analysis of the same files measured, reused (a refining collection's rounds: MeasureMemo)."""
     rules = rules or NameRules()
     thresholds = thresholds or Thresholds()
     declared = parse_task(task)  # a bad --task is refused before any file is opened
@@ -103,7 +104,7 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
         if not plan.pairs:
             raise NothingToCompareError("no run can be compared: every run is a reference or has no reference "
                                  f"run on its input ({'; '.join(plan.uncompared.values()) or 'all runs are references'})")
-        comparison = _measured(plan, rules, thresholds, steps or Steps.quiet())
+        comparison = _measured(plan, rules, thresholds, steps or Steps.quiet(), memo)
         isolation = measure_isolated(sources.isolated, sources.runs, comparison, thresholds.tolerances)
     except BaseException:
         sources.close()
@@ -137,7 +138,7 @@ def fed_input_problems(runs: list[Run]) -> list[str]:
 
 
 def _measured(plan, rules: NameRules, thresholds: Thresholds,
-              steps: Steps) -> Comparison:
+              steps: Steps, memo: MeasureMemo | None = None) -> Comparison:
     """compare_all, or its stored result when these very dumps were measured with these options
     (a sweep's own report, then `analyze` of the same runs, or of them with other thresholds: measured
     once, see layerdiff.analyzer.measure.resultcache). Only the tolerances enter the key: the thresholds judge."""
@@ -145,7 +146,7 @@ def _measured(plan, rules: NameRules, thresholds: Thresholds,
     key = resultcache.cache_key(plan, rules, tolerances)
     comparison = resultcache.load(plan, key)
     if comparison is None:
-        comparison = compare_all(plan, rules, tolerances, steps)
+        comparison = compare_all(plan, rules, tolerances, steps, memo)
         resultcache.store(comparison, key)
     return comparison
 

@@ -93,7 +93,12 @@ def _engine_release(value: str) -> str:
 
 
 def _say_sketched(sketched) -> None:
-    """One line on what the sketch-first runs pulled, and one per run that could not be refined."""
+    """One line on what the sketch-first runs pulled, and one per run that could not be refined; after a
+    Ctrl-C, one line on the runs whose refinement waits for the same command to run again."""
+    if sketched is not None and sketched.waiting:
+        print(f"collect: {sketched.waiting} sketch-first runs are not refined yet: their dumps stay on the device "
+              "and their summaries in .sketch/ beside them; run the same command again to pull what their "
+              "analysis needs (then both are removed)", file=sys.stderr)
     if sketched is None or not sketched.runs:
         return
     share = sketched.bytes_pulled / sketched.dump_bytes if sketched.dump_bytes else 0.0

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
+import h5py
 import numpy as np
+import pandas as pd
 import pytest
 
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.findings.finding import FindingKind
 from layerdiff.analyzer.formats.rawdump import PULLED, TENSORS, convert_raw_dump, read_raw_dump
 from layerdiff.collector.run.sketchpull import initial_orders, refine, start_pull
-from layerdiff.collector.transport.adb import AdbDevice
+from layerdiff.collector.transport.adb import RANGE_BLOCKS, RANGE_BYTES, AdbDevice, block_span
 from layerdiff.collector.transport.devices import DeviceError
 from layerdiff.errors import DumpFormatError
 from tests.sketch_support import det_model, dumps  # noqa: F401 (fixtures; they run host_harness)
@@ -41,6 +44,51 @@ def test_read_ranges_returns_exactly_the_bytes_asked(phone, dumps):
     ranges = [(0, 10), (4096, 1), (len(data) - 7, 7), (123, 0)]
     got = phone.read_ranges(f"{REMOTE}/{TENSORS}", ranges)
     assert got == b"".join(data[o:o + n] for o, n in ranges)
+
+
+OLD_DD = """#!/bin/sh
+# dd as toybox had it before iflag=: byte flags are an unknown argument
+for arg in "$@"; do
+  case "$arg" in iflag=*|oflag=*) echo "dd: unknown arg ${arg%%=*}" >&2; exit 1;; esac
+done
+exec /bin/dd "$@"
+"""
+
+
+@pytest.fixture
+def old_dd_phone(phone, standin):
+    """The same phone with a `dd` that refuses `iflag=` (first on the PATH of every command it runs)."""
+    tool = Path(standin.config.state) / "bin" / "dd"
+    tool.write_text(OLD_DD)
+    tool.chmod(0o755)
+    return phone
+
+
+def test_a_dd_without_byte_flags_reads_whole_blocks_trimmed_here(old_dd_phone, dumps):
+    data = (dumps["low"] / TENSORS).read_bytes()
+    size = len(data)
+    ranges = [(0, 10), (4095, 2), (4096, 4096), (123, 0), (size - 7, 7), (size // 2 + 1, 70001), (size, 0)]
+    got = old_dd_phone.read_ranges(f"{REMOTE}/{TENSORS}", ranges)
+    assert old_dd_phone.range_style() == RANGE_BLOCKS
+    assert got == b"".join(data[o:o + n] for o, n in ranges)
+
+
+def test_a_dd_with_byte_flags_is_asked_for_exact_ranges(phone):
+    assert phone.range_style() == RANGE_BYTES
+
+
+def test_block_reads_past_the_end_are_one_line_naming_the_phone(old_dd_phone, dumps):
+    size = (dumps["low"] / TENSORS).stat().st_size
+    with pytest.raises(DeviceError, match="collect again with --full") as err:
+        old_dd_phone.read_ranges(f"{REMOTE}/{TENSORS}", [(size - 4, 100)])
+    assert old_dd_phone.serial in str(err.value)
+
+
+def test_block_spans_cover_each_range_and_stop_at_the_end_of_the_file():
+    assert block_span(0, 10, 10_000) == (0, 1, 4096)
+    assert block_span(4095, 2, 10_000) == (0, 2, 8192)
+    assert block_span(8192, 0, 10_000) == (2, 0, 0)
+    assert block_span(9_000, 1_000, 10_000) == (2, 1, 10_000 - 8192)
 
 
 def test_a_range_past_the_end_is_one_line_naming_the_phone(phone, dumps):
@@ -85,6 +133,34 @@ def test_refined_sketch_first_run_matches_the_full_pull(phone, dumps, tmp_path):
     finally:
         final.close()
     assert result.bytes_pulled[target] < result.dump_bytes[target]
+
+
+def test_later_rounds_add_the_pulled_tensors_and_remeasure_only_them(phone, dumps, tmp_path):
+    """The HDF5 a refinement updates round by round holds what one conversion of the final pull writes, and the
+    analysis it keeps (its rows from earlier rounds reused) gives every number a fresh analysis gives."""
+    golden = convert_raw_dump(dumps["high"], tmp_path / "golden.h5")
+    pull = start_pull(phone, REMOTE, tmp_path / "low")
+    target = tmp_path / "h5" / "low.h5"
+    result = refine({target: pull}, [golden], golden, keep_analysis=True)
+    (tmp_path / "fresh").mkdir()
+    fresh_h5 = convert_raw_dump(tmp_path / "low", tmp_path / "fresh" / "low.h5")
+    fresh = analyze_paths([golden, fresh_h5], ref=golden)
+    try:
+        assert result.rounds >= 2 and result.reused > 0
+        kept, again = (a.comparison.table.set_index("key").sort_index() for a in (result.analysis, fresh))
+        numbers = ["rel_l2", "cosine", "max_abs", "pass_fraction", "estimated", "rel_l2_sigma", "status"]
+        pd.testing.assert_frame_equal(kept[numbers], again[numbers])
+        assert headline(result.analysis) == headline(fresh)
+    finally:
+        result.analysis.close()
+        fresh.close()
+    with h5py.File(target) as updated, h5py.File(fresh_h5) as whole:
+        assert sorted(updated["tensors"]) == sorted(whole["tensors"])
+        for name in whole["tensors"]:
+            assert np.array_equal(updated["tensors"][name][()], whole["tensors"][name][()])
+        assert updated["layers"][()].tolist() == whole["layers"][()].tolist()
+        for key in ("bytes_pulled", "tensors_pulled", "dump_bytes", "sketch_first"):
+            assert updated.attrs[key] == whole.attrs[key]
 
 
 def test_a_dump_without_summary_asks_for_a_full_pull(standin, dumps, tmp_path):

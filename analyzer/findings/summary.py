@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.findings.coverage import outputs_not_compared, run_stopped_early
@@ -19,7 +20,7 @@ SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "ver
                    "first_divergence", "first_divergence_op", "first_fail", "first_fail_op", "worst_layer",
                    "worst_rel_l2", "output_beyond_tolerance", "output", "output_rel_l2",
                    "output_sqnr_db", "top1", "top5", "task", "output_judgement", "backend_actual", "precision_effective", "complete", "file",
-                   "bytes_pulled", "dump_bytes", "n_estimated"]
+                   "bytes_pulled", "dump_bytes", "n_estimated", "worst_estimated", "worst_rel_l2_sigma"]
 
 def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding],
                 thresholds: Thresholds | None = None, judgements: dict | None = None) -> pd.DataFrame:
@@ -67,6 +68,14 @@ def _pulled(run: Run) -> dict:
             "dump_bytes": float(run.attrs.get("dump_bytes", math.nan))}
 
 
+def _worst_estimate(worst_row) -> dict:
+    """Whether the worst layer's rel L2 is an estimate (a layer left on the phone) and its standard deviation."""
+    flag = None if worst_row is None else worst_row.get("estimated")
+    if not (isinstance(flag, (bool, np.bool_)) and bool(flag)):  # None/NaN/False: measured from both tensors
+        return {"worst_estimated": False, "worst_rel_l2_sigma": math.nan}
+    return {"worst_estimated": True, "worst_rel_l2_sigma": float(worst_row.get("rel_l2_sigma", math.nan))}
+
+
 def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | None = None, judgement=None) -> dict:
     rows = comparison.pair_rows(index)
     alignment = comparison.alignments[index]
@@ -95,6 +104,7 @@ def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | N
         "only_in_reference": int(len(alignment.only_base)), "only_in_run": int(len(alignment.only_other)),
         "worst_layer": "" if worst_row is None else worst_row["key"],
         "worst_rel_l2": math.nan if worst_row is None else float(worst_row["rel_l2"]),
+        **_worst_estimate(worst_row),
         "output": "" if out is None else str(out["key"]),
         "output_rel_l2": math.nan if out is None else float(out["rel_l2"]),
         "output_sqnr_db": math.nan if out is None else float(out["sqnr_db"]),

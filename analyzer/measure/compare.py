@@ -64,9 +64,49 @@ class Comparison:
         return self.table[self.table["pair"] == pair_index]
 
 
-def compare_all(plan: Plan, rules: NameRules, tolerances: Tolerances, steps: Steps | None = None) -> Comparison:
+class MeasureMemo:
+    """Rows measured by an earlier analysis of the same files, for a later one to take instead of measuring.
+
+    Why: a sketch-first collection analyses its runs once per round, and between rounds a few tensors left on
+    the phone become whole while every other layer keeps its bytes. A row is keyed by both files, both
+    orders, whether each side was whole or estimated, the shapes and layouts matched and the tolerances: a
+    layer whose side changed from estimated to whole is a new key and is measured again. Valid only while the
+    files change that way alone (the holder, `collector/run/sketchpull.refine`, drops it afterwards)."""
+
+    IDENTITY = ("pair", "comparison", "run", "reference", "position")  # the plan's, not the measurement's
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple, tuple[dict, list[str]]] = {}
+        self.hits = 0
+
+    @staticmethod
+    def key(base: Run, order: int, pair: Pair, match: dict, is_output: bool, tolerances: Tolerances) -> tuple:
+        other_order = int(match["other_order"])
+        return (str(base.path), int(order), int(order) in base.dump.estimated_orders, str(pair.other.path),
+                other_order, other_order in pair.other.dump.estimated_orders, tuple(match["base_shape"]),
+                tuple(match["other_shape"]), str(match.get("base_layout") or ""),
+                str(match.get("other_layout") or ""), str(match["key"]), is_output, tolerances.atol, tolerances.rtol)
+
+    def recall(self, key: tuple, row: dict, problems: list[str]) -> bool:
+        """Fill `row` from the remembered measurement of `key`; False when there is none."""
+        found = self.rows.get(key)
+        if found is None:
+            return False
+        measured, said = found
+        row.update(measured)
+        problems.extend(said)
+        self.hits += 1
+        return True
+
+    def remember(self, key: tuple, row: dict, said: list[str]) -> None:
+        self.rows[key] = ({k: v for k, v in row.items() if k not in self.IDENTITY}, list(said))
+
+
+def compare_all(plan: Plan, rules: NameRules, tolerances: Tolerances, steps: Steps | None = None,
+                memo: MeasureMemo | None = None) -> Comparison:
     """Align every pair, then measure all of them, reading each base tensor once (`steps` shows
-    the progress of both: a golden against renamed runs at a real input size takes a while)."""
+    the progress of both: a golden against renamed runs at a real input size takes a while). `memo`: rows
+    measured by an earlier analysis of the same files, reused (MeasureMemo)."""
     steps = steps or Steps.quiet()
     runs = {id(p.base): p.base for p in plan.pairs} | {id(p.other): p.other for p in plan.pairs}
     runs[id(plan.reference)] = plan.reference
@@ -90,7 +130,7 @@ def compare_all(plan: Plan, rules: NameRules, tolerances: Tolerances, steps: Ste
         for base in bases:
             members = [(i, p, alignments[i]) for i, p in enumerate(plan.pairs) if p.base is base]
             _stream_base(base, members, kernel, tolerances, graphs[base.label], rows, comparison.problems,
-                         counter.tick)
+                         counter.tick, memo)
     comparison.table = rows.frame()
     comparison.table["growth"], comparison.table["worst_input"] = _growth(comparison.table, plan.pairs, graphs)
     blocks = layer_blocks(comparison.table["key"])
@@ -165,8 +205,9 @@ class _Progress:
 
 def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kernel: PairKernel,
                  tolerances: Tolerances, graph: LayerGraph, rows: "_Rows", problems: list[str],
-                 tick: Callable[[], None]) -> None:
-    """Visit the base's layers in execution order; read each once for all pairs that need it."""
+                 tick: Callable[[], None], memo: MeasureMemo | None = None) -> None:
+    """Visit the base's layers in execution order; read each once for all pairs that need it (not at all when
+    `memo` remembers every row that needs it)."""
     base_stats = base.stats_by_order()
     outputs = set(graph.outputs())
     # the matches as one list per column, a row's dict built only when it is measured: a dict per
@@ -179,25 +220,47 @@ def _stream_base(base: Run, members: list[tuple[int, Pair, PairAlignment]], kern
     positions = {int(o): i for i, o in enumerate(base.layers["order"])}
     base_buffer, other_buffer = TensorBuffer(), TensorBuffer()  # two layers' memory, reused: no page faults
     for order in sorted(wanted, key=lambda o: positions.get(o, o)):
-        estimated = order in base.dump.estimated_orders  # left on the device: measured from its summary
-        summaries_only = estimated or all(int(columns["other_order"][i]) in pair.other.dump.estimated_orders
-                                          for _index, pair, columns, i in wanted[order])
-        base_tensor, base_error = (None, "") if summaries_only else _read(base, order, base_buffer)
-        if base_error:
-            problems.append(base_error)
+        pending = []
         for index, pair, columns, i in wanted[order]:
             match = {c: values[i] for c, values in columns.items()}
             row = _layer_row(index, pair, match, positions.get(order, order), match["key"] in outputs)
-            if base_error:
-                row.update(status="unreadable", reasons=f"reference tensor unreadable: {base_error}")
-            elif summaries_only or int(match["other_order"]) in pair.other.dump.estimated_orders:
-                _estimate(row, base, order, base_tensor, pair, match, kernel, tolerances, problems)
+            key = MeasureMemo.key(base, order, pair, match, row["is_output"], tolerances) if memo is not None else None
+            if key is not None and memo.recall(key, row, problems):
+                rows.append(row)
+                tick()
             else:
-                judged, judged_stats, _moved = _plain_side(base, match["key"], base_tensor, base_stats[order], row["is_output"])
-                _measure(row, judged, pair, match, kernel, tolerances, judged_stats, problems, other_buffer)
-            rows.append(row)
-            tick()
-        del base_tensor
+                pending.append((pair, match, row, key))
+        if pending:
+            _measure_order(base, order, pending, base_stats, kernel, tolerances, rows, problems, tick, memo,
+                           base_buffer, other_buffer)
+
+
+def _measure_order(base: Run, order: int, pending: list[tuple[Pair, dict, dict, tuple | None]], base_stats: dict,
+                   kernel: PairKernel, tolerances: Tolerances, rows: "_Rows", problems: list[str],
+                   tick: Callable[[], None], memo: MeasureMemo | None, base_buffer: TensorBuffer,
+                   other_buffer: TensorBuffer) -> None:
+    """Measure the rows of one base layer that no memo answered, reading the base tensor once for them."""
+    estimated = order in base.dump.estimated_orders  # left on the device: measured from its summary
+    summaries_only = estimated or all(int(match["other_order"]) in pair.other.dump.estimated_orders
+                                      for pair, match, _row, _key in pending)
+    base_tensor, base_error = (None, "") if summaries_only else _read(base, order, base_buffer)
+    if base_error:
+        problems.append(base_error)
+    for pair, match, row, key in pending:
+        said: list[str] = []
+        if base_error:
+            row.update(status="unreadable", reasons=f"reference tensor unreadable: {base_error}")
+        elif summaries_only or int(match["other_order"]) in pair.other.dump.estimated_orders:
+            _estimate(row, base, order, base_tensor, pair, match, kernel, tolerances, said)
+        else:
+            judged, judged_stats, _moved = _plain_side(base, match["key"], base_tensor, base_stats[order], row["is_output"])
+            _measure(row, judged, pair, match, kernel, tolerances, judged_stats, said, other_buffer)
+        problems.extend(said)
+        if key is not None and not base_error:
+            memo.remember(key, row, said)
+        rows.append(row)
+        tick()
+    del base_tensor
 
 
 def _measure(row: dict, base_tensor: np.ndarray, pair: Pair, match: dict, kernel: PairKernel,

@@ -20,6 +20,7 @@ from layerdiff.analyzer.report.fixsection import fix_html
 from layerdiff.analyzer.report.datasetsection import dataset_document, dataset_html
 from layerdiff.analyzer.report.fleetsection import fleet_document, fleet_html
 from layerdiff.analyzer.report.figures import chart_parts, draw_pngs
+from layerdiff.analyzer.report.estimates import mark_estimated, runs_view, sketch_lines
 from layerdiff.analyzer.report.interactive import layer_table_parts
 from layerdiff.analyzer.report.outdir import atomic_write_bytes, atomic_write_chunks, finish_out_dir
 from layerdiff.analyzer.report.results import build_results, dump_chunks, dumps
@@ -41,6 +42,7 @@ td.s-pass{background:#e8f5e9}td.s-warn{background:#fff3e0}td.s-fail{background:#
 details{margin:6px 0} summary{cursor:pointer;font-weight:600} img{max-width:100%;border:1px solid #eee;margin:6px 0}
 figure{margin:10px 0} figcaption{font-size:13px;color:#444}
 .problems{background:#fff8e1;border-left:4px solid #ffb300;padding:6px 12px} code{background:#f5f5f5;padding:0 3px}
+td.estimate{font-style:italic;color:#5d4037} ul.pulled{font-size:13px;color:#37474f}
 """
 
 
@@ -154,10 +156,14 @@ def _findings_html(findings: list[Finding]) -> str:
 
 
 def _runs_html(summary: pd.DataFrame) -> str:
-    """The sweep matrix (configuration x input), then every run's summary folded."""
+    """The sweep matrix (configuration x input), the bytes sketch-first runs pulled, then every run's summary
+    folded (estimated figures marked: layerdiff.analyzer.report.estimates)."""
     matrix = sweep_matrix(summary)
-    full = to_html(summary.drop(columns=["file"]))
-    return (to_html(matrix) + f"<details><summary>All runs, all summary columns ({len(summary)})</summary>{full}</details>")
+    full = to_html(runs_view(summary).drop(columns=["file"]))
+    pulled = "".join(f"<li>{_e(line)}</li>" for line in sketch_lines(summary))
+    pulled = f"<ul class='pulled'>{pulled}</ul>" if pulled else ""
+    return (to_html(matrix) + pulled
+            + f"<details><summary>All runs, all summary columns ({len(summary)})</summary>{full}</details>")
 
 
 def _isolation_html(analysis: Analysis) -> list[str]:
@@ -190,7 +196,10 @@ def _layers_parts(analysis: Analysis) -> Iterator[str | bytes]:
     """Every layer of every run in one interactive table (layerdiff.analyzer.report.interactive), then repeats."""
     table = reference_rows(analysis.comparison)
     columns = layer_view(table)
-    rows = _by_run_and_position(_undefined_cosine(table)[list(dict.fromkeys([*columns, "run", "position"]))])
+    if "estimated" in table.columns and table["estimated"].eq(True).any():  # a sketch-first run's rows say so
+        columns.insert(columns.index("status") + 1, "estimated")
+    shown = mark_estimated(_undefined_cosine(table), columns)
+    rows = _by_run_and_position(shown[list(dict.fromkeys([*columns, "run", "position"]))])
     bad = int(rows["status"].isin(["fail", "warn"]).sum())
     yield (f"<h3>Layers ({len(rows)} rows, {bad} warn/fail)</h3>"
            "<p>Search, filter by run, op type or status in the panes, click a header to sort.</p>\n")

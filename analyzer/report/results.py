@@ -33,7 +33,8 @@ LAYER_FIELDS = ["position", "key", "run_key", "op", "op_type", "status", "reason
                 "n_nonfinite_mismatch", "n_nan_new", "n_nan_lost", "n_posinf_new", "n_posinf_lost",
                 "n_neginf_new", "n_neginf_lost", "zero_collapse", "n_zero_collapsed", "n_saturated", "top1", "top5",
                 "n_top1_flips", "n_tie_flips", "growth", "worst_input", "n_zero_new", "n_out_of_range", "range_excess",
-                "ref_min", "ref_max", "run_min", "run_max"]
+                "ref_min", "ref_max", "run_min", "run_max", "estimated", "rel_l2_sigma", "cosine_sigma",
+                "sqnr_db_sigma", "pass_fraction_sigma", "beyond_scale_sigma", "zero_collapse_sigma"]
 # Present on every layer when isolated dumps were analyzed (null on layers that were not isolated).
 ISOLATED_LAYER_FIELDS = ATTACHED_COLUMNS
 PROVENANCE_FIELDS = ["engine", "engine_version", "backend_requested", "backend_actual", "precision_requested",

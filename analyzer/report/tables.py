@@ -12,6 +12,7 @@ import pandas as pd
 
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.analyzer.findings.divergence import Finding
+from layerdiff.analyzer.report.estimates import mark_estimated
 from layerdiff.analyzer.report.numbers import format_number  # noqa: F401  (re-exported: callers import it from here)
 from layerdiff.analyzer.report.outdir import atomic_write_chunks, atomic_write_text
 from layerdiff.analyzer.findings.summary import SUMMARY_COLUMNS, run_summary  # noqa: F401 (the report's run table)
@@ -170,5 +171,6 @@ def _markdown_parts(summary: pd.DataFrame, comparison: Comparison, findings: lis
         yield from ["\n## Isolation (cumulative vs isolated: the layer fed the reference's own inputs)\n",
                     to_markdown(isolated)]
     rows = reference_rows(comparison)
+    view = layer_view(rows)
     yield "\n## Layers\n"
-    yield from markdown_chunks(rows[layer_view(rows)])
+    yield from markdown_chunks(mark_estimated(rows, view)[view])  # a summary's figures read as estimates

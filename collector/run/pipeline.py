@@ -10,6 +10,7 @@ import contextlib
 import json
 import re
 import shlex
+import shutil
 import tempfile
 import threading
 import time
@@ -173,13 +174,28 @@ def collect_run(
         with writing(out_dir, (spec.expected_bytes or 0) * spec.repeat):
             paths, message = _fetch_and_convert(device, spec, run_dir, targets, result, cancel)
     finally:
-        sketched = any(sketch_dir(t).is_dir() for t in targets)  # refined once the sweep is done, then removed
+        sketched = kept_sketches(targets)  # refined once the sweep is done, then removed
         if not spec.keep and not sketched:
             _cleanup(device, run_dir)
         elif hasattr(device, "keep_run_dir"):
             device.keep_run_dir(run_dir)  # a scratch of the host's: marked kept, so no later start removes it
     status = RunStatus.DONE if not message else RunStatus.FAILED
     return RunOutcome(spec, device.serial, status, paths, message, result.exit_status, time.monotonic() - start)
+
+
+def kept_sketches(targets: list[Path]) -> bool:
+    """Whether a sketch-first pull of these targets waits for the sweep's refinement (its HDF5 was written).
+    A pull cut short before its HDF5 (Ctrl-C, a device lost, a failed conversion) is removed here: nothing can
+    refine it, and a re-run collects that run again from the start."""
+    waiting = False
+    for target in targets:
+        if not sketch_dir(target).is_dir():
+            continue
+        if Path(target).is_file():
+            waiting = True
+        else:
+            shutil.rmtree(sketch_dir(target), ignore_errors=True)
+    return waiting
 
 
 def _versioned(harness, spec: RunSpec):

@@ -58,6 +58,7 @@ class SketchedPull:
     dump: RawDump
     pulled: set[int] = field(default_factory=set)
     bytes_pulled: int = 0  # every byte that crossed the link: first files and tensor ranges
+    written: tuple[Path, frozenset[int]] | None = None  # the HDF5 this pull last wrote, and the tensors in it
 
     @property
     def dump_bytes(self) -> int:
@@ -96,8 +97,12 @@ class SketchedPull:
 
     def convert(self, target: Path) -> Path:
         """The HDF5 of what is local: pulled tensors whole, the others as estimated rows. A target that exists
-        (the run as collected) keeps its attributes, inputs and log: only the tensors change."""
+        (the run as collected) keeps its attributes, inputs and log: only the tensors change. A target this
+        pull wrote before only gains the tensors pulled since (`add_pulled_tensors`), the rest is left as is."""
         target = Path(target)
+        if self.written is not None and self.written[0] == target and target.is_file():
+            return self._add_new(target, self.written[1])
+        self.written = (target, frozenset(self.pulled))
         if not target.is_file():
             return convert_raw_dump(self.local_dir, target)
         from layerdiff.analyzer.formats.dumpfile import DumpFile
@@ -111,6 +116,17 @@ class SketchedPull:
             exit_status = int(old.attrs.get("exit_status", 0) or 0)
         return convert_raw_dump(self.local_dir, target, attrs=attrs, inputs=inputs, stderr=stderr,
                                 exit_status=exit_status)
+
+    def _add_new(self, target: Path, before: frozenset[int]) -> Path:
+        from layerdiff.analyzer.formats.dumpwriter import add_pulled_tensors
+
+        new = [t for t in self.dump.tensors if t.order in self.pulled and t.order not in before]
+        if new:
+            add_pulled_tensors(target, [({**t.meta(), "op": t.op, "shape": list(t.shape)}, self.dump.read(t))
+                                        for t in new],
+                               {"bytes_pulled": self.bytes_pulled, "tensors_pulled": len(self.pulled)})
+        self.written = (target, frozenset(self.pulled))
+        return target
 
     def _record(self) -> None:
         (self.local_dir / PULLED).write_text(json.dumps({"orders": sorted(self.pulled), "bytes_pulled": self.bytes_pulled}))
@@ -191,39 +207,52 @@ class RefineResult:
     bytes_pulled: dict[Path, int]  # per HDF5 of a sketch-first run
     dump_bytes: dict[Path, int]
     named: dict[Path, int]  # tensors pulled after the first pass
+    analysis: object | None = None  # the last round's analysis, open, when asked for (`keep_analysis`): the answer
+    reused: int = 0  # rows later rounds took from earlier ones instead of measuring again
 
 
 def refine(pulls: dict[Path, SketchedPull], others: list[Path], ref: Path | str | None,
-           thresholds=None, max_rounds: int = MAX_ROUNDS) -> RefineResult:
+           thresholds=None, max_rounds: int = MAX_ROUNDS, keep_analysis: bool = False) -> RefineResult:
     """Analyse, pull what the judge names, and repeat until nothing new is named (at most `max_rounds`).
 
-    `pulls` maps each sketch-first run's HDF5 (written here, rewritten each round) to its pull; `others` are
-    runs held whole (a local golden); `ref` names the reference (None: the analyzer's own choice)."""
-    from layerdiff.analyzer.analysis import analyze_paths, needed_exactly
+    `pulls` maps each sketch-first run's HDF5 (written here, updated each round) to its pull; `others` are
+    runs held whole (a local golden); `ref` names the reference (None: the analyzer's own choice). A round
+    measures again only the layers whose tensors it pulled (MeasureMemo); the others keep their rows.
+    `keep_analysis`: the last round's analysis is the answer; it comes back open in `RefineResult.analysis`
+    (the caller closes it) instead of being analysed again."""
+    from layerdiff.analyzer.analysis import MeasureMemo, analyze_paths, needed_exactly
 
     targets = {Path(path): pull for path, pull in pulls.items()}
     for path in targets:
         path.parent.mkdir(parents=True, exist_ok=True)
     named = dict.fromkeys(targets, 0)
+    memo = MeasureMemo()
     rounds = 0
     while True:
         rounds += 1
         for path, pull in targets.items():
             pull.convert(path)
-        analysis = analyze_paths([*targets, *others], ref=ref, thresholds=thresholds)
+        analysis = analyze_paths([*targets, *others], ref=ref, thresholds=thresholds, memo=memo)
         try:
             needs = needed_exactly(analysis)
             labels = {Path(run.path).resolve(): run.label for run in analysis.runs}
-        finally:
+            new = 0
+            if rounds < max_rounds:
+                for path, pull in targets.items():
+                    pulled = pull.pull_keys(needs.keys.get(labels.get(path.resolve(), ""), set()))
+                    named[path] += pulled
+                    new += pulled
+        except BaseException:
             analysis.close()
-        new = 0
-        for path, pull in targets.items():
-            pulled = pull.pull_keys(needs.keys.get(labels.get(path.resolve(), ""), set()))
-            named[path] += pulled
-            new += pulled
-        if not new or rounds >= max_rounds:
-            return RefineResult(rounds, {p: t.bytes_pulled for p, t in targets.items()},
-                                {p: t.dump_bytes for p, t in targets.items()}, named)
+            raise
+        if new and rounds < max_rounds:
+            analysis.close()
+            continue
+        if not keep_analysis:
+            analysis.close()
+        return RefineResult(rounds, {p: t.bytes_pulled for p, t in targets.items()},
+                            {p: t.dump_bytes for p, t in targets.items()}, named,
+                            analysis if keep_analysis else None, memo.hits)
 
 
 PULL_MODES = ("auto", "sketch", "full")
@@ -263,6 +292,18 @@ class SketchedRuns:
     dump_bytes: int = 0
     rounds: int = 0
     problems: list[str] = field(default_factory=list)
+    waiting: int = 0  # runs left unrefined by a Ctrl-C: their files wait for the same command to run again
+
+
+def waiting_sketches(out_dirs: list[Path]) -> SketchedRuns:
+    """The sketch-first runs a stopped sweep leaves unrefined (a Ctrl-C before or during refinement): each keeps
+    its dump on the phone and its summaries and pulled bytes in `.sketch/`, so that running the same command
+    again refines them (the done runs are not run again) and then removes both."""
+    count = 0
+    for out_dir in out_dirs:
+        root = Path(out_dir) / SKETCH_DIR
+        count += sum(1 for d in root.iterdir() if (d / REMOTE_RECORD).is_file()) if root.is_dir() else 0
+    return SketchedRuns(waiting=count)
 
 
 def refine_sketched(out_dirs: list[Path], devices: dict[str, object], others: list[Path], keep: bool,

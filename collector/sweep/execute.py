@@ -318,8 +318,19 @@ def _run_locked(plan: SweepPlan, observer: SweepObserver | None,
     failed = [r for r in runs if r.row.status == RunStatus.FAILED]
     result = SweepResult(runs, index, interrupted, failed)
     if not interrupted:
-        result.sketched = _refine_sketched(plan, runs)
+        try:
+            result.sketched = _refine_sketched(plan, runs)
+        except KeyboardInterrupt:  # files stay as a stop before refinement leaves them: a re-run goes on
+            result.interrupted = True
+    if result.interrupted:
+        result.sketched = _waiting_sketches(runs)
     return result
+
+
+def _waiting_sketches(runs: list[PlannedRun]):
+    from layerdiff.collector.run.sketchpull import waiting_sketches
+
+    return waiting_sketches(sorted({run.out_dir for run in runs}))
 
 
 def _refine_sketched(plan: SweepPlan, runs: list[PlannedRun]):

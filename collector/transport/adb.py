@@ -33,6 +33,9 @@ PID_MARK = "@@ld-pid "
 GLES_MARK = "@@ld-gles"
 TIMEOUT_EXIT = 124
 SPACE_MARGIN = 1 << 20  # never fill the phone to the last byte
+RANGE_BYTES = "bytes"  # dd iflag=skip_bytes,count_bytes: each range read exactly
+RANGE_BLOCKS = "blocks"  # dd in whole RANGE_BLOCK blocks around each range, trimmed on the host
+RANGE_BLOCK = 4096
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _Lost = (TransferLost, adbutils.AdbError, OSError, EOFError)
 
@@ -80,6 +83,7 @@ class AdbDevice:
         self._present: set[tuple[str, str]] = set()  # (device path, sha256) checked or pushed by this object
         self.pushed: list[str] = []  # device paths pushed by this object (staging skips are absent)
         self._fresh_free: tuple[str, int] | None = None  # (new run dir, its free bytes), read once
+        self._range_style: str | None = None  # how this phone's dd reads byte ranges, asked once (range_style)
 
     # -- errors ---------------------------------------------------------------------------------------
     def _lost(self, doing: str, err: BaseException | None = None) -> DeviceError:
@@ -297,24 +301,83 @@ class AdbDevice:
         return pulled
 
     def read_ranges(self, remote_path: str, ranges: list[tuple[int, int]]) -> bytes:
-        """The bytes of (offset, length) ranges of one device file, back to back, in one round trip: one `dd`
-        per range (`iflag=skip_bytes,count_bytes`, toybox and coreutils alike) streamed over one shell."""
+        """The bytes of (offset, length) ranges of one device file, back to back, in one round trip: one `dd` per
+        range streamed over one shell. A `dd` that takes `iflag=skip_bytes,count_bytes` (today's toybox, coreutils)
+        reads each range exactly; an older one (toybox's earlier `dd` knew no `iflag=`; old Androids' toolbox)
+        reads the 4 KiB blocks around each range, which the host trims (`range_style`)."""
         if not ranges:
             return b""
+        if self.range_style() == RANGE_BYTES:
+            return self._read_exact_ranges(remote_path, ranges)
+        return self._read_block_ranges(remote_path, ranges)
+
+    def range_style(self) -> str:
+        """How this phone's `dd` reads a byte range: RANGE_BYTES or RANGE_BLOCKS, asked of the phone once (a `dd`
+        of 5 bytes at offset 3 of /dev/zero with the byte flags gives exactly 5 bytes only where they work)."""
+        if self._range_style is None:
+            out = bytearray()
+            probe = "dd if=/dev/zero bs=1M iflag=skip_bytes,count_bytes skip=3 count=5 2>/dev/null"
+            try:
+                code = run_shell_v2(self._dev, probe, on_stdout=out.extend, on_stderr=lambda _data: None,
+                                    idle_timeout=30.0)
+            except _Lost as lost:
+                raise self._lost("asking how dd reads byte ranges", lost) from None
+            self._range_style = RANGE_BYTES if code == 0 and len(out) == 5 else RANGE_BLOCKS
+        return self._range_style
+
+    def _read_exact_ranges(self, remote_path: str, ranges: list[tuple[int, int]]) -> bytes:
         quoted = shlex.quote(remote_path)
         script = ";".join(f"dd if={quoted} bs=1M iflag=skip_bytes,count_bytes skip={int(offset)} count={int(length)} "
                           "2>/dev/null" for offset, length in ranges)
+        out, code, err = self._run_range_script(remote_path, script, len(ranges))
+        self._check_range_bytes(remote_path, ranges, len(out), sum(length for _offset, length in ranges), code, err)
+        return bytes(out)
+
+    def _read_block_ranges(self, remote_path: str, ranges: list[tuple[int, int]]) -> bytes:
+        """Whole 4 KiB blocks around each range (plain `skip=`/`count=` in blocks: every `dd` has them), cut to
+        the range here. The file's size (one sync STAT) says how short the block holding its end reads."""
+        size = self._remote_size(remote_path)
+        if any(offset < 0 or offset + length > size for offset, length in ranges):
+            raise DeviceError(f"{self.serial}: a byte range asked of {remote_path} ends past its {size} bytes; "
+                              "the dump on the phone may be gone: collect again with --full")
+        quoted = shlex.quote(remote_path)
+        spans = [block_span(offset, length, size) for offset, length in ranges]
+        script = ";".join(f"dd if={quoted} bs={RANGE_BLOCK} skip={first} count={count} 2>/dev/null"
+                          for first, count, _got in spans)
+        out, code, err = self._run_range_script(remote_path, script, len(ranges))
+        self._check_range_bytes(remote_path, ranges, len(out), sum(got for _first, _count, got in spans), code, err)
+        pieces, at = [], 0
+        for (offset, length), (first, _count, got) in zip(ranges, spans):
+            start = at + offset - first * RANGE_BLOCK
+            pieces.append(bytes(out[start:start + length]))
+            at += got
+        return b"".join(pieces)
+
+    def _remote_size(self, remote_path: str) -> int:
+        try:
+            with self._sync() as sync:
+                found = sync.stat(remote_path)
+        except _Lost as lost:
+            raise self._lost(f"reading the size of {remote_path}", lost) from None
+        if found is None:
+            raise DeviceError(f"{self.serial}: {remote_path} is gone from the phone: collect again with --full")
+        return found[1]
+
+    def _run_range_script(self, remote_path: str, script: str, n_ranges: int) -> tuple[bytearray, int, str]:
+        """Stdout, exit status and the start of stderr of one shell running the `dd` lines."""
         out, err = bytearray(), bytearray()
         try:
             code = run_shell_v2(self._dev, script, on_stdout=out.extend, on_stderr=err.extend, idle_timeout=60.0)
         except _Lost as lost:
-            raise self._lost(f"reading {len(ranges)} tensors of {remote_path}", lost) from None
-        expected = sum(length for _offset, length in ranges)
-        if code != 0 or len(out) != expected:
-            raise DeviceError(f"{self.serial}: reading {len(ranges)} byte ranges of {remote_path} gave {len(out)} of "
-                              f"{expected} bytes (exit {code}{': ' + err.decode(errors='replace').strip()[:200] if err else ''}); "
+            raise self._lost(f"reading {n_ranges} tensors of {remote_path}", lost) from None
+        return out, code, err.decode(errors="replace").strip()[:200]
+
+    def _check_range_bytes(self, remote_path: str, ranges: list[tuple[int, int]], got: int, expected: int,
+                           code: int, err: str) -> None:
+        if code != 0 or got != expected:
+            raise DeviceError(f"{self.serial}: reading {len(ranges)} byte ranges of {remote_path} gave {got} of "
+                              f"{expected} bytes (exit {code}{': ' + err if err else ''}); "
                               "the dump on the phone may be gone: collect again with --full")
-        return bytes(out)
 
     def _pull_one(self, sync: SyncSession, remote: str, target: Path) -> None:
         partial = target.with_name(f".{target.name}.partial")
@@ -493,3 +556,12 @@ def _unique(devices: list[AdbDevice]) -> list[AdbDevice]:
     for device in devices:
         seen.setdefault((device.client.host, device.client.port, device.serial), device)
     return list(seen.values())
+
+
+def block_span(offset: int, length: int, size: int) -> tuple[int, int, int]:
+    """(first block, block count, bytes that read gives) of the RANGE_BLOCK blocks holding [offset, offset+length)
+    of a file of `size` bytes: the last block of the file reads short."""
+    first = offset // RANGE_BLOCK
+    end = -(-(offset + length) // RANGE_BLOCK)
+    count = end - first
+    return first, count, min(end * RANGE_BLOCK, size) - first * RANGE_BLOCK

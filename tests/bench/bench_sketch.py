@@ -68,7 +68,8 @@ def _time_link(device) -> dict:
 
 def answers(analysis) -> tuple:
     headline = sorted((str(f.kind), f.layer) for f in analysis.findings if str(f.kind) in HEADLINE)
-    return tuple(analysis.summary["verdict"].tolist()), tuple(headline)
+    verdicts = sorted(zip(analysis.summary["role"].tolist(), analysis.summary["verdict"].tolist()))
+    return tuple(verdicts), tuple(headline)
 
 
 def main() -> None:
@@ -120,8 +121,8 @@ def run(work: Path, args) -> None:
         t_first = time.perf_counter() - t0
         first_bytes = pull.bytes_pulled
         target = work / "sketch_h5" / "low.h5"
-        result = refine({target: pull}, [golden], golden)
-        analysis = analyze_paths([golden, target], ref=golden)
+        result = refine({target: pull}, [golden], golden, keep_analysis=True)  # its last analysis is the answer
+        analysis = result.analysis
         sketch_answers = answers(analysis)
         analysis.close()
         t_sketch = time.perf_counter() - t0
@@ -132,7 +133,7 @@ def run(work: Path, args) -> None:
 
     print(f"full:   {full_bytes / 1e6:8.1f} MB pulled, pull {t_pull:6.1f} s, to the answer {t_full:6.1f} s")
     print(f"sketch: {pull.bytes_pulled / 1e6:8.1f} MB pulled ({first_bytes / 1e6:.1f} MB first pass, {t_first:.1f} s; "
-          f"{result.named[target]} tensors named in {result.rounds} rounds), to the answer {t_sketch:6.1f} s")
+          f"{result.named[target]} tensors named in {result.rounds} rounds, {result.reused} rows reused), to the answer {t_sketch:6.1f} s")
     print(f"transfer: full {t_pull:.1f} s, sketch-first {t_link:.1f} s over the link: {t_pull / t_link:.1f}x less")
     print(f"bytes: {pull.bytes_pulled / full_bytes:.1%} of the full pull (goal <= 10%)")
     print(f"wall time: {t_full / t_sketch:.1f}x faster to the answer (goal >= 5x); pull alone "

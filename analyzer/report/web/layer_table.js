@@ -7,7 +7,8 @@
   var DataTable = (await import(url)).default;
   URL.revokeObjectURL(url);
   var data = JSON.parse(document.getElementById("layer-data").textContent);
-  var TEXT = {run: 1, key: 1, op_type: 1, status: 1, shape: 1, run_shape: 1, permutation: 1, reasons: 1, isolated_status: 1};
+  var TEXT = {run: 1, key: 1, op_type: 1, status: 1, shape: 1, run_shape: 1, permutation: 1, reasons: 1, isolated_status: 1,
+              estimated: 1};
   var PANES = ["run", "op_type", "status"];
 
   function number(value, type) {  // 4 significant digits on screen, the exact value for sorting
@@ -15,7 +16,10 @@
     if (value === "inf" || value === "-inf" || value === "nan") {
       return type === "sort" || type === "type" ? (value === "-inf" ? -Infinity : Infinity) : value;
     }
-    if (typeof value !== "number") return text(value, type);  // a text where a number was expected
+    if (typeof value !== "number") {  // a text where a number was expected: "0.012 ± 0.0004 (estimated)" sorts by 0.012
+      var lead = type === "sort" || type === "type" ? /-?\d[\d.]*(e[-+]?\d+)?/.exec(String(value)) : null;
+      return lead ? parseFloat(lead[0]) : text(value, type);
+    }
     if (type !== "display" || Number.isInteger(value)) return value;
     return Number(value.toPrecision(4)).toString();
   }
@@ -27,6 +31,9 @@
   var columns = data.columns.map(function (field, index) {
     var column = {data: index, title: field, defaultContent: "", render: text};
     if (!TEXT[field]) { column.render = number; column.className = "dt-right"; column.type = "num"; }
+    if (!TEXT[field]) column.createdCell = function (td, value) {  // a figure from a summary: shown apart
+      if (typeof value === "string" && / \(estimated\)$/.test(value)) td.className += " estimate";
+    };
     if (field === "status") column.createdCell = function (td, value) { td.className += " s-" + String(value).replace(/\W/g, ""); };
     if (field === "position") {  // shown 1-based, as the findings' "#N in execution order" (the data stays 0-based)
       column.title = "#";
