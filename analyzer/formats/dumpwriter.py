@@ -14,7 +14,7 @@ from layerdiff.analyzer import __version__
 from layerdiff.analyzer.formats.diskspace import (SpaceGuard, as_write_error, hdf5_write_failed, is_no_space,
                                                   keep_unreleased, note_hdf5_write_failure,
                                                   quiet_hdf5_release_failures, writing)
-from layerdiff.analyzer.formats.dumpformat import FORMAT_NAME, FORMAT_VERSION, LAYER_COLUMNS, ROOT_DEFAULTS, STRING_DTYPE, partial_path, tensor_key
+from layerdiff.analyzer.formats.dumpformat import FORMAT_MINOR, FORMAT_NAME, FORMAT_VERSION, LAYER_COLUMNS, ROOT_DEFAULTS, STRING_DTYPE, partial_path, tensor_key
 from layerdiff.analyzer.formats.tensorstats import TensorStats, tensor_stats
 from layerdiff.analyzer.formats.timestamps import utc_now
 
@@ -43,6 +43,8 @@ class DumpWriter:
             self._space.reserve(0)
             self._file = h5py.File(self._partial, "w")
         self._groups: dict[str, Any] = {}  # low-level ids of the groups made so far, by name
+        self._held: list[tuple[int, "TensorSummary"]] = []  # summaries of tensors held whole, written at close
+        self._held_bytes = 0
         self._tensors = self._group("tensors")
         self._closed = False
 
@@ -104,6 +106,21 @@ class DumpWriter:
         self._create_dataset(group, "sample", summary.sample, {}, compress=False)
         _write_attr(group, "key", key or summary.name)
 
+    def hold_summary(self, order: int, summary: "TensorSummary") -> None:
+        """The summary of a tensor held whole (it spares a later sketch-first comparison sketching the tensor):
+        kept until the file closes and written with the others in five `/summaries/held_*` datasets
+        (FORMATS.md §2), where a group and two datasets per tensor cost more than converting a small tensor.
+        Beyond `HELD_SUMMARY_BYTES` buffered (memory stays bounded), the rest go to `/summaries/<order>`."""
+        from layerdiff.analyzer.formats.sketchformat import BUCKETS
+
+        sketch, sample = np.asarray(summary.sketch), np.asarray(summary.sample)
+        if (self._held_bytes + sketch.nbytes + sample.nbytes > HELD_SUMMARY_BYTES or sketch.shape != (BUCKETS,)
+                or sketch.dtype != np.float64 or sample.ndim != 1 or sample.dtype.kind not in "fiu"):
+            self.add_summary(order, summary)
+            return
+        self._held.append((int(order), summary))
+        self._held_bytes += sketch.nbytes + sample.nbytes
+
     def add_input(self, name: str, array: np.ndarray, sha256: str = "") -> None:
         group = self._group("inputs")
         self._create_dataset(group, str(group.get_num_objs()), array, {"name": name, "sha256": sha256})
@@ -130,6 +147,7 @@ class DumpWriter:
         """Write the layer table and attributes, then atomically move the file into place."""
         if self._closed:
             return self.path
+        self._write_held_summaries()
         self._write_layers()
         self._write_attrs()
         self._space.before_close()  # a flush that fails inside HDF5 crashes the library (SIGSEGV)
@@ -184,6 +202,26 @@ class DumpWriter:
             err.checked, err.need = True, raw  # ours, not HDF5's: the library is intact
             raise
 
+    def _write_held_summaries(self) -> None:
+        """`/summaries/held_*`: the held tensors' orders, sketches (one row each), and samples as their bytes
+        one after another (offsets and dtype names beside them: every dtype kept exactly)."""
+        if not self._held:
+            return
+        group = self._group("summaries")
+        samples = [np.ascontiguousarray(summary.sample) for _, summary in self._held]
+        offsets = np.zeros(len(samples) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([sample.nbytes for sample in samples])
+        data = {
+            "held_orders": np.array([order for order, _ in self._held], dtype=np.int64),
+            "held_sketches": np.stack([summary.sketch for _, summary in self._held]).astype(np.float64, copy=False),
+            "held_samples": np.frombuffer(b"".join(sample.tobytes() for sample in samples), dtype=np.uint8),
+            "held_sample_offsets": offsets,
+            "held_sample_dtypes": np.array([sample.dtype.name for sample in samples], dtype=STRING_DTYPE),
+        }
+        for name, array in data.items():
+            self._create_dataset(group, name, array, {}, compress=False)
+        self._held = []
+
     def _write_layers(self) -> None:
         table = np.zeros(len(self._rows), dtype=np.dtype(LAYER_COLUMNS))
         self._check_space(table.nbytes, 0)
@@ -194,7 +232,7 @@ class DumpWriter:
     def _write_attrs(self) -> None:
         """The root attributes, each written once (an attribute written twice costs a delete)."""
         attrs: dict[str, Any] = {"layerdiff_format": FORMAT_NAME, "format_version": FORMAT_VERSION,
-                                 "tool_version": __version__, "created": utc_now()}
+                                 "format_minor": FORMAT_MINOR, "tool_version": __version__, "created": utc_now()}
         provenance = dict(self._attrs.pop("provenance", {}) or {})
         for key, value in self._attrs.items():
             attrs[key] = _attr_value(value)
@@ -205,6 +243,7 @@ class DumpWriter:
             _write_attr(root, key, value)
 
 
+HELD_SUMMARY_BYTES = 32 << 20  # summaries of tensors held whole buffered until the file closes, at most
 _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
 _H5_TYPES: dict[np.dtype, Any] = {}
 

@@ -502,7 +502,7 @@ def convert_raw_dump(
             elif summaries is None or tensor.order in pulled:
                 writer.add_tensor(meta, dump.read(tensor))
                 if whole_summaries is not None and tensor.order in whole_summaries.tensors:
-                    writer.add_summary(tensor.order, whole_summaries.tensors[tensor.order])
+                    writer.hold_summary(tensor.order, whole_summaries.tensors[tensor.order])
         for name, array in inputs or []:
             writer.add_input(name, array, _array_sha256(array))
         for fed in dump.fed:
