@@ -79,13 +79,15 @@ def prepared_inputs(folder: Path, out: Path) -> list[dict]:
 
 def timed(argv: list[str], env: dict | None = None) -> tuple[float, int, float]:
     """Wall seconds, the peak resident memory (bytes) of the largest process the command ran, and the CPU
-    seconds of all its processes (on a busy machine the CPU figure is the steadier of the two)."""
+    seconds of all its processes (on a busy machine the CPU figure is the steadier of the two). Python's
+    compiled modules are cached as an installed layerdiff has them (without, each start compiles every module)."""
     script = ("import resource, subprocess, sys, time; s = time.perf_counter(); "
               "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); t = time.perf_counter() - s; "
               "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
               "print(t, u.ru_maxrss * 1024, r.returncode, u.ru_utime + u.ru_stime)")
+    environ = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True,
-                          env={**os.environ, **(env or {})})
+                          env={**environ, **(env or {})})
     wall, peak, code, cpu = done.stdout.split()
     assert code == "0", f"{argv[:4]} exited {code}: {done.stderr[-500:]}"
     return float(wall), int(peak), float(cpu)
@@ -116,11 +118,11 @@ def bench_collect(count: int, rounds: int) -> None:
         folder = photos(work / "photos", count)
         small = photos(work / "photos-small", max(count // 10, 2))
         cases = prepared_inputs(folder, work / "staged")
+        _, small_peak, _ = sweep(small, work / "runs-small")  # also fills Python's compiled-module cache, as installed
         floors, sweeps = [], []
         for k in range(rounds):
             floors.append(floor([{**c, "out": f"{c['out']}-{k}"} for c in cases], work))
             sweeps.append(sweep(folder, work / f"runs{k}"))
-        _, small_peak, _ = sweep(small, work / "runs-small")
         written = len(list((work / "runs0").glob("*.h5")))
     base, wall = statistics.median(t for t, _, _ in floors), statistics.median(t for t, _, _ in sweeps)
     base_cpu, cpu = statistics.median(c for _, _, c in floors), statistics.median(c for _, _, c in sweeps)
