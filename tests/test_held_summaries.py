@@ -92,3 +92,33 @@ class _Writable:
     def __setitem__(self, name: str, value) -> None:
         del self.group[name]
         self.group[name] = value
+
+
+def test_small_tensors_keep_no_summary_and_read_the_same_as_the_harness_wrote(tmp_path):
+    """The sample model's layers of at most 4096 elements have no stored summary: read back, each is sketched from
+    its stored tensor, bit for bit the summary the engine wrote; the larger layers come from the pack."""
+    import subprocess
+    import sys
+
+    from tests.test_harness_support import REPO
+
+    model = REPO / "samples" / "models" / "underflow.param"
+    image = np.random.default_rng(5).random((1, 3, 32, 32), dtype=np.float32)
+    np.save(tmp_path / "in0.npy", image)
+    done = subprocess.run([sys.executable, "-m", "layerdiff.collector.engines.ncnn.engine", "--engine", "ncnn",
+                           "--model", str(model), "--model", str(model.with_suffix(".bin")),
+                           "--input", f"data={tmp_path / 'in0.npy'}", "--backend", "cpu", "--precision", "high",
+                           "--out", str(tmp_path / "raw")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    path = convert_raw_dump(tmp_path / "raw", tmp_path / "run.h5")
+    written = sf.read_summaries(tmp_path / "raw").tensors
+    raw = read_raw_dump(tmp_path / "raw")
+    small = {t.order for t in raw.tensors if int(np.prod(t.shape)) <= sf.SAMPLE}
+    assert small and len(small) < len(raw.tensors)
+    with h5py.File(path) as f:
+        assert set(f["summaries/held_orders"][()].tolist()) == {t.order for t in raw.tensors} - small
+    with DumpFile(path) as dump:
+        for tensor in raw.tensors:
+            summary, theirs = dump.summary(tensor.order), written[tensor.order]
+            assert summary.sketch.tobytes() == theirs.sketch.tobytes(), tensor.name
+            assert summary.sample.tobytes() == theirs.sample.tobytes() and summary.dtype == theirs.dtype, tensor.name

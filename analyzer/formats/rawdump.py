@@ -538,13 +538,14 @@ def _sketched_parts(dump: RawDump) -> tuple[set[int], Any]:
 
 def _whole_summaries(dump: RawDump):
     """The summaries a harness wrote beside a dump pulled whole (None when it wrote none, or they do not read:
-    they only spare a later sketch-first comparison the work of sketching this run's tensors)."""
+    they only spare a later sketch-first comparison the work of sketching this run's tensors). A tensor of at
+    most SAMPLE elements is left out: its summary is the tensor itself, sketched from the file at no cost."""
     from layerdiff.analyzer.formats.sketchformat import has_summary, read_summaries
 
     if not has_summary(dump.path):
         return None
     try:
-        return read_summaries(dump.path)
+        return read_summaries(dump.path, small=False)
     except DumpFormatError:
         return None
 
