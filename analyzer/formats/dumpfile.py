@@ -26,6 +26,8 @@ from layerdiff.analyzer.formats.tensorread import (FastReader, TensorBuffer, blo
                                  implausibly_sparse, small_metadata_cache)
 from layerdiff.analyzer.formats.timestamps import utc_now  # noqa: F401  (re-exported: callers import it from here)
 
+MAX_HELD_SUMMARIES = 10_000_000  # rows of /summaries/held_orders read into memory, at most
+
 if TYPE_CHECKING:  # pandas costs ~0.5 s to import: engine children write dumps without it
     from layerdiff.analyzer.formats.sketchformat import TensorSummary
     import pandas as pd
@@ -57,6 +59,7 @@ class DumpFile:
         self._declared: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._estimated: frozenset[int] | None = None
         self._summaries_stored: frozenset[int] | None = None
+        self._held: dict[int, int] | None = None  # order -> row of /summaries/held_* (tensors held whole)
         self._stats_rows: dict[int, int] | None = None
         self._stats_columns: dict[str, list] = {}
         self._attrs: dict[str, Any] | None = None
@@ -235,7 +238,21 @@ class DumpFile:
         """Orders with a stored summary (estimated tensors, and tensors held whole whose summary was kept)."""
         group = self._file.get("summaries", getlink=False) if "summaries" in self._file else None
         names = list(group) if isinstance(group, h5py.Group) else []
-        return frozenset(int(name) for name in names if name.isdigit())
+        return frozenset(int(name) for name in names if name.isdigit()) | frozenset(self._held_rows())
+
+    def _held_rows(self) -> dict[int, int]:
+        """Order -> row of the summaries packed in `/summaries/held_*` (FORMATS.md §2; none in older files)."""
+        if self._held is None:
+            group = local_group(self._file, "summaries", self.path, "/summaries") if "summaries" in self._file else None
+            orders = local_dataset(group, "held_orders", self.path, "/summaries/held_orders") \
+                if group is not None and "held_orders" in group else None
+            if orders is None:
+                self._held = {}
+            elif orders.ndim != 1 or orders.dtype.kind not in "iu" or orders.shape[0] > MAX_HELD_SUMMARIES:
+                raise DumpFormatError(f"{self.path}: /summaries/held_orders is not a list of tensor orders")
+            else:
+                self._held = {int(order): row for row, order in enumerate(orders[()].tolist())}
+        return self._held
 
     def _stored_summaries(self) -> frozenset[int]:
         if self._summaries_stored is None:
@@ -261,6 +278,8 @@ class DumpFile:
         stats, name = _summary_stats(row), str(row["name"])
         if order not in self.estimated_orders and order not in self._stored_summaries():
             return cached_sketch(self.path, order, name, stats, lambda: self.tensor(order))
+        if order in self._held_rows() and str(order) not in self._file["summaries"]:
+            return self._held_summary(order, name, stats)
         where = f"{self.path}: /summaries/{order}"
         group = self._file["summaries"][str(order)]
         sketch_ds = local_dataset(group, "sketch", self.path, f"/summaries/{order}/sketch")
@@ -270,6 +289,39 @@ class DumpFile:
         if sample_ds.shape != (min(stats["numel"], SAMPLE),) or sample_ds.dtype.kind not in "fiu":
             raise DumpFormatError(f"{where}: the sample holds {sample_ds.shape} values for {stats['numel']} elements")
         return TensorSummary(order, name, stats, sketch_ds[()], sample_ds[()], sample_ds.dtype.name)
+
+    def _held_summary(self, order: int, name: str, stats: dict) -> "TensorSummary":
+        """A held tensor's summary from `/summaries/held_*`: its sketch row and its sample's bytes, checked
+        like a `/summaries/<order>` group (a file is untrusted: every offset and dtype is checked)."""
+        from layerdiff.analyzer.formats.sketchformat import BUCKETS, SAMPLE, TensorSummary
+
+        where = f"{self.path}: /summaries/held_*"
+        group = self._file["summaries"]
+        parts = {name_: local_dataset(group, name_, self.path, f"/summaries/{name_}")
+                 for name_ in ("held_sketches", "held_samples", "held_sample_offsets", "held_sample_dtypes")}
+        if any(ds is None for ds in parts.values()):
+            raise DumpFormatError(f"{where}: held_orders needs held_sketches, held_samples, held_sample_offsets "
+                                  "and held_sample_dtypes beside it")
+        row, count = self._held_rows()[order], len(self._held_rows())
+        sketches, samples, offsets, dtypes = (parts[k] for k in ("held_sketches", "held_samples",
+                                                                   "held_sample_offsets", "held_sample_dtypes"))
+        if sketches.shape != (count, BUCKETS) or sketches.dtype != np.float64 or offsets.shape != (count + 1,) \
+                or offsets.dtype.kind not in "iu" or dtypes.shape != (count,) or samples.ndim != 1 \
+                or samples.dtype != np.uint8:
+            raise DumpFormatError(f"{where}: needs {count} sketches of {BUCKETS} float64, {count + 1} offsets, "
+                                  f"{count} dtype names and the samples' bytes")
+        start, end = (int(v) for v in offsets[row:row + 2])
+        try:
+            dtype = np.dtype(_as_str(dtypes[row]))
+        except (TypeError, ValueError):
+            dtype = None
+        expected = min(stats["numel"], SAMPLE)
+        if dtype is None or dtype.kind not in "fiu" or not 0 <= start <= end <= samples.shape[0] \
+                or end - start != expected * dtype.itemsize:
+            raise DumpFormatError(f"{where}: the sample of tensor {order} is not {expected} values of a numeric "
+                                  "dtype inside held_samples")
+        sample = np.frombuffer(samples[start:end].tobytes(), dtype=dtype)
+        return TensorSummary(order, name, stats, sketches[row], sample, dtype.name)
 
     def tensor_by_key(self, key: str) -> np.ndarray:
         rows = self.layers.index[self.layers["key"] == key]

@@ -14,7 +14,7 @@ from layerdiff.analyzer import __version__
 from layerdiff.analyzer.formats.diskspace import (SpaceGuard, as_write_error, hdf5_write_failed, is_no_space,
                                                   keep_unreleased, note_hdf5_write_failure,
                                                   quiet_hdf5_release_failures, writing)
-from layerdiff.analyzer.formats.dumpformat import FORMAT_NAME, FORMAT_VERSION, LAYER_COLUMNS, ROOT_DEFAULTS, STRING_DTYPE, partial_path, tensor_key
+from layerdiff.analyzer.formats.dumpformat import FORMAT_MINOR, FORMAT_NAME, FORMAT_VERSION, LAYER_COLUMNS, ROOT_DEFAULTS, STRING_DTYPE, partial_path, tensor_key
 from layerdiff.analyzer.formats.tensorstats import TensorStats, tensor_stats
 from layerdiff.analyzer.formats.timestamps import utc_now
 
@@ -42,8 +42,10 @@ class DumpWriter:
         with writing(self.path):
             self._space.reserve(0)
             self._file = h5py.File(self._partial, "w")
-        self._tensors = self._file.create_group("tensors")
-        self._summaries: h5py.Group | None = None
+        self._groups: dict[str, Any] = {}  # low-level ids of the groups made so far, by name
+        self._held: list[tuple[int, "TensorSummary"]] = []  # summaries of tensors held whole, written at close
+        self._held_bytes = 0
+        self._tensors = self._group("tensors")
         self._closed = False
 
     def __enter__(self) -> "DumpWriter":
@@ -98,31 +100,45 @@ class DumpWriter:
     def add_summary(self, order: int, summary: "TensorSummary", key: str = "") -> None:
         """`/summaries/<order>`: a tensor's sketch and sample (FORMATS.md §2); without `/tensors/<order>` the
         tensor is estimated, beside it the summary spares a sketch-first comparison from sketching it again."""
-        if self._summaries is None:
-            self._summaries = self._file.require_group("summaries")
-        group = self._summaries.create_group(str(int(order)))
-        self._create_dataset(group, "sketch", summary.sketch, {})  # the low-level path: ~10x less per summary
-        self._create_dataset(group, "sample", summary.sample, {})
-        group.attrs["key"] = key or summary.name
+        self._check_space(summary.sketch.nbytes + summary.sample.nbytes, len(key or summary.name))
+        group = h5py.h5g.create(self._group("summaries"), str(int(order)).encode())
+        self._create_dataset(group, "sketch", summary.sketch, {}, compress=False)
+        self._create_dataset(group, "sample", summary.sample, {}, compress=False)
+        _write_attr(group, "key", key or summary.name)
+
+    def hold_summary(self, order: int, summary: "TensorSummary") -> None:
+        """The summary of a tensor held whole (it spares a later sketch-first comparison sketching the tensor):
+        kept until the file closes and written with the others in five `/summaries/held_*` datasets
+        (FORMATS.md §2), where a group and two datasets per tensor cost more than converting a small tensor.
+        Beyond `HELD_SUMMARY_BYTES` buffered (memory stays bounded), the rest go to `/summaries/<order>`."""
+        from layerdiff.analyzer.formats.sketchformat import BUCKETS
+
+        sketch, sample = np.asarray(summary.sketch), np.asarray(summary.sample)
+        if (self._held_bytes + sketch.nbytes + sample.nbytes > HELD_SUMMARY_BYTES or sketch.shape != (BUCKETS,)
+                or sketch.dtype != np.float64 or sample.ndim != 1 or sample.dtype.kind not in "fiu"):
+            self.add_summary(order, summary)
+            return
+        self._held.append((int(order), summary))
+        self._held_bytes += sketch.nbytes + sample.nbytes
 
     def add_input(self, name: str, array: np.ndarray, sha256: str = "") -> None:
-        group = self._file.require_group("inputs")
-        self._create_dataset(group, str(len(group)), array, {"name": name, "sha256": sha256})
+        group = self._group("inputs")
+        self._create_dataset(group, str(group.get_num_objs()), array, {"name": name, "sha256": sha256})
 
     def add_fed_input(self, name: str, array: np.ndarray, layout: str, axes: tuple[int, ...]) -> None:
         """An input as the engine received it (read back after feeding): `/inputs_fed/<i>`."""
-        group = self._file.require_group("inputs_fed")
-        self._create_dataset(group, str(len(group)), array,
+        group = self._group("inputs_fed")
+        self._create_dataset(group, str(group.get_num_objs()), array,
                              {"name": name, "layout": layout, "axes": json.dumps([int(a) for a in axes])})
 
     def add_plain_output(self, key: str, name: str, array: np.ndarray) -> None:
         """One output of the plain run (the model run without observation, FORMATS.md §2 `/plain_outputs`)."""
-        group = self._file.require_group("plain_outputs")
-        self._create_dataset(group, str(len(group)), array, {"key": key, "name": name})
+        group = self._group("plain_outputs")
+        self._create_dataset(group, str(group.get_num_objs()), array, {"key": key, "name": name})
 
     def set_log(self, stderr: str) -> None:
         self._check_space(len(stderr.encode("utf-8", "replace")), 0)
-        self._file.require_group("log").create_dataset("stderr", data=stderr, dtype=STRING_DTYPE)
+        self._create_dataset(self._group("log"), "stderr", np.array(stderr, dtype=STRING_DTYPE), {}, compress=False)
 
     def update_attrs(self, attrs: dict[str, Any]) -> None:
         self._attrs.update(attrs)
@@ -131,6 +147,7 @@ class DumpWriter:
         """Write the layer table and attributes, then atomically move the file into place."""
         if self._closed:
             return self.path
+        self._write_held_summaries()
         self._write_layers()
         self._write_attrs()
         self._space.before_close()  # a flush that fails inside HDF5 crashes the library (SIGSEGV)
@@ -152,24 +169,30 @@ class DumpWriter:
             finally:
                 self._partial.unlink(missing_ok=True)
 
-    def _create_dataset(self, group: h5py.Group, name: str, array: np.ndarray, attrs: dict[str, str]) -> None:
-        """One dataset and its string attributes. Uncompressed tensors go through h5py's low-level
-        API (a few C calls): the high-level one spent ~0.7 ms per tensor in Python, which dominated
-        writing a model with thousands of small layers."""
+    def _group(self, name: str) -> Any:
+        """The low-level id of the root's group `name`, made on first use."""
+        if name not in self._groups:
+            self._groups[name] = h5py.h5g.create(self._file.id, name.encode())
+        return self._groups[name]
+
+    def _create_dataset(self, group: Any, name: str, array: np.ndarray, attrs: dict[str, str], *,
+                        compress: bool = True) -> None:
+        """One dataset of the low-level `group` and its string attributes. Uncompressed data goes through
+        h5py's low-level API (a few C calls): the high-level one spent ~0.4-0.7 ms per dataset in Python,
+        which dominated writing a model with thousands of small layers, and a data set's many small runs."""
         array = np.ascontiguousarray(array) if array.ndim else np.asarray(array)  # 0-d stays 0-d
         self._check_space(array.nbytes, sum(len(v) for v in attrs.values()) + len(name))
-        if self._compression and array.size > 0 and array.ndim > 0:
-            ds = group.create_dataset(name, data=array, chunks=True, compression=self._compression)
+        if compress and self._compression and array.size > 0 and array.ndim > 0:
+            ds = h5py.Group(group).create_dataset(name, data=array, chunks=True, compression=self._compression)
             for key, value in attrs.items():
                 ds.attrs[key] = value
             return
         space = h5py.h5s.create_simple(array.shape) if array.ndim else h5py.h5s.create(h5py.h5s.SCALAR)
-        dsid = h5py.h5d.create(group.id, name.encode(), _h5_type(array.dtype), space)
+        dsid = h5py.h5d.create(group, name.encode(), _h5_type(array.dtype), space)
         if array.size:
             dsid.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
         for key, value in attrs.items():
-            aid = h5py.h5a.create(dsid, key.encode(), _h5_type(STRING_DTYPE), _SCALAR)
-            aid.write(np.array(value, dtype=STRING_DTYPE))
+            _write_attr(dsid, key, value)
 
     def _check_space(self, raw: int, strings: int) -> None:
         """Refuse before HDF5 writes, while the file can still be closed (see SpaceGuard)."""
@@ -179,26 +202,48 @@ class DumpWriter:
             err.checked, err.need = True, raw  # ours, not HDF5's: the library is intact
             raise
 
+    def _write_held_summaries(self) -> None:
+        """`/summaries/held_*`: the held tensors' orders, sketches (one row each), and samples as their bytes
+        one after another (offsets and dtype names beside them: every dtype kept exactly)."""
+        if not self._held:
+            return
+        group = self._group("summaries")
+        samples = [np.ascontiguousarray(summary.sample) for _, summary in self._held]
+        offsets = np.zeros(len(samples) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([sample.nbytes for sample in samples])
+        data = {
+            "held_orders": np.array([order for order, _ in self._held], dtype=np.int64),
+            "held_sketches": np.stack([summary.sketch for _, summary in self._held]).astype(np.float64, copy=False),
+            "held_samples": np.frombuffer(b"".join(sample.tobytes() for sample in samples), dtype=np.uint8),
+            "held_sample_offsets": offsets,
+            "held_sample_dtypes": np.array([sample.dtype.name for sample in samples], dtype=STRING_DTYPE),
+        }
+        for name, array in data.items():
+            self._create_dataset(group, name, array, {}, compress=False)
+        self._held = []
+
     def _write_layers(self) -> None:
         table = np.zeros(len(self._rows), dtype=np.dtype(LAYER_COLUMNS))
         self._check_space(table.nbytes, 0)
         for column, _ in LAYER_COLUMNS:
             table[column] = [row[column] for row in self._rows]
-        self._file.create_dataset("layers", data=table)
+        self._create_dataset(self._file.id, "layers", table, {}, compress=False)
 
     def _write_attrs(self) -> None:
-        attrs = self._file.attrs
-        attrs["layerdiff_format"] = FORMAT_NAME
-        attrs["format_version"] = FORMAT_VERSION
-        attrs["tool_version"] = __version__
-        attrs["created"] = utc_now()
+        """The root attributes, each written once (an attribute written twice costs a delete)."""
+        attrs: dict[str, Any] = {"layerdiff_format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+                                 "format_minor": FORMAT_MINOR, "tool_version": __version__, "created": utc_now()}
         provenance = dict(self._attrs.pop("provenance", {}) or {})
         for key, value in self._attrs.items():
             attrs[key] = _attr_value(value)
             provenance.setdefault(key, value)
         attrs["provenance"] = json.dumps(provenance, default=str, sort_keys=True)
+        root = h5py.h5g.open(self._file.id, b"/")
+        for key, value in attrs.items():
+            _write_attr(root, key, value)
 
 
+HELD_SUMMARY_BYTES = 32 << 20  # summaries of tensors held whole buffered until the file closes, at most
 _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
 _H5_TYPES: dict[np.dtype, Any] = {}
 
@@ -208,6 +253,20 @@ def _h5_type(dtype: np.dtype) -> Any:
     if dtype not in _H5_TYPES:
         _H5_TYPES[dtype] = h5py.h5t.py_create(dtype, logical=True)
     return _H5_TYPES[dtype]
+
+
+def _write_attr(obj: Any, key: str, value: Any) -> None:
+    """One scalar attribute of the low-level object `obj`, typed as h5py's `attrs[key] = value` types it (a str
+    is a UTF-8 variable-length string, a bool h5py's boolean enum), in three C calls instead of h5py's ~0.15 ms."""
+    if isinstance(value, str):
+        data = np.array(value, dtype=STRING_DTYPE)
+    else:
+        data = np.asarray(value)
+        if data.ndim or data.dtype.kind not in "biuf":
+            h5py.AttributeManager(h5py.Group(obj) if isinstance(obj, h5py.h5g.GroupID) else h5py.Dataset(obj))[key] = value
+            return
+    aid = h5py.h5a.create(obj, key.encode(), _h5_type(data.dtype), _SCALAR)
+    aid.write(data)
 
 
 def _attr_value(value: Any) -> Any:

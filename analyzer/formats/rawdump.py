@@ -7,6 +7,7 @@ that was completely written.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -99,6 +100,7 @@ class RawDump:
 
     truncated: bool = False
     fed: list["FedInput"] = field(default_factory=list)  # `input_fed` records: what the engine received
+    _open: Any = field(default=None, repr=False, compare=False)  # tensors.bin while `opened()`
 
     @property
     def complete(self) -> bool:
@@ -106,12 +108,31 @@ class RawDump:
 
     def read(self, tensor: RawTensor) -> np.ndarray:
         count = int(np.prod(tensor.shape, dtype=np.int64)) if tensor.shape else 1
-        check_plain_file(self.path / TENSORS)
-        with open(self.path / TENSORS, "rb") as fh:
-            array = np.fromfile(fh, dtype=np.dtype(DTYPES[tensor.dtype]), count=count, offset=tensor.offset)
+        if self._open is not None:
+            self._open.seek(0)
+            array = np.fromfile(self._open, dtype=np.dtype(DTYPES[tensor.dtype]), count=count, offset=tensor.offset)
+        else:
+            check_plain_file(self.path / TENSORS)
+            with open(self.path / TENSORS, "rb") as fh:
+                array = np.fromfile(fh, dtype=np.dtype(DTYPES[tensor.dtype]), count=count, offset=tensor.offset)
         if array.size != count:
             raise DumpFormatError(f"{self.path / TENSORS}: tensor {tensor.name!r} is truncated at offset {tensor.offset}")
         return array.reshape(tensor.shape)
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator["RawDump"]:
+        """`tensors.bin` checked and opened once for every `read` inside the block (a conversion reads each
+        tensor in turn: opening and checking the file per tensor cost as much as reading a small one)."""
+        if self._open is not None or not os.path.lexists(self.path / TENSORS):
+            yield self
+            return
+        check_plain_file(self.path / TENSORS)
+        with open(self.path / TENSORS, "rb") as fh:
+            self._open = fh
+            try:
+                yield self
+            finally:
+                self._open = None
 
     def read_fed(self, fed: FedInput) -> np.ndarray:
         """The bytes an engine received for one input (an `input_fed` record)."""
@@ -471,7 +492,7 @@ def convert_raw_dump(
     whole_summaries = summaries or _whole_summaries(dump)  # kept: a sketch-first run compares with them
     if summaries is not None:
         merged.update(pulled_facts(dump, pulled))
-    with DumpWriter(out_path, merged, compression=compression, expected_bytes=expected) as writer:
+    with dump.opened(), DumpWriter(out_path, merged, compression=compression, expected_bytes=expected) as writer:
         for tensor in dump.tensors:
             if cancel is not None and cancel():
                 raise Interrupted(f"{out_path}: conversion stopped on request")
@@ -481,7 +502,7 @@ def convert_raw_dump(
             elif summaries is None or tensor.order in pulled:
                 writer.add_tensor(meta, dump.read(tensor))
                 if whole_summaries is not None and tensor.order in whole_summaries.tensors:
-                    writer.add_summary(tensor.order, whole_summaries.tensors[tensor.order])
+                    writer.hold_summary(tensor.order, whole_summaries.tensors[tensor.order])
         for name, array in inputs or []:
             writer.add_input(name, array, _array_sha256(array))
         for fed in dump.fed:
@@ -517,13 +538,14 @@ def _sketched_parts(dump: RawDump) -> tuple[set[int], Any]:
 
 def _whole_summaries(dump: RawDump):
     """The summaries a harness wrote beside a dump pulled whole (None when it wrote none, or they do not read:
-    they only spare a later sketch-first comparison the work of sketching this run's tensors)."""
+    they only spare a later sketch-first comparison the work of sketching this run's tensors). A tensor of at
+    most SAMPLE elements is left out: its summary is the tensor itself, sketched from the file at no cost."""
     from layerdiff.analyzer.formats.sketchformat import has_summary, read_summaries
 
     if not has_summary(dump.path):
         return None
     try:
-        return read_summaries(dump.path)
+        return read_summaries(dump.path, small=False)
     except DumpFormatError:
         return None
 

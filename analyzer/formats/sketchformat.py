@@ -289,9 +289,11 @@ def has_summary(directory: Path | str) -> bool:
     return (Path(directory) / SUMMARY_LINES).is_file()
 
 
-def read_summaries(directory: Path | str) -> Summaries:
+def read_summaries(directory: Path | str, *, small: bool = True) -> Summaries:
     """Parse and check `summary.jsonl` + `summary.bin`; a bad file raises `DumpFormatError` naming file and line.
-    A line cut short (a harness that died) is dropped; its tensor simply has no summary."""
+    A line cut short (a harness that died) is dropped; its tensor simply has no summary. `small=False` leaves
+    out the tensors whose sample is the whole tensor (their sketch is computed from it: worth it only for a
+    tensor left on the device)."""
     root = Path(directory)
     lines_path, data_path = root / SUMMARY_LINES, root / SUMMARY_DATA
     if not lines_path.is_file():
@@ -310,12 +312,20 @@ def read_summaries(directory: Path | str) -> Summaries:
     for number, raw in records[1:]:
         record = _json_line(lines_path, number, raw)
         if record.get("record") == "tensor":
+            if not small and _whole_sample(record):
+                continue
             summary = _parse_tensor(f"{lines_path}:{number}", record, data)
             if summary is None:
                 result.problems.append(f"{lines_path}:{number}: its bytes lie past the end of {SUMMARY_DATA}; skipped")
                 continue
             result.tensors[summary.order] = summary
     return result
+
+
+def _whole_sample(record: dict[str, Any]) -> bool:
+    """A tensor line whose sample holds every element (numel <= SAMPLE)."""
+    numel = record.get("numel")
+    return isinstance(numel, int) and not isinstance(numel, bool) and 0 <= numel <= SAMPLE
 
 
 def _json_line(path: Path, number: int, raw: bytes) -> dict[str, Any]:

@@ -77,19 +77,23 @@ def prepared_inputs(folder: Path, out: Path) -> list[dict]:
     return cases
 
 
-def timed(argv: list[str], env: dict | None = None) -> tuple[float, int]:
-    """Wall seconds and the peak resident memory (bytes) of the largest process the command ran."""
+def timed(argv: list[str], env: dict | None = None) -> tuple[float, int, float]:
+    """Wall seconds, the peak resident memory (bytes) of the largest process the command ran, and the CPU
+    seconds of all its processes (on a busy machine the CPU figure is the steadier of the two). Python's
+    compiled modules are cached as an installed layerdiff has them (without, each start compiles every module)."""
     script = ("import resource, subprocess, sys, time; s = time.perf_counter(); "
               "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); t = time.perf_counter() - s; "
-              "print(t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, r.returncode)")
+              "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+              "print(t, u.ru_maxrss * 1024, r.returncode, u.ru_utime + u.ru_stime)")
+    environ = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True,
-                          env={**os.environ, **(env or {})})
-    wall, peak, code = done.stdout.split()
+                          env={**environ, **(env or {})})
+    wall, peak, code, cpu = done.stdout.split()
     assert code == "0", f"{argv[:4]} exited {code}: {done.stderr[-500:]}"
-    return float(wall), int(peak)
+    return float(wall), int(peak), float(cpu)
 
 
-def floor(cases: list[dict], work: Path) -> tuple[float, int]:
+def floor(cases: list[dict], work: Path) -> tuple[float, int, float]:
     """The engine process alone: the model loaded once, every input run with every layer dumped."""
     from layerdiff.collector.transport.devices import HOST_ENGINE_ENV
 
@@ -101,7 +105,7 @@ def floor(cases: list[dict], work: Path) -> tuple[float, int]:
     return timed(argv, HOST_ENGINE_ENV)
 
 
-def sweep(folder: Path, out: Path) -> tuple[float, int]:
+def sweep(folder: Path, out: Path) -> tuple[float, int, float]:
     from layerdiff.samples.images import RECIPE
 
     return timed([sys.executable, "-m", "layerdiff.collector.cli", "--model", str(MODEL), "--input", str(folder),
@@ -114,17 +118,19 @@ def bench_collect(count: int, rounds: int) -> None:
         folder = photos(work / "photos", count)
         small = photos(work / "photos-small", max(count // 10, 2))
         cases = prepared_inputs(folder, work / "staged")
+        _, small_peak, _ = sweep(small, work / "runs-small")  # also fills Python's compiled-module cache, as installed
         floors, sweeps = [], []
         for k in range(rounds):
-            floors.append(floor([{**c, "out": f"{c['out']}-{k}"} for c in cases], work)[0])
+            floors.append(floor([{**c, "out": f"{c['out']}-{k}"} for c in cases], work))
             sweeps.append(sweep(folder, work / f"runs{k}"))
-        _, small_peak = sweep(small, work / "runs-small")
         written = len(list((work / "runs0").glob("*.h5")))
-    base, wall = statistics.median(floors), statistics.median(t for t, _ in sweeps)
-    peak = max(p for _, p in sweeps)
+    base, wall = statistics.median(t for t, _, _ in floors), statistics.median(t for t, _, _ in sweeps)
+    base_cpu, cpu = statistics.median(c for _, _, c in floors), statistics.median(c for _, _, c in sweeps)
+    peak = max(p for _, p, _ in sweeps)
     print(f"{count} inputs ({written} dumps written), cpu/high: sweep {wall:.2f} s, floor (one engine process, "
-          f"{count} inferences, every layer dumped) {base:.2f} s: {wall / base:.2f}x (goal <= 1.5x); "
-          f"peak memory {peak / 2**20:.0f} MiB at {count} inputs, {small_peak / 2**20:.0f} MiB at {max(count // 10, 2)}")
+          f"{count} inferences, every layer dumped) {base:.2f} s: {wall / base:.2f}x wall (goal <= 1.5x); "
+          f"CPU {cpu:.2f} vs {base_cpu:.2f} s ({cpu / base_cpu:.2f}x); peak memory {peak / 2**20:.0f} MiB at "
+          f"{count} inputs, {small_peak / 2**20:.0f} MiB at {max(count // 10, 2)}")
 
 
 def bench_view(count: int, rounds: int) -> None:
