@@ -50,10 +50,12 @@ def difference(other: np.ndarray | None, plain: np.ndarray) -> dict:
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     nan_a, nan_b = np.isnan(a), np.isnan(b)
     both = ~(nan_a | nan_b)
-    d = b[both] - a[both]
+    a, b = a[both], b[both]
+    same = a == b  # equal values, equal infinities included: no difference
+    d = np.where(same, 0.0, b - np.where(same, 0.0, a))
     if (nan_a != nan_b).any() or not np.isfinite(d).all():
         return {"compared": True, "identical": False, "max_abs": float("inf"), "rel_l2": float("inf")}
-    norm = float(np.linalg.norm(a[both]))
+    norm = float(np.linalg.norm(a[np.isfinite(a)]))
     rel = float(np.linalg.norm(d)) / norm if norm else (0.0 if not d.any() else float("inf"))
     return {"compared": True, "identical": not d.any(), "max_abs": float(np.abs(d).max()) if d.size else 0.0,
             "rel_l2": rel}

@@ -38,6 +38,10 @@ Difference difference(const float* other, size_t count, const std::vector<float>
             infinite = infinite || std::isnan(a) != std::isnan(b);
             continue;
         }
+        if (a == b) {  // equal values, equal infinities included: no difference
+            if (std::isfinite(a)) norm_sq += a * a;
+            continue;
+        }
         double d = b - a;
         if (!std::isfinite(d)) { infinite = true; continue; }
         max_abs = std::fabs(d) > max_abs ? std::fabs(d) : max_abs;
