@@ -402,14 +402,15 @@ def repro_command(
     check: Optional[Path] = typer.Option(None, "--check", help="a bundle directory: re-run its runner, say whether it "
                                          "still reproduces"),
     device: str = typer.Option("local", "--device", "-d", help="with --check: where to run it (local)"),
-    ggml_dir: Optional[Path] = typer.Option(None, "--ggml-dir", help="with --check on a ggml bundle: the ggml source "
-                                            "tree its repro.cpp is built against (default: the ggml harness's)"),
+    source_dir: Optional[Path] = typer.Option(None, "--source-dir", help="with --check on a bundle whose runner is a "
+                                              "C++ program: the engine source tree it is built against (default: the "
+                                              "one layerdiff's harness of that engine is built from)"),
 ) -> None:
     """A failing layer as a bundle an engine maintainer runs without layerdiff (ncnn, MNN, LiteRT, ONNX Runtime, ggml), or --check one."""
     if check is not None:
         from layerdiff.collector.repro.check import check_bundle
 
-        result = check_bundle(check, device, ggml_dir=ggml_dir)
+        result = check_bundle(check, device, source_dir=source_dir)
         for line in result.lines():
             print(terminal_lines(f"repro: {line}"), file=sys.stderr)
         if not (result.reproduces and result.reference_bit_identical is not False):

@@ -47,3 +47,40 @@ def test_a_feature_mask_engine_declares_its_masks():
         assert engine.feature_mask is not None, name
         model = engine.feature_mask()
         assert isinstance(model, FeatureMaskModel) and model.high_mask("cpu") > 0 and model.describe(model.high_mask("cpu"))
+
+
+def test_every_bisect_recipe_is_complete_and_engines_without_one_refuse_in_one_line():
+    from layerdiff.collector.engines.bisectrecipe import BisectRecipe
+
+    recipes = {name: engine.bisect() for name, engine in ENGINES.items() if engine.bisect is not None}
+    assert len(recipes) >= 2, "fewer than two engines can bisect"
+    for name, recipe in recipes.items():
+        assert isinstance(recipe, BisectRecipe) and recipe.how and "\n" not in recipe.how, name
+        assert not (recipe.in_process and recipe.keep_args), f"{name}: trials run in process or through a harness"
+    assert len({recipe.name for recipe in recipes.values()}) == len(recipes), "two engines share a mechanism name"
+    refusing = [engine for engine in ENGINES.values() if engine.bisect is None and engine.bisect_refusal]
+    assert refusing and all("\n" not in engine.bisect_refusal for engine in refusing)
+
+
+def test_every_program_recipe_builds_with_cmake_against_a_named_tree(tmp_path):
+    from layerdiff.collector.engines.reprorecipe import ProgramRecipe
+    from layerdiff.errors import UsageError
+
+    recipes = {name: engine.repro_program() for name, engine in ENGINES.items() if engine.repro_program is not None}
+    assert recipes, "no engine writes program bundles"
+    for name, recipe in recipes.items():
+        assert isinstance(recipe, ProgramRecipe) and recipe.one_op and "\n" not in recipe.one_op, name
+        assert engine_free_of_repro_room(recipe), name
+        try:
+            recipe.source_tree(tmp_path)  # an empty folder is no source tree: one line says what to pass
+        except UsageError as err:
+            assert "--source-dir" in str(err) and str(tmp_path) in str(err), name
+        else:
+            raise AssertionError(f"{name}: an empty folder was taken for its source tree")
+        assert any(str(tmp_path) in arg for arg in recipe.configure_args(tmp_path)), name
+
+
+def engine_free_of_repro_room(recipe) -> bool:
+    """The recipe's functions live in the engine's folder, not in collector/repro/."""
+    return all(getattr(fn, "__module__", "").startswith("layerdiff.collector.engines.")
+               for fn in (recipe.read_node, recipe.describe, recipe.program, recipe.readme, recipe.source_tree))

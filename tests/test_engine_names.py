@@ -45,13 +45,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "analyzer/align/byname.py": (2, "built-in rename rules, described by the converter that renames"),
     "analyzer/align/naming.py": (2, "built-in name normalisation, described by the tool that writes the names"),
     "analyzer/align/unmatched.py": (2, "engine-inserted helper ops, described by the engine that inserts them"),
-    # `collect bisect` acts on an engine's own model file and options.
-    "collector/fix/bisect.py": (23, "bisect's mechanisms, keyed by Engine.bisect_mechanism"),
-    "collector/repro/check.py": (22, "--check builds a ggml bundle's C++ program against a ggml source tree"),
-    "collector/repro/ggml_node.py": (22, "describes a ggml node for the bundle's repro.cpp"),
-    "collector/repro/program.py": (10, "a ggml node's bundle around its repro.cpp"),
-    "collector/cli.py": (5, "`collect repro --check --ggml-dir`: the source tree a ggml bundle is built against"),
-    "collector/fix/litert_pieces.py": (6, "runs a .tflite cut into pieces on the LiteRT accelerators"),
 }
 
 

@@ -162,3 +162,20 @@ def test_a_language_model_mul_mat_reads_its_weight_from_the_gguf(ggml_binary, gg
     done = collect("repro", "--model", ggml_samples["tinyllama"], "--run", run, "--ref", ref, "--layer", "kq_soft_max-0",
                    "-o", tmp_path / "s")
     assert done.returncode != 0 and "is a SOFT_MAX node" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_program_bundle_naming_an_engine_without_programs_is_refused_in_one_line(tmp_path):
+    """--check finds the program's builder through the engine repro.json names: an engine that writes no program
+    bundles (or an unknown one) is one line naming the bundle, before anything is built."""
+    from layerdiff.collector.repro.check import check_bundle
+    from layerdiff.errors import InputError
+
+    bundle = tmp_path / "b"
+    (bundle / "model").mkdir(parents=True)
+    (bundle / "model" / "graph.json").write_text("{}")
+    (bundle / "CMakeLists.txt").write_text("project(x)\n")
+    for engine in ("ncnn", "no-such-engine"):
+        (bundle / "repro.json").write_text(json.dumps({"engine": engine}))
+        with pytest.raises(InputError) as err:
+            check_bundle(bundle)
+        assert str(bundle) in str(err.value) and engine in str(err.value) and "\n" not in str(err.value)

@@ -75,10 +75,10 @@ class Engine:
     # Op types its isolation refuses (ggml: views compute nothing, KV cache stores write in place):
     # `collect isolate --failing-from` leaves layers of these types out, saying so, instead of failing.
     not_isolatable: tuple[str, ...] = ()
-    # How `collect bisect` moves single layers back to the reference configuration while the others run the
-    # failing one (a name in collector/fix/bisect.py's MECHANISMS); "" when the engine has no per-layer
-    # switch, and then `bisect_refusal` is the one line bisect answers with.
-    bisect_mechanism: str = ""
+    # `collect bisect`: () -> the folder's BisectRecipe (collector/engines/bisectrecipe.py: how single layers move back
+    # to the reference configuration while the others run the failing one), imported only when bisect runs; None
+    # when the engine has no per-layer switch, and then `bisect_refusal` is the one line bisect answers with.
+    bisect: Callable[[], object] | None = None
     # How `collect fix` keeps single layers at high precision (a name in collector/fix/mechanisms.py's
     # MECHANISMS: "feature-mask" patches the model, "what-if" injects outputs); "" when it cannot, and then
     # `fix_advice` may still say, one sentence each, what the engine offers instead (written to fix.json).
@@ -124,9 +124,9 @@ class Engine:
     # bundles, and then `repro_refusal` may say why in one line.
     repro: Callable[[], object] | None = None
     repro_refusal: str = ""
-    # `collect repro` writes this engine's bundle around a program of its own (collector/repro/program.py) instead of
-    # a cut model and a Python runner; the text is the one line a FIRST..LAST range is refused with.
-    repro_program: str = ""
+    # ... or () -> its ProgramRecipe (collector/engines/reprorecipe.py): `collect repro` writes this engine's bundle
+    # around a program of its own (collector/repro/program.py) instead of a cut model and a Python runner.
+    repro_program: Callable[[], object] | None = None
     package: str = field(default="", compare=False)  # layerdiff.collector.engines.<folder>
 
     def reach_of(self, backend: str, precision: str) -> dict[str, list[str]]:

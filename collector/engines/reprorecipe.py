@@ -71,3 +71,26 @@ class ReproRecipe:
     # The README's install line before `python run_repro.py`; "" installs the engine's wheel at the run's version
     # (an engine without a wheel says how its runner half gets the engine).
     install: str = ""
+
+
+@dataclass(frozen=True)
+class ProgramRecipe:
+    """An engine whose bundle's runner is a program of its own (`Engine.repro_program` returns it): a graph that
+    exists only in code has no model file to cut, so the bundle describes the node in `model/graph.json` and carries
+    a C++ program that rebuilds it, built with CMake against the engine's source tree the maintainer has.
+    collector/repro/program.py writes the rest of the bundle (tensors, repro.json, fingerprint) as for every engine,
+    and collector/repro/check.py builds and runs the program."""
+
+    one_op: str  # the one line a FIRST..LAST range is refused with
+    # (model files, reference dump, failing dump, layer key) -> the node: `.name`, `.sources` (each `.name`, `.values`,
+    # `.origin`), `.reference` and `.failing` (its output in each run)
+    read_node: Callable[[object, object, object, str], object]
+    describe: Callable[[object, dict[str, str], dict], dict]  # (node, .bin file by source, configs) -> model/graph.json
+    # (model/graph.json, the reference output's .bin, the recorded error) -> the program's files by bundle path
+    program: Callable[[dict, str, dict], dict[str, str]]
+    readme: Callable[[dict], str]  # repro.json's spec -> README.md
+    # the source tree `--source-dir` gave (None: the one the engine's own harness is built from) -> the checked tree,
+    # or UsageError saying what to pass
+    source_tree: Callable[[Path | None], Path]
+    configure_args: Callable[[Path], list[str]]  # the source tree -> CMake's configure arguments naming it
+    target: str = "repro"  # the CMake target, and the program's file name in the build folder

@@ -2,21 +2,21 @@
 found by running the model plainly and comparing only its declared outputs.
 
 Why only outputs: a GPU delegate does not hand out intermediate tensors, and asking for them can
-change what runs (extra downloads, split command buffers, different kernels). So, as LiteRT's
-culprit finder and the MNN/ncnn/llama.cpp users' by-hand bisections do, every trial runs a model in
+change what runs (extra downloads, split command buffers, different kernels). So, as culprit finders
+and users' by-hand bisections do, every trial runs a model in
 which some layers are moved back to the reference configuration, every run dumps nothing but the
 model outputs (`--layers` matching the output layers only), and the verdict is the outputs'
 relative L2 error against the reference run.
 
-How a layer is moved is the engine's business, declared by its folder (`Engine.bisect_mechanism`
-names an entry of MECHANISMS; an engine without one gives `Engine.bisect_refusal`, one line).
+How a layer is moved is the engine's business, declared by its folder (`Engine.bisect` returns its
+BisectRecipe, collector/engines/bisectrecipe.py; an engine without one gives `Engine.bisect_refusal`, one line).
 
 The search, for layers L in execution order (each trial = one plain run per input):
 - the failing run (no layer kept) and the run with every movable layer kept bound the search: the
   first must fail and the second pass, or there is nothing to find (one line says which);
 - a binary search over the split point i: layers before i run the failing configuration, those
   after it are kept, so the smallest failing i names the culprit L[i-1] in about log2(len(L)) runs.
-  Where a kept layer needs its producers kept too (ncnn on the CPU: a fp32 layer must read fp32),
+  Where a kept layer needs its producers kept too (a fp32 layer that must read fp32),
   only prefixes can be kept: the largest failing i names L[i], the last layer the outputs need kept
   (with every layer before it), and the search ends there;
 - otherwise the culprit is then kept for good and, if the outputs still fail, the search repeats over
@@ -34,115 +34,35 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from layerdiff.errors import DeviceError, InputError, UsageError
+from layerdiff.errors import DeviceError, UsageError
 from layerdiff.vocabulary import RunStatus
 from layerdiff.collector.transport.devices import Device
 from layerdiff.collector.engines import ENGINES
-from layerdiff.collector.engines.ncnn.options import CLOSED_UPSTREAM, HIGH_PRECISION_MASK, describe
+from layerdiff.collector.engines.bisectrecipe import BisectLayer, BisectRecipe
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.inputs.modelfiles import ModelFiles
-from layerdiff.collector.engines.ncnn.modelfile import read_param
 from layerdiff.collector.fix.trial import Trial, TrialRunner
 from layerdiff.collector.run.outdir_lock import OutdirLock
 from layerdiff.collector.run.pipeline import RunSpec, collect_run
 
 
-@dataclass(frozen=True)
-class ModelLayer:
-    """One layer of the model file, read without running it."""
+class InProcessTrials:
+    """Trials of a recipe that runs them in the collect process, as Trials."""
 
-    name: str
-    op_type: str
-    bottoms: tuple[str, ...]
-    tops: tuple[str, ...]
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self.output_names = list(runner.output_names)
 
+    @property
+    def runs(self) -> int:
+        return self.runner.runs
 
-@dataclass(frozen=True)
-class Mechanism:
-    """How one engine moves single layers back to the reference configuration.
-
-    Two kinds: the model file is rewritten per trial (`layers` reads it: ncnn), or the graph exists only in
-    the harness's code and a harness argument keeps the layers (`keep_args`: ggml), the harness then listing
-    the layers it can keep in the header of every such run (`options.keep.movable`), read from the first trial."""
-
-    name: str
-    how: str  # one sentence for bisect.json and the docs
-    layers: Callable[[ModelFiles], list[ModelLayer]]  # every layer, execution order ([] when the harness lists them)
-    fixed: frozenset[str]  # op types that compute nothing and never move (model inputs, blob copies)
-    kept_needs_producers: Callable[[str], bool]  # backend -> a kept layer must be fed by kept layers
-    # an engine whose trials run in the collect process (LiteRT: the wheel is the engine), not through a device:
-    # (model, (backend, precision), reference config, inputs) -> a runner with run(kept) -> Trial, runs, output_names
-    in_process: Callable | None = None
-    keep_args: Callable[[tuple[str, ...]], list[str]] | None = None  # kept layers -> harness arguments
-    outputs: Callable[[ModelFiles], list[str]] | None = None  # the model outputs, when `layers` cannot tell
-    refusal: Callable[[ModelFiles, str], str] | None = None  # (model, backend) -> one line, "" when it can run
-
-    def movable(self, layers: list[ModelLayer], backend: str) -> list[str]:
-        closed = self.kept_needs_producers(backend)
-        fixed = self.fixed - {"Split"} if closed else self.fixed  # a kept CPU layer's Split must be fp32 too
-        return [layer.name for layer in layers if layer.op_type not in fixed]
+    def run(self, kept: tuple[str, ...]) -> Trial:
+        errors, failures = self.runner.run(tuple(kept))
+        return Trial(tuple(kept), dict(errors), failures=dict(failures))
 
 
-def ncnn_layers(model: ModelFiles) -> list[ModelLayer]:
-    """The layers of a text `.param`, in file (= execution) order."""
-    param = next((f for f in model.files if f.suffix == ".param"), model.files[0])
-    layers = [ModelLayer(layer.name, layer.type, layer.bottoms, layer.tops)
-              for layer in read_param(param, "bisect reads the layers from it")]
-    if not layers:
-        raise InputError(f"{param}: no layers found; bisect needs a text ncnn .param")
-    return layers
-
-
-def _ggml_keep(kept: tuple[str, ...]) -> list[str]:
-    from layerdiff.collector.engines.ggml.keep import keep_args
-
-    return keep_args(kept)
-
-
-def _ggml_outputs(model: ModelFiles) -> list[str]:
-    from layerdiff.collector.engines.ggml.keep import outputs
-
-    return outputs(model)
-
-
-def _ggml_refusal(model: ModelFiles, backend: str) -> str:
-    from layerdiff.collector.engines.ggml.keep import refusal
-
-    return refusal(model, backend)
-
-
-MECHANISMS: dict[str, Mechanism] = {
-    "feature-mask": Mechanism(
-        "feature-mask",
-        "a kept layer carries ncnn's feature mask (param key 31): fp16/bf16 off and, on Vulkan, off the GPU",
-        ncnn_layers, frozenset({"Input", "Split"}), lambda backend: CLOSED_UPSTREAM.get(backend, False)),
-    "delegated-range": Mechanism(
-        "delegated-range", "the model is cut into consecutive pieces of operators (.tflite files of their own); moved "
-        "pieces run the failing configuration (the GPU accelerator), kept pieces the reference, fed each other's graph edges", lambda model: _litert_layers(model), frozenset(),
-        lambda backend: False, in_process=lambda *args: _litert_runner(*args)),
-    "node-keep": Mechanism(
-        "node-keep",
-        "the harness's --keep REGEX: on the CPU a kept node is built in the high precision's types (an f32 "
-        "IM2COL; a MUL_MAT reading f32 columns and an f32 kernel); on a GPU backend ggml's scheduler pins it to "
-        "the CPU backend (ggml_backend_sched_set_tensor_backend)",
-        lambda model: [], frozenset(), lambda backend: False,
-        keep_args=_ggml_keep, outputs=_ggml_outputs, refusal=_ggml_refusal),
-}
-
-
-def _litert_layers(model: ModelFiles) -> list[ModelLayer]:
-    from layerdiff.collector.fix.litert_pieces import operator_names
-
-    return [ModelLayer(name, "", (), (name,)) for name in operator_names(model)]
-
-
-def _litert_runner(model: ModelFiles, failing: tuple[str, str], reference: tuple[str, str], inputs: list[InputSet]):
-    from layerdiff.collector.fix.litert_pieces import PieceRunner
-
-    return PieceRunner(model, failing, reference, inputs)
-
-
-def output_layers(layers: list[ModelLayer]) -> list[str]:
+def output_layers(layers: list[BisectLayer]) -> list[str]:
     """The layers whose outputs nothing consumes: the model's declared outputs."""
     consumed = {blob for layer in layers for blob in layer.bottoms}
     return [layer.name for layer in layers if layer.tops and not set(layer.tops) <= consumed]
@@ -158,6 +78,7 @@ class PlainTrialRunner(TrialRunner):
 
     layers_pattern: str = ""
     keep_args: Callable[[tuple[str, ...]], list[str]] | None = None
+    mode: str = ""  # the recipe's name, recorded in each dump as `fix_mode`
 
     def _placed_files(self, label: str, layers: tuple[str, ...], tmp: Path) -> dict:
         return {} if self.keep_args is not None else super()._placed_files(label, layers, tmp)
@@ -166,7 +87,7 @@ class PlainTrialRunner(TrialRunner):
         if self.keep_args is not None:  # the harness keeps the layers: the model file stays as it is
             return RunSpec(self.model, self.backend, self.precision, inputs, deadline_s=self.deadline_s,
                            layers=self.layers_pattern, extra_args=self.keep_args(tuple(layers)),
-                           extra_attrs={"fix_layers": list(layers), "fix_mode": "node-keep"})
+                           extra_attrs={"fix_layers": list(layers), "fix_mode": self.mode})
         return replace(super()._spec(layers, inputs, out_dir, model), layers=self.layers_pattern)
 
 
@@ -189,7 +110,7 @@ class BisectResult:
     reference_runs: int
     seconds: float
     tolerance: float
-    mechanism: Mechanism
+    mechanism: BisectRecipe
     steps: list[BisectStep] = field(default_factory=list)
     references: dict[str, Path] = field(default_factory=dict)
     prefix_kept: bool = False  # kept layers need kept producers: the culprit is the end of the kept prefix
@@ -263,16 +184,16 @@ class Bisection:
         return trial.worst if trial is not None else math.nan
 
 
-def mechanism_for(engine_name: str) -> Mechanism:
+def mechanism_for(engine_name: str) -> BisectRecipe:
     """The engine's declared way to keep single layers, or UsageError with its one-line refusal."""
     engine = ENGINES[engine_name]
-    if not engine.bisect_mechanism:
+    if engine.bisect is None:
         raise UsageError(engine.bisect_refusal or f"{engine_name}: no per-layer way to move a layer between "
                                                   "configurations; bisect cannot run")
-    return MECHANISMS[engine.bisect_mechanism]
+    return engine.bisect()
 
 
-def bisectable(model: ModelFiles, backend: str) -> Mechanism:
+def bisectable(model: ModelFiles, backend: str) -> BisectRecipe:
     """The mechanism that moves this model's layers on `backend`, or UsageError with the one line why not."""
     mechanism = mechanism_for(model.engine)
     refusal = mechanism.refusal(model, backend) if mechanism.refusal else ""
@@ -310,14 +231,14 @@ def parse_ref_config(value: str | None, backend: str, backends, precisions) -> t
 
 
 def _bisect(device: Device, model: ModelFiles, backend: str, precision: str, inputs: list[InputSet], out_dir: Path,
-            tolerance: float, ref_config: tuple[str, str], deadline_s: float, mechanism: Mechanism) -> BisectResult:
+            tolerance: float, ref_config: tuple[str, str], deadline_s: float, mechanism: BisectRecipe) -> BisectResult:
     start = time.monotonic()
     layers = mechanism.layers(model)
     movable = mechanism.movable(layers, backend)
     if mechanism.in_process is not None:
         if device.serial != "local":
             raise UsageError(f"--device {device.serial}: {model.engine} bisects in the collect process; use --device local")
-        runner = mechanism.in_process(model, (backend, precision), ref_config, inputs)
+        runner = InProcessTrials(mechanism.in_process(model, (backend, precision), ref_config, inputs))
         outputs, refs = list(runner.output_names), {}
     else:
         outputs = mechanism.outputs(model) if mechanism.outputs else output_layers(layers)
@@ -326,7 +247,7 @@ def _bisect(device: Device, model: ModelFiles, backend: str, precision: str, inp
         trials_dir = out_dir / "trials"
         shutil.rmtree(trials_dir, ignore_errors=True)
         runner = PlainTrialRunner(device, model, backend, precision, inputs, refs, trials_dir, deadline_s)
-        runner.layers_pattern, runner.keep_args = pattern, mechanism.keep_args
+        runner.layers_pattern, runner.keep_args, runner.mode = pattern, mechanism.keep_args, mechanism.name
     search = Bisection(runner, movable, tolerance, mechanism.kept_needs_producers(backend))
     prefix_kept = search.prefix_kept
     failing = search.trial([])
@@ -390,9 +311,7 @@ def bisect_document(result: BisectResult, *, device: str, model: str, backend: s
         "status": result.status, "device": device, "model": model, "config": f"{backend}/{precision}",
         "reference": "/".join(ref_config), "tolerance": result.tolerance, "mechanism": result.mechanism.name,
         "mechanism_how": result.mechanism.how,
-        **({"kept_mask": {"key": 31, "value": int(HIGH_PRECISION_MASK.get(backend, HIGH_PRECISION_MASK["cpu"])),
-                          "bits": describe(int(HIGH_PRECISION_MASK.get(backend, HIGH_PRECISION_MASK["cpu"])))}}
-           if result.mechanism.name == "feature-mask" else {}),
+        **result.mechanism.kept_record(backend),
         **({"kept_argument": result.mechanism.keep_args(tuple(c["layer"] for c in result.culprits))}
            if result.mechanism.keep_args is not None and result.culprits else {}),
         "observed": {"outputs": result.outputs, "layers_filter": outputs_only(result.outputs)},

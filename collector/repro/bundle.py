@@ -60,19 +60,20 @@ class Piece:
 def write_bundle(model: ModelFiles, run_path: Path, ref_path: Path, layer: str, out_dir: Path) -> Bundle:
     """Cut `layer` (a key, or FIRST..LAST in file order where the engine cuts runs of layers) out of `model` and write
     the bundle to `out_dir`."""
-    program = ENGINES[model.engine].repro_program
-    recipe = None if program else recipe_for(model)
-    if RANGE in layer and (program or recipe.one_op):
-        raise UsageError(f"--layer {layer}: {program or recipe.one_op}")
+    hook = ENGINES[model.engine].repro_program
+    program = hook() if hook is not None else None
+    recipe = None if program is not None else recipe_for(model)
+    if RANGE in layer and (program or recipe).one_op:
+        raise UsageError(f"--layer {layer}: {(program or recipe).one_op}")
     with DumpFile(ref_path) as ref, DumpFile(run_path) as run:
         for dump in (ref, run):
             recorded = dump.attrs.get("model_sha256")
             if recorded and recorded != model.sha256:
                 raise InputError(f"{dump.path} was made with another model than {model.name}; bundle against its own runs")
-        if program:
+        if program is not None:
             from layerdiff.collector.repro.program import write_program_bundle
 
-            return write_program_bundle(model, ref, run, layer, Path(out_dir))
+            return write_program_bundle(model, program, ref, run, layer, Path(out_dir))
         sides = layer.split(RANGE, 1) if RANGE in layer else (layer, layer)
         first, last = (_row(ref, side)[recipe.cuts_by] for side in sides)
         with tempfile.TemporaryDirectory(prefix="layerdiff-repro-") as scratch:
@@ -85,10 +86,10 @@ def write_bundle(model: ModelFiles, run_path: Path, ref_path: Path, layer: str, 
 def recipe_for(model: ModelFiles) -> ReproRecipe:
     """The engine folder's repro recipe for `model`, or one line saying why its engine writes no bundle."""
     engine = ENGINES[model.engine]
-    if engine.repro is None and not engine.repro_program:
+    if engine.repro is None and engine.repro_program is None:
         if engine.repro_refusal:
             raise UsageError(f"{model.name}: {engine.repro_refusal}")
-        able = ", ".join(name for name, other in ENGINES.items() if other.repro is not None or other.repro_program)
+        able = ", ".join(name for name, other in ENGINES.items() if other.repro is not None or other.repro_program is not None)
         raise UsageError(f"{model.name}: `collect repro` writes bundles for {able} models only, not {model.engine}; "
                          "`collect isolate` re-runs its layers")
     return engine.repro()

@@ -50,18 +50,20 @@ def _num(value) -> str:
     return "n/a" if value is None else f"{value:.3e}"
 
 
-def check_bundle(bundle: Path, device: str = "local", python: str | None = None, ggml_dir: Path | None = None) -> CheckResult:
-    """Run `bundle`'s runner with `python` (default: this interpreter) and read its JSON answer; a ggml bundle's
-    runner is its repro.cpp, built against `ggml_dir` (default: the ggml source tree layerdiff's ggml harness
-    is built from) in the bundle's `build/`."""
+def check_bundle(bundle: Path, device: str = "local", python: str | None = None,
+                 source_dir: Path | None = None) -> CheckResult:
+    """Run `bundle`'s runner with `python` (default: this interpreter) and read its JSON answer; a bundle whose
+    runner is a C++ program (collector/repro/program.py) has it built against `source_dir` (default: the engine
+    source tree layerdiff's own harness of that engine is built from) in the bundle's `build/`."""
     if device != "local":
         raise UsageError(f"--device {device}: a bundle is checked where collect runs (--device local); on a phone, "
                          "run the bundle's repro.cpp")
     bundle = Path(bundle).resolve()  # the runner runs inside the bundle: a relative path would point past it
     if bundle.suffix == ".zip":
         raise UsageError(f"{bundle}: unpack the .zip and check its folder")
-    if (bundle / "CMakeLists.txt").is_file() and (bundle / "model" / "graph.json").is_file():
-        return _verdict(bundle, _run_ggml(bundle, ggml_dir))
+    program = _program_recipe(bundle)
+    if program is not None:
+        return _verdict(bundle, _run_program(bundle, program, source_dir))
     runner = bundle / "run_repro.py"
     if not runner.is_file() or not (bundle / "repro.json").is_file():
         raise InputError(f"{bundle}: not a repro bundle (no run_repro.py and repro.json); write one with `collect repro`")
@@ -87,39 +89,46 @@ def _verdict(bundle: Path, report: dict) -> CheckResult:
     return CheckResult(bundle, reproduces, identical, report, reasons)
 
 
-GGML_BUILD_TIMEOUT_S = 1800  # ggml-base + ggml-cpu from source: minutes on two cores
+BUILD_TIMEOUT_S = 1800  # an engine's libraries from source: minutes on two cores
 
 
-def _ggml_tree(ggml_dir: Path | None) -> Path:
-    if ggml_dir is None:
-        from layerdiff.collector.engines.ggml.build import source_dir
+def _program_recipe(bundle: Path):
+    """The ProgramRecipe of the engine that wrote `bundle`, when its runner is a program (CMakeLists.txt beside
+    model/graph.json); None for a bundle with a Python runner."""
+    if not ((bundle / "CMakeLists.txt").is_file() and (bundle / "model" / "graph.json").is_file()):
+        return None
+    from layerdiff.collector.engines import ENGINES
 
-        ggml_dir = source_dir() / "ggml"
-    if not (Path(ggml_dir) / "include" / "ggml.h").is_file():
-        raise UsageError(f"{ggml_dir}: not a ggml source tree (no include/ggml.h); pass --ggml-dir <llama.cpp>/ggml, or "
-                         "build layerdiff's ggml harness once (`python -m layerdiff.collector.engines.ggml.build`) to fetch one")
-    return Path(ggml_dir)
+    try:
+        name = json.loads((bundle / "repro.json").read_text()).get("engine")
+    except (OSError, ValueError, AttributeError):
+        raise InputError(f"{bundle}: not a repro bundle (no readable repro.json); write one with `collect repro`") from None
+    engine = ENGINES.get(name) if isinstance(name, str) else None
+    if engine is None or engine.repro_program is None:
+        raise InputError(f"{bundle}: repro.json names engine {name!r}, which writes no bundle with a program of its own")
+    return engine.repro_program()
 
 
-def _run_ggml(bundle: Path, ggml_dir: Path | None) -> dict:
-    """Build the bundle's repro.cpp with CMake against a ggml tree (into bundle/build) and run it with --json."""
+def _run_program(bundle: Path, recipe, source_dir: Path | None) -> dict:
+    """Build the bundle's program with CMake against the engine's source tree (into bundle/build) and run it with
+    --json."""
     import shutil
 
-    tree, bundle = _ggml_tree(ggml_dir), bundle.resolve()  # the program runs from inside the bundle
+    tree, bundle = recipe.source_tree(source_dir), bundle.resolve()  # the program runs from inside the bundle
     if shutil.which("cmake") is None:
-        raise UsageError("checking a ggml bundle builds its repro.cpp with CMake: install cmake and a C++ compiler")
+        raise UsageError(f"{bundle}: checking it builds its program with CMake: install cmake and a C++ compiler")
     build = bundle / "build"
-    steps = [["cmake", "-S", str(bundle), "-B", str(build), f"-DGGML_DIR={tree}", "-DCMAKE_BUILD_TYPE=Release"],
-             ["cmake", "--build", str(build), "--target", "repro", "-j", str(os.cpu_count() or 1)]]
+    steps = [["cmake", "-S", str(bundle), "-B", str(build), *recipe.configure_args(tree), "-DCMAKE_BUILD_TYPE=Release"],
+             ["cmake", "--build", str(build), "--target", recipe.target, "-j", str(os.cpu_count() or 1)]]
     for step in steps:
         try:
-            done = subprocess.run(step, capture_output=True, text=True, timeout=GGML_BUILD_TIMEOUT_S, check=False)
+            done = subprocess.run(step, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
-            raise InputError(f"{bundle}: building repro.cpp took over {GGML_BUILD_TIMEOUT_S} s") from None
+            raise InputError(f"{bundle}: building its program took over {BUILD_TIMEOUT_S} s") from None
         if done.returncode != 0:
             tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
-            raise InputError(f"{bundle}: building repro.cpp against {tree} failed: {tail[0]}")
-    binary = build / "repro"
+            raise InputError(f"{bundle}: building its program against {tree} failed: {tail[0]}")
+    binary = build / recipe.target
     try:
         done = subprocess.run([str(binary), "--json"], capture_output=True, text=True, timeout=RUNNER_TIMEOUT_S,
                               cwd=bundle, check=False)

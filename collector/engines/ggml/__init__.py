@@ -26,6 +26,18 @@ def _input_specs(path: Path) -> InputSpecs:
     return input_specs(path)
 
 
+def _bisect():
+    from layerdiff.collector.engines.ggml.keep import recipe
+
+    return recipe()
+
+
+def _repro_program():
+    from layerdiff.collector.engines.ggml.reprobundle import recipe
+
+    return recipe()
+
+
 def _prebuild(devices: list) -> None:
     from layerdiff.collector.engines.ggml.build import prebuild
 
@@ -55,8 +67,8 @@ ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vu
                 isolate_rebuilds_graph=True, facts=FACTS,
                 model_help=".gguf (ggml: llama.cpp; local and arm64)",
                 not_isolatable=("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"),
-                bisect_mechanism="node-keep",
-                repro_program="a ggml bundle holds one op; name the ops one by one",
+                bisect=_bisect,
+                repro_program=_repro_program,
                 # device_scripts/ggml/src/backends.cpp: on the CPU, high keeps the K/V cache in f32 (normal: f16,
                 # written by SET_ROWS) and rebuilds a convolution's IM2COL in f32 (normal: f16); nothing else
                 # changes, so a graph with neither (an encoder without a cache: BERT) computes the same bytes

@@ -26,3 +26,15 @@ def refusal(model, backend: str) -> str:
     return (f"{model.files[0].name}: ggml can keep nodes of layerdiff's convolution graph only; a language model's "
             "graph is built inside llama.cpp's llama_decode, whose public API offers no per-node choice of backend "
             "or type; collect bisect cannot run (collect isolate re-runs single nodes instead)")
+
+
+def recipe():
+    """ggml's BisectRecipe: the harness keeps the nodes `--keep` names; it lists the nodes it can keep itself."""
+    from layerdiff.collector.engines.bisectrecipe import BisectRecipe
+
+    return BisectRecipe(
+        "node-keep",
+        "the harness's --keep REGEX: on the CPU a kept node is built in the high precision's types (an f32 "
+        "IM2COL; a MUL_MAT reading f32 columns and an f32 kernel); on a GPU backend ggml's scheduler pins it to "
+        "the CPU backend (ggml_backend_sched_set_tensor_backend)",
+        lambda model: [], keep_args=keep_args, outputs=outputs, refusal=refusal)

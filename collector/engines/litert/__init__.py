@@ -14,6 +14,12 @@ def _input_specs(path: Path) -> InputSpecs:
 
 
 
+def _bisect():
+    from layerdiff.collector.engines.litert.pieces import recipe
+
+    return recipe()
+
+
 def _repro():
     from layerdiff.collector.engines.litert.repro import RECIPE
 
@@ -22,4 +28,4 @@ def _repro():
 
 ENGINE = Engine("litert", (".tflite",), _input_specs, repro=_repro, backends=("cpu", "gpu"), distribution="ai-edge-litert", library="ai_edge_litert", extra="litert", model_help=".tflite (local LiteRT)",
                 backend_notes=(("gpu", "WebGPU"),),  # LiteRT's GPU accelerator (WebGPU over Vulkan on the host)
-                bisect_mechanism="delegated-range")
+                bisect=_bisect)

@@ -31,6 +31,12 @@ def _feature_mask():
     return FEATURE_MASK
 
 
+def _bisect():
+    from layerdiff.collector.engines.ncnn.bisect import RECIPE
+
+    return RECIPE
+
+
 def _harness_absent(target: str, vulkan: bool, test_build: bool):
     from layerdiff.collector.engines.ncnn.harness import absent
 
@@ -50,5 +56,5 @@ def _repro():
 
 
 ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, repro=_repro, writes=WRITES, model_files=_model_files, on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent,
-                arm64_wheels=("ncnn==1.0.20250503",), distribution="ncnn", library="ncnn", extra="ncnn", bisect_mechanism="feature-mask", fix_mechanism="feature-mask", feature_mask=_feature_mask,
+                arm64_wheels=("ncnn==1.0.20250503",), distribution="ncnn", library="ncnn", extra="ncnn", bisect=_bisect, fix_mechanism="feature-mask", feature_mask=_feature_mask,
                 model_help="ncnn .param with its .bin", prepared_by_default=True)

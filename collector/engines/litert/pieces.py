@@ -1,4 +1,4 @@
-"""LiteRT's bisection mechanism: which operators the GPU accelerator is given, as culprit_finder moves
+"""LiteRT's part of `collect bisect` (its BisectRecipe, `recipe()`): which operators the GPU accelerator is given, as culprit_finder moves
 the GPU delegate's node range, done with the `ai-edge-litert` wheel's public API.
 
 The wheel's GPU options have no delegated node range and no per-op placement, so the range is made
@@ -27,27 +27,34 @@ from typing import Iterator
 
 import numpy as np
 
+from layerdiff.collector.engines.bisectrecipe import BisectLayer, BisectRecipe
 from layerdiff.collector.engines.litert.graph import Graph, load_graph
-from layerdiff.collector.fix.trial import Trial
-from layerdiff.collector.inputs.inputset import InputSet
-from layerdiff.collector.inputs.modelfiles import ModelFiles
 from layerdiff.collector.engines.litert.cut import cut_graph
 from layerdiff.errors import DeviceError, InputError
 
-def operator_names(model: ModelFiles) -> list[str]:
+
+def operator_layers(model) -> list[BisectLayer]:
     """Every computing operator by the name of the tensor it writes, in execution order."""
     graph = load_graph(Path(model.files[0]).read_bytes(), str(model.files[0]))
-    return [graph.name(op.outputs[0]) for op in graph.computing_ops() if op.outputs]
+    return [BisectLayer(name, "", (), (name,))
+            for name in (graph.name(op.outputs[0]) for op in graph.computing_ops() if op.outputs)]
+
+
+def recipe() -> BisectRecipe:
+    return BisectRecipe(
+        "delegated-range", "the model is cut into consecutive pieces of operators (.tflite files of their own); moved "
+        "pieces run the failing configuration (the GPU accelerator), kept pieces the reference, fed each other's graph "
+        "edges", operator_layers, in_process=PieceRunner)
 
 
 @dataclass
 class PieceRunner:
     """Runs trials: per input, the model as pieces, moved ones on (backend, precision), kept ones on the reference."""
 
-    model: ModelFiles
+    model: object  # the model's files (`.files`)
     failing: tuple[str, str]
     reference: tuple[str, str]
-    inputs: list[InputSet]
+    inputs: list  # input sets (`.label`, `.arrays`)
     threads: int = 1
     runs: int = 0
     trials: int = 0
@@ -63,21 +70,23 @@ class PieceRunner:
         for item in self.inputs:
             self.references[item.label] = self._run_pieces(item, [(self.reference, 0, len(self.ops) - 1)])
 
-    def run(self, kept: tuple[str, ...]) -> Trial:
-        """One plain run per input with `kept` operators on the reference configuration, the rest moved."""
+    def run(self, kept: tuple[str, ...]) -> tuple[dict[str, float], dict[str, str]]:
+        """One plain run per input with `kept` operators on the reference configuration, the rest moved: the worst
+        output error per input label, and why a run failed per input label."""
         self.trials += 1
-        trial = Trial(tuple(kept), {})
+        errors: dict[str, float] = {}
+        failures: dict[str, str] = {}
         pieces = self._pieces(set(kept))
         for item in self.inputs:
             self.runs += 1
             try:
                 outputs = self._run_pieces(item, pieces)
             except (RuntimeError, ValueError) as err:  # a piece the accelerator refuses is a set that does not work
-                trial.errors[item.label] = math.inf
-                trial.failures[item.label] = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                errors[item.label] = math.inf
+                failures[item.label] = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 continue
-            trial.errors[item.label] = worst_error(outputs, self.references[item.label])
-        return trial
+            errors[item.label] = worst_error(outputs, self.references[item.label])
+        return errors, failures
 
     def _pieces(self, kept: set[str]) -> list[tuple[tuple[str, str], int, int]]:
         """Consecutive operators with the same configuration, as (configuration, first index, last index)."""
@@ -90,7 +99,7 @@ class PieceRunner:
                 pieces.append((config, k, k))
         return pieces
 
-    def _run_pieces(self, item: InputSet, pieces) -> dict[str, np.ndarray]:
+    def _run_pieces(self, item, pieces) -> dict[str, np.ndarray]:
         values = {name: np.asarray(array) for name, array in item.arrays.items()}
         missing = [self.graph.name(t) for t in self.graph.inputs if self.graph.name(t) not in values]
         if missing:

@@ -21,12 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
-from layerdiff.collector.inputs.modelfiles import ModelFiles
 from layerdiff.errors import InputError, ModelFormatError, UsageError
 
 SUPPORTED_OPS = ("IM2COL", "MUL_MAT")
 PLAIN_TYPES = ("f32", "f16", "bf16")
-CPP_TEMPLATE = Path(__file__).with_name("ggml_repro.cpp.in")
+CPP_TEMPLATE = Path(__file__).with_name("repro.cpp.in")
 CMAKE_LISTS = """cmake_minimum_required(VERSION 3.14)
 project(ggml_repro C CXX)
 # -DGGML_DIR=<a ggml source tree>: llama.cpp's ggml/ folder, or the ggml repository itself
@@ -117,7 +116,7 @@ def _gguf_tensor(model: Path, name: str) -> tuple[np.ndarray, str]:
     raise InputError(f"{model.name}: no tensor {name!r}, which the node reads; bundle against the model the runs used")
 
 
-def read_node(model: ModelFiles, ref: DumpFile, run: DumpFile, key: str) -> GgmlNode:
+def read_node(model, ref: DumpFile, run: DumpFile, key: str) -> GgmlNode:
     """The node `key` of the reference dump, its sources and parameters, as both configurations built it."""
     rows, run_rows = _rows_by_name(ref), _rows_by_name(run)
     matches = [row for row in rows.values() if key in (row.key, row.op, row.name)]
@@ -144,7 +143,7 @@ def read_node(model: ModelFiles, ref: DumpFile, run: DumpFile, key: str) -> Ggml
                     np.asarray(run.tensor(int(run_rows[name].order)), dtype=np.float32))
 
 
-def _source(src: str, rows: dict, run_rows: dict, inputs: dict, model: ModelFiles, ref_options: dict,
+def _source(src: str, rows: dict, run_rows: dict, inputs: dict, model, ref_options: dict,
             run_options: dict, ref: DumpFile, run: DumpFile) -> Source:
     if src in rows:  # made by a node: the reference's tensor, read in each configuration's type of that node
         row = rows[src]
