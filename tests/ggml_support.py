@@ -62,3 +62,14 @@ def f16_weight_matmul_error(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> fl
         exact = acts @ w64.T
         errors.append(float(np.abs(out.reshape(exact.shape) - exact).max() / np.abs(exact).max()))
     return min(errors)
+
+
+@pytest.fixture(scope="module")
+def vulkan_binary():
+    """The cached ggml Vulkan build (lavapipe); its tests skip without one."""
+    from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir
+
+    binary = binary_dir(GgmlSpec(vulkan=True)) / "layerdiff-ggml"
+    if not binary.is_file():
+        pytest.skip("no Vulkan build of layerdiff-ggml cached (python -m layerdiff.collector.engines.ggml.build --vulkan)")
+    return binary

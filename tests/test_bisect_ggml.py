@@ -14,7 +14,7 @@ import pytest
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.collector.engines.harness_cli import split_key
-from tests.ggml_support import dump_arrays, ggml_binary, ggml_samples, gguf_weights, run_ggml  # noqa: F401
+from tests.ggml_support import dump_arrays, ggml_binary, ggml_samples, gguf_weights, run_ggml, vulkan_binary  # noqa: F401
 from tests.test_collect_cli import collect
 from tests.test_ggml import _conv_reference
 
@@ -154,16 +154,6 @@ def test_seed_004_bisect_on_an_arm64_phone(standins, ggml_samples, tmp_path):
         with DumpFile(path) as dump:
             assert dump.attrs["abi"] == "arm64-v8a" and dump.attrs["device_serial"] == phone.serial
         _output(path)
-
-
-@pytest.fixture(scope="module")
-def vulkan_binary():
-    from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir
-
-    binary = binary_dir(GgmlSpec(vulkan=True)) / "layerdiff-ggml"
-    if not binary.is_file():
-        pytest.skip("no Vulkan build of layerdiff-ggml cached (python -m layerdiff.collector.engines.ggml.build --vulkan)")
-    return binary
 
 
 @pytest.mark.slow

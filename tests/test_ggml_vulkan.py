@@ -10,17 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.ggml_support import dump_arrays, ggml_samples, run_ggml  # noqa: F401
-
-
-@pytest.fixture(scope="module")
-def vulkan_binary():
-    from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir
-
-    binary = binary_dir(GgmlSpec(vulkan=True)) / "layerdiff-ggml"
-    if not binary.is_file():
-        pytest.skip("no Vulkan build of layerdiff-ggml cached (python -m layerdiff.collector.engines.ggml.build --vulkan)")
-    return binary
+from tests.ggml_support import dump_arrays, ggml_samples, run_ggml, vulkan_binary  # noqa: F401
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from layerdiff.analyzer.formats.sketchformat import BUCKETS, TensorSummary, summarize
-from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
+from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances, cosine_from_sums
 from layerdiff.errors import LayerdiffError
 
 SKETCH_REL_SIGMA = math.sqrt(2.0 / BUCKETS)  # relative spread of a squared-norm estimate
@@ -133,7 +133,7 @@ def _from_sketches(ref: TensorSummary, run: TensorSummary, row: dict[str, Any]) 
     return {
         "rel_l2": rel,
         "rel_l2_sigma": rel * dd_sigma / (2.0 * dd) if dd > 0 and math.isfinite(rel) else 0.0,  # d sqrt(x) = dx / 2 sqrt(x)
-        "cosine": _cosine(aa, bb, dd),
+        "cosine": cosine_from_sums(aa, bb, dd),
         # d cos / d dd = -1 / (2 |a| |b|)
         "cosine_sigma": dd_sigma / (2.0 * math.sqrt(aa * bb)) if aa > 0 and bb > 0 else 0.0,
         "sqnr_db": 10.0 * math.log10(aa / dd) if dd > 0 and aa > 0 else (math.inf if dd == 0 else -math.inf),
@@ -185,11 +185,3 @@ def _from_counts(ref: TensorSummary, run: TensorSummary, row: dict[str, Any]) ->
         out.update({"rel_l2": math.inf, "rel_l2_sigma": 0.0, "sqnr_db": -math.inf, "sqnr_db_sigma": 0.0,
                     "cosine": math.nan, "cosine_sigma": 0.0, "max_abs": math.inf})
     return out
-
-
-def _cosine(aa: float, bb: float, dd: float) -> float:
-    if aa == 0.0 and bb == 0.0:
-        return 1.0
-    if aa == 0.0 or bb == 0.0:
-        return 0.0
-    return max(-1.0, min(1.0, (aa + bb - dd) / (2.0 * math.sqrt(aa) * math.sqrt(bb))))

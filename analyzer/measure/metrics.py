@@ -347,7 +347,7 @@ def _finish(s: _Sums, n: int) -> dict:
         "max_rel": inf_if_mismatch or s.max_rel,
         "mean_rel": inf_if_mismatch or mean_rel,
         "rel_l2": math.inf if s.n_mismatch else _ratio(math.sqrt(s.dd), ref_norm),
-        "cosine": _cosine(s.aa, s.bb, s.dd) if s.n_finite_pairs and not s.n_mismatch else math.nan,
+        "cosine": cosine_from_sums(s.aa, s.bb, s.dd) if s.n_finite_pairs and not s.n_mismatch else math.nan,
         "sqnr_db": -math.inf if s.n_mismatch else _sqnr(s.aa, s.dd),
         "pass_fraction": 1.0 - s.n_fail / n if n else 1.0,
         "n_fail": s.n_fail,
@@ -412,7 +412,7 @@ def _ratio(num: float, den: float) -> float:
     return num / den
 
 
-def _cosine(aa: float, bb: float, dd: float) -> float:
+def cosine_from_sums(aa: float, bb: float, dd: float) -> float:
     """cos = <a,b>/(|a||b|) with <a,b> = (aa + bb - dd)/2; saves one dot product per element."""
     if aa == 0.0 and bb == 0.0:
         return 1.0
