@@ -9,6 +9,7 @@ the reference output (rel L2, max abs, NaN/Inf counts) and whether the failure r
     python run_repro.py --config run --json
 """
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -78,7 +79,7 @@ def main(argv=None):
         os.dup2(2, 1)
     spec = json.loads((HERE / "repro.json").read_text())
     sys.path.insert(0, str(HERE))
-    import engine_runner  # the engine's half, beside this file: run(module, spec, config, here)
+    engine_runner = importlib.import_module("engine_runner")  # the engine's half, beside this file in the bundle
 
     engine = __import__(spec["module"]) if spec.get("module") else None  # None: an engine without a Python module
     names = ("run", "reference") if args.config == "both" else (args.config,)
