@@ -6,7 +6,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Annotated, Callable, List, Optional
 
 import typer
 from rich.console import Console
@@ -39,6 +39,16 @@ _INPUT_HELP = ".npy, .npz, image, dir, glob, name=FILE, " + "".join(
 _LAYER_HELP = "layer key to isolate, e.g. block3/conv:0" + "".join(
     f"; {e.name} also FIRST..LAST, those layers as one sub-graph" for e in ENGINES.values()
     if e.isolate_rebuilds_graph) + " (repeatable)"
+
+# Options the single-configuration commands share: one definition each, so a flag reads and checks the same in
+# every command.
+OneDevice = Annotated[str, typer.Option("--device", "-d", help="local or a serial")]
+ModelFile = Annotated[Path, typer.Option("--model", "-m")]
+EngineChoice = Annotated[str, typer.Option("--engine", callback=choices(("auto", *ENGINES), "engine"))]
+OneBackend = Annotated[str, typer.Option("--backend", "-b", callback=choices(BACKENDS, "backend"))]
+Preprocess = Annotated[Optional[str], typer.Option("--preprocess")]
+AdbServers = Annotated[Optional[List[str]], typer.Option("--adb-server", help="host:port of an adb server (repeatable)")]
+DeviceDeadline = Annotated[float, typer.Option("--deadline", help="seconds a run may take on the device")]
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=False, rich_markup_mode=None,
                   help="Run a model on devices with every layer dumped; one HDF5 file per run.")
@@ -132,11 +142,11 @@ def collect(
     repeat: int = typer.Option(1, "--repeat", help="dump each configuration N times (nondeterminism)"),
     fresh_process: bool = typer.Option(False, "--fresh-process", help="with --repeat N: run each repeat in a new harness "
                                        "process (faults that change between processes, not within one)"),
-    deadline: float = typer.Option(900.0, "--deadline", help="seconds a run may take on the device"),
+    deadline: DeviceDeadline = 900.0,
     layers: Optional[str] = typer.Option(None, "--layers", help="dump only ops whose name matches this regex"),
     max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="stop dumping past this many bytes"),
     exclude: List[str] = typer.Option(None, "--exclude", help="serials to leave out of --device all"),
-    adb_server: List[str] = typer.Option(None, "--adb-server", help="host:port of an adb server (repeatable)"),
+    adb_server: AdbServers = None,
     connect: List[str] = typer.Option(None, "--connect", help="host:port of a device-lab phone to `adb connect` "
                                       "through the (first) adb server and run on too (repeatable)"),
     keep: bool = typer.Option(False, "--keep", help="keep the run's files on the device"),
@@ -217,7 +227,7 @@ def _sweep_report(out_dir: Path, **options) -> bool:
 
 @app.command("devices")
 def devices_command(
-    adb_server: List[str] = typer.Option(None, "--adb-server", help="host:port of an adb server (repeatable)"),
+    adb_server: AdbServers = None,
     connect: List[str] = typer.Option(None, "--connect", help="host:port of a device-lab phone to `adb connect` "
                                       "through the (first) adb server first (repeatable)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output on stdout"),
@@ -250,7 +260,7 @@ def prepare_command(
                                      callback=choices(ENGINES, "engine")),
     backend: List[str] = typer.Option(None, "--backend", "-b", help="cpu, opencl, vulkan (default cpu)",
                                       callback=choices(BACKENDS, "backend")),
-    adb_server: List[str] = typer.Option(None, "--adb-server", help="host:port of an adb server (repeatable)"),
+    adb_server: AdbServers = None,
     exclude: List[str] = typer.Option(None, "--exclude", help="serials to leave out of --device all"),
 ) -> None:
     """Build and stage the harness on phones ahead of time (the first build takes minutes)."""
@@ -265,17 +275,17 @@ def prepare_command(
 @app.command("isolate")
 @_ctrl_c_is_one_line
 def isolate_command(
-    device: str = typer.Option("local", "--device", "-d", help="local or a serial"),
-    model: Path = typer.Option(..., "--model", "-m"),
-    engine: str = typer.Option("auto", "--engine", callback=choices(("auto", *ENGINES), "engine")),
-    backend: str = typer.Option(..., "--backend", "-b", callback=choices(BACKENDS, "backend")),
+    device: OneDevice = "local",
+    model: ModelFile = ...,
+    engine: EngineChoice = "auto",
+    backend: OneBackend = ...,
     precision: str = typer.Option(..., "--precision", "-p", callback=choices(PRECISIONS, "precision")),
     ref: Path = typer.Option(..., "--ref", help="the reference run's HDF5 (its tensors feed the layers)"),
     layer: List[str] = typer.Option(None, "--layer", "-l", help=_LAYER_HELP),
     failing_from: Optional[Path] = typer.Option(None, "--failing-from", help="a report dir: isolate every layer it flagged"),
     out: Path = typer.Option(Path("runs"), "--out", "-o"),
-    adb_server: List[str] = typer.Option(None, "--adb-server"),
-    deadline: float = typer.Option(900.0, "--deadline"),
+    adb_server: AdbServers = None,
+    deadline: DeviceDeadline = 900.0,
     force: bool = typer.Option(False, "--force"),
 ) -> None:
     """Re-run single layers on a backend, fed with the reference run's own input tensors."""
@@ -317,18 +327,18 @@ def _model_and_inputs(model: Path, engine: str, inputs: list[str] | None, prepro
 
 @app.command("fix")
 def fix_command(
-    device: str = typer.Option("local", "--device", "-d", help="local or a serial"),
-    model: Path = typer.Option(..., "--model", "-m"),
-    engine: str = typer.Option("auto", "--engine", callback=choices(("auto", *ENGINES), "engine")),
-    backend: str = typer.Option(..., "--backend", "-b", callback=choices(BACKENDS, "backend")),
+    device: OneDevice = "local",
+    model: ModelFile = ...,
+    engine: EngineChoice = "auto",
+    backend: OneBackend = ...,
     precision: str = typer.Option("low", "--precision", "-p", help="the precision to fix (low or normal)",
                                   callback=choices(PRECISIONS, "precision")),
     input: List[str] = typer.Option(None, "--input", "-i", help="as for collect; the fix must hold on every input"),
-    preprocess: Optional[str] = typer.Option(None, "--preprocess"),
+    preprocess: Preprocess = None,
     out: Path = typer.Option(Path("fix"), "--out", "-o"),
     tolerance: float = typer.Option(1e-2, "--tolerance", help="max relative L2 of every output vs precision high"),
-    adb_server: List[str] = typer.Option(None, "--adb-server"),
-    deadline: float = typer.Option(900.0, "--deadline"),
+    adb_server: AdbServers = None,
+    deadline: DeviceDeadline = 900.0,
 ) -> None:
     """Find the fewest layers to keep at high precision; write the patched ncnn model (MNN: a what-if)."""
     from layerdiff.collector.fix.search import fix
@@ -352,19 +362,19 @@ def fix_command(
 
 @app.command("bisect")
 def bisect_command(
-    device: str = typer.Option("local", "--device", "-d", help="local or a serial"),
-    model: Path = typer.Option(..., "--model", "-m"),
-    engine: str = typer.Option("auto", "--engine", callback=choices(("auto", *ENGINES), "engine")),
-    backend: str = typer.Option(..., "--backend", "-b", callback=choices(BACKENDS, "backend")),
+    device: OneDevice = "local",
+    model: ModelFile = ...,
+    engine: EngineChoice = "auto",
+    backend: OneBackend = ...,
     precision: str = typer.Option("low", "--precision", "-p", help="the failing precision",
                                   callback=choices(PRECISIONS, "precision")),
     input: List[str] = typer.Option(None, "--input", "-i", help="as for collect; the outputs must hold on every input"),
-    preprocess: Optional[str] = typer.Option(None, "--preprocess"),
+    preprocess: Preprocess = None,
     ref_config: Optional[str] = typer.Option(None, "--ref-config", help="BACKEND/PRECISION of the reference (default: the same backend, high)"),
     out: Path = typer.Option(Path("bisect"), "--out", "-o"),
     tolerance: float = typer.Option(1e-2, "--tolerance", help="max relative L2 of every output vs the reference"),
-    adb_server: List[str] = typer.Option(None, "--adb-server"),
-    deadline: float = typer.Option(900.0, "--deadline"),
+    adb_server: AdbServers = None,
+    deadline: DeviceDeadline = 900.0,
 ) -> None:
     """Find the layer(s) whose move to the failing backend/precision breaks the outputs; only outputs are observed."""
     from layerdiff.collector.fix.bisect import bisect, bisect_document, bisectable, parse_ref_config, summary_lines
@@ -387,7 +397,7 @@ def bisect_command(
 @app.command("repro")
 def repro_command(
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="the model the run ran (its other files beside it)"),
-    engine: str = typer.Option("auto", "--engine", callback=choices(("auto", *ENGINES), "engine")),
+    engine: EngineChoice = "auto",
     run: Optional[Path] = typer.Option(None, "--run", help="the failing run's HDF5"),
     ref: Optional[Path] = typer.Option(None, "--ref", help="the reference run's HDF5 (its tensors feed the layer)"),
     layer: List[str] = typer.Option(None, "--layer", "-l", help="layer key, or FIRST..LAST (file order) as one piece; "
