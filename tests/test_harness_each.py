@@ -253,3 +253,33 @@ def test_collect_input_dir_on_a_phone_uses_one_process_per_configuration(standin
     assert len(rows) == 6 and all(row.status == "done" for row in rows)
     pids = {_attrs(path)["provenance"]["engine_process"]["pid"] for path in out.glob("*.h5")}
     assert len(pids) == 1
+
+
+# -- the emulated `arm64` device: its aarch64 Python engines under qemu take --each as on the host ----------
+
+@pytest.mark.skipif(not shutil.which("qemu-aarch64"), reason="needs qemu-user (apt) for the arm64 device")
+@pytest.mark.parametrize("suffix", [".param", ".mnn"])
+def test_the_arm64_device_runs_a_data_set_in_one_emulated_engine_process(suffix, tmp_path):
+    """qemu and the aarch64 engine start once for the configuration (the model loaded once); each input's
+    tensors are those a process of its own gives, bit for bit."""
+    from layerdiff.collector.transport.arm64 import Arm64Device
+
+    device = Arm64Device("cortex-a76")
+    files = resolve_model(UNDERFLOW.with_suffix(suffix))
+    sets, errors = resolve_inputs([str(IMAGES_DIR)], input_shapes(files), parse_preprocess(RECIPE))
+    assert not errors
+    specs = [RunSpec(files, "cpu", "low", inputs, deadline_s=600) for inputs in sets[:3]]
+    assert runs_in_one_process(device, specs[0])
+    outcomes = []
+    collect_each(device, specs, tmp_path / "each", Listener(lambda s: None, outcomes.append))
+    assert [o.status for o in outcomes] == ["done"] * 3, [o.message for o in outcomes]
+    assert len({_attrs(o.paths[0])["provenance"]["engine_process"]["pid"] for o in outcomes}) == 1
+    for spec, together in zip(specs, outcomes):
+        alone = collect_run(device, spec, tmp_path / "alone")
+        assert alone.status == "done", alone.message
+        a, b = _tensors(alone.paths[0]), _tensors(together.paths[0])
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), spec.inputs.label
+        attrs = _attrs(together.paths[0])
+        assert attrs["abi"] == "arm64-v8a" and attrs["input_fed_check"].startswith("equal")
+        for fact in ("precision_effective", "input_fed_check", "input_sha256"):
+            assert attrs[fact] == _attrs(alone.paths[0])[fact], fact
