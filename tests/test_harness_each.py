@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -283,3 +285,43 @@ def test_the_arm64_device_runs_a_data_set_in_one_emulated_engine_process(suffix,
         assert attrs["abi"] == "arm64-v8a" and attrs["input_fed_check"].startswith("equal")
         for fact in ("precision_effective", "input_fed_check", "input_sha256"):
             assert attrs[fact] == _attrs(alone.paths[0])[fact], fact
+
+
+def test_ctrl_c_in_a_phone_data_set_then_resume(standin, monkeypatch, tmp_path):
+    """Ctrl-C while the phone's harness works through 40 photos: the index says done for exactly the files
+    written, at most one input interrupted, nothing half-written; the next collect runs the rest."""
+    from PIL import Image
+
+    from layerdiff.samples.images import scene
+
+    monkeypatch.setenv("LAYERDIFF_HARNESS_X86_64", str(host_harness()))
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for k in range(40):
+        Image.fromarray(scene(700 + k, (255, 3, 1)[k % 3])).save(photos / f"p{k:03d}.png")
+    out = tmp_path / "runs"
+    argv = [sys.executable, "-m", "layerdiff.collector.cli", "--model", str(UNDERFLOW), "--device", standin.serial,
+            "--input", str(photos), "--preprocess", RECIPE, "--precision", "high", "-o", str(out), "--no-report"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while len(list(out.glob("*.h5"))) < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=300)
+    rows = list(read_index(out).values())
+    statuses = [row.status for row in rows]
+    if proc.returncode == 0:  # finished before the signal: nothing to check but the index
+        assert statuses.count("done") == 40
+        return
+    assert proc.returncode == 130
+    done = {name for row in rows if row.status == "done" for name in row.files}
+    written = {path.name for path in out.glob("*.h5")}
+    assert done <= written and len(done) >= 3
+    assert statuses.count("interrupted") <= 1 and "running" not in statuses and "failed" not in statuses
+    assert not [p for p in out.iterdir() if ".partial" in p.name or p.name.startswith(".layerdiff-fetch")]
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+    assert again.returncode == 0, again.stderr
+    rows = list(read_index(out).values())
+    assert [row.status for row in rows].count("done") == 40
+    pids = {_attrs(path)["provenance"]["engine_process"]["pid"] for path in out.glob("*.h5")}
+    assert len(pids) == 2  # the interrupted process and the resuming one
