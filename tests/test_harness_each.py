@@ -325,3 +325,25 @@ def test_ctrl_c_in_a_phone_data_set_then_resume(standin, monkeypatch, tmp_path):
     assert [row.status for row in rows].count("done") == 40
     pids = {_attrs(path)["provenance"]["engine_process"]["pid"] for path in out.glob("*.h5")}
     assert len(pids) == 2  # the interrupted process and the resuming one
+
+
+@pytest.mark.skipif(not QEMU_READY, reason="needs qemu-user and g++-aarch64-linux-gnu (apt) for the aarch64 harness")
+def test_an_arm64_phone_runs_a_data_set_in_one_aarch64_harness_process(standins, monkeypatch, tmp_path):
+    """The static aarch64 harness on an arm64-v8a stand-in (qemu-aarch64): three photos in one process, each
+    equal to a process of its own on the same phone."""
+    from layerdiff.collector.transport.adb import AdbDevice
+
+    monkeypatch.setenv("LAYERDIFF_HARNESS_ARM64_V8A", str(aarch64_harness()))
+    device = AdbDevice(standins.start(abi="arm64-v8a").serial)
+    specs = _underflow_specs()[:3]
+    assert runs_in_one_process(device, specs[0])
+    outcomes = []
+    collect_each(device, specs, tmp_path / "each", Listener(lambda s: None, outcomes.append))
+    assert [o.status for o in outcomes] == ["done"] * 3, [o.message for o in outcomes]
+    assert len({_attrs(o.paths[0])["provenance"]["engine_process"]["pid"] for o in outcomes}) == 1
+    for spec, together in zip(specs, outcomes):
+        alone = collect_run(device, spec, tmp_path / "alone")
+        assert alone.status == "done", alone.message
+        a, b = _tensors(alone.paths[0]), _tensors(together.paths[0])
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), spec.inputs.label
+        assert _attrs(together.paths[0])["abi"] == "arm64-v8a"
