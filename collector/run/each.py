@@ -126,9 +126,10 @@ def _stage(device: Device, specs: list[RunSpec], run_dir: str, scratch: Path) ->
 
 
 def _named_in_cases(device: Device, path: str, run_dir: str) -> str:
-    """How the `--each` file names a device path: relative to the run directory the file lies in on a device
-    the collector reaches from outside (the device's own directories, whatever its view of the file system;
-    both made by the collector, no link between them), as it is on the host (where staging resolves links)."""
+    """How the `--each` file names a path. On a device reached over a transport (a phone): relative to the run
+    directory the file is put in, since both are directories the collector made under its root, and the name
+    then holds whatever path the device's shell sees them under. On the host: as given (staging there resolves
+    links, which `..` in a relative name could climb out of wrongly)."""
     return path if getattr(device, "fetches_in_place", False) else posixpath.relpath(path, run_dir)
 
 
