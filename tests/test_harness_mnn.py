@@ -331,3 +331,32 @@ def test_lone_libmnn_isolates_when_express_is_inside(convnet_inject, tmp_path):
     else:
         assert run.returncode == 0, run.stderr
         assert [t.op for t in run.dump().tensors] == ["block4/add"]
+
+
+def test_each_keeps_the_session_and_gives_every_input_its_own_run(harness, tmp_path):
+    """`--each`: one MNN session for the process, resized for a smaller input in between (run or refused, the
+    process goes on) and back; every other input's dump equal, bit for bit, to that input run by a process of
+    its own. Paths in the cases file are relative to its directory."""
+    base = np.load(INPUTS / "convnet.npy").astype("<f4")
+    files = []
+    for k, array in enumerate([base, base * 1.5 - 0.2, base[:, :, :16, :16].copy(), base * 0.25]):
+        files.append(tmp_path / f"in{k}.npy")
+        np.save(files[-1], array)
+    listing = tmp_path / "cases.jsonl"
+    listing.write_text("".join(json.dumps({"out": f"each{k}", "inputs": {"data": f.name}}) + "\n"
+                               for k, f in enumerate(files)))
+    common = ["--engine", "mnn", "--model", str(MODELS / "convnet.mnn"), "--backend", "cpu", "--precision", "high"]
+    done = subprocess.run([*harness, *common, "--each", str(listing)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    ends = [json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("@@ld ") and '"case"' in line]
+    ends = [(e["case"], e["state"]) for e in ends if e["state"] != "start"]
+    assert ends[:2] == [(0, "done"), (1, "done")] and ends[3] == (3, "done")
+    for k in (0, 1, 3):
+        alone = run_harness(harness, [*common, "--input", f"data={files[k]}"], tmp_path / f"alone{k}")
+        assert alone.returncode == 0, alone.stderr
+        ours, theirs = read_raw_dump(tmp_path / f"each{k}"), read_raw_dump(tmp_path / f"alone{k}")
+        assert ours.footer["status"] == "ok"
+        a, b = arrays_by_key(ours), arrays_by_key(theirs)
+        assert a.keys() == b.keys() and all(np.array_equal(a[key], b[key]) for key in a)
+        assert ours.header["backends_actual"] == theirs.header["backends_actual"]
+        assert ours.header["inputs"][0]["sha256"] == theirs.header["inputs"][0]["sha256"]

@@ -299,7 +299,8 @@ CASE_EVENT = "case"
 
 
 def read_cases(path: str) -> list[dict]:
-    """`--each FILE`: one JSON object a line, `{"out": DIR, "inputs": {NAME: FILE.npy}}`, one run each."""
+    """`--each FILE`: one JSON object a line, `{"out": DIR, "inputs": {NAME: FILE.npy}}`, one run each; a
+    relative path is relative to FILE's own directory (the collector writes FILE beside the run's dumps)."""
     cases = []
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -313,7 +314,8 @@ def read_cases(path: str) -> list[dict]:
             out, inputs = str(case["out"]), {str(k): str(v) for k, v in dict(case["inputs"]).items()}
         except (ValueError, KeyError, TypeError) as err:
             raise HarnessExit(EXIT_ARGS, f"--each {path} line {number}: not an {{\"out\", \"inputs\"}} object ({err})") from None
-        cases.append({"out": out, "inputs": inputs})
+        base = Path(path).parent
+        cases.append({"out": str(base / out), "inputs": {name: str(base / file) for name, file in inputs.items()}})
     return cases
 
 

@@ -11,6 +11,7 @@ incomplete), failed with one line naming it, and a new process takes the inputs 
 from __future__ import annotations
 
 import json
+import posixpath
 import queue
 import threading
 import time
@@ -27,21 +28,21 @@ from layerdiff.collector.engines.harness_cli import CASE_EVENT
 from layerdiff.collector.inputs.modelfiles import input_dtypes
 from layerdiff.collector.run.pipeline import (PROGRESS_PREFIX, ProgressSink, RunOutcome, RunSpec, _fetch_and_convert,
                                               _versioned, staged_array)
-from layerdiff.collector.transport.devices import Device, ExecResult, LocalDevice
+from layerdiff.collector.transport.devices import Device, ExecResult
 from layerdiff.collector.transport.scratch import scratch_dir
 
 CASES_FILE = "cases.jsonl"
 
 
 def runs_in_one_process(device: Device, spec: RunSpec) -> bool:
-    """Whether `spec`'s configuration can take its inputs in one engine process on `device`: the host's
-    Python engines (a native harness of its own, such as ggml's, and phones' C++ harness take one input
-    a process), one dump per input (no --repeat), nothing staged beside the model and inputs."""
-    from layerdiff.collector.engines import ENGINES
-
-    engine = ENGINES.get(spec.model.engine)
-    return (type(device) is LocalDevice and engine is not None and engine.prebuild is None
-            and spec.repeat == 1 and not spec.fresh_process and not spec.extra_args and not spec.placed_files)
+    """Whether `spec`'s configuration can take its inputs in one engine process on `device`: a harness that
+    takes `--each` there (the host's and the `arm64` device's Python engines, the C++ harness on phones; an
+    engine's own native harness, such as ggml's, takes one input a process), one dump per input (no
+    --repeat), nothing staged beside the model and inputs."""
+    takes_each = getattr(device, "takes_each", None)
+    if takes_each is None or spec.repeat != 1 or spec.fresh_process or spec.extra_args or spec.placed_files:
+        return False
+    return bool(takes_each(spec.model.engine, spec.backend))
 
 
 def same_configuration(a: RunSpec, b: RunSpec) -> bool:
@@ -97,7 +98,8 @@ def _one_process(device: Device, specs: list[RunSpec], out_dir: Path, listener: 
 
 
 def _stage(device: Device, specs: list[RunSpec], run_dir: str, scratch: Path) -> list[str]:
-    """The model once, every input, and the `--each` file naming each input's files and dump directory."""
+    """The model once, every input, and the `--each` file naming each input's files and dump directory,
+    put in the run directory with paths relative to it (the harness reads them from the file's directory)."""
     first = specs[0]
     argv = ["--engine", first.model.engine]
     for model_file in first.model.files:
@@ -109,17 +111,26 @@ def _stage(device: Device, specs: list[RunSpec], run_dir: str, scratch: Path) ->
         for index, (name, array) in enumerate(spec.inputs.arrays.items()):
             local = scratch / f"case{k}-input{index}.npy"
             np.save(local, staged_array(array, dtypes.get(name, "float32")))
-            inputs[name] = device.stage(local, run_dir)
-        lines.append(json.dumps({"out": _case_dir(run_dir, k), "inputs": inputs}))
+            inputs[name] = _named_in_cases(device, device.stage(local, run_dir), run_dir)
+        lines.append(json.dumps({"out": _named_in_cases(device, _case_dir(run_dir, k), run_dir), "inputs": inputs}))
     cases = scratch / CASES_FILE
     cases.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    device.put(cases, f"{run_dir}/{CASES_FILE}")
     argv += ["--backend", first.backend, "--precision", first.precision, "--threads", str(first.threads)]
-    argv += ["--out", f"{run_dir}/unused", "--each", device.stage(cases, run_dir)]
+    argv += ["--out", f"{run_dir}/unused", "--each", f"{run_dir}/{CASES_FILE}"]
     if first.layers:
         argv += ["--layers", first.layers]
     if first.max_bytes:
         argv += ["--max-bytes", str(first.max_bytes)]
     return argv + [arg.replace("{run_dir}", run_dir) for arg in first.extra_args]
+
+
+def _named_in_cases(device: Device, path: str, run_dir: str) -> str:
+    """How the `--each` file names a path. On a device reached over a transport (a phone): relative to the run
+    directory the file is put in, since both are directories the collector made under its root, and the name
+    then holds whatever path the device's shell sees them under. On the host: as given (staging there resolves
+    links, which `..` in a relative name could climb out of wrongly)."""
+    return path if getattr(device, "fetches_in_place", False) else posixpath.relpath(path, run_dir)
 
 
 def _case_dir(run_dir: str, k: int) -> str:

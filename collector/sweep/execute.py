@@ -121,14 +121,13 @@ class _Worker(threading.Thread):
     def _one_process_group(self, position: int) -> list[PlannedRun]:
         """The runs from `position` on that one engine process serves: one configuration, consecutive inputs."""
         first = self.runs[position]
-        if not runs_in_one_process(self.device, first.spec):
-            return [first]
         group = [first]
         for run in self.runs[position + 1:]:
             if run.out_dir != first.out_dir or not same_configuration(first.spec, run.spec):
                 break
             group.append(run)
-        return group
+        # asked only of a group: on a phone the answer costs a round trip to its harness
+        return group if len(group) > 1 and runs_in_one_process(self.device, first.spec) else [first]
 
     def _each(self, group: list[PlannedRun]) -> None:
         """One configuration's inputs in one engine process (collector/run/each.py): each input's row is

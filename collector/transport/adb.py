@@ -25,7 +25,7 @@ from layerdiff.analyzer.formats.rawdump import PLAIN_DIR
 from layerdiff.collector.transport.adbproto import SyncFailed, SyncSession, TransferLost, remove_quietly, run_shell_v2, shell_text
 from layerdiff.collector.transport.adbserver import STATE_ADVICE, connect_server, device_state, list_devices, require_online
 from layerdiff.collector.transport.endpoints import ENDPOINT_ADVICE, connect_endpoint, is_endpoint, reconnect_endpoint
-from layerdiff.errors import UsageError
+from layerdiff.errors import LayerdiffError, UsageError
 from layerdiff.collector.transport.devices import DeviceError, DeviceInfo, ExecResult, HarnessInvocation, LineSink
 
 ROOT = "/data/local/tmp/layerdiff"
@@ -84,6 +84,7 @@ class AdbDevice:
         self.pushed: list[str] = []  # device paths pushed by this object (staging skips are absent)
         self._fresh_free: tuple[str, int] | None = None  # (new run dir, its free bytes), read once
         self._range_style: str | None = None  # how this phone's dd reads byte ranges, asked once (range_style)
+        self._takes_each: dict[str, bool] = {}  # harness path on the phone -> whether it takes --each
 
     # -- errors ---------------------------------------------------------------------------------------
     def _lost(self, doing: str, err: BaseException | None = None) -> DeviceError:
@@ -408,6 +409,25 @@ class AdbDevice:
         remote = self._stage_at(binary, f"{remote_dir}/layerdiff-harness", 0o755)
         return HarnessInvocation(argv=[remote], env={"LD_LIBRARY_PATH": remote_dir},
                                  description=f"{binary} on {self.serial} ({abi})")
+
+    def takes_each(self, engine: str, backend: str = "cpu") -> bool:
+        """Whether the harness staged for `engine` takes `--each`: asked of the binary itself (its `--help`
+        names it), once per binary, since a harness named by $LAYERDIFF_HARNESS_<ABI> may be an older build."""
+        try:
+            harness = self.prepare_harness(engine, backend)
+        except LayerdiffError:
+            return False  # the run itself says why, one input at a time
+        binary = harness.argv[0]
+        if binary not in self._takes_each:
+            exports = "".join(f"export {name}={shlex.quote(value)}; " for name, value in harness.env.items()
+                              if _ENV_NAME.match(name))
+            try:
+                code, out, _err = self.shell(f"{exports}{shlex.join([*harness.argv, '--help'])}",
+                                             "asking the harness what it takes", timeout=60.0)
+            except LayerdiffError:
+                return False
+            self._takes_each[binary] = code == 0 and "--each FILE" in out
+        return self._takes_each[binary]
 
     def _stage_at(self, local: Path, remote: str, mode: int) -> str:
         digest = self._local_sha256(local)

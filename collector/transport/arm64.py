@@ -102,6 +102,11 @@ class Arm64Device(LocalDevice):
         return HarnessInvocation(argv=[QEMU, "-cpu", self.cpu, str(binary)], env={},
                                  description=f"{description} under qemu -cpu {self.cpu}")
 
+    def takes_each(self, engine: str, backend: str = "cpu") -> bool:
+        """The aarch64 Python engines under qemu take `--each` as on the host (qemu and the engine's import
+        paid once per configuration); an engine's own native aarch64 harness takes one input a process."""
+        return engine in ARM_ENGINES and ENGINES[engine].arm64_harness is None
+
     def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
         own = ENGINES[engine].arm64_harness if engine in ENGINES else None
         if own is not None:  # the engine's own native harness (e.g. ggml's static aarch64 binary)

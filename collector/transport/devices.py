@@ -87,6 +87,10 @@ class Device(Protocol):
     def prepare_harness(self, engine: str, backend: str = "cpu") -> HarnessInvocation:
         """Make the harness for `engine` (and `backend`) runnable on the device (build/push as needed)."""
 
+    def takes_each(self, engine: str, backend: str = "cpu") -> bool:
+        """Whether the harness this device runs for `engine` takes `--each` (HARNESS_CLI.md): one process,
+        the model loaded once, every input of a configuration (collector/run/each.py)."""
+
     def new_run_dir(self, tag: str) -> str:
         """A fresh, empty directory on the device for one run's files."""
 
@@ -178,6 +182,11 @@ class LocalDevice:
         ENGINES[engine].require_installed()
         return HarnessInvocation(argv=[sys.executable, "-m", ENGINES[engine].host_module], env=dict(HOST_ENGINE_ENV),
                                  description=f"host {engine} (Python)")
+
+    def takes_each(self, engine: str, backend: str = "cpu") -> bool:
+        """The Python host engines take `--each`; an engine whose harness is a native program of its own
+        (`Engine.prebuild`, such as ggml's) takes one input a process."""
+        return engine in ENGINES and ENGINES[engine].prebuild is None
 
     def new_run_dir(self, tag: str) -> str:
         return make_scratch_dir(self.scratch_root(), _safe_tag(tag))
