@@ -141,20 +141,25 @@ def _alone(tmp_path: Path, file: Path) -> Path:
     ('{"out": "D", "inputs": {}}\n', "names no input"),
     ('{"out": "D", "inputs": {"data": "' + "x" * 70000 + '"}}\n', "longer than 65536 bytes"),
     ('{"out": "' + "d" * 5000 + '", "inputs": {"data": "A"}}\n', "\"out\" is longer than 4096 bytes"),
-    ("[" * 100 + "]" * 100 + "\n", "nesting too deep"),
+    ("[" * 100 + "]" * 100 + "\n", "nesting too deep|not an {\"out\", \"inputs\"} object"),
     ("\n\n", "names no run"),
 ])
-def test_a_bad_cases_file_is_one_line_naming_it_and_nothing_runs(tmp_path, text, says):
+@pytest.mark.parametrize("harness", ["C++", "Python"])
+def test_a_bad_cases_file_is_one_line_naming_it_and_nothing_runs(tmp_path, text, says, harness):
     """The cases file is untrusted text: anything but one bounded {out, inputs} object a line stops the
-    process before the model loads, exit 2, one line naming the file and line."""
+    process before the model loads, exit 2, one line naming the file and line; the C++ harness and the
+    Python host engines hold the same bounds (deep nesting: the C++ parser's own limit, or not an object)."""
     listing = tmp_path / "cases.jsonl"
     first = json.dumps({"out": str(tmp_path / "first"), "inputs": {"data": str(INPUTS / "convnet.npy")}}) + "\n"
     listing.write_text(text if "names no run" in says else first + text)
-    done = subprocess.run([str(host_harness()), *_model_args("convnet"), "--each", str(listing)],
+    program = ([str(host_harness())] if harness == "C++"
+               else [sys.executable, "-m", "layerdiff.collector.engines.ncnn.engine"])
+    done = subprocess.run([*program, *_model_args("convnet"), "--each", str(listing)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and not _case_events(done.stdout)
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"layerdiff-harness: --each {listing}") and says in lines[0]
+    assert len(lines) == 1 and lines[0].startswith(f"layerdiff-harness: --each {listing}")
+    assert any(part in lines[0] for part in says.split("|")), lines[0]
     if "names no run" not in says:
         assert "line 2" in lines[0]
     assert not (tmp_path / "first").exists()

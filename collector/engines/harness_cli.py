@@ -298,25 +298,84 @@ def harness_main(engine_name: str, run: Callable[[HarnessArgs], None], probe: Ca
 CASE_EVENT = "case"
 
 
+# Bounds of an `--each` file, the C++ harness's own (device_scripts/harness/src/each_cases.cpp): the file is
+# untrusted text, refused whole before the model loads.
+EACH_FILE_BYTES, EACH_LINE_BYTES, EACH_RUNS = 64 << 20, 64 << 10, 1_000_000
+EACH_INPUTS, EACH_PATH_BYTES, EACH_NAME_BYTES = 256, 4096, 1024
+
+
 def read_cases(path: str) -> list[dict]:
     """`--each FILE`: one JSON object a line, `{"out": DIR, "inputs": {NAME: FILE.npy}}`, one run each; a
-    relative path is relative to FILE's own directory (the collector writes FILE beside the run's dumps)."""
-    cases = []
+    relative path is relative to FILE's own directory (the collector writes FILE beside the run's dumps).
+    Anything else stops the process before the model loads, with one line naming the file and line."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        with open(path, "rb") as handle:
+            data = handle.read(EACH_FILE_BYTES + 1)
+        if len(data) > EACH_FILE_BYTES:
+            raise HarnessExit(EXIT_ARGS, f"--each {path}: larger than {EACH_FILE_BYTES >> 20} MiB; split the inputs "
+                                         "over several files")
+        lines = data.decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise HarnessExit(EXIT_ARGS, f"--each {path}: not readable ({err})") from None
+    base = Path(path).parent
+    cases = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            case = json.loads(line)
-            out, inputs = str(case["out"]), {str(k): str(v) for k, v in dict(case["inputs"]).items()}
-        except (ValueError, KeyError, TypeError) as err:
-            raise HarnessExit(EXIT_ARGS, f"--each {path} line {number}: not an {{\"out\", \"inputs\"}} object ({err})") from None
-        base = Path(path).parent
-        cases.append({"out": str(base / out), "inputs": {name: str(base / file) for name, file in inputs.items()}})
+        where = f"{path} line {number}"
+        if len(line.encode()) > EACH_LINE_BYTES:
+            raise HarnessExit(EXIT_ARGS, f"--each {where}: longer than {EACH_LINE_BYTES} bytes")
+        if len(cases) >= EACH_RUNS:
+            raise HarnessExit(EXIT_ARGS, f"--each {path}: more than {EACH_RUNS} runs")
+        out, inputs = _one_case(line, where)
+        cases.append({"out": str(base / out), "inputs": {name: str(base / file) for name, file in inputs}})
+    if not cases:
+        raise HarnessExit(EXIT_ARGS, f"--each {path}: names no run (one {{\"out\", \"inputs\"}} object a line)")
     return cases
+
+
+def _one_case(line: str, where: str) -> tuple[str, list[tuple[str, str]]]:
+    """One line's `out` and `(name, file)` inputs, each bounded, no NUL, no input named twice."""
+    def bad(why: str) -> HarnessExit:
+        return HarnessExit(EXIT_ARGS, f"--each {where}: {why}")
+
+    try:
+        case = json.loads(line, object_pairs_hook=list)
+    except (ValueError, RecursionError) as err:
+        raise bad(f"invalid JSON ({str(err)[:80]})") from None
+    if not isinstance(case, list) or not all(isinstance(m, tuple) for m in case):
+        raise bad('not an {"out", "inputs"} object')
+    members = dict(case)
+    if "out" not in members or "inputs" not in members:
+        raise bad('not an {"out", "inputs"} object (both are required)')
+    out = _case_text(members["out"], '"out"', bad)
+    inputs = members["inputs"]
+    if not isinstance(inputs, list) or not all(isinstance(m, tuple) for m in inputs):
+        raise bad('"inputs" is not an object of NAME: FILE.npy')
+    if not inputs:
+        raise bad('"inputs" names no input')
+    if len(inputs) > EACH_INPUTS:
+        raise bad(f"more than {EACH_INPUTS} inputs")
+    names = [name for name, _ in inputs]
+    for name in names:
+        if not name or len(name.encode()) > EACH_NAME_BYTES or "\0" in name:
+            raise bad(f"an input name is empty, longer than {EACH_NAME_BYTES} bytes or holds NUL")
+        if names.count(name) > 1:
+            raise bad(f"input '{name}' is named twice")
+    return out, [(name, _case_text(file, f"input '{name}'", bad)) for name, file in inputs]
+
+
+def _case_text(value: object, what: str, bad: Callable[[str], HarnessExit]) -> str:
+    """A path member of a case: a non-empty string of at most EACH_PATH_BYTES, no NUL."""
+    if not isinstance(value, str):
+        raise bad(f"{what} is not a string")
+    if not value:
+        raise bad(f"{what} is empty")
+    if len(value.encode()) > EACH_PATH_BYTES:
+        raise bad(f"{what} is longer than {EACH_PATH_BYTES} bytes")
+    if "\0" in value:
+        raise bad(f"{what} holds a NUL character")
+    return value
 
 
 def run_each(ns: argparse.Namespace, engine_name: str, run: Callable[[HarnessArgs], None],
