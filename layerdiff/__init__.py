@@ -35,12 +35,28 @@ def _declared_engine_facts(engine: str):
     return found.facts if found is not None else None
 
 
+def _engine_declarations() -> bytes:
+    """The text of every engine folder's declaration (collector/engines/<folder>/__init__.py), read without
+    importing the registry (the analyzer's stored results take it in: see analyzer/formats/declared.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("layerdiff.collector.engines")
+    except ImportError:
+        return b""
+    if spec is None or not spec.submodule_search_locations:
+        return b""
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    return b"".join(path.parent.name.encode() + b"\0" + path.read_bytes() for path in sorted(folder.glob("*/__init__.py")))
+
+
 def _install_engine_lookup() -> None:
     """The analyzer knows no engine; the package that holds both halves tells it where engines are declared,
     so the notebook API, both commands and any program importing the analyzer read such dumps alike."""
     from layerdiff.analyzer.formats import declared
 
-    declared.install(_declared_engine_facts)
+    declared.install(_declared_engine_facts, _engine_declarations)
 
 
 _install_engine_lookup()

@@ -102,13 +102,31 @@ def test_a_dump_without_the_attribute_reads_what_its_engine_folder_declares():
 
 def test_without_the_lookup_the_analyzer_knows_no_engine():
     """The analyzer holds only a hook; the program installs the lookup (layerdiff/__init__.py)."""
-    installed = declared.lookup
+    installed, sources = declared.lookup, declared.sources
     assert installed is not None and installed("mnn") == ENGINES["mnn"].facts
     declared.install(None)
     try:
         assert facts_of({"engine": "mnn"}) == NO_FACTS
     finally:
-        declared.install(installed)
+        declared.install(installed, sources)
+
+
+def test_stored_results_are_keyed_by_the_engine_declarations():
+    """A stored measurement or report of a dump read with its engine folder's declaration is stale once the
+    declaration changes: the analyzer's code fingerprint takes the declarations' text in."""
+    from layerdiff.analyzer.measure.fingerprint import code_fingerprint
+
+    lookup, sources = declared.lookup, declared.sources
+    assert sources is not None and ENGINES["mnn"].facts.names.renames[0].pattern.encode() in sources()
+    before = code_fingerprint()
+    declared.install(lookup, lambda: sources() + b"# one more declaration")
+    code_fingerprint.cache_clear()
+    try:
+        assert code_fingerprint() != before
+    finally:
+        declared.install(lookup, sources)
+        code_fingerprint.cache_clear()
+    assert code_fingerprint() == before
 
 
 def test_untrusted_name_rules_are_kept_only_when_safe_to_apply():

@@ -12,9 +12,13 @@ from typing import Callable
 
 # engine name -> that engine's declared EngineFacts, or None when no engine of that name is known
 lookup: Callable[[str], object] | None = None
+# () -> the bytes the declarations are made of: a stored result of a dump that does not record its facts
+# depends on them, so the analyzer's code fingerprint (measure/fingerprint.py) takes them in
+sources: Callable[[], bytes] | None = None
 
 
-def install(found: Callable[[str], object] | None) -> None:
-    """Use `found` to look up an engine's declared facts (None: no engine is known, every such dump gets none)."""
-    global lookup
-    lookup = found
+def install(found: Callable[[str], object] | None, made_of: Callable[[], bytes] | None = None) -> None:
+    """Use `found` to look up an engine's declared facts (None: no engine is known, every such dump gets none),
+    and `made_of` for the bytes of those declarations."""
+    global lookup, sources
+    lookup, sources = found, made_of
