@@ -32,7 +32,7 @@ from layerdiff.errors import InputError, UsageError
 from layerdiff.analyzer.align.axes import axis_map, recorded_layouts
 from layerdiff.analyzer.formats.limits import load_json
 from layerdiff.analyzer.align.naming import NEUTRAL, PairNaming
-from layerdiff.analyzer.align.unmatched import Unmatched, _shape, _squeezed
+from layerdiff.analyzer.align.unmatched import Unmatched, _shape
 from layerdiff.analyzer.align.structure import VALUES_AGREE, VALUES_AGREE_FP32, match_by_structure
 
 
@@ -156,7 +156,7 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
         used = {j for j, _ in pairs.values()}
         found = match_by_structure(base, other, [i for i in range(len(base)) if i not in pairs],
                                    [j for j in range(len(other)) if j not in used], error, fp32, progress,
-                                   use_edges=renamed)
+                                   use_edges=renamed, naming=naming)
         if not renamed:  # names did most: structure only adds leftovers whose values are the same tensor
             found = _value_confirmed(found, error, fp32)
         pairs.update({i: (j, "structure") for i, (j, _c) in found.items()})

@@ -18,7 +18,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from layerdiff.analyzer.formats.enginefacts import NameFacts, NameRule, facts_of
+from layerdiff.analyzer.formats.enginefacts import HelperOp, NameFacts, NameRule, facts_of
 
 NEUTRAL_RENAMES: tuple[NameRule, ...] = (
     NameRule(r"^/+", "", "ONNX exporters prefix node names with '/', some converters drop it"),
@@ -33,7 +33,7 @@ class PairNaming:
 
     renames: _Compiled = ()
     key_rules: _Compiled = ()
-    helper_ops: _Compiled = ()
+    helper_ops: tuple[tuple[re.Pattern, str, str], ...] = ()  # (pattern, why, role)
 
     def renamed(self, key: str) -> str:
         """The key with the renames applied to its op part (output index kept)."""
@@ -53,10 +53,14 @@ class PairNaming:
 
     def helper_reason(self, op: str) -> str:
         """Why an op is expected to have no counterpart (an engine-inserted helper), '' when it is not one."""
-        return next((why for pattern, _replacement, why in self.helper_ops if pattern.search(op)), "")
+        return next((why for pattern, why, _role in self.helper_ops if pattern.search(op)), "")
 
     def is_helper(self, op: str) -> bool:
         return bool(self.helper_reason(op))
+
+    def has_role(self, op: str, role: str) -> bool:
+        """Whether `op` is a helper op of this role ("copy", "relayout": enginefacts.HelperOp)."""
+        return any(pattern.search(op) for pattern, _why, helper_role in self.helper_ops if helper_role == role)
 
 
 def naming_of(*attrs) -> PairNaming:
@@ -69,7 +73,11 @@ def pair_naming(*declared: NameFacts) -> PairNaming:
     """The rules the runs declare (each rule once, in the runs' order) and the neutral renames after them."""
     return PairNaming(_compiled([r for names in declared for r in names.renames] + list(NEUTRAL_RENAMES)),
                       _compiled([r for names in declared for r in names.key_rules]),
-                      _compiled([r for names in declared for r in names.helper_ops]))
+                      _helpers([h for names in declared for h in names.helper_ops]))
+
+
+def _helpers(helpers: list[HelperOp]) -> tuple[tuple[re.Pattern, str, str], ...]:
+    return tuple((re.compile(h.pattern), h.why, h.role) for h in dict.fromkeys(helpers))
 
 
 def _compiled(rules: list[NameRule]) -> _Compiled:

@@ -43,6 +43,21 @@ class NameRule:
     why: str = ""
 
 
+HELPER_ROLES = ("", "copy", "relayout")
+
+
+@dataclass(frozen=True)
+class HelperOp:
+    """Ops an engine inserts that no other engine has: an op name `pattern` finds is expected to stay unmatched,
+    for the reason `why`. `role` says what it computes, for matching by structure: "copy" (it only copies
+    another op's tensor: never paired by structure, it would take that op's partner), "relayout" (it writes
+    another op's tensor in another layout: paired only when values confirm it), "" (neither)."""
+
+    pattern: str
+    why: str = ""
+    role: str = ""
+
+
 @dataclass(frozen=True)
 class NameFacts:
     """How an engine and its tools name what they dump, so its runs align with other engines' runs.
@@ -55,9 +70,8 @@ class NameFacts:
     # How its dump tools write a tensor's `<op>:<output index>` key (tried after `renames`, on the whole key,
     # so a rule may move a number from the name into the output index).
     key_rules: tuple[NameRule, ...] = ()
-    # Ops the engine inserts that no other engine has: an op name `pattern` finds is expected to stay
-    # unmatched, for the reason `why` (`replacement` unused).
-    helper_ops: tuple[NameRule, ...] = ()
+    # Ops the engine inserts that no other engine has (each a `HelperOp`).
+    helper_ops: tuple[HelperOp, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,7 +157,7 @@ def _parsed(text: str) -> tuple[EngineFacts, bool]:
                     _text(cpu.get("tied_output")), _text(cpu.get("tied_table"))),
         tuple((_text(k), _text(v)) for k, v in list(tasks.items())[:MAX_ITEMS] if isinstance(v, str)),
         data.get("golden") is True,
-        NameFacts(_rules(names.get("renames")), _rules(names.get("key_rules")), _rules(names.get("helper_ops")))), \
+        NameFacts(_rules(names.get("renames")), _rules(names.get("key_rules")), _helpers(names.get("helper_ops")))), \
         "names" in data
 
 
@@ -155,6 +169,15 @@ def _rules(value: object) -> tuple[NameRule, ...]:
     rules = (NameRule(_text(r.get("pattern")), _text(r.get("replacement")), _text(r.get("why")))
              for r in value[:MAX_RULES] if isinstance(r, dict) and isinstance(r.get("pattern"), str))
     return tuple(rule for rule in rules if usable(rule))
+
+
+def _helpers(value: object) -> tuple[HelperOp, ...]:
+    """The usable helper-op patterns of a recorded list (as `_rules`); an unknown role is read as none."""
+    if not isinstance(value, list):
+        return ()
+    helpers = (HelperOp(_text(h.get("pattern")), _text(h.get("why")), h.get("role") if h.get("role") in HELPER_ROLES else "")
+               for h in value[:MAX_RULES] if isinstance(h, dict) and isinstance(h.get("pattern"), str))
+    return tuple(helper for helper in helpers if usable(NameRule(helper.pattern)))
 
 
 def usable(rule: NameRule) -> bool:

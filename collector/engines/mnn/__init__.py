@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from layerdiff.analyzer.formats.enginefacts import EngineFacts, NameFacts, NameRule
+from layerdiff.analyzer.formats.enginefacts import EngineFacts, HelperOp, NameFacts, NameRule
 from layerdiff.collector.engines.base import Engine, InputSpecs
 
 
@@ -58,7 +58,7 @@ FACTS = EngineFacts(names=NameFacts(
     key_rules=(NameRule(r"/", "_", "MNN's dump tools replace '/' in op names by '_' in file names"),
                NameRule(r"^(?P<base>.*_output_)(?P<k>[1-9]\d*):0$", r"\g<base>0:\g<k>",
                         "ONNX tensor '<node>_output_<k>' (k>0) is output k of the MNN op named '<node>_output_0'")),
-    helper_ops=(NameRule(r"_raster_\d+$", "", "MNN inserts raster (layout) ops that differ between backends"),)))
+    helper_ops=(HelperOp(r"_raster_\d+$", "MNN inserts raster (layout) ops that differ between backends", "relayout"),)))
 
 
 def _repro():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from layerdiff.analyzer.formats.enginefacts import EngineFacts, NameFacts, NameRule
+from layerdiff.analyzer.formats.enginefacts import EngineFacts, HelperOp, NameFacts, NameRule
 from layerdiff.collector.engines.base import Engine, InputSpecs
 
 
@@ -55,7 +55,7 @@ WRITES = (("*", "each blob is extracted in layer order, so `extract` runs the la
 # `<blob>_splitncnn_<j>`, which other engines do not have.
 FACTS = EngineFacts(names=NameFacts(
     renames=(NameRule(r"_splitncnn_\d+$", "", "ncnn's Split copies are named <blob>_splitncnn_<k>"),),
-    helper_ops=(NameRule(r"^splitncnn_(input)?\d+$", "", "ncnn Split layer (copies of one blob)"),)))
+    helper_ops=(HelperOp(r"^splitncnn_(input)?\d+$", "ncnn Split layer (copies of one blob)", "copy"),)))
 
 
 def _repro():
