@@ -204,6 +204,18 @@ def test_a_dump_aligns_by_the_name_rules_its_header_records_whatever_its_engine_
     assert aligned(tmp_path / "declared", by_rules=False) == aligned(tmp_path / "declared")
 
 
+def test_the_engine_registry_is_imported_only_for_a_dump_that_does_not_record_its_facts(tmp_path):
+    """Reading dumps that record their facts costs no engine import; a dump that does not brings the registry in."""
+    write_pair(tmp_path / "declared", "someengine", {ATTRIBUTE: ENGINES["mnn"].facts.to_json()})
+    write_pair(tmp_path / "old", "mnn", {})
+    code = ("import sys; from layerdiff.analyzer.analysis import analyze_paths; "
+            "analyze_paths([sys.argv[1]]).close(); print('layerdiff.collector.engines' in sys.modules)")
+    for case, imported in (("declared", "False"), ("old", "True")):
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path / case)], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0 and done.stdout.strip() == imported, (case, done.stdout, done.stderr)
+
+
 def test_an_imported_mnn_dump_aligns_with_an_onnx_golden_by_mnns_rules(tmp_path):
     """A dump MNN's own tools wrote, imported: the import names its engine, the engine folder's rules align it."""
     from tests.test_import_mnn import sample_tensors, write_mnn_dump
