@@ -48,7 +48,8 @@ def _engine_declarations() -> bytes:
     if spec is None or not spec.submodule_search_locations:
         return b""
     folder = Path(next(iter(spec.submodule_search_locations)))
-    return b"".join(path.parent.name.encode() + b"\0" + path.read_bytes() for path in sorted(folder.glob("*/__init__.py")))
+    declarations = sorted(folder.glob("*/__init__.py"))
+    return b"".join(path.parent.name.encode() + b"\0" + path.read_bytes() for path in declarations)
 
 
 def _install_engine_lookup() -> None:

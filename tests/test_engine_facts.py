@@ -18,7 +18,7 @@ from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.analyzer.runs.reference import choose_reference
 from layerdiff.analyzer.formats import declared
 from layerdiff.analyzer.formats.dumpfile import DumpWriter
-from layerdiff.analyzer.formats.enginefacts import (ATTRIBUTE, NO_FACTS, CpuByDesign, EngineFacts, NameFacts, NameRule,
+from layerdiff.analyzer.formats.enginefacts import (ATTRIBUTE, NO_FACTS, CpuByDesign, EngineFacts, NameRule,
                                                     facts_of, parse_facts)
 from layerdiff.analyzer.importers import import_any
 from layerdiff.collector.engines import ENGINES

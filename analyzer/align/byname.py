@@ -139,7 +139,8 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
     """Match two `/layers` tables; never raises on odd names, duplicates or disjoint sets.
 
     `naming`: the name rules of the pair (`align.naming.naming_of` the two runs' attributes: what their
-    engines declare), used with the built-in rules; `error(base row, other row)` (rel L2 of the two tensors) lets structural matching settle
+    engines declare; applied unless `rules.builtin` is off, its helper ops always explain unmatched layers).
+    `error(base row, other row)` (rel L2 of the two tensors) lets structural matching settle
     ambiguous candidates by value, closely when both runs are `fp32` (see `layerdiff.analyzer.align.structure`);
     `progress(done, total)` hears how far structural matching is."""
     base_keys = _canonical_keys(base, rules)

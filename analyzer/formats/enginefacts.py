@@ -175,9 +175,13 @@ def _helpers(value: object) -> tuple[HelperOp, ...]:
     """The usable helper-op patterns of a recorded list (as `_rules`); an unknown role is read as none."""
     if not isinstance(value, list):
         return ()
-    helpers = (HelperOp(_text(h.get("pattern")), _text(h.get("why")), h.get("role") if h.get("role") in HELPER_ROLES else "")
+    helpers = (HelperOp(_text(h.get("pattern")), _text(h.get("why")), _role(h.get("role")))
                for h in value[:MAX_RULES] if isinstance(h, dict) and isinstance(h.get("pattern"), str))
     return tuple(helper for helper in helpers if usable(NameRule(helper.pattern)))
+
+
+def _role(value: object) -> str:
+    return value if isinstance(value, str) and value in HELPER_ROLES else ""
 
 
 def usable(rule: NameRule) -> bool:
