@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from layerdiff.analyzer.align.byname import NameRules, align_layers
+from layerdiff.analyzer.align.naming import naming_of
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.analyzer.measure.compare import value_error
 from tests.analyze_dumps import write_dump
@@ -79,7 +80,8 @@ def test_parallel_branches_in_opposite_orders_meet_their_own_twins(tmp_path):
     for base_path, other_path in ((mnn_path, ncnn_path), (ncnn_path, mnn_path)):
         with DumpFile(base_path) as base, DumpFile(other_path) as other:
             error = value_error(_Run(base), _Run(other))
-            matched = align_layers(base.layers, other.layers, NameRules(), error, fp32=True).matched
+            matched = align_layers(base.layers, other.layers, NameRules(), error, fp32=True,
+                                   naming=naming_of(base.attrs, other.attrs)).matched
             rows_b = {int(o): i for i, o in enumerate(base.layers["order"])}
             rows_o = {int(o): j for j, o in enumerate(other.layers["order"])}
             errors = {(k, o): error(rows_b[b], rows_o[oo]) for k, o, b, oo in
@@ -97,7 +99,8 @@ def _matched(base_path, other_path) -> tuple[dict[str, str], dict]:
     """{base key: other key} and {(base key, other key): rel L2} of the structural alignment (fp32)."""
     with DumpFile(base_path) as base, DumpFile(other_path) as other:
         error = value_error(_Run(base), _Run(other))
-        matched = align_layers(base.layers, other.layers, NameRules(), error, fp32=True).matched
+        matched = align_layers(base.layers, other.layers, NameRules(), error, fp32=True,
+                               naming=naming_of(base.attrs, other.attrs)).matched
         rows_b = {int(o): i for i, o in enumerate(base.layers["order"])}
         rows_o = {int(o): j for j, o in enumerate(other.layers["order"])}
         errors = {(k, o): error(rows_b[b], rows_o[oo]) for k, o, b, oo in

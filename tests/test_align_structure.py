@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from layerdiff.analyzer.align.byname import NameRules, align_layers
+from layerdiff.analyzer.align.naming import naming_of
 from layerdiff.analyzer.measure.compare import value_error
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.analyzer.importers import import_any
@@ -76,7 +77,8 @@ def test_pnnx_ncnn_aligns_with_onnx_golden_by_structure(pnnx_case):
     golden_path, ncnn_path = pnnx_case
     with DumpFile(golden_path) as golden, DumpFile(ncnn_path) as ncnn:
         assert not set(golden.layers["op"]) & set(ncnn.layers["op"])  # no name in common
-        result = align_layers(golden.layers, ncnn.layers, NameRules(), value_error(_Run(golden), _Run(ncnn)))
+        result = align_layers(golden.layers, ncnn.layers, NameRules(), value_error(_Run(golden), _Run(ncnn)),
+                              naming=naming_of(golden.attrs, ncnn.attrs))
         error = value_error(_Run(golden), _Run(ncnn))
         rows_g = {int(o): i for i, o in enumerate(golden.layers["order"])}
         rows_n = {int(o): j for j, o in enumerate(ncnn.layers["order"])}

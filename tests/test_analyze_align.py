@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from layerdiff.analyzer.align.byname import NameRules, align_layers, load_name_map, parse_rename, shape_status
+from layerdiff.analyzer.align.naming import naming_of
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.formats.dumpfile import DumpFile, DumpWriter
 from layerdiff.errors import LayerdiffError
@@ -32,7 +33,7 @@ def test_names_with_slash_colon_space_match_and_extras_are_listed(tmp_path):
     arrays = {**ref, "relu1_raster_0": ref["relu1"]}
     del arrays["pool"]
     b = write_dump(tmp_path / "b.h5", arrays, layers=extra)
-    result = align_layers(layers_of(a), layers_of(b), NameRules())
+    result = align_layers(layers_of(a), layers_of(b), NameRules(), naming=naming_of({"engine": "mnn"}))
     assert list(result.matched["key"]) == ["conv1:0", "relu1:0", "block/conv 2:0", "add:1:0", "fc:0", "prob:0"]
     assert list(result.only_base["key"]) == ["pool:0"]
     assert list(result.only_other["key"]) == ["relu1_raster_0:0"]
@@ -95,7 +96,7 @@ def test_builtin_rules_only_for_leftovers(tmp_path):
     a = write_dump(tmp_path / "a.h5", ref)
     other = renamed(LAYERS, {"fc": "fc__matmul_converted", "conv1": "/conv1"})
     b = write_dump(tmp_path / "b.h5", {op: ref[orig] for (op, *_), (orig, *_) in zip(other, LAYERS)}, layers=other)
-    result = align_layers(layers_of(a), layers_of(b), NameRules())
+    result = align_layers(layers_of(a), layers_of(b), NameRules(), naming=naming_of({"engine": "mnn"}))
     how = dict(zip(result.matched["key"], result.matched["match"]))
     assert how["fc:0"] == "builtin-rule" and how["conv1:0"] == "builtin-rule" and how["prob:0"] == "exact"
     assert align_layers(layers_of(a), layers_of(b), NameRules(builtin=False)).only_base["key"].tolist() == [
@@ -149,7 +150,7 @@ def test_onnx_runtime_names_align_with_mnn_dump_names_without_a_map():
                         "output_index": [0, 0, 1, 0], "order": [0, 1, 2, 3], "op_type": ["Convolution", "TopKV2", "TopKV2", "Raster"],
                         "shape": ["[4]", "[2]", "[2]", "[4]"]})
     mnn["key"] = [f"{op}:{i}" for op, i in zip(mnn["op"], mnn["output_index"])]
-    alignment = align_layers(ort, mnn, NameRules())
+    alignment = align_layers(ort, mnn, NameRules(), naming=naming_of({"engine": "onnxruntime"}, {"engine": "mnn"}))
     pairs = dict(zip(alignment.matched["key"], alignment.matched["other_key"]))
     assert pairs == {"/blk/conv/Conv_output_0:0": "_blk_conv_Conv_output_0:0",
                      "/tk/TopK_output_0:0": "_tk_TopK_output_0:0", "/tk/TopK_output_1:0": "_tk_TopK_output_0:1"}

@@ -264,11 +264,13 @@ def test_structure_matches_the_layers_with_a_counterpart_and_no_other(corpus_run
     the ncnn layers whose tensor exists in the golden, and every match it keeps holds the same values
     (a correct fp32 run: a structural match whose values differ would be a false match)."""
     from layerdiff.analyzer.align.byname import NameRules, align_layers
+    from layerdiff.analyzer.align.naming import naming_of
 
     with DumpFile(corpus_run(stem, "onnxruntime")) as golden, DumpFile(corpus_run(stem, "ncnn")) as ncnn:
         a = [golden.tensor(o).astype(np.float64).ravel() for o in golden.layers["order"]]
         b = [ncnn.tensor(o).astype(np.float64).ravel() for o in ncnn.layers["order"]]
-        result = align_layers(golden.layers, ncnn.layers, NameRules(), lambda i, j: _rel_l2(a[i], b[j]), fp32=True)
+        result = align_layers(golden.layers, ncnn.layers, NameRules(), lambda i, j: _rel_l2(a[i], b[j]), fp32=True,
+                              naming=naming_of(golden.attrs, ncnn.attrs))
         rows_a = {int(o): i for i, o in enumerate(golden.layers["order"])}
         rows_b = {int(o): j for j, o in enumerate(ncnn.layers["order"])}
         pairs = [(rows_a[x], rows_b[y]) for x, y in zip(result.matched["base_order"], result.matched["other_order"])]
@@ -364,10 +366,12 @@ def test_golden_aligns_every_tensor_the_engine_reproduces(corpus_run, stem, engi
     some real ops like its layout copies (a Pooling writing `pool2d_0.tmp_0_raster_0`) and the
     classifier's golden aligned at 89.9% before name leftovers went through value-confirmed structure."""
     from layerdiff.analyzer.align.byname import NameRules, align_layers
+    from layerdiff.analyzer.align.naming import naming_of
     from layerdiff.analyzer.measure.compare import value_error
 
     with DumpFile(corpus_run(stem, "onnxruntime")) as golden, DumpFile(corpus_run(stem, engine)) as run:
-        result = align_layers(golden.layers, run.layers, NameRules(), value_error(_Opened(golden), _Opened(run)), True)
+        result = align_layers(golden.layers, run.layers, NameRules(), value_error(_Opened(golden), _Opened(run)), True,
+                              naming=naming_of(golden.attrs, run.attrs))
         a = [golden.tensor(o).astype(np.float64).ravel() for o in golden.layers["order"]]
         b = {int(o): run.tensor(o).astype(np.float64).ravel() for o in run.layers["order"]}
         rows_a = {int(o): i for i, o in enumerate(golden.layers["order"])}

@@ -9,8 +9,8 @@ include an engine's word: a registered engine's name or folder, the Python modul
 are documentation and do not count; neither do docs/ and tests/. Each node counts once.
 
 What the analyzer must know about an engine travels as data in the dump (analyzer/formats/enginefacts.py);
-what the collector must know is read from the registry (collector/engines/__init__.py). The files below
-still name engines, each for the reason given; their counts may only go down.
+what the collector must know is read from the registry (collector/engines/__init__.py). No file outside the
+engine folders holds an engine's name (`ALLOWED` would list one, with its reason).
 """
 from __future__ import annotations
 
@@ -33,19 +33,8 @@ FOREIGN_FORMATS = REPO / "analyzer" / "importers"
 ALIASES = {"tflite", "llama"}  # what a model file or a user calls an engine besides its registered name
 GENERIC = {"lite", "ai", "edge"}  # words of engine names that are ordinary words on their own (sqlite, edge)
 
-# file -> (most engine words it may hold, why it holds them)
-ALLOWED: dict[str, tuple[int, str]] = {
-    # Dumps written before the header recorded `engine_facts`: the facts their engine implied then, frozen
-    # (tests/test_engine_facts.py checks they equal the engine folder's declaration).
-    "analyzer/formats/enginefacts.py": (5, "the frozen facts of dumps older than the header attribute"),
-    # Name rules for op names producers write (converters' renames, engine-inserted helper ops): applied to
-    # every pair, whichever engines wrote it, including dumps imported from engines' own tools and dumps without
-    # `engine_facts`; declared as engine facts they would come back as frozen facts of those dumps above. The
-    # engine words are in the rules' descriptions (shown in the report), the rules themselves are patterns.
-    "analyzer/align/byname.py": (2, "built-in rename rules, described by the converter that renames"),
-    "analyzer/align/naming.py": (2, "built-in name normalisation, described by the tool that writes the names"),
-    "analyzer/align/unmatched.py": (2, "engine-inserted helper ops, described by the engine that inserts them"),
-}
+# file -> (most engine words it may hold, why it holds them): none holds any.
+ALLOWED: dict[str, tuple[int, str]] = {}
 
 
 def engine_words() -> set[str]:

@@ -9,7 +9,7 @@ import pytest
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import DumpFormatError
 from layerdiff.analyzer.importers import detect_format, import_any, import_one
-from layerdiff.analyzer.align.naming import canonical_from_key, canonical_key, is_helper
+from layerdiff.analyzer.align.naming import naming_of
 from layerdiff.analyzer.importers.mnnnames import split_mnn_file_name
 
 
@@ -132,12 +132,16 @@ def test_all_layers_bad_is_one_error_line(tmp_path):
     ],
 )
 def test_onnx_runtime_names_align_with_mnn_file_names(onnx_tensor, mnn_file):
-    assert canonical_key(onnx_tensor, 0) == canonical_key(*split_mnn_file_name(mnn_file))
+    """The name rules an MNN dump brings (its engine's declaration, for a dump that does not record them)."""
+    naming = naming_of({"engine": "mnn"})
+    op, index = split_mnn_file_name(mnn_file)
+    assert naming.canonical(f"{onnx_tensor}:0") == naming.canonical(f"{op}:{index}")
 
 
 def test_mnn_raster_helpers_are_marked_and_keys_with_colons_survive():
-    assert is_helper("/add/Add_output_0_raster_1") and not is_helper("/add/Add_output_0")
-    assert canonical_from_key("a:b/c:2") == "a:b_c:2"
+    naming = naming_of({"engine": "mnn"})
+    assert naming.is_helper("/add/Add_output_0_raster_1") and not naming.is_helper("/add/Add_output_0")
+    assert naming.canonical("a:b/c:2") == "a:b_c:2"
 
 
 def test_ort_npz_aligns_with_mnn_dump_without_a_name_map(tmp_path):
@@ -146,8 +150,9 @@ def test_ort_npz_aligns_with_mnn_dump_without_a_name_map(tmp_path):
     ort = {"/blk/conv/Conv_output_0": tensors[0][2], "/tk/TopK_output_0": tensors[2][2], "/tk/TopK_output_1": tensors[3][2]}
     np.savez(tmp_path / "ort.npz", **ort)
     with DumpFile(import_any(root, None, tmp_path / "m.h5")) as mnn, DumpFile(import_any(tmp_path / "ort.npz", None, tmp_path / "o.h5")) as ref:
-        mnn_keys = {canonical_from_key(k): o for k, o, op in zip(mnn.layers["key"], mnn.layers["order"], mnn.layers["op"]) if not is_helper(op)}
-        ref_keys = {canonical_from_key(k): o for k, o in zip(ref.layers["key"], ref.layers["order"])}
+        naming = naming_of(mnn.attrs, ref.attrs)  # the imported dump names its engine; its rules come from there
+        mnn_keys = {naming.canonical(k): o for k, o, op in zip(mnn.layers["key"], mnn.layers["order"], mnn.layers["op"]) if not naming.is_helper(op)}
+        ref_keys = {naming.canonical(k): o for k, o in zip(ref.layers["key"], ref.layers["order"])}
         assert set(ref_keys) <= set(mnn_keys)
         for key, order in ref_keys.items():
             np.testing.assert_allclose(mnn.tensor(mnn_keys[key]).reshape(-1), ref.tensor(order).reshape(-1), rtol=1e-5)

@@ -1,14 +1,15 @@
 """Matching the layers of two runs by name, so every later step compares like with like.
 
-Runs of one model on different engines or backends do not list the same layers: MNN adds
-`<op>_raster_<k>` ops on some backends, ncnn inserts `splitncnn_<k>` copies, converters rename
-(`<name>__matmul_converted`). Alignment therefore never fails: it matches what it can and lists the
-rest. Matching goes, in order, through
+Runs of one model on different engines or backends do not list the same layers: an engine adds helper
+ops on some backends or inserts copies of a blob, converters rename the ops they rewrite. Alignment
+therefore never fails: it matches what it can and lists the rest. Matching goes, in order, through
 1. the user's explicit name map (`--name-map`, old -> new) and regex rules (`--rename`), applied to
    both runs before anything else, because the user knows best;
 2. exact keys `<op>:<output_index>` (multi-output ops keep their index);
-3. built-in normalization rules, only for layers still unmatched and only where the normalized key
-   is unique on both sides, so a rule can never steal a layer that already matched exactly;
+3. the name rules the two runs' engines declare (their dumps' `engine_facts`, `align.naming`: renames,
+   then how their dump tools write keys) and the engine-neutral ones, only for layers still unmatched
+   and only where the normalized key is unique on both sides, so a rule can never steal a layer that
+   already matched exactly;
 4. when names matched less than half of the smaller run (pnnx renames everything), the graph
    structure of the leftovers (`layerdiff.analyzer.align.structure`: shapes, op types, order, edges).
 Every match has a confidence: 1 for names, lower for structure (see `layerdiff.analyzer.align.structure`).
@@ -30,17 +31,9 @@ import pandas as pd
 from layerdiff.errors import InputError, UsageError
 from layerdiff.analyzer.align.axes import axis_map, recorded_layouts
 from layerdiff.analyzer.formats.limits import load_json
-from layerdiff.analyzer.align.naming import canonical_from_key
-from layerdiff.analyzer.align.unmatched import (EXPECTED_EXTRAS, Unmatched, _shape, _squeezed,  # noqa: F401 (API)
-                                                expected_extra_reason)
+from layerdiff.analyzer.align.naming import NEUTRAL, PairNaming
+from layerdiff.analyzer.align.unmatched import Unmatched, _shape
 from layerdiff.analyzer.align.structure import VALUES_AGREE, VALUES_AGREE_FP32, match_by_structure
-
-# (pattern, replacement, why): applied to op names of still-unmatched layers (step 3 above).
-BUILTIN_RULES: list[tuple[str, str, str]] = [
-    (r"__matmul_converted$", "", "MNN's converter rewrites MatMul as a convolution named <name>__matmul_converted"),
-    (r"_splitncnn_\d+$", "", "ncnn's Split copies are named <blob>_splitncnn_<k>"),
-    (r"^/+", "", "ONNX exporters prefix node names with '/', some converters drop it"),
-]
 
 
 @dataclass
@@ -60,14 +53,6 @@ class NameRules:
         for pattern, repl in self.regex:
             op = pattern.sub(repl, op)
         return f"{op}:{output_index}"
-
-
-def builtin_normal(key: str) -> str:
-    """Key with the built-in normalization applied to its op part (output index kept)."""
-    op, _, index = key.rpartition(":")
-    for pattern, repl, _why in BUILTIN_RULES:
-        op = re.sub(pattern, repl, op)
-    return f"{op}:{index}"
 
 
 def parse_rename(spec: str) -> tuple[re.Pattern, str]:
@@ -150,9 +135,11 @@ STRUCTURE_BELOW = 0.5
 
 def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
                  error: Callable[[int, int], float] | None = None, fp32: bool = False,
-                 progress: Callable[[int, int], None] | None = None) -> PairAlignment:
+                 progress: Callable[[int, int], None] | None = None, naming: PairNaming = NEUTRAL) -> PairAlignment:
     """Match two `/layers` tables; never raises on odd names, duplicates or disjoint sets.
 
+    `naming`: the name rules of the pair (`align.naming.naming_of` the two runs' attributes: what their
+    engines declare; applied unless `rules.builtin` is off, its helper ops always explain unmatched layers).
     `error(base row, other row)` (rel L2 of the two tensors) lets structural matching settle
     ambiguous candidates by value, closely when both runs are `fp32` (see `layerdiff.analyzer.align.structure`);
     `progress(done, total)` hears how far structural matching is."""
@@ -161,15 +148,16 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
     how = "renamed" if (rules.name_map or rules.regex) else "exact"
     pairs = _match_exact(base_keys, other_keys, how)
     if rules.builtin:
-        pairs.update(_match_builtin(base_keys, other_keys, pairs, builtin_normal))
-        pairs.update(_match_builtin(base_keys, other_keys, pairs, canonical_from_key))
+        pairs.update(_match_builtin(base_keys, other_keys, pairs, naming.renamed))
+        if naming.key_rules:
+            pairs.update(_match_builtin(base_keys, other_keys, pairs, naming.canonical))
     confidence = {i: 1.0 for i in pairs}
     renamed = len(pairs) < STRUCTURE_BELOW * min(len(base), len(other))
     if rules.builtin and (renamed or error is not None):
         used = {j for j, _ in pairs.values()}
         found = match_by_structure(base, other, [i for i in range(len(base)) if i not in pairs],
                                    [j for j in range(len(other)) if j not in used], error, fp32, progress,
-                                   use_edges=renamed)
+                                   use_edges=renamed, naming=naming)
         if not renamed:  # names did most: structure only adds leftovers whose values are the same tensor
             found = _value_confirmed(found, error, fp32)
         pairs.update({i: (j, "structure") for i, (j, _c) in found.items()})
@@ -179,9 +167,9 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
     by_structure = any(how == "structure" for _j, how in pairs.values())
     rows = {i: j for i, (j, _how) in pairs.items()}
     only_base = _unmatched_frame(base, [i for i in range(len(base)) if i not in pairs],
-                                 Unmatched(base, other, rows, by_structure))
+                                 Unmatched(base, other, rows, by_structure, naming))
     only_other = _unmatched_frame(other, [j for j in range(len(other)) if j not in used_other],
-                                  Unmatched(other, base, {j: i for i, j in rows.items()}, by_structure))
+                                  Unmatched(other, base, {j: i for i, j in rows.items()}, by_structure, naming))
     return PairAlignment(matched=matched, only_base=only_base, only_other=only_other)
 
 

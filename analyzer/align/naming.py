@@ -1,75 +1,88 @@
-"""Name normalization that lets ONNX Runtime / Polygraphy tensors align with MNN dump names.
+"""How the op names of two runs are brought to one form: the rules their engines declare, plus engine-neutral ones.
 
-Facts this rests on (checked with MNN 3.6.1's converter and session callbacks on the host, and in
-MNN's tools/cpp/MNNV2Basic.cpp, ModuleBasic.cpp, ExprDebug.hpp):
-- MNN names each op after the ONNX node's *first output tensor* (`/blk/conv/Conv_output_0`), and
-  op output k is the node's k-th ONNX output. A TopK node with outputs `/tk/TopK_output_0` and
-  `/tk/TopK_output_1` is one MNN op `/tk/TopK_output_0` with outputs 0 and 1.
-- MNN's dump tools write op output i to the file `output/<op name with '/' replaced by '_'>_<i>`.
-- MNN's geometry pass inserts `Raster` ops named `<consumer>_raster_<k>`; ONNX has no counterpart
-  and their set differs between backends.
-- ONNX Runtime (directly or through Polygraphy) names results by ONNX tensor name.
+Engines and their tools name one tensor differently: a converter renames the ops it rewrites, an engine's dump
+tools write names with other characters and move a second output into a name of its own, an engine inserts
+helper ops no other engine has. Each engine's folder declares these as data (`NameFacts`: `renames`,
+`key_rules`, `helper_ops`), every dump records them in its header (`engine_facts`), and the rules of a pair are
+those its two runs declare, applied to both runs' names, plus the engine-neutral `NEUTRAL_RENAMES` (ONNX's '/'
+prefix, which exporters write and some converters drop). A pair whose runs declare nothing is aligned by the
+neutral rules alone.
 
-So an ONNX tensor `T` and an MNN output `(op, i)` are the same layer when `canonical_key(T, 0) ==
-canonical_key(op, i)`. The rules are data (`NAME_RULES`) so the aligner can fold them into its own
-rule set and print them.
+`PairNaming.renamed` and `PairNaming.canonical` give the normalised key of a `<op>:<output index>` key;
+`byname.align_layers` uses them only for layers that did not match exactly, and only where the result is unique
+on both sides.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
+from layerdiff.analyzer.formats.enginefacts import HelperOp, NameFacts, NameRule, facts_of
 
-@dataclass(frozen=True)
-class NameRule:
-    """One normalization step: `pattern` is replaced by `replacement` in an op name."""
-
-    name: str
-    pattern: str
-    replacement: str
-    why: str
-
-
-NAME_RULES: tuple[NameRule, ...] = (
-    NameRule(
-        "slash-to-underscore",
-        r"/",
-        "_",
-        "MNN's dump tools replace '/' in op names by '_' in file names",
-    ),
-    NameRule(
-        "onnx-output-index",
-        r"^(?P<base>.*_output_)(?P<k>[1-9]\d*)$",
-        r"\g<base>0",
-        "ONNX tensor '<node>_output_<k>' (k>0) is output k of the MNN op named '<node>_output_0'",
-    ),
+NEUTRAL_RENAMES: tuple[NameRule, ...] = (
+    NameRule(r"^/+", "", "ONNX exporters prefix node names with '/', some converters drop it"),
 )
 
-HELPER_PATTERNS: tuple[str, ...] = (r"_raster_\d+$",)
-"""Op names of engine-inserted helper ops that have no counterpart in other engines."""
-
-_SLASH = re.compile(NAME_RULES[0].pattern)
-_OUTPUT_INDEX = re.compile(NAME_RULES[1].pattern)
-_HELPERS = tuple(re.compile(p) for p in HELPER_PATTERNS)
+_Compiled = tuple[tuple[re.Pattern, str, str], ...]
 
 
-def canonical_key(op: str, output_index: int = 0) -> str:
-    """The engine-neutral alignment key `<normalized op>:<output index>` of one tensor."""
-    name = _SLASH.sub("_", op)
-    match = _OUTPUT_INDEX.match(name)
-    if match and output_index == 0:
-        name, output_index = match.group("base") + "0", int(match.group("k"))
-    return f"{name}:{output_index}"
+@dataclass(frozen=True)
+class PairNaming:
+    """The name rules of one pair of runs, compiled: what its runs' engines declare, then the neutral ones."""
+
+    renames: _Compiled = ()
+    key_rules: _Compiled = ()
+    helper_ops: tuple[tuple[re.Pattern, str, str], ...] = ()  # (pattern, why, role)
+
+    def renamed(self, key: str) -> str:
+        """The key with the renames applied to its op part (output index kept)."""
+        op, _, index = key.rpartition(":")
+        for pattern, replacement, _why in self.renames:
+            op = pattern.sub(replacement, op)
+        return f"{op}:{index}"
+
+    def canonical(self, key: str) -> str:
+        """The key as the declared dump tools would write it (a key without an output index is output 0)."""
+        _op, sep, index = key.rpartition(":")
+        if not sep or not index.isdigit():
+            key = f"{key}:0"
+        for pattern, replacement, _why in self.key_rules:
+            key = pattern.sub(replacement, key)
+        return key
+
+    def helper_reason(self, op: str) -> str:
+        """Why an op is expected to have no counterpart (an engine-inserted helper), '' when it is not one."""
+        return next((why for pattern, why, _role in self.helper_ops if pattern.search(op)), "")
+
+    def is_helper(self, op: str) -> bool:
+        return bool(self.helper_reason(op))
+
+    def has_role(self, op: str, role: str) -> bool:
+        """Whether `op` is a helper op of this role ("copy", "relayout": enginefacts.HelperOp)."""
+        return any(pattern.search(op) for pattern, _why, helper_role in self.helper_ops if helper_role == role)
 
 
-def canonical_from_key(key: str) -> str:
-    """`canonical_key` of a stored `<op>:<output index>` key (op names may contain ':')."""
-    op, sep, index = key.rpartition(":")
-    if not sep or not index.isdigit():
-        return canonical_key(key, 0)
-    return canonical_key(op, int(index))
+def naming_of(*attrs) -> PairNaming:
+    """The name rules of the runs with these root attributes (a pair's two runs)."""
+    return pair_naming(*(facts_of(a).names for a in attrs))
 
 
-def is_helper(op: str) -> bool:
-    """True for engine-inserted helper ops (MNN `_raster_<k>`) that other engines never have."""
-    return any(p.search(op) for p in _HELPERS)
+@functools.lru_cache(maxsize=64)
+def pair_naming(*declared: NameFacts) -> PairNaming:
+    """The rules the runs declare (each rule once, in the runs' order) and the neutral renames after them."""
+    return PairNaming(_compiled([r for names in declared for r in names.renames] + list(NEUTRAL_RENAMES)),
+                      _compiled([r for names in declared for r in names.key_rules]),
+                      _helpers([h for names in declared for h in names.helper_ops]))
+
+
+def _helpers(helpers: list[HelperOp]) -> tuple[tuple[re.Pattern, str, str], ...]:
+    return tuple((re.compile(h.pattern), h.why, h.role) for h in dict.fromkeys(helpers))
+
+
+def _compiled(rules: list[NameRule]) -> _Compiled:
+    unique = dict.fromkeys(rules)
+    return tuple((re.compile(r.pattern), r.replacement, r.why) for r in unique)
+
+
+NEUTRAL = pair_naming()  # a pair whose runs declare no name rules

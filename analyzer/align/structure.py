@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,14 +43,14 @@ from typing import Callable
 
 from layerdiff.analyzer.align.axes import canonical_shape, names_axes, recorded_layouts
 from layerdiff.analyzer.align.edges import EdgeCheck, Matches
+from layerdiff.analyzer.align.naming import NEUTRAL, PairNaming
 from layerdiff.analyzer.formats.opkinds import arithmetic, op_class, type_agreement, weighted  # noqa: F401 (op_class, type_agreement: API)
 from layerdiff.analyzer.align.propagate import propagate
 from layerdiff.analyzer.align.twins import MAX_VALUE_CANDIDATES, consumers_agree, siblings, twin_elsewhere
 
-# Layers that only copy another layer's tensor: never matched by structure (they would steal matches).
-_COPIES = re.compile(r"^splitncnn_(input)?\d+$")
-# MNN's runtime layout copies: paired only when values confirm them (quality capped under the certain level)
-_RELAYOUT = re.compile(r"_raster_\d+$")
+# The pair's engines' helper ops (align/naming.py) that only copy another layer's tensor are never matched by
+# structure (they would steal matches); their layout copies are paired only when values confirm them (quality
+# capped under the certain level).
 RELAYOUT_QUALITY = 0.69
 POSITION_WEIGHT = 0.005  # weak: constants (weights) in a golden shift positions; order is kept by the DP
 POSITION_SLACK = 0.05  # relative positions closer than this cost nothing: the later-tensor rule decides
@@ -77,7 +76,8 @@ def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
-def _features(layers: pd.DataFrame, index: list[int], canonical: bool = False) -> pd.DataFrame:
+def _features(layers: pd.DataFrame, index: list[int], canonical: bool = False,
+              naming: PairNaming = NEUTRAL) -> pd.DataFrame:
     part = layers.iloc[index]
     shapes = [_parse_shape(s) for s in part["shape"]]
     if canonical:  # shapes in one axis order (NHWC as NCHW), as both runs name their axes
@@ -95,7 +95,7 @@ def _features(layers: pd.DataFrame, index: list[int], canonical: bool = False) -
         "position": np.linspace(0.0, 1.0, len(index)) if len(index) > 1 else np.zeros(len(index)),
         # the output index of a multi-output op (an LSTM's Y, Y_h, Y_c), -1 for single-output ops
         # computed from nothing (a constant, or an input layer): never the partner of a computed layer
-        "relayout": [bool(_RELAYOUT.search(str(o))) for o in part["op"]],
+        "relayout": [naming.has_role(str(o), "relayout") for o in part["op"]],
         "source": [_no_inputs(cell) for cell in part["inputs"]] if "inputs" in part else [False] * len(index),
         "output": np.where(part["op"].duplicated(keep=False), part["output_index"].astype(int), -1),
     })
@@ -192,7 +192,7 @@ def _confidences(pairs: list[tuple[int, int]], quality: np.ndarray) -> list[floa
 def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[int],
                        other_left: list[int], error: Callable[[int, int], float] | None = None,
                        fp32: bool = False, progress: Callable[[int, int], None] | None = None,
-                       use_edges: bool = True) -> dict[int, tuple[int, float]]:
+                       use_edges: bool = True, naming: PairNaming = NEUTRAL) -> dict[int, tuple[int, float]]:
     """Match the leftover rows `base_left` of `base` with `other_left` of `other`: {base row: (other row, confidence)}.
 
     `error(base row, other row)`, when given, is the rel L2 between the two tensors (inf if unreadable).
@@ -200,16 +200,16 @@ def match_by_structure(base: pd.DataFrame, other: pd.DataFrame, base_left: list[
     is kept that values do not confirm. `progress(done, total)` hears each settled match.
     `use_edges=False` when most layers matched by name: edges then only reach the nearest structural
     match by walking through the name-matched layers (a walk over the graph per candidate), and
-    the caller keeps value-confirmed matches only."""
+    the caller keeps value-confirmed matches only. `naming`: the pair's name rules (its engines' helper ops)."""
     agree = VALUES_AGREE_FP32 if fp32 else VALUES_AGREE
     keep = VALUES_AGREE_FP32 if fp32 else KEEP_UNCONFIRMED_ERROR
     base_ops, other_ops = base["op"].to_numpy(), other["op"].to_numpy()
-    base_left = [i for i in base_left if not _COPIES.search(str(base_ops[i]))]
-    other_left = [j for j in other_left if not _COPIES.search(str(other_ops[j]))]
+    base_left = [i for i in base_left if not naming.has_role(str(base_ops[i]), "copy")]
+    other_left = [j for j in other_left if not naming.has_role(str(other_ops[j]), "copy")]
     if not base_left or not other_left or len(base_left) * len(other_left) > MAX_CELLS:
         return {}
     canonical = names_axes(recorded_layouts(base)) and names_axes(recorded_layouts(other))
-    fa, fb = _features(base, base_left, canonical), _features(other, other_left, canonical)
+    fa, fb = _features(base, base_left, canonical, naming), _features(other, other_left, canonical, naming)
     score, quality = _score_matrix(fa, fb)
     pairs = _monotone_alignment(score)
     confidences = _confidences(pairs, quality)

@@ -8,29 +8,14 @@ from __future__ import annotations
 
 import bisect
 import json
-import re
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 import numpy as np
 import pandas as pd
 
+from layerdiff.analyzer.align.naming import NEUTRAL, PairNaming
 from layerdiff.analyzer.runs.header import declared_unobservable
-
-# Unmatched layers that are expected, with the reason shown next to them in the report.
-EXPECTED_EXTRAS: list[tuple[str, str]] = [
-    (r"_raster_\d+$", "MNN inserts raster (layout) ops that differ between backends"),
-    (r"^splitncnn_(input)?\d+$", "ncnn Split layer (copies of one blob)"),
-]
-
-
-def expected_extra_reason(op: str) -> str:
-    """Why an unmatched op is normal, or '' when it is not a known engine-inserted op."""
-    for pattern, why in EXPECTED_EXTRAS:
-        if re.search(pattern, op):
-            return why
-    return ""
-
 
 @dataclass
 class Unmatched:
@@ -40,12 +25,14 @@ class Unmatched:
     partner: pd.DataFrame
     rows: dict[int, int]
     by_structure: bool
+    naming: PairNaming = NEUTRAL  # the pair's name rules: the helper ops its engines declare
 
     def reason(self, row: int) -> str:
         op, op_type = str(self._column("op")[row]), str(self._column("op_type")[row])
         shape = _shape(self._column("shape")[row])
-        if expected_extra_reason(op):
-            return expected_extra_reason(op)
+        helper = self.naming.helper_reason(op)
+        if helper:
+            return helper
         if op_type.lower() in ("input", "data"):
             return "model input: fed to the model, not computed by a layer (the other run has no layer for it)"
         if not self.by_structure:

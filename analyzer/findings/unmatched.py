@@ -14,7 +14,7 @@ import pandas as pd
 
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
 from layerdiff.analyzer.align.graph import LayerGraph
-from layerdiff.analyzer.align.naming import is_helper
+from layerdiff.analyzer.align.naming import naming_of
 
 MAX_CHAIN = 4
 
@@ -27,8 +27,9 @@ def unmatched_outputs(pair, alignment, graph: LayerGraph, other_graph: LayerGrap
     outputs = set(graph.outputs()) if graph.has_edges else set()
     left = alignment.only_base
     missing = left[left["key"].isin(outputs)] if len(left) else left
-    if len(missing):  # a dangling engine-inserted copy (an MNN reference's `<op>_raster_<k>`) is no model output
-        missing = missing[[not is_helper(str(op)) for op in missing["op"]]]
+    if len(missing):  # a dangling engine-inserted helper op (declared by the runs' engines) is no model output
+        naming = naming_of(pair.base.attrs, pair.other.attrs)
+        missing = missing[[not naming.is_helper(str(op)) for op in missing["op"]]]
     consumed_ops = {str(k).rpartition(":")[0] for k, users in graph.consumers.items() if users}
     partner = dict(zip(alignment.matched["key"].tolist(), alignment.matched["other_key"].tolist()))
     out = []

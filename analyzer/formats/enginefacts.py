@@ -7,18 +7,71 @@ attribute `engine_facts` (JSON, analyzer/FORMATS.md). The collector writes it fo
 `facts` its engine declares (collector/engines/<engine>/__init__.py); nothing in the analyzer tests an
 engine's name.
 
-A dump written before the header carried the attribute (or by a producer that does not write it) is read
-with the facts its engine declared when such dumps were written: `RECORDED_BEFORE` below, a frozen table
-keyed by the dump's `engine` attribute. It never grows: dumps written from now on carry their own facts.
+A dump written before the header carried the attribute, or by a producer that does not write it (a dump
+imported from an engine's own tools), is read with the facts the engine named by its `engine` attribute
+declares: the analyzer asks a lookup the program installs (`analyzer/formats/declared.py`), so it names
+no engine itself and imports the engine registry only for such a dump.
 """
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import asdict, dataclass, field, replace
+
+try:
+    import re._parser as _regex_parser  # Python 3.11+
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _regex_parser
 
 ATTRIBUTE = "engine_facts"
 MAX_TEXT = 400  # characters of one declared sentence kept (the header is untrusted)
 MAX_ITEMS = 64  # names kept per list
+MAX_HEADER = 256 * 1024  # characters of the attribute read
+MAX_RULES = 16  # name rules kept per list
+MAX_PATTERN = 200  # characters of one name rule's pattern
+MAX_REPEATS = 2  # repetitions (`*`, `+`, `{2,}`) in one pattern
+
+
+@dataclass(frozen=True)
+class NameRule:
+    """One regular expression over names: `pattern` replaced by `replacement`; `why` says who writes names so
+    (shown to the reader next to what it explains)."""
+
+    pattern: str
+    replacement: str = ""
+    why: str = ""
+
+
+HELPER_ROLES = ("", "copy", "relayout")
+
+
+@dataclass(frozen=True)
+class HelperOp:
+    """Ops an engine inserts that no other engine has: an op name `pattern` finds is expected to stay unmatched,
+    for the reason `why`. `role` says what it computes, for matching by structure: "copy" (it only copies
+    another op's tensor: never paired by structure, it would take that op's partner), "relayout" (it writes
+    another op's tensor in another layout: paired only when values confirm it), "" (neither)."""
+
+    pattern: str
+    why: str = ""
+    role: str = ""
+
+
+@dataclass(frozen=True)
+class NameFacts:
+    """How an engine and its tools name what they dump, so its runs align with other engines' runs.
+
+    The aligner applies the rules the two runs of a pair declare to both runs' names, only to layers that did
+    not match exactly, and only where the result is unique on both sides (analyzer/align/byname.py)."""
+
+    # Renames of an op name its converter makes (`<name>__suffix`): each `pattern` replaced in the op name.
+    renames: tuple[NameRule, ...] = ()
+    # How its dump tools write a tensor's `<op>:<output index>` key (tried after `renames`, on the whole key,
+    # so a rule may move a number from the name into the output index).
+    key_rules: tuple[NameRule, ...] = ()
+    # Ops the engine inserts that no other engine has (each a `HelperOp`).
+    helper_ops: tuple[HelperOp, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,6 +99,8 @@ class EngineFacts:
     # Its cpu/high run is a golden: an fp32 framework reference the mobile engines are judged against, which
     # the analyzer takes as the reference (without --ref) before any other cpu/high run.
     golden: bool = False
+    # How its op names relate to other engines' names.
+    names: NameFacts = field(default_factory=NameFacts)
 
     def to_json(self) -> str:
         """The header attribute's text (sorted keys, so two runs of one engine record the same bytes)."""
@@ -72,37 +127,133 @@ def _names(value: object) -> tuple[str, ...]:
 def parse_facts(text: object) -> EngineFacts:
     """The facts a header attribute records; NO_FACTS for anything malformed (an untrusted header never
     stops an analysis: a run without facts is read as an engine that declares none)."""
+    return _recorded(text)[0]
+
+
+def _recorded(text: object) -> tuple[EngineFacts, bool]:
+    """The facts a header attribute records, and whether it records name rules (`names`)."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode()
+        except UnicodeDecodeError:
+            return NO_FACTS, False
+    return _parsed(str(text)[:MAX_HEADER])
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str) -> tuple[EngineFacts, bool]:
+    """Parsed once per distinct header text (every step of an analysis asks for a run's facts)."""
     try:
-        data = json.loads(text.decode() if isinstance(text, bytes) else str(text))
-    except (ValueError, UnicodeDecodeError):
-        return NO_FACTS
+        data = json.loads(text)
+    except ValueError:
+        return NO_FACTS, False
     if not isinstance(data, dict):
-        return NO_FACTS
+        return NO_FACTS, False
     cpu = data.get("cpu_by_design") if isinstance(data.get("cpu_by_design"), dict) else {}
     tasks = data.get("output_tasks") if isinstance(data.get("output_tasks"), dict) else {}
+    names = data.get("names") if isinstance(data.get("names"), dict) else {}
     return EngineFacts(
         CpuByDesign(_names(cpu.get("nodes")), _text(cpu.get("what")), _text(cpu.get("why")),
                     _text(cpu.get("tied_output")), _text(cpu.get("tied_table"))),
         tuple((_text(k), _text(v)) for k, v in list(tasks.items())[:MAX_ITEMS] if isinstance(v, str)),
-        data.get("golden") is True)
+        data.get("golden") is True,
+        NameFacts(_rules(names.get("renames")), _rules(names.get("key_rules")), _helpers(names.get("helper_ops")))), \
+        "names" in data
 
 
-# The facts dumps recorded implicitly before the header carried `engine_facts`, by the dump's `engine`
-# attribute (frozen: the engine folder's declaration is the truth for new dumps; tests/test_engine_facts.py
-# checks the two agree).
-RECORDED_BEFORE: dict[str, EngineFacts] = {
-    "ggml": EngineFacts(
-        CpuByDesign(("embd", "inp_embd"), "llama.cpp's input layer",
-                    "llama.cpp keeps the token-embedding table in CPU memory and computes what reads it there",
-                    "result_output", "token_embd.weight"),
-        (("result_output", "language-model"),)),
-    "onnxruntime": EngineFacts(golden=True),
-    "paddle": EngineFacts(golden=True),
-}
+def _rules(value: object) -> tuple[NameRule, ...]:
+    """The usable rules of a recorded list: at most MAX_RULES; a rule whose pattern or replacement is not
+    `usable` is left out (its names then stay as written), never an error."""
+    if not isinstance(value, list):
+        return ()
+    rules = (NameRule(_text(r.get("pattern")), _text(r.get("replacement")), _text(r.get("why")))
+             for r in value[:MAX_RULES] if isinstance(r, dict) and isinstance(r.get("pattern"), str))
+    return tuple(rule for rule in rules if usable(rule))
+
+
+def _helpers(value: object) -> tuple[HelperOp, ...]:
+    """The usable helper-op patterns of a recorded list (as `_rules`); an unknown role is read as none."""
+    if not isinstance(value, list):
+        return ()
+    helpers = (HelperOp(_text(h.get("pattern")), _text(h.get("why")), _role(h.get("role")))
+               for h in value[:MAX_RULES] if isinstance(h, dict) and isinstance(h.get("pattern"), str))
+    return tuple(helper for helper in helpers if usable(NameRule(helper.pattern)))
+
+
+def _role(value: object) -> str:
+    return value if isinstance(value, str) and value in HELPER_ROLES else ""
+
+
+def usable(rule: NameRule) -> bool:
+    """Whether a rule from an untrusted header may be applied to every op name of a run: a pattern that
+    compiles, at most MAX_PATTERN characters, with at most MAX_REPEATS repetitions and none inside another
+    repetition or alternation (a pattern like `(a+)+` takes exponential time on a name made to defeat it),
+    and a replacement that names only groups the pattern has."""
+    if not rule.pattern or len(rule.pattern) > MAX_PATTERN:
+        return False
+    try:
+        compiled = re.compile(rule.pattern)
+        tree = _regex_parser.parse(rule.pattern)
+    except (re.error, RecursionError, OverflowError):
+        return False
+    repeats = _repeats(tree, inside=False)
+    if repeats is None or repeats > MAX_REPEATS:
+        return False
+    names = {number: name for name, number in compiled.groupindex.items()}
+    groups = "".join(f"(?P<{names[i]}>)" if i in names else "()" for i in range(1, compiled.groups + 1))
+    try:
+        re.compile(groups).match("").expand(rule.replacement)
+    except (re.error, IndexError):
+        return False
+    return True
+
+
+_REPEATS = {"MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"}
+
+
+def _repeats(tree, inside: bool) -> int | None:
+    """How many repetitions (of more than one occurrence) a parsed pattern holds; None when one sits inside
+    another, or an alternation sits inside one (the shapes that backtrack without bound)."""
+    count = 0
+    for op, value in tree:
+        kind = getattr(op, "name", str(op))
+        repeated = kind in _REPEATS and value[1] > 1
+        if inside and (repeated or kind == "BRANCH"):
+            return None
+        for child in _children(value):
+            found = _repeats(child, inside or repeated)
+            if found is None:
+                return None
+            count += found
+        count += repeated
+    return count
+
+
+def _children(value) -> list:
+    """The sub-patterns inside one parsed item (groups, alternatives, repetitions, look-arounds)."""
+    if isinstance(value, _regex_parser.SubPattern):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [child for item in value for child in _children(item)]
+    return []
 
 
 def facts_of(attrs) -> EngineFacts:
-    """The engine facts a run's root attributes record, else those of dumps written before the attribute."""
-    if ATTRIBUTE in attrs:
-        return parse_facts(attrs.get(ATTRIBUTE))
-    return RECORDED_BEFORE.get(str(attrs.get("engine", "")), NO_FACTS)
+    """The engine facts a run's root attributes record; what the header leaves out (all of it in a dump written
+    before the attribute existed, the name rules in one written before they were recorded) is what the engine
+    named by the dump's `engine` attribute declares (`declared_facts`)."""
+    engine = str(attrs.get("engine", "") or "")
+    if ATTRIBUTE not in attrs:
+        return declared_facts(engine)
+    facts, names_recorded = _recorded(attrs.get(ATTRIBUTE))
+    return facts if names_recorded else replace(facts, names=declared_facts(engine).names)
+
+
+def declared_facts(engine: str) -> EngineFacts:
+    """What the engine of this name declares today, through the lookup the program installed (the analyzer
+    knows no engine: `layerdiff/__init__.py` installs one that reads the engine registry, and only when a dump
+    needs it); NO_FACTS for an engine nobody declares, or without a lookup."""
+    from layerdiff.analyzer.formats import declared
+
+    found = declared.lookup(engine) if declared.lookup is not None and engine else None
+    return found if isinstance(found, EngineFacts) else NO_FACTS

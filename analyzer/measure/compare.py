@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.align.byname import NameRules, PairAlignment, align_layers
+from layerdiff.analyzer.align.naming import naming_of
 from layerdiff.analyzer.align.axes import AxisMap, axis_map, canonical_tensor, names_axes, recorded_layouts
 from layerdiff.analyzer.align.values import ValueErrors
 from layerdiff.analyzer.formats.dumpfile import TensorBuffer
@@ -142,7 +143,8 @@ def compare_all(plan: Plan, rules: NameRules, tolerances: Tolerances, steps: Ste
 def _align(pair: Pair, rules: NameRules, steps: Steps) -> PairAlignment:
     with steps.step(f"aligning {pair.other.label} with {pair.base.label}") as advance:
         return align_layers(pair.base.layers, pair.other.layers, rules, value_error(pair.base, pair.other),
-                            both_fp32(pair.base, pair.other), progress=advance)
+                            both_fp32(pair.base, pair.other), progress=advance,
+                            naming=naming_of(pair.base.attrs, pair.other.attrs))
 
 
 def both_fp32(base: Run, other: Run) -> bool:

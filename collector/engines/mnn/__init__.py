@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from layerdiff.analyzer.formats.enginefacts import EngineFacts, HelperOp, NameFacts, NameRule
 from layerdiff.collector.engines.base import Engine, InputSpecs
 
 
@@ -46,11 +47,25 @@ FIX_ADVICE = (
 WRITES = (("*", "each op's outputs are copied to host tensors inside MNN's after-callback, right after that op ran "
                 "and before a later op can reuse its memory (on a GPU backend, downloaded from the memory the op wrote)"),)
 
+# How MNN names what it dumps, for the aligner (recorded in every dump's `engine_facts`). Checked with MNN 3.6.1's
+# converter and session callbacks, and its dump tools (tools/cpp/MNNV2Basic.cpp, ModuleBasic.cpp, ExprDebug.hpp):
+# an op is named after its ONNX node's first output tensor (`/blk/conv/Conv_output_0`) and op output k is the
+# node's k-th ONNX output; the dump tools write op output i to `<op name, '/' as '_'>_<i>`; the geometry pass
+# inserts `Raster` ops named `<consumer>_raster_<k>`, whose set differs between backends.
+FACTS = EngineFacts(names=NameFacts(
+    renames=(NameRule(r"__matmul_converted$", "",
+                      "MNN's converter rewrites MatMul as a convolution named <name>__matmul_converted"),),
+    key_rules=(NameRule(r"/", "_", "MNN's dump tools replace '/' in op names by '_' in file names"),
+               NameRule(r"^(?P<base>.*_output_)(?P<k>[1-9]\d*):0$", r"\g<base>0:\g<k>",
+                        "ONNX tensor '<node>_output_<k>' (k>0) is output k of the MNN op named '<node>_output_0'")),
+    helper_ops=(HelperOp(r"_raster_\d+$", "MNN inserts raster (layout) ops that differ between backends", "relayout"),)))
+
+
 def _repro():
     from layerdiff.collector.engines.mnn.repro import RECIPE
 
     return RECIPE
 
 
-ENGINE = Engine("mnn", (".mnn",), _input_specs, repro=_repro, on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent, writes=WRITES, arm64_wheels=("MNN==3.6.1",), distribution="MNN", library="MNN", extra="mnn", fix_mechanism="what-if", fix_advice=FIX_ADVICE,
+ENGINE = Engine("mnn", (".mnn",), _input_specs, repro=_repro, facts=FACTS, on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent, writes=WRITES, arm64_wheels=("MNN==3.6.1",), distribution="MNN", library="MNN", extra="mnn", fix_mechanism="what-if", fix_advice=FIX_ADVICE,
                 bisect_refusal="mnn: the MNN pip wheel and the phone harness run a whole model at one precision and backend, so no layer can be moved alone; collect bisect cannot run (collect fix gives a what-if instead)")

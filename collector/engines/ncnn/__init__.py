@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from layerdiff.analyzer.formats.enginefacts import EngineFacts, HelperOp, NameFacts, NameRule
 from layerdiff.collector.engines.base import Engine, InputSpecs
 
 
@@ -49,12 +50,20 @@ WRITES = (("*", "each blob is extracted in layer order, so `extract` runs the la
                 "that layer's output (ncnn fuses nothing at run time: fusions are made offline and are layers of the "
                 ".param); on Vulkan the blob is downloaded from the GPU buffer that layer wrote"),)
 
+# How ncnn names what it dumps, for the aligner (recorded in every dump's `engine_facts`): a blob read by several
+# layers is copied by a Split layer `splitncnn_<k>` (`splitncnn_input<k>` for a model input) into blobs named
+# `<blob>_splitncnn_<j>`, which other engines do not have.
+FACTS = EngineFacts(names=NameFacts(
+    renames=(NameRule(r"_splitncnn_\d+$", "", "ncnn's Split copies are named <blob>_splitncnn_<k>"),),
+    helper_ops=(HelperOp(r"^splitncnn_(input)?\d+$", "ncnn Split layer (copies of one blob)", "copy"),)))
+
+
 def _repro():
     from layerdiff.collector.engines.ncnn.repro import RECIPE
 
     return RECIPE
 
 
-ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, repro=_repro, writes=WRITES, model_files=_model_files, on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent,
+ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, repro=_repro, facts=FACTS, writes=WRITES, model_files=_model_files, on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent,
                 arm64_wheels=("ncnn==1.0.20250503",), distribution="ncnn", library="ncnn", extra="ncnn", bisect=_bisect, fix_mechanism="feature-mask", feature_mask=_feature_mask,
                 model_help="ncnn .param with its .bin", prepared_by_default=True)
