@@ -345,6 +345,20 @@ class DumpFile:
             except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
                 raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
 
+    def input_shapes(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of each model input, in `inputs`' order, without reading their values: the
+        judge needs an input's height and width, not its pixels."""
+        group = local_group(self._file, "inputs", self.path, "/inputs")
+        if group is None:
+            return
+        for name in sorted(group, key=_input_order):
+            where = f"/inputs/{name}"
+            ds = local_dataset(group, name, self.path, where)
+            if ds is None or ds.dtype.kind not in "fiub":
+                raise DumpFormatError(f"{self.path}: {where} is not a numeric dataset")
+            self._bounded(ds, where)
+            yield _as_str(ds.attrs.get("name", name)), tuple(int(d) for d in ds.shape)
+
     def inputs_fed(self) -> Iterator[tuple[str, np.ndarray, str, tuple[int, ...]]]:
         """(name, array, layout, axes) of each input as the engine received it (`/inputs_fed`, read back
         from the engine's own input tensor after feeding); nothing for a dump that recorded none."""

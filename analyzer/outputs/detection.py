@@ -27,6 +27,19 @@ def decode(task: Task, outputs: list[np.ndarray], input_hw: tuple[int, int] | No
     return nms(boxes, float(task.get("iou")))
 
 
+def decode_at_two(task: Task, outputs: list[np.ndarray], input_hw: tuple[int, int] | None, conf: float,
+                  low: float) -> tuple[Boxes, Boxes]:
+    """The boxes at `conf` and at the lower threshold `low` (the boxes just under the threshold the
+    comparison looks for). A DB text map is decoded once: its regions do not depend on the score threshold,
+    which only drops regions by their mean probability, so the boxes at `conf` are those at `low` scoring
+    at least `conf`, in the same order. Other families are decoded at each threshold (their NMS runs on
+    what the threshold kept)."""
+    if task.name != "text-det" or low > conf:
+        return decode(task, outputs, input_hw, conf), decode(task, outputs, input_hw, low)
+    everything = decode(task, outputs, input_hw, low)
+    return everything.take(everything.scores >= conf), everything
+
+
 def _one(arrays: list[np.ndarray], task: Task, ndim: int = 2) -> np.ndarray:
     """The single head a YOLO task reads: the largest output of `ndim` dimensions."""
     heads = [a for a in arrays if a.ndim == ndim]

@@ -145,11 +145,11 @@ def input_hw(run) -> tuple[int, int] | None:
     """Height and width of the run's first image-like input (3 or more axes): from the inputs the dump
     stores, else from an input layer's shape (ncnn dumps its Input layer)."""
     try:
-        for _name, array in run.dump.inputs():
-            if array.ndim == 4 and array.shape[-1] <= 4 < array.shape[1]:  # NHWC (a TFLite model's image)
-                return int(array.shape[1]), int(array.shape[2])
-            if array.ndim >= 3:
-                return int(array.shape[-2]), int(array.shape[-1])
+        for _name, shape in run.dump.input_shapes():
+            if len(shape) == 4 and shape[-1] <= 4 < shape[1]:  # NHWC (a TFLite model's image)
+                return int(shape[1]), int(shape[2])
+            if len(shape) >= 3:
+                return int(shape[-2]), int(shape[-1])
     except (LayerdiffError, OSError, KeyError):
         pass
     layers = run.layers
@@ -165,8 +165,9 @@ def _detections(pair, task: Task, ref, run, names) -> OutputJudgement:
     hw = input_hw(pair.base) or input_hw(pair.other)
     conf, tol = float(task.get("conf")), float(task.get("score_tol"))
     detection.check_reference(task, ref, hw)
-    ref_boxes, run_boxes = (detection.decode(task, x, hw, conf) for x in (ref, run))
-    ref_all, run_all = (detection.decode(task, x, hw, max(conf - tol, 0.0)) for x in (ref, run))
+    low = max(conf - tol, 0.0)
+    ref_boxes, ref_all = detection.decode_at_two(task, ref, hw, conf, low)
+    run_boxes, run_all = detection.decode_at_two(task, run, hw, conf, low)
     changes = compare_boxes(ref_boxes, run_boxes, ref_all, run_all, float(task.get("moved")), tol)
     status = "fail" if changes.decisions_changed else ("warn" if changes.scores or changes.threshold else "pass")
     numbers = {"boxes_reference": len(ref_boxes), "boxes_run": len(run_boxes), "moved": len(changes.moved),
