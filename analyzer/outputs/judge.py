@@ -60,9 +60,11 @@ def _recognised(pair, output_keys: list[str]) -> Task | None:
     return None
 
 
-def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of) -> OutputJudgement:
+def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of,
+               decoded: dict | None = None) -> OutputJudgement:
     """Decode the pair's matched outputs with `task` and compare them (`tolerance_of(ref)` gives an
-    output's decision tolerance: atol + rtol x max|ref|)."""
+    output's decision tolerance: atol + rtol x max|ref|). `decoded`: the reference's boxes already decoded
+    for an earlier pair of the same reference (runs compared with one golden decode it once)."""
     matched = alignment.matched
     rows = matched[matched["key"].isin(output_keys)] if len(matched) else matched
     if len(rows) == 0 or task.name == "regression":
@@ -76,12 +78,12 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
         if task.name in detection.SINGLE_HEAD:
             hw = input_hw(pair.base) or input_hw(pair.other)
             head = the_output(outputs, task, _head_fits(task, hw), "a detector head ([anchors, columns])")
-            return _detections(pair, task, [head.ref], [head.run], [head.key])
+            return _detections(pair, task, [head.ref], [head.run], [head.key], decoded)
         if task.is_detector:
             if task.get("output"):
                 raise InputError(f"--task {task.text}: {task.name} reads all of its outputs together (paired by "
                                  "their shapes); it takes no output name")
-            return _detections(pair, task, ref, run, names)
+            return _detections(pair, task, ref, run, names, decoded)
         if task.name == "segmentation":
             return _masks(task, _mask_output(pair, outputs, task), tolerance_of)
         if task.name == "landmarks":
@@ -161,12 +163,17 @@ def input_hw(run) -> tuple[int, int] | None:
     return None
 
 
-def _detections(pair, task: Task, ref, run, names) -> OutputJudgement:
+def _detections(pair, task: Task, ref, run, names, decoded: dict | None = None) -> OutputJudgement:
     hw = input_hw(pair.base) or input_hw(pair.other)
     conf, tol = float(task.get("conf")), float(task.get("score_tol"))
     detection.check_reference(task, ref, hw)
     low = max(conf - tol, 0.0)
-    ref_boxes, ref_all = detection.decode_at_two(task, ref, hw, conf, low)
+    key = (str(pair.base.path), tuple(names), task.text, hw)  # the same reference outputs, decoded the same way
+    if decoded is None or key not in decoded:
+        found = detection.decode_at_two(task, ref, hw, conf, low)
+        if decoded is not None:
+            decoded[key] = found
+    ref_boxes, ref_all = found if decoded is None else decoded[key]
     run_boxes, run_all = detection.decode_at_two(task, run, hw, conf, low)
     changes = compare_boxes(ref_boxes, run_boxes, ref_all, run_all, float(task.get("moved")), tol)
     status = "fail" if changes.decisions_changed else ("warn" if changes.scores or changes.threshold else "pass")
@@ -349,7 +356,7 @@ def judge_all(comparison, declared: Task | None, thresholds) -> dict[int, Output
     """The judgement of every run-vs-reference pair that has a task (declared or recorded in its files)."""
     from layerdiff.analyzer.measure.compare import decision_tolerance
 
-    judgements = {}
+    judgements, decoded = {}, {}
     for index, pair in enumerate(comparison.plan.pairs):
         if pair.kind != "reference":
             continue
@@ -358,7 +365,7 @@ def judge_all(comparison, declared: Task | None, thresholds) -> dict[int, Output
         if task is None:
             continue
         judgement = judge_pair(pair, comparison.alignments[index], keys, task,
-                               lambda ref: decision_tolerance(ref, thresholds.tolerances))
+                               lambda ref: decision_tolerance(ref, thresholds.tolerances), decoded)
         if judgement.status != "none":
             judgements[index] = judgement
     return judgements
