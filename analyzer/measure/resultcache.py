@@ -42,7 +42,8 @@ from layerdiff.analyzer.measure.fingerprint import code_fingerprint
 from layerdiff.analyzer.measure.storage import StorageEvidence
 
 PREFIX = "results-"
-FORMAT = 5  # 3: numeric columns as bytes; 4: rows measured, not judged (status `measured`); 5: storage evidence
+FORMAT = 6  # 3: numeric columns as bytes; 4: rows measured, not judged (status `measured`); 5: storage evidence;
+# 6: the model outputs a task decodes
 TUPLE_COLUMNS = ("base_shape", "other_shape")
 NUMERIC_KINDS = "iubf"
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -85,8 +86,9 @@ def load(plan: Plan, key: str) -> Comparison | None:
         table = _frame(doc.pop("table"))
         convcache.touch(path)  # recently used entries survive the trimming
         storage = {str(label): StorageEvidence(*(int(v) for v in counts)) for label, counts in doc["storage"].items()}
+        outputs = {(str(path), int(order)): _checked_packed(packed) for path, order, packed in doc["outputs"]}
         return Comparison(plan=plan, table=table, alignments=alignments, graphs={},  # built when judging asks
-                          problems=[str(p) for p in doc["problems"]], storage=storage)
+                          problems=[str(p) for p in doc["problems"]], storage=storage, outputs=outputs)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
 
@@ -117,7 +119,11 @@ def _document(comparison: Comparison, key: str) -> Iterator[bytes]:
         yield b"}"
     yield b'],"table":'
     yield from _columns(comparison.table)
-    yield b"}"
+    yield b',"outputs":['
+    for i, ((path, order), values) in enumerate(comparison.outputs.items()):
+        packed = values if isinstance(values, dict) else packed_array(values)
+        yield (b"," if i else b"") + orjson.dumps([path, order, packed])
+    yield b"]}"
 
 
 def _columns(frame: pd.DataFrame) -> Iterator[bytes]:
@@ -178,6 +184,28 @@ def _frame(doc: dict) -> pd.DataFrame:
 def _packed(values: np.ndarray) -> dict:
     values = np.ascontiguousarray(values)
     return {"dtype": values.dtype.str, "base64": base64.b64encode(values.tobytes()).decode("ascii")}
+
+
+def packed_array(values: np.ndarray) -> dict:
+    """A kept model output as JSON: its dtype, shape and bytes (base64); decoded only when a task asks."""
+    return {**_packed(np.asarray(values).reshape(-1)), "shape": [int(d) for d in np.shape(values)]}
+
+
+def unpacked_array(packed: dict) -> np.ndarray:
+    """A kept model output back from `packed_array`."""
+    return _unpacked(packed).reshape(packed["shape"])
+
+
+def _checked_packed(packed: dict) -> dict:
+    """A stored output's description, refused (the entry is then ignored) unless numeric with a shape
+    that holds exactly its bytes; its bytes are decoded later, when a task asks for them."""
+    dtype = np.dtype(packed["dtype"])
+    shape = [int(d) for d in packed["shape"]]
+    if dtype.kind not in NUMERIC_KINDS or any(d < 0 for d in shape) or not isinstance(packed["base64"], str):
+        raise ValueError("stored output is not a numeric array")
+    if len(packed["base64"]) != 4 * -(-math.prod(shape) * dtype.itemsize // 3):
+        raise ValueError("stored output's bytes do not fill its shape")
+    return {"dtype": packed["dtype"], "shape": shape, "base64": packed["base64"]}
 
 
 def _texts(cells: dict) -> np.ndarray:

@@ -61,10 +61,12 @@ def _recognised(pair, output_keys: list[str]) -> Task | None:
 
 
 def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of,
-               decoded: dict | None = None) -> OutputJudgement:
+               decoded: dict | None = None, values=None) -> OutputJudgement:
     """Decode the pair's matched outputs with `task` and compare them (`tolerance_of(ref)` gives an
     output's decision tolerance: atol + rtol x max|ref|). `decoded`: the reference's boxes already decoded
-    for an earlier pair of the same reference (runs compared with one golden decode it once)."""
+    for an earlier pair of the same reference (runs compared with one golden decode it once). `values(run,
+    order)`: an output's values (`Comparison.output_values`: kept with the measurement), else read from the
+    run's dump."""
     matched = alignment.matched
     rows = matched[matched["key"].isin(output_keys)] if len(matched) else matched
     if len(rows) == 0 or task.name == "regression":
@@ -73,7 +75,7 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
     rows = rows.assign(_o=rows["key"].map(order)).sort_values("_o")
     names = [str(k) for k in rows["key"]]
     try:
-        outputs = _outputs(pair, rows)
+        outputs = _outputs(pair, rows, values or (lambda run, order: run.dump.tensor(order)))
         ref, run = [o.ref for o in outputs], [o.run for o in outputs]
         if task.name in detection.SINGLE_HEAD:
             hw = input_hw(pair.base) or input_hw(pair.other)
@@ -105,14 +107,14 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
         return OutputJudgement(task.text, "error", said, names)
 
 
-def _outputs(pair, rows) -> list[Output]:
+def _outputs(pair, rows, values) -> list[Output]:
     """The pair's compared outputs, in the model's order: values with size-1 axes dropped, the reference's
     dumped shape and recorded layout."""
     stats = pair.base.stats_by_order()
     outputs = []
     for key, base_order, other_order in zip(rows["key"], rows["base_order"], rows["other_order"]):
-        a = pair.base.dump.tensor(int(base_order))
-        b = classes.squeezed(pair.other.dump.tensor(int(other_order)))
+        a = values(pair.base, int(base_order))
+        b = classes.squeezed(values(pair.other, int(other_order)))
         ref = classes.squeezed(a)
         outputs.append(Output(str(key), _tensor_name(pair.base, int(base_order), str(key)), ref,
                               b.reshape(ref.shape) if b.size == ref.size else b, tuple(a.shape),
@@ -365,7 +367,8 @@ def judge_all(comparison, declared: Task | None, thresholds) -> dict[int, Output
         if task is None:
             continue
         judgement = judge_pair(pair, comparison.alignments[index], keys, task,
-                               lambda ref: decision_tolerance(ref, thresholds.tolerances), decoded)
+                               lambda ref: decision_tolerance(ref, thresholds.tolerances), decoded,
+                               comparison.output_values)
         if judgement.status != "none":
             judgements[index] = judgement
     return judgements
