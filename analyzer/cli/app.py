@@ -116,6 +116,8 @@ def _report_problems(problems: list[str]) -> None:
 
 def per_input_attrs(items: list[str]) -> dict[str, dict]:
     """`--set run.npz:backend_requested=opencl --set precision_requested=low` → {input or "": attrs}."""
+    if not items:
+        return {}  # the foreign formats' module stays unimported
     from layerdiff.analyzer.importers.common import parse_set_options
 
     grouped: dict[str, list[str]] = {}
