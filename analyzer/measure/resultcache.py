@@ -5,7 +5,9 @@ A sweep ends with its own report, and users then often run `analyze` on the same
 analysis, `layerdiff.analyzer.measure.compare.compare_all` (alignment + every metric of every layer), is stored as
 one `results-<key>.json` entry of the cache that also holds conversions (`layerdiff.analyzer.importers.convcache`: the
 user's private XDG cache directory, bounded least-recently-used first, shown and emptied by
-`analyze cache`), and reused when the same dumps are analyzed with the same options.
+`analyze cache`), and reused when the same dumps are analyzed with the same options. The entry also keeps
+the model outputs a task decodes (`Comparison.outputs`: both sides of each run-vs-reference pair, up to
+16 MiB each), so a changed `--task` re-judges without opening a tensor.
 
 The key covers everything the measurement depends on: each dump's path, size, modification time
 and inode (a rewritten dump gets a new key), the pairing, the name rules, the tolerances (atol, rtol: what the allclose share counts; the
@@ -87,7 +89,7 @@ def load(plan: Plan, key: str) -> Comparison | None:
         table = _frame(doc.pop("table"))
         convcache.touch(path)  # recently used entries survive the trimming
         storage = {str(label): StorageEvidence(*(int(v) for v in counts)) for label, counts in doc["storage"].items()}
-        outputs = {(str(path), int(order)): _checked_packed(packed) for path, order, packed in doc["outputs"]}
+        outputs = {(str(dump), int(order)): _checked_packed(packed) for dump, order, packed in doc["outputs"]}
         return Comparison(plan=plan, table=table, alignments=alignments, graphs={},  # built when judging asks
                           problems=[str(p) for p in doc["problems"]], storage=storage, outputs=outputs)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -121,9 +123,9 @@ def _document(comparison: Comparison, key: str) -> Iterator[bytes]:
     yield b'],"table":'
     yield from _columns(comparison.table)
     yield b',"outputs":['
-    for i, ((path, order), values) in enumerate(comparison.outputs.items()):
+    for i, ((dump, order), values) in enumerate(comparison.outputs.items()):  # (dump file, order, its values)
         packed = values if isinstance(values, dict) else packed_array(values)
-        yield (b"," if i else b"") + orjson.dumps([path, order, packed])
+        yield (b"," if i else b"") + orjson.dumps([dump, order, packed])
     yield b"]}"
 
 
