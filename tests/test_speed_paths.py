@@ -116,6 +116,48 @@ def test_rejudging_reads_no_tensor_and_judges_as_a_fresh_analysis(runs, cache, t
         fresh.close()
 
 
+def test_a_task_change_rejudges_the_stored_outputs_without_reading_a_tensor(runs, cache, tmp_path, monkeypatch):
+    """The model outputs a task decodes are kept with the measurement: judging the stored runs with a
+    declared --task opens no tensor and says exactly what a fresh analysis with that task says."""
+    from layerdiff.analyzer.findings.verdict import Thresholds
+
+    analyze_paths([runs]).close()
+    judged = Thresholds(warn_rel_l2=1e-5, fail_rel_l2=0.5)  # every layer warns; none fails (no packed-order read)
+
+    def no_tensor(*args, **kwargs):
+        raise AssertionError("a tensor was read to judge")
+
+    with monkeypatch.context() as patched:
+        for name in ("tensor", "sample"):
+            patched.setattr(DumpFile, name, no_tensor)
+        rejudged = analyze_paths([runs], thresholds=judged, task="classification")
+        results, summary = _results(rejudged), rejudged.summary.copy()
+        rejudged.close()
+    assert len(_entries(cache)) == 1
+    assert "top-1" in summary.to_json(), "the task judged the stored outputs"
+    monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path / "another-cache"))
+    fresh = analyze_paths([runs], thresholds=judged, task="classification")
+    try:
+        assert _results(fresh) == results
+        pd.testing.assert_frame_equal(fresh.summary, summary)
+    finally:
+        fresh.close()
+
+
+def test_stored_outputs_that_do_not_fill_their_shape_are_measured_again(runs, cache, monkeypatch):
+    analyze_paths([runs]).close()
+    (entry,) = _entries(cache)
+    doc = orjson.loads(entry.read_bytes())
+    assert doc["outputs"], "the model outputs are kept with the measurement"
+    doc["outputs"][0][2]["shape"] = [int(d) + 1 for d in doc["outputs"][0][2]["shape"]]
+    entry.write_bytes(orjson.dumps(doc))
+    measured = []
+    real = analysis_module.compare_all
+    monkeypatch.setattr(analysis_module, "compare_all", lambda *a, **k: measured.append(1) or real(*a, **k))
+    analyze_paths([runs]).close()
+    assert measured == [1]
+
+
 def test_changed_dump_or_options_are_measured_again(runs, cache):
     before = analyze_paths([runs])
     worst_before = float(before.comparison.table["rel_l2"].max())

@@ -69,11 +69,13 @@ def compare_command(
     thresholds = Thresholds(atol=atol, rtol=rtol, warn_rel_l2=warn_rel_l2, fail_rel_l2=fail_rel_l2,
                             min_pass_fraction=min_pass_fraction)
     set_attrs = per_input_attrs(set_)
+    key = None  # a name map or renames make no stored-report key (layerdiff.analyzer.report.stored.report_key)
     if name_map is None and not rename:  # the same analysis asked again: its stored report, nothing imported
         from layerdiff.analyzer.report import stored
 
-        entry = stored.find(stored.key_for(inputs, png=png, ref=ref, ref_input=ref_input, set_attrs=set_attrs,
-                                           task=task, thresholds=thresholds, builtin_rules=not no_builtin_rules))
+        key = stored.key_for(inputs, png=png, ref=ref, ref_input=ref_input, set_attrs=set_attrs, task=task,
+                             thresholds=thresholds, builtin_rules=not no_builtin_rules)
+        entry = stored.find(key)
         if entry is not None:
             page = stored.replay(entry, out, force=force)
             if json_out:
@@ -92,7 +94,7 @@ def compare_command(
                       regex=[parse_rename(r) for r in rename], builtin=not no_builtin_rules)
     analysis = report_paths(inputs, out, force=force, png=png, ref=ref, rules=rules, thresholds=thresholds,
                             set_attrs=set_attrs, ref_input=ref_input, steps=Steps("analyze"), task=task,
-                            on_analyzed=None if json_out else print_summary)  # the verdict before the page is written
+                            on_analyzed=None if json_out else print_summary, stored_key=key)  # the verdict before the page is written
     try:
         if json_out:
             print(console_json(analysis))
@@ -114,6 +116,8 @@ def _report_problems(problems: list[str]) -> None:
 
 def per_input_attrs(items: list[str]) -> dict[str, dict]:
     """`--set run.npz:backend_requested=opencl --set precision_requested=low` → {input or "": attrs}."""
+    if not items:
+        return {}  # the foreign formats' module stays unimported
     from layerdiff.analyzer.importers.common import parse_set_options
 
     grouped: dict[str, list[str]] = {}

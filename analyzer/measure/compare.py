@@ -40,6 +40,7 @@ from layerdiff.analyzer.align.blocks import layer_blocks
 from layerdiff.analyzer.align.unmatched import relabel_unmatched
 
 MEASURED = "measured"  # a row with every metric and no judgement yet
+MAX_KEPT_OUTPUT_BYTES = 16 * 1024 * 1024  # a model output kept with the measurement for the judge at most this big
 
 
 @dataclass
@@ -52,6 +53,21 @@ class Comparison:
     graphs: dict[str, LayerGraph] = field(default_factory=dict)  # run label -> its graph
     problems: list[str] = field(default_factory=list)
     storage: dict[str, StorageEvidence] = field(default_factory=dict)  # run label -> what its bytes were stored in
+    # (run's file, order) -> a model output's values, or its stored form (resultcache.packed_array) until asked for
+    outputs: dict[tuple[str, int], object] = field(default_factory=dict)
+
+    def output_values(self, run: Run, order: int) -> np.ndarray:
+        """A model output's values as the measurement kept them for the judge (a task decodes them: a changed
+        `--task` re-judges without opening a tensor), else read from the run's dump (an output over
+        MAX_KEPT_OUTPUT_BYTES, or one that could not be read while measuring: reading it says why)."""
+        kept = self.outputs.get((str(run.path), int(order)))
+        if kept is None:
+            return run.dump.tensor(int(order))
+        if not isinstance(kept, np.ndarray):
+            from layerdiff.analyzer.measure.resultcache import unpacked_array
+
+            kept = self.outputs[(str(run.path), int(order))] = unpacked_array(kept)
+        return kept
 
     def graph(self, run: Run) -> LayerGraph:
         """The run's layer graph, rebuilt if it was released (an analysis drops them once its findings
@@ -133,11 +149,37 @@ def compare_all(plan: Plan, rules: NameRules, tolerances: Tolerances, steps: Ste
             _stream_base(base, members, kernel, tolerances, graphs[base.label], rows, comparison.problems,
                          counter.tick, memo)
     comparison.table = rows.frame()
+    comparison.outputs = kept_outputs(plan, alignments, graphs)
     comparison.table["growth"], comparison.table["worst_input"] = _growth(comparison.table, plan.pairs, graphs)
     blocks = layer_blocks(comparison.table["key"])
     if blocks:  # a graph named block by block (llama.cpp's `Qcur-3`): each row says its block
         comparison.table["block"] = comparison.table["key"].map(blocks).astype(float)
     return comparison
+
+
+def kept_outputs(plan: Plan, alignments: list[PairAlignment], graphs: dict[str, LayerGraph]) -> dict[tuple[str, int], np.ndarray]:
+    """The matched model outputs of every run-vs-reference pair, both sides, read once here: what a task
+    decodes (layerdiff.analyzer.outputs.judge) is part of the measurement, so judging with another `--task`
+    reads no tensor. An output that does not read, or is over MAX_KEPT_OUTPUT_BYTES, is left out (the judge
+    then reads it from the dump, and says so if it is unreadable)."""
+    kept: dict[tuple[str, int], np.ndarray] = {}
+    for pair, alignment in zip(plan.pairs, alignments):
+        if pair.kind != "reference" or alignment.matched.empty:
+            continue
+        outputs = set(graphs[pair.base.label].outputs())
+        matched = alignment.matched
+        rows = matched[matched["key"].isin(outputs)]
+        for base_order, other_order in zip(rows["base_order"].tolist(), rows["other_order"].tolist()):
+            for run, order in ((pair.base, int(base_order)), (pair.other, int(other_order))):
+                if (str(run.path), order) in kept or order in run.dump.estimated_orders:
+                    continue
+                try:
+                    values = run.dump.tensor(order)
+                except (LayerdiffError, OSError):
+                    continue
+                if values.nbytes <= MAX_KEPT_OUTPUT_BYTES:
+                    kept[(str(run.path), order)] = np.array(values)  # its own memory: a buffer is reused
+    return kept
 
 
 def _align(pair: Pair, rules: NameRules, steps: Steps) -> PairAlignment:

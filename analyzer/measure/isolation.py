@@ -27,7 +27,6 @@ from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.measure.compare import MEASURED
 from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
-from layerdiff.analyzer.formats.rawdump import sha256_file
 from layerdiff.analyzer.runs.header import raw_header
 from layerdiff.analyzer.runs.reference import Plan
 from layerdiff.analyzer.runs.sources import Run
@@ -144,6 +143,8 @@ class _ReferenceFinder:
     def _sha256(self, path: Path) -> str:
         key = path.resolve()
         if key not in self._hashes:
+            from layerdiff.analyzer.formats.rawdump import sha256_file  # isolated dumps only: not every analysis
+
             self._hashes[key] = sha256_file(key)
         return self._hashes[key]
 

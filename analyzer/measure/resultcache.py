@@ -5,7 +5,9 @@ A sweep ends with its own report, and users then often run `analyze` on the same
 analysis, `layerdiff.analyzer.measure.compare.compare_all` (alignment + every metric of every layer), is stored as
 one `results-<key>.json` entry of the cache that also holds conversions (`layerdiff.analyzer.importers.convcache`: the
 user's private XDG cache directory, bounded least-recently-used first, shown and emptied by
-`analyze cache`), and reused when the same dumps are analyzed with the same options.
+`analyze cache`), and reused when the same dumps are analyzed with the same options. The entry also keeps
+the model outputs a task decodes (`Comparison.outputs`: both sides of each run-vs-reference pair, up to
+16 MiB each), so a changed `--task` re-judges without opening a tensor.
 
 The key covers everything the measurement depends on: each dump's path, size, modification time
 and inode (a rewritten dump gets a new key), the pairing, the name rules, the tolerances (atol, rtol: what the allclose share counts; the
@@ -21,6 +23,7 @@ owned by someone else) is never an error: the analysis just is not stored.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import json
 import math
@@ -42,7 +45,8 @@ from layerdiff.analyzer.measure.fingerprint import code_fingerprint
 from layerdiff.analyzer.measure.storage import StorageEvidence
 
 PREFIX = "results-"
-FORMAT = 5  # 3: numeric columns as bytes; 4: rows measured, not judged (status `measured`); 5: storage evidence
+FORMAT = 6  # 3: numeric columns as bytes; 4: rows measured, not judged (status `measured`); 5: storage evidence;
+# 6: the model outputs a task decodes
 TUPLE_COLUMNS = ("base_shape", "other_shape")
 NUMERIC_KINDS = "iubf"
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -85,8 +89,9 @@ def load(plan: Plan, key: str) -> Comparison | None:
         table = _frame(doc.pop("table"))
         convcache.touch(path)  # recently used entries survive the trimming
         storage = {str(label): StorageEvidence(*(int(v) for v in counts)) for label, counts in doc["storage"].items()}
+        outputs = {(str(dump), int(order)): _checked_packed(packed) for dump, order, packed in doc["outputs"]}
         return Comparison(plan=plan, table=table, alignments=alignments, graphs={},  # built when judging asks
-                          problems=[str(p) for p in doc["problems"]], storage=storage)
+                          problems=[str(p) for p in doc["problems"]], storage=storage, outputs=outputs)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
 
@@ -117,7 +122,11 @@ def _document(comparison: Comparison, key: str) -> Iterator[bytes]:
         yield b"}"
     yield b'],"table":'
     yield from _columns(comparison.table)
-    yield b"}"
+    yield b',"outputs":['
+    for i, ((dump, order), values) in enumerate(comparison.outputs.items()):  # (dump file, order, its values)
+        packed = values if isinstance(values, dict) else packed_array(values)
+        yield (b"," if i else b"") + orjson.dumps([dump, order, packed])
+    yield b"]}"
 
 
 def _columns(frame: pd.DataFrame) -> Iterator[bytes]:
@@ -180,6 +189,28 @@ def _packed(values: np.ndarray) -> dict:
     return {"dtype": values.dtype.str, "base64": base64.b64encode(values.tobytes()).decode("ascii")}
 
 
+def packed_array(values: np.ndarray) -> dict:
+    """A kept model output as JSON: its dtype, shape and bytes (base64); decoded only when a task asks."""
+    return {**_packed(np.asarray(values).reshape(-1)), "shape": [int(d) for d in np.shape(values)]}
+
+
+def unpacked_array(packed: dict) -> np.ndarray:
+    """A kept model output back from `packed_array`."""
+    return _unpacked(packed).reshape(packed["shape"])
+
+
+def _checked_packed(packed: dict) -> dict:
+    """A stored output's description, refused (the entry is then ignored) unless numeric with a shape
+    that holds exactly its bytes; its bytes are decoded later, when a task asks for them."""
+    dtype = np.dtype(packed["dtype"])
+    shape = [int(d) for d in packed["shape"]]
+    if dtype.kind not in NUMERIC_KINDS or any(d < 0 for d in shape) or not isinstance(packed["base64"], str):
+        raise ValueError("stored output is not a numeric array")
+    if len(packed["base64"]) != 4 * -(-math.prod(shape) * dtype.itemsize // 3):
+        raise ValueError("stored output's bytes do not fill its shape")
+    return {"dtype": packed["dtype"], "shape": shape, "base64": packed["base64"]}
+
+
 def _texts(cells: dict) -> np.ndarray:
     """A text column from its distinct texts and row codes: equal cells share one str (a str per
     cell was most of a stored 50,000-layer entry's memory)."""
@@ -196,4 +227,5 @@ def _unpacked(packed: dict) -> np.ndarray:
     dtype = np.dtype(packed["dtype"])
     if dtype.kind not in NUMERIC_KINDS:
         raise ValueError(f"stored column of type {dtype} is not numeric")
-    return np.frombuffer(base64.b64decode(packed["base64"], validate=True), dtype=dtype).copy()  # writable, like a measured column
+    raw = binascii.a2b_base64(packed["base64"], strict_mode=True)  # any other character refused, in one C pass
+    return np.frombuffer(raw, dtype=dtype).copy()  # writable, like a measured column

@@ -27,6 +27,19 @@ def decode(task: Task, outputs: list[np.ndarray], input_hw: tuple[int, int] | No
     return nms(boxes, float(task.get("iou")))
 
 
+def decode_at_two(task: Task, outputs: list[np.ndarray], input_hw: tuple[int, int] | None, conf: float,
+                  low: float) -> tuple[Boxes, Boxes]:
+    """The boxes at `conf` and at the lower threshold `low` (the boxes just under the threshold the
+    comparison looks for). A DB text map is decoded once: its regions do not depend on the score threshold,
+    which only drops regions by their mean probability, so the boxes at `conf` are those at `low` scoring
+    at least `conf`, in the same order. Other families are decoded at each threshold (their NMS runs on
+    what the threshold kept)."""
+    if task.name != "text-det" or low > conf:
+        return decode(task, outputs, input_hw, conf), decode(task, outputs, input_hw, low)
+    everything = decode(task, outputs, input_hw, low)
+    return everything.take(everything.scores >= conf), everything
+
+
 def _one(arrays: list[np.ndarray], task: Task, ndim: int = 2) -> np.ndarray:
     """The single head a YOLO task reads: the largest output of `ndim` dimensions."""
     heads = [a for a in arrays if a.ndim == ndim]
@@ -296,25 +309,27 @@ def _regions(labels: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
 
 def components(mask: np.ndarray) -> np.ndarray:
     """4-connected component labels of a boolean map (0 = background); a region's label is its first
-    pixel's flat index + 1 (row-major). Numpy only: the horizontal runs of each row are the units, runs
-    touching across adjacent rows are joined (min-label propagation with pointer jumping over the run
-    graph, a few passes over a few thousand runs rather than over every pixel of the map)."""
+    pixel's flat index + 1 (row-major). Numpy only: the horizontal runs of each row are the units (found
+    from where the flattened map switches on and off), runs of adjacent rows whose columns overlap are
+    joined (min-label propagation with pointer jumping over the run graph, a few passes over a few
+    thousand runs rather than over every pixel of the map), and the labels are written back run by run."""
     mask = np.asarray(mask, dtype=bool)
     if mask.ndim != 2:
         return _components_by_pixels(mask)
+    height, width = mask.shape
     if not mask.any():
         return np.zeros(mask.shape, dtype=np.int64)
-    starts = mask.copy()
-    starts[:, 1:] &= ~mask[:, :-1]  # a run starts where the pixel to its left is background
-    run_of = np.cumsum(starts.reshape(-1)).reshape(mask.shape) - 1  # each foreground pixel's run
-    first_pixel = np.flatnonzero(starts.reshape(-1))  # run -> its first pixel's flat index
-    vertical = mask[:-1] & mask[1:]
-    upper = run_of[:-1][vertical]
-    lower = run_of[1:][vertical]
-    root = np.arange(first_pixel.size)
+    stride = width + 1  # each row followed by one background pixel: no run crosses a row's end
+    padded = np.zeros((height, stride), dtype=np.int8)
+    padded[:, :width] = mask
+    steps = np.diff(padded.reshape(-1), prepend=np.int8(0))
+    starts = np.flatnonzero(steps == 1)  # a run's first pixel, in the padded numbering
+    ends = np.flatnonzero(steps == -1)  # one past its last pixel
+    rows = starts // stride
+    first_pixel = rows * width + (starts - rows * stride)  # in the map's own numbering
+    upper, lower = _touching_runs(starts, ends, rows, stride)
+    root = np.arange(starts.size)
     if upper.size:
-        pairs = np.unique(upper * first_pixel.size + lower)
-        upper, lower = pairs // first_pixel.size, pairs % first_pixel.size
         while True:
             joined = np.minimum(root[upper], root[lower])
             updated = root.copy()
@@ -324,9 +339,27 @@ def components(mask: np.ndarray) -> np.ndarray:
             if np.array_equal(updated, root):
                 break
             root = updated
-    smallest = np.full(first_pixel.size, np.iinfo(np.int64).max, dtype=np.int64)
+    smallest = np.full(starts.size, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(smallest, root, first_pixel)
-    return np.where(mask, smallest[root[run_of]] + 1, 0)
+    labels = np.zeros(mask.size, dtype=np.int64)
+    labels[mask.reshape(-1)] = np.repeat(smallest[root] + 1, ends - starts)  # foreground pixels in run order
+    return labels.reshape(mask.shape)
+
+
+def _touching_runs(starts: np.ndarray, ends: np.ndarray, rows: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """(upper, lower) run indices of every pair of runs in adjacent rows that share a column. Runs are
+    disjoint and in row-major order, so the runs of the row above that a run touches are one contiguous
+    range: those ending after its first column and starting before its end."""
+    below = np.flatnonzero(rows > 0)
+    if below.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    first = np.searchsorted(ends, starts[below] - stride, side="right")
+    last = np.searchsorted(starts, ends[below] - stride, side="left")
+    counts = np.maximum(last - first, 0)
+    lower = np.repeat(below, counts)
+    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    upper = np.repeat(first, counts) + offsets
+    return upper, lower
 
 
 def _components_by_pixels(mask: np.ndarray) -> np.ndarray:

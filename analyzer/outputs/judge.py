@@ -60,9 +60,13 @@ def _recognised(pair, output_keys: list[str]) -> Task | None:
     return None
 
 
-def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of) -> OutputJudgement:
+def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of,
+               decoded: dict | None = None, values=None) -> OutputJudgement:
     """Decode the pair's matched outputs with `task` and compare them (`tolerance_of(ref)` gives an
-    output's decision tolerance: atol + rtol x max|ref|)."""
+    output's decision tolerance: atol + rtol x max|ref|). `decoded`: the reference's boxes already decoded
+    for an earlier pair of the same reference (runs compared with one golden decode it once). `values(run,
+    order)`: an output's values (`Comparison.output_values`: kept with the measurement), else read from the
+    run's dump."""
     matched = alignment.matched
     rows = matched[matched["key"].isin(output_keys)] if len(matched) else matched
     if len(rows) == 0 or task.name == "regression":
@@ -71,17 +75,17 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
     rows = rows.assign(_o=rows["key"].map(order)).sort_values("_o")
     names = [str(k) for k in rows["key"]]
     try:
-        outputs = _outputs(pair, rows)
+        outputs = _outputs(pair, rows, values or (lambda run, order: run.dump.tensor(order)))
         ref, run = [o.ref for o in outputs], [o.run for o in outputs]
         if task.name in detection.SINGLE_HEAD:
             hw = input_hw(pair.base) or input_hw(pair.other)
             head = the_output(outputs, task, _head_fits(task, hw), "a detector head ([anchors, columns])")
-            return _detections(pair, task, [head.ref], [head.run], [head.key])
+            return _detections(pair, task, [head.ref], [head.run], [head.key], decoded)
         if task.is_detector:
             if task.get("output"):
                 raise InputError(f"--task {task.text}: {task.name} reads all of its outputs together (paired by "
                                  "their shapes); it takes no output name")
-            return _detections(pair, task, ref, run, names)
+            return _detections(pair, task, ref, run, names, decoded)
         if task.name == "segmentation":
             return _masks(task, _mask_output(pair, outputs, task), tolerance_of)
         if task.name == "landmarks":
@@ -103,14 +107,14 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
         return OutputJudgement(task.text, "error", said, names)
 
 
-def _outputs(pair, rows) -> list[Output]:
+def _outputs(pair, rows, values) -> list[Output]:
     """The pair's compared outputs, in the model's order: values with size-1 axes dropped, the reference's
     dumped shape and recorded layout."""
     stats = pair.base.stats_by_order()
     outputs = []
     for key, base_order, other_order in zip(rows["key"], rows["base_order"], rows["other_order"]):
-        a = pair.base.dump.tensor(int(base_order))
-        b = classes.squeezed(pair.other.dump.tensor(int(other_order)))
+        a = values(pair.base, int(base_order))
+        b = classes.squeezed(values(pair.other, int(other_order)))
         ref = classes.squeezed(a)
         outputs.append(Output(str(key), _tensor_name(pair.base, int(base_order), str(key)), ref,
                               b.reshape(ref.shape) if b.size == ref.size else b, tuple(a.shape),
@@ -145,11 +149,11 @@ def input_hw(run) -> tuple[int, int] | None:
     """Height and width of the run's first image-like input (3 or more axes): from the inputs the dump
     stores, else from an input layer's shape (ncnn dumps its Input layer)."""
     try:
-        for _name, array in run.dump.inputs():
-            if array.ndim == 4 and array.shape[-1] <= 4 < array.shape[1]:  # NHWC (a TFLite model's image)
-                return int(array.shape[1]), int(array.shape[2])
-            if array.ndim >= 3:
-                return int(array.shape[-2]), int(array.shape[-1])
+        for _name, shape in run.dump.input_shapes():
+            if len(shape) == 4 and shape[-1] <= 4 < shape[1]:  # NHWC (a TFLite model's image)
+                return int(shape[1]), int(shape[2])
+            if len(shape) >= 3:
+                return int(shape[-2]), int(shape[-1])
     except (LayerdiffError, OSError, KeyError):
         pass
     layers = run.layers
@@ -161,12 +165,18 @@ def input_hw(run) -> tuple[int, int] | None:
     return None
 
 
-def _detections(pair, task: Task, ref, run, names) -> OutputJudgement:
+def _detections(pair, task: Task, ref, run, names, decoded: dict | None = None) -> OutputJudgement:
     hw = input_hw(pair.base) or input_hw(pair.other)
     conf, tol = float(task.get("conf")), float(task.get("score_tol"))
     detection.check_reference(task, ref, hw)
-    ref_boxes, run_boxes = (detection.decode(task, x, hw, conf) for x in (ref, run))
-    ref_all, run_all = (detection.decode(task, x, hw, max(conf - tol, 0.0)) for x in (ref, run))
+    low = max(conf - tol, 0.0)
+    key = (str(pair.base.path), tuple(names), task.text, hw)  # the same reference outputs, decoded the same way
+    if decoded is None or key not in decoded:
+        found = detection.decode_at_two(task, ref, hw, conf, low)
+        if decoded is not None:
+            decoded[key] = found
+    ref_boxes, ref_all = found if decoded is None else decoded[key]
+    run_boxes, run_all = detection.decode_at_two(task, run, hw, conf, low)
     changes = compare_boxes(ref_boxes, run_boxes, ref_all, run_all, float(task.get("moved")), tol)
     status = "fail" if changes.decisions_changed else ("warn" if changes.scores or changes.threshold else "pass")
     numbers = {"boxes_reference": len(ref_boxes), "boxes_run": len(run_boxes), "moved": len(changes.moved),
@@ -348,7 +358,7 @@ def judge_all(comparison, declared: Task | None, thresholds) -> dict[int, Output
     """The judgement of every run-vs-reference pair that has a task (declared or recorded in its files)."""
     from layerdiff.analyzer.measure.compare import decision_tolerance
 
-    judgements = {}
+    judgements, decoded = {}, {}
     for index, pair in enumerate(comparison.plan.pairs):
         if pair.kind != "reference":
             continue
@@ -357,7 +367,8 @@ def judge_all(comparison, declared: Task | None, thresholds) -> dict[int, Output
         if task is None:
             continue
         judgement = judge_pair(pair, comparison.alignments[index], keys, task,
-                               lambda ref: decision_tolerance(ref, thresholds.tolerances))
+                               lambda ref: decision_tolerance(ref, thresholds.tolerances), decoded,
+                               comparison.output_values)
         if judgement.status != "none":
             judgements[index] = judgement
     return judgements

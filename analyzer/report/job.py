@@ -19,20 +19,28 @@ from layerdiff.progress import Steps
 STORED_KEY_OPTIONS = ("ref", "ref_input", "set_attrs", "task", "thresholds", "rules")
 
 
+_KEY_FROM_OPTIONS = object()  # report_paths works out the stored report's key itself
+
+
 def report_paths(paths, out_dir: Path | str, *, force: bool = False, png: bool = False,
-                 on_analyzed: Callable[[Analysis], None] | None = None, **analyze_options) -> Analysis:
+                 on_analyzed: Callable[[Analysis], None] | None = None, stored_key: str | None | object = _KEY_FROM_OPTIONS,
+                 **analyze_options) -> Analysis:
     """What `analyze` and a finished sweep both do: check the report directory, analyze, write it.
 
     The report directory is checked first so a bad `-o` fails before any dump is read. The
     caller owns (and closes) the returned Analysis, e.g. to print a summary or JSON.
     `on_analyzed` sees the analysis before the files are drawn and written (`analyze` and a sweep
     print the verdict there, so the user reads it before anything is drawn); `png` also draws the
-    static PNGs.
+    static PNGs. `stored_key`: the stored report's key when the caller already worked it out for the same
+    arguments (`analyze` does, to answer from a stored report first: discovering every input and hashing
+    the analyzer's sources twice cost a re-judged analysis about 0.01 s).
     """
     existed = Path(out_dir).exists()
     out = prepare_out_dir(out_dir, force=force)
     paths = list(paths)
-    key = stored.report_key(paths, png=png, **{k: v for k, v in analyze_options.items() if k in STORED_KEY_OPTIONS})
+    key = stored_key
+    if key is _KEY_FROM_OPTIONS:
+        key = stored.report_key(paths, png=png, **{k: v for k, v in analyze_options.items() if k in STORED_KEY_OPTIONS})
     try:
         analysis = analyze_paths(paths, **analyze_options)
     except BaseException:

@@ -48,8 +48,10 @@ def _scan_dir(root: Path) -> list[Path]:
     if (root / RAW_MANIFEST).is_file():
         return [root]
     # every .h5 is a candidate even when unreadable, so a damaged file is reported, not silently skipped
-    hits = sorted(p for p in root.rglob("*") if p.suffix.lower() in H5_SUFFIXES and p.is_file()
-                  and not p.name.startswith("."))
+    entries = list(root.rglob("*"))
+    hits = sorted(p for p in entries if p.suffix.lower() in H5_SUFFIXES and p.is_file() and not p.name.startswith("."))
+    if all(p.suffix.lower() in H5_SUFFIXES or p.is_dir() for p in entries):
+        return hits  # nothing but HDF5 files: no other tool's dump to look for (the format readers stay unimported)
     try:
         from layerdiff.analyzer.importers import find_dumps
     except ImportError:  # the importers are optional: plain layerdiff dumps still work

@@ -1,6 +1,7 @@
 """Benchmark: a golden analysis of a real detector (ONNX Runtime vs MNN and ncnn) against its floors.
 
 Run by hand:  python tests/bench/bench_golden_speed.py [--size 608x800] [--rounds 3] [--dir /tmp/golden-bench]
+                  [--parts fresh rejudge]
 
 PP-OCRv4 det (the biggest real model the corpus wheels ship, H/W dynamic) at HxW: copied out of the
 rapidocr-onnxruntime wheel, converted with MNN's converter (through its `_tools` module) and with pnnx
@@ -84,6 +85,8 @@ def main() -> int:
     parser.add_argument("--size", default="608x800", help="HxW of the detector's input")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/layerdiff-golden-bench"))
+    parser.add_argument("--parts", nargs="+", choices=("fresh", "rejudge"), default=["fresh", "rejudge"],
+                        help="a fresh analysis vs its tight floor; again / threshold / task change vs the stored measurement")
     args = parser.parse_args()
     height, width = (int(v) for v in args.size.split("x"))
     workdir = args.dir / f"{height}x{width}"
@@ -114,12 +117,15 @@ def main() -> int:
     print(f"[{name}] first analyze: {first.cpu:.2f} s CPU, {time.monotonic() - start:.1f} s wall, "
           f"peak {first.peak_rss / MiB:.0f} MiB")
     _print_alignment(report / "results.json")
-    plan = pairs_plan(cache, report, workdir / "pairs.json")
-    fresh = alternate(pairs_floor_runner(workdir, plan, env), lambda: analyze(fresh=True), args.rounds)
-    lines = [fresh_line(name, "tight floor (matched pairs, reused buffers)", fresh.median("floor"),
-                        fresh.median("command"), fresh.ratio(), None)
-             + f"; peak {fresh.peak('command') / MiB:.0f} MiB vs the floor's {fresh.peak('floor') / MiB:.0f} MiB"]
-    print(lines[0], flush=True)
+    if "fresh" in args.parts:
+        plan = pairs_plan(cache, report, workdir / "pairs.json")
+        fresh = alternate(pairs_floor_runner(workdir, plan, env), lambda: analyze(fresh=True), args.rounds)
+        print(fresh_line(name, "tight floor (matched pairs, reused buffers)", fresh.median("floor"),
+                         fresh.median("command"), fresh.ratio(), None)
+              + f"; peak {fresh.peak('command') / MiB:.0f} MiB vs the floor's {fresh.peak('floor') / MiB:.0f} MiB",
+              flush=True)
+    if "rejudge" not in args.parts:
+        return 0
     analyze(fresh=True)  # one stored measurement and nothing else in the cache for the floor to read
     tasks = (f"text-det:thresh={0.3 + k * 1e-4:.4f}" for k in range(10**6))
     rejudge_lines(name, analyze, stored_floor_runner(workdir, cache, env), args.rounds, tasks)
