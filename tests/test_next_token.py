@@ -117,3 +117,28 @@ def test_task_options_are_checked():
     assert parse_task("language-model:kld_warn=0.02").get("kld_warn") == 0.02
     with pytest.raises(Exception, match="unknown option"):
         parse_task("language-model:conf=0.5")
+
+
+def test_the_logits_output_is_the_one_the_engine_declares_among_several(tmp_path):
+    """A second vocabulary-wide output beside the logits: the engine's declared logits output is read (its next
+    token changed: fail); an engine that declares none leaves the choice to `output=NAME`."""
+    ref = logits(2)
+    run = ref.copy()
+    run[0] = logits(1, seed=9)[0]  # the clear next token at position 0 moves
+    other = logits(2, seed=4)
+    layers = [("inp_embd", "GET_ROWS", [], (2, 64)), ("result_output", "MUL_MAT", ["inp_embd"], ref.shape),
+              ("aux_scores", "MUL_MAT", ["inp_embd"], other.shape)]
+    embd = np.zeros((2, 64), np.float32)
+    for engine, folder in (("ggml", tmp_path / "declared"), ("onnxruntime", tmp_path / "undeclared")):
+        folder.mkdir()
+        write_dump(folder / "cpu_high.h5", {"inp_embd": embd, "result_output": ref, "aux_scores": other},
+                   layers=layers, engine=engine)
+        write_dump(folder / "cpu_low.h5", {"inp_embd": embd, "result_output": run, "aux_scores": other},
+                   layers=layers, engine=engine, precision="low")
+    status, reason, _ = verdict(tmp_path / "declared", "language-model")
+    assert status == "fail" and "result_output" in reason, reason
+    status, reason, findings = verdict(tmp_path / "undeclared", "language-model")
+    said = [reason, *findings]
+    assert any("no single output holds next-token logits" in text for text in said), said
+    status, reason, _ = verdict(tmp_path / "undeclared", "language-model:output=result_output")
+    assert status == "fail" and "result_output" in reason, reason

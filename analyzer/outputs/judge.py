@@ -96,7 +96,7 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
             chosen = the_output(outputs, task, None, "")
             return _next_tokens(task, [chosen.ref], [chosen.run], [chosen.key], tolerance_of)
         if task.name == LANGUAGE_MODEL:
-            return _next_tokens(task, ref, run, names, tolerance_of)
+            return _next_tokens(task, ref, run, names, tolerance_of, _declared_outputs(pair, LANGUAGE_MODEL))
         if task.get("output"):
             chosen = the_output(outputs, task, None, "")
             ref, run, names = [chosen.ref], [chosen.run], [chosen.key]
@@ -315,13 +315,19 @@ def _embedding(task: Task, outputs: list[Output]) -> OutputJudgement:
                            {"rows": int(len(cos)), "min_cosine": worst, "mean_cosine": float(cos.mean())})
 
 
-def _next_tokens(task: Task, ref, run, names, tolerance_of) -> OutputJudgement:
+def _declared_outputs(pair, task_name: str) -> set[str]:
+    """The output names either engine of the pair declares as `task_name`'s (`engine_facts.output_tasks`)."""
+    return {name for run in (pair.base, pair.other) for name, task in facts_of(run.attrs).output_tasks
+            if task == task_name}
+
+
+def _next_tokens(task: Task, ref, run, names, tolerance_of, declared: set[str] = frozenset()) -> OutputJudgement:
     """Logits: fail when a clear next token changes or the mean KL divergence passes kld_fail; warn at a
-    near-tie flip or above kld_warn."""
-    i = nexttoken.logits_output(names, ref)
+    near-tie flip or above kld_warn. `declared`: the outputs the engines declare as their logits."""
+    i = nexttoken.logits_output(names, ref, declared)
     if i is None:
-        return OutputJudgement(task.text, "error", "no single output holds next-token logits (name it result_output "
-                               "or keep one output with a vocabulary axis)", names)
+        return OutputJudgement(task.text, "error", "no single output holds next-token logits (name it with "
+                               "--task language-model:output=NAME, or keep one output with a vocabulary axis)", names)
     if ref[i].size != run[i].size:
         raise ValueError(f"{names[i]} has {ref[i].size} values in the reference and {run[i].size} in the run")
     c = nexttoken.compare_logits(ref[i], run[i], tolerance_of(ref[i]))

@@ -20,7 +20,6 @@ import numpy as np
 
 from layerdiff.analyzer.measure.classes import squeezed
 
-LOGITS_OUTPUT = "result_output"  # the name llama.cpp's graph builders give the logits (every architecture)
 ROWS_AT_ONCE = 16
 
 
@@ -74,11 +73,14 @@ def _kl_divergence(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.maximum((np.exp(lx) * (lx - ly)).sum(axis=1), 0.0)
 
 
-def logits_output(names: list[str], ref: list[np.ndarray]) -> int | None:
-    """Which output holds the logits: llama.cpp's `result_output`, else the one output with a last axis
-    of 2 or more entries (None when several could be)."""
-    if LOGITS_OUTPUT in [name.split(":", 1)[0] for name in names]:
-        return [name.split(":", 1)[0] for name in names].index(LOGITS_OUTPUT)
+def logits_output(names: list[str], ref: list[np.ndarray], declared: set[str] = frozenset()) -> int | None:
+    """Which output holds the logits: the one an engine of the pair declares as its language-model output
+    (`engine_facts.output_tasks`), else the one output with a last axis of 2 or more entries (None when
+    several could be)."""
+    ops = [name.split(":", 1)[0] for name in names]
+    named = [i for i, op in enumerate(ops) if op in declared]
+    if len(named) == 1:
+        return named[0]
     candidates = [i for i, x in enumerate(ref) if squeezed(x).shape[-1] >= 2]
     return candidates[0] if len(candidates) == 1 else None
 
