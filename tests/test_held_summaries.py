@@ -31,7 +31,7 @@ def test_a_whole_run_packs_its_summaries_and_each_reads_back_exactly(dumps, tmp_
     with h5py.File(path) as f:
         assert sorted(f["summaries"]) == ["held_orders", "held_sample_dtypes", "held_sample_offsets",
                                           "held_samples", "held_sketches"]
-        assert f.attrs["format_minor"] == 1
+        assert f.attrs["format_minor"] >= 1  # the held summaries arrived in minor 1
     raw = read_raw_dump(dumps[which])
     with DumpFile(path) as dump:
         assert dump.estimated_orders == frozenset()
