@@ -83,6 +83,17 @@ def test_tensors_carry_no_attributes_and_files_whose_tensors_do_read_alike(tmp_p
         assert dump.attrs["engine"] == attrs["engine"] == "ncnn" and dump.attrs["complete"] == attrs["complete"]
 
 
+def test_a_root_attribute_too_large_for_the_header_is_kept_whole(tmp_path):
+    """Root attributes live in the root's own header, which holds 64 KiB: a larger one (a long stderr tail in the
+    provenance, a model's long output list) goes to the file's heap and reads back whole, beside the others."""
+    long = "ü" * 150_000
+    with DumpWriter(tmp_path / "run.h5", {"outputs": long, "device_serial": "ABC", "provenance": {"note": long}}) as w:
+        w.add_tensor({"order": 0, "op": "conv"}, np.ones((2, 3), np.float32))
+    with DumpFile(tmp_path / "run.h5") as dump:
+        assert dump.attrs["outputs"] == long and dump.attrs["device_serial"] == "ABC"
+        assert dump.provenance["note"] == long and dump.layers["key"].tolist() == ["conv:0"]
+
+
 def test_dump_without_footer_converts_to_incomplete_hdf5_with_every_tensor(tmp_path):
     arrays = _arrays()
     _write_raw(tmp_path / "raw", arrays, footer=False)
