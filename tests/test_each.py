@@ -106,6 +106,27 @@ def test_a_large_data_set_closes_with_its_done_runs_counted_not_listed(tmp_path)
     assert all(f"shot{k:02d}" in lines for k in range(count))  # ... each has its own line
 
 
+def test_an_input_that_ends_while_the_index_is_being_written_does_not_wait_for_it(tmp_path):
+    """Replacing index.csv can wait on the disk for much of a second: a finished input's row is written in the
+    background (the conversion of the next input goes on), and the sweep's closing save has every row."""
+    import threading
+
+    from layerdiff.collector.sweep.index import WRITE_EVERY_S, Index, IndexRow
+
+    rows = [IndexRow("local", "ncnn", "cpu", "high", f"photo{k}") for k in range(3)]
+    index = Index(tmp_path, rows)
+    time.sleep(WRITE_EVERY_S)  # the next update_soon is due to write
+    with index._file_lock:  # a write of the file under way, as long as this block lasts
+        ended = threading.Event()
+        caller = threading.Thread(target=lambda: (index.update_soon(rows[0], status="done"), ended.set()))
+        caller.start()
+        assert ended.wait(5), "update_soon waited for the write under way"
+        index.update_soon(rows[1], status="failed", reason="a reason")
+    index.save()
+    assert [r.status for r in read_index(tmp_path).values()] == ["done", "failed", "planned"]
+    assert index.write_error is None
+
+
 def test_an_engine_process_that_crashes_on_one_input_keeps_the_others(tmp_path):
     """The harness's `--abort-after K` (under `--each`: the K-th tensor the process dumps) aborts the
     engine inside the fourth input's run: the three before it are complete files from that process, the
