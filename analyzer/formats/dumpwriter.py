@@ -41,7 +41,7 @@ class DumpWriter:
         quiet_hdf5_release_failures()
         with writing(self.path):
             self._space.reserve(0)
-            self._file = h5py.File(_create_file(self._partial))
+            self._file = h5py.File(self._partial, "w")
         self._groups: dict[str, Any] = {}  # low-level ids of the groups made so far, by name
         self._held: list[tuple[int, "TensorSummary"]] = []  # summaries of tensors held whole, written at close
         self._held_bytes = 0
@@ -241,22 +241,6 @@ class DumpWriter:
         root = h5py.h5g.open(self._file.id, b"/")
         for key, value in attrs.items():
             _write_attr(root, key, value)
-
-
-ROOT_COMPACT_ATTRS = 64  # root attributes kept in the root's own header (the library's default moves past 8 to a heap)
-
-
-def _create_file(path: Path) -> Any:
-    """A new HDF5 file (truncating `path`) in the HDF5 1.8 file format: groups hold their links in their own
-    header (no symbol table and local heap each), and the root its ~40 attributes (no fractal heap and name
-    index): a small file costs ~20% less to write, and every HDF5 library since 1.8 (2008) reads it. An
-    attribute too large for the header still goes to the heap."""
-    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    fapl.set_libver_bounds(h5py.h5f.LIBVER_V18, h5py.h5f.LIBVER_LATEST)
-    fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
-    fcpl.set_obj_track_times(False)  # as h5py creates files: no times in object headers
-    fcpl.set_attr_phase_change(ROOT_COMPACT_ATTRS, ROOT_COMPACT_ATTRS - 16)
-    return h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_TRUNC, fcpl=fcpl, fapl=fapl)
 
 
 HELD_SUMMARY_BYTES = 32 << 20  # summaries of tensors held whole buffered until the file closes, at most
