@@ -81,6 +81,52 @@ def test_every_input_runs_in_one_engine_process_as_its_own_run(swept, tmp_path):
         assert _provenance(together)["input_sha256"] == _provenance(alone.paths[0])["input_sha256"]
 
 
+def test_a_large_data_set_closes_with_its_done_runs_counted_not_listed(tmp_path):
+    """Past 30 runs the closing table names the runs that did not end done and counts the rest in one row:
+    every run is already named by its own line as it ends, and in index.csv."""
+    import shutil
+
+    from layerdiff.collector.sweep.progress import SUMMARY_ROWS
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    sources = sorted(IMAGES_DIR.glob("*.png"))
+    count = SUMMARY_ROWS + 1
+    for k in range(count):
+        shutil.copyfile(sources[k % len(sources)], photos / f"shot{k:02d}.png")
+    done = subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", "--model", str(MODEL), "--input",
+                           str(photos), "--preprocess", RECIPE, "-o", str(tmp_path / "runs"), "--no-report"],
+                          capture_output=True, text=True, timeout=600, check=False, env={**os.environ, "COLUMNS": "160"})
+    assert done.returncode == 0, done.stderr
+    rows = read_index(tmp_path / "runs").values()
+    assert len(rows) == count and all(row.status == "done" for row in rows)
+    lines, table = done.stderr.split("collected into")
+    assert f"{count} runs" in table and "each named above and in index.csv" in table, table
+    assert "shot" not in table  # no row per run in the table ...
+    assert all(f"shot{k:02d}" in lines for k in range(count))  # ... each has its own line
+
+
+def test_an_input_that_ends_while_the_index_is_being_written_does_not_wait_for_it(tmp_path):
+    """Replacing index.csv can wait on the disk for much of a second: a finished input's row is written in the
+    background (the conversion of the next input goes on), and the sweep's closing save has every row."""
+    import threading
+
+    from layerdiff.collector.sweep.index import WRITE_EVERY_S, Index, IndexRow
+
+    rows = [IndexRow("local", "ncnn", "cpu", "high", f"photo{k}") for k in range(3)]
+    index = Index(tmp_path, rows)
+    time.sleep(WRITE_EVERY_S)  # the next update_soon is due to write
+    with index._file_lock:  # a write of the file under way, as long as this block lasts
+        ended = threading.Event()
+        caller = threading.Thread(target=lambda: (index.update_soon(rows[0], status="done"), ended.set()))
+        caller.start()
+        assert ended.wait(5), "update_soon waited for the write under way"
+        index.update_soon(rows[1], status="failed", reason="a reason")
+    index.save()
+    assert [r.status for r in read_index(tmp_path).values()] == ["done", "failed", "planned"]
+    assert index.write_error is None
+
+
 def test_an_engine_process_that_crashes_on_one_input_keeps_the_others(tmp_path):
     """The harness's `--abort-after K` (under `--each`: the K-th tensor the process dumps) aborts the
     engine inside the fourth input's run: the three before it are complete files from that process, the

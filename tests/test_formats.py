@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -52,6 +53,45 @@ def test_raw_to_hdf5_round_trip_keeps_names_values_and_provenance(tmp_path):
         assert dump.provenance["raw_header"]["precision_effective"] == "fp16-storage"
         assert [n for n, _ in dump.inputs()] == ["data"] and dump.stderr() == "warn: x\n"
         assert json.loads(dump.layers.loc[0, "inputs"]) == ["data"]
+
+
+def test_tensors_carry_no_attributes_and_files_whose_tensors_do_read_alike(tmp_path):
+    """A tensor's key, name and op live in /layers alone (format minor 2); a file of an older minor, whose
+    tensors carry them as attributes (the sample dumps: minor 0, the HDF5 library's earliest layout), reads the
+    same, and written again it is of this writer's format."""
+    old = Path(__file__).resolve().parent.parent / "samples" / "dumps" / "ncnn_cpu_high_overflow.h5"
+    with h5py.File(old, "r") as fh:
+        assert "format_minor" not in fh.attrs and dict(fh["tensors/1"].attrs)["key"] == "stem/conv:0"
+    with DumpFile(old) as dump:
+        layers, attrs = dump.layers, dump.attrs
+        tensors = {int(order): dump.tensor(int(order)) for order in layers["order"]}
+    new = tmp_path / "new.h5"
+    with DumpWriter(new, {**{k: v for k, v in attrs.items() if k != "provenance"}, "format_minor": 0}) as writer:
+        for row in layers.itertuples(index=False):
+            writer.add_tensor({"order": row.order, "op": row.op, "output_index": row.output_index, "name": row.name,
+                               "op_type": row.op_type, "inputs": json.loads(row.inputs), "layout": row.layout},
+                              tensors[int(row.order)])
+    with h5py.File(new, "r") as fh:
+        assert fh.attrs["format_minor"] == 2
+        assert all(len(fh["tensors"][name].attrs) == 0 for name in fh["tensors"])
+    with DumpFile(new) as dump:
+        for column in ("order", "key", "op", "op_type", "output_index", "name", "inputs", "shape", "dtype"):
+            assert dump.layers[column].tolist() == layers[column].tolist(), column
+        for order, array in tensors.items():
+            np.testing.assert_array_equal(dump.tensor(order), array)
+            np.testing.assert_array_equal(dump.tensor_by_key(layers.loc[layers["order"] == order, "key"].item()), array)
+        assert dump.attrs["engine"] == attrs["engine"] == "ncnn" and dump.attrs["complete"] == attrs["complete"]
+
+
+def test_a_root_attribute_too_large_for_the_header_is_kept_whole(tmp_path):
+    """Root attributes live in the root's own header, which holds 64 KiB: a larger one (a long stderr tail in the
+    provenance, a model's long output list) goes to the file's heap and reads back whole, beside the others."""
+    long = "ü" * 150_000
+    with DumpWriter(tmp_path / "run.h5", {"outputs": long, "device_serial": "ABC", "provenance": {"note": long}}) as w:
+        w.add_tensor({"order": 0, "op": "conv"}, np.ones((2, 3), np.float32))
+    with DumpFile(tmp_path / "run.h5") as dump:
+        assert dump.attrs["outputs"] == long and dump.attrs["device_serial"] == "ABC"
+        assert dump.provenance["note"] == long and dump.layers["key"].tolist() == ["conv:0"]
 
 
 def test_dump_without_footer_converts_to_incomplete_hdf5_with_every_tensor(tmp_path):

@@ -15,7 +15,7 @@ import numpy as np
 
 FORMAT_NAME = "dump"
 FORMAT_VERSION = 1
-FORMAT_MINOR = 1  # additions within version 1 that older readers skip (FORMATS.md §2: 1 = /summaries/held_*)
+FORMAT_MINOR = 2  # additions and removals within version 1 that older readers do not need (FORMATS.md §2: 1 = /summaries/held_*, 2 = /tensors/<order> without attributes, held summaries of tensors over 65536 elements only)
 
 STRING_DTYPE = h5py.string_dtype("utf-8")
 LAYER_COLUMNS: list[tuple[str, Any]] = [

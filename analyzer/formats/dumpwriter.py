@@ -82,8 +82,7 @@ class DumpWriter:
         """Store one tensor and its stats row. `meta` carries the raw-dump tensor fields."""
         order = int(meta["order"])
         key = tensor_key(meta["op"], int(meta.get("output_index", 0)))
-        self._create_dataset(self._tensors, str(order), array,
-                             {"key": key, "name": str(meta.get("name", key)), "op": str(meta["op"])})
+        self._create_dataset(self._tensors, str(order), array, {})  # key, name and op: its /layers row
         stats = tensor_stats(array)
         self._rows.append(_layer_row(meta, key, array, stats))
         return stats
@@ -231,11 +230,12 @@ class DumpWriter:
 
     def _write_attrs(self) -> None:
         """The root attributes, each written once (an attribute written twice costs a delete)."""
-        attrs: dict[str, Any] = {"layerdiff_format": FORMAT_NAME, "format_version": FORMAT_VERSION,
-                                 "format_minor": FORMAT_MINOR, "tool_version": __version__, "created": utc_now()}
+        own = {"layerdiff_format": FORMAT_NAME, "format_version": FORMAT_VERSION, "format_minor": FORMAT_MINOR}
+        attrs: dict[str, Any] = {**own, "tool_version": __version__, "created": utc_now()}
         provenance = dict(self._attrs.pop("provenance", {}) or {})
         for key, value in self._attrs.items():
-            attrs[key] = _attr_value(value)
+            if key not in own:  # a file re-written (relabelled, imported) is of this writer's format, not its source's
+                attrs[key] = _attr_value(value)
             provenance.setdefault(key, value)
         attrs["provenance"] = json.dumps(provenance, default=str, sort_keys=True)
         root = h5py.h5g.open(self._file.id, b"/")

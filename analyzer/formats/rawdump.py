@@ -536,18 +536,32 @@ def _sketched_parts(dump: RawDump) -> tuple[set[int], Any]:
     return set(orders), summaries
 
 
+HELD_MIN_ELEMENTS = 1 << 16  # a tensor held whole keeps its harness's summary only beyond this many elements
+
+
 def _whole_summaries(dump: RawDump):
     """The summaries a harness wrote beside a dump pulled whole (None when it wrote none, or they do not read:
     they only spare a later sketch-first comparison the work of sketching this run's tensors). A tensor of at
-    most SAMPLE elements is left out: its summary is the tensor itself, sketched from the file at no cost."""
+    most HELD_MIN_ELEMENTS is left out: sketched from the file when a comparison asks (~0.4 ms at the bound,
+    once per file), it costs less than storing its summary costs every conversion of a small model's run."""
     from layerdiff.analyzer.formats.sketchformat import has_summary, read_summaries
 
-    if not has_summary(dump.path):
+    if not any(_numel(t.shape) > HELD_MIN_ELEMENTS for t in dump.tensors) or not has_summary(dump.path):
         return None
     try:
-        return read_summaries(dump.path, small=False)
+        summaries = read_summaries(dump.path, small=False)
     except DumpFormatError:
         return None
+    summaries.tensors = {order: summary for order, summary in summaries.tensors.items()
+                         if summary.stats["numel"] > HELD_MIN_ELEMENTS}
+    return summaries
+
+
+def _numel(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count
 
 
 def _pulled_record(root: Path) -> dict[str, Any]:

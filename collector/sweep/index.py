@@ -14,7 +14,7 @@ from pathlib import Path
 from layerdiff.vocabulary import RunStatus
 from layerdiff.analyzer.formats.diskspace import writing
 from layerdiff.analyzer.formats.index import INDEX_NAME, SWEEP_COLUMNS, is_sweep_row, read_rows, write_rows
-from layerdiff.errors import LayerdiffError
+from layerdiff.errors import LayerdiffError, StorageError, os_error_line
 
 COLUMNS = SWEEP_COLUMNS  # the schema is analyzer/formats/index.py's, shared with `analyze merge`
 STATUSES = tuple(status.value for status in RunStatus)
@@ -84,7 +84,9 @@ class Index:
         self.path = Path(out_dir) / INDEX_NAME
         self.rows = rows
         self.merged = [r for r in read_rows(out_dir) or [] if not is_sweep_row(r)]  # kept as they are
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the rows
+        self._file_lock = threading.Lock()  # one writer of the file at a time, each with the rows as they are then
+        self._writing = False  # an update_soon's write under way in the background
         self.write_error: LayerdiffError | None = None
         self._written = 0.0
         self.save()
@@ -93,31 +95,48 @@ class Index:
         with self._lock:
             for name, value in changes.items():
                 setattr(row, name, value)
-            self._write()
+        self._write()
 
     def update_soon(self, row: IndexRow, **changes) -> None:
-        """`update`, writing the file at most every WRITE_EVERY_S: a data set's inputs finish faster than
-        the whole file can be rewritten after each (what a crash loses here, resume finds: the files)."""
+        """`update`, the file written at most every WRITE_EVERY_S and beside the caller: a data set's inputs finish
+        faster than the whole file can be rewritten after each, and replacing a file can wait on the disk for
+        a large part of a second, which the conversion that calls here would wait too (what a crash loses
+        here, resume finds: the files)."""
         with self._lock:
             for name, value in changes.items():
                 setattr(row, name, value)
-            if time.monotonic() - self._written >= WRITE_EVERY_S:
-                self._write()
+            if self._writing or time.monotonic() - self._written < WRITE_EVERY_S:
+                return
+            self._writing = True
+            self._written = time.monotonic()
+        threading.Thread(target=self._write_behind, name="index-write", daemon=True).start()
 
     def save(self) -> None:
-        with self._lock:
+        """Write every row as it stands now (after a background write under way, if any)."""
+        self._write()
+
+    def _write_behind(self) -> None:
+        try:
             self._write()
+        except (OSError, RuntimeError) as err:  # said here as the writes in the caller's thread say it
+            self.write_error = StorageError(f"{self.path}: {os_error_line(err) if isinstance(err, OSError) else err}")
+        finally:
+            with self._lock:
+                self._writing = False
 
     def _write(self) -> None:
         """Replace the file whole; on a full disk the old file stays and the rows stay in memory
         (`write_error` says so, and the next write that fits catches up)."""
-        self._written = time.monotonic()
-        try:
-            with writing(self.path):
-                write_rows(self.path.parent, [row.as_csv() for row in self.rows] + self.merged)
-            self.write_error = None
-        except LayerdiffError as err:
-            self.write_error = err
+        with self._file_lock:
+            with self._lock:
+                self._written = time.monotonic()
+                rows = [row.as_csv() for row in self.rows] + self.merged
+            try:
+                with writing(self.path):
+                    write_rows(self.path.parent, rows)
+                self.write_error = None
+            except LayerdiffError as err:
+                self.write_error = err
 
     def counts(self) -> dict[str, int]:
         with self._lock:

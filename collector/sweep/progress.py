@@ -106,11 +106,20 @@ class SweepProgress:
         table = Table(title=terminal_cell(f"collected into {out_dir}"))
         for column in ("device", "run", "status", "seconds", "note"):
             table.add_column(column, overflow="fold")
-        for run in runs:
+        collapse = len(runs) > SUMMARY_ROWS
+        shown = [run for run in runs if not (collapse and run.row.status == RunStatus.DONE)]
+        for run in shown:
             row = run.row
             table.add_row(*map(terminal_cell, (row.serial, run.spec.stem, row.status, f"{row.duration_s:.1f}",
                                                row.reason[:100])))
+        done = [run for run in runs if collapse and run.row.status == RunStatus.DONE]
+        if done:  # a data set's runs: each was announced as it ended, a table of hundreds of rows only scrolls
+            table.add_row("", f"{len(done)} runs", RunStatus.DONE, f"{sum(r.row.duration_s for r in done):.1f}",
+                          "each named above and in index.csv")
         self.console.print(table)
+
+
+SUMMARY_ROWS = 30  # a sweep of more runs lists only those that did not end done in its closing table
 
 
 @contextmanager

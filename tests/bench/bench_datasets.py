@@ -113,6 +113,7 @@ def sweep(folder: Path, out: Path) -> tuple[float, int, float]:
 
 
 def bench_collect(count: int, rounds: int) -> None:
+    before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         folder = photos(work / "photos", count)
@@ -130,7 +131,9 @@ def bench_collect(count: int, rounds: int) -> None:
     print(f"{count} inputs ({written} dumps written), cpu/high: sweep {wall:.2f} s, floor (one engine process, "
           f"{count} inferences, every layer dumped) {base:.2f} s: {wall / base:.2f}x wall (goal <= 1.5x); "
           f"CPU {cpu:.2f} vs {base_cpu:.2f} s ({cpu / base_cpu:.2f}x); peak memory {peak / 2**20:.0f} MiB at "
-          f"{count} inputs, {small_peak / 2**20:.0f} MiB at {max(count // 10, 2)}")
+          f"{count} inputs, {small_peak / 2**20:.0f} MiB at {max(count // 10, 2)}; rounds (sweep/floor wall): "
+          f"{', '.join(f'{s[0]:.2f}/{f[0]:.2f}' for s, f in zip(sweeps, floors))}; load average before "
+          f"{before:.2f}, after {os.getloadavg()[0]:.2f} (the wall ratio means something only on an idle machine)")
 
 
 def bench_view(count: int, rounds: int) -> None:
