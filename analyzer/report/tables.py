@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.measure.compare import Comparison
@@ -125,7 +126,13 @@ def _formatted_column(series: pd.Series, markdown: bool = False) -> list[str]:
     values = series.tolist()
     if series.name == "position":  # shown 1-based, as the findings' "#N in execution order"
         values = [v + 1 if isinstance(v, (int, float)) and v == v else v for v in values]
-    out = [format_number(v) for v in values]
+    kind = series.dtype.kind if isinstance(series.dtype, np.dtype) else "O"  # nullable dtypes hold pd.NA
+    if kind == "f":  # `format_number`'s rule for a float, without its per-cell type tests
+        out = ["" if v != v else f"{v:.4g}" for v in values]
+    elif kind in "iub":
+        out = [str(v) for v in values]
+    else:
+        out = [format_number(v) for v in values]
     if markdown and series.dtype.kind not in "iufb":  # names are data: nothing in them is Markdown
         out = markdown_texts(out)
     return out
