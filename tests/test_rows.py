@@ -52,3 +52,30 @@ def test_formatted_columns_read_as_format_number_per_cell():
         if series.name == "position":
             values = [v + 1 if v == v else v for v in values]
         assert _formatted_column(series) == [format_number(v) for v in values], series.tolist()
+
+
+def test_summary_csv_written_column_wise_equals_pandas_to_csv(tmp_path, monkeypatch):
+    """summary.csv's own writer gives pandas' `to_csv` text byte for byte: awkward floats, integers,
+    booleans, texts the CSV must quote, missing texts, and a real analysis's table."""
+    from layerdiff.analyzer.report.tables import _plain_csv, _plain_csv_columns, csv_chunks
+
+    floats = [0.0, -0.0, 0.1, 1e-5, 1e16, 5e-324, 1.7976931348623157e308, math.nan, math.inf, -math.inf,
+              0.30000000000000004, 123456789012345.6]
+    n = len(floats)
+    texts = ["plain", "a,b", 'say "hi"', "two\nlines", "", None, "carriage\rreturn", " lead", "ünï", "x;y", "'q'", "#"]
+    frame = pd.DataFrame({"f": floats, "i": np.arange(n, dtype=np.int64) - 5, "u": np.arange(n, dtype=np.uint8),
+                          "b": [k % 2 == 0 for k in range(n)], "s": pd.array(texts, dtype="str"),
+                          "with,comma": pd.array(texts[::-1], dtype="string")})
+    assert _plain_csv_columns(frame)
+    for header in (True, False):
+        assert _plain_csv(frame, header) == frame.to_csv(index=False, header=header)
+    assert not _plain_csv_columns(frame.assign(o=pd.Series([(1, 2)] * n, dtype=object)))
+
+    monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path / "cache"))
+    analysis = analyze_paths([SAMPLES])
+    try:
+        table = analysis.comparison.table
+        assert _plain_csv_columns(table)
+        assert b"".join(csv_chunks(table, rows=7)) == table.to_csv(index=False).encode("utf-8")
+    finally:
+        analysis.close()
