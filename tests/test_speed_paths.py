@@ -116,6 +116,28 @@ def test_rejudging_reads_no_tensor_and_judges_as_a_fresh_analysis(runs, cache, t
         fresh.close()
 
 
+def test_rejudging_reads_no_layer_table_and_keeps_the_files_own(runs, cache, monkeypatch):
+    """The stored measurement keeps each run's /layers table as it was read and checked, so a re-judge
+    reads none from the files, and the tables it judges with equal the files' own, dtypes included."""
+    from layerdiff.analyzer.findings.verdict import Thresholds
+    from layerdiff.analyzer.formats import dumpfile
+
+    analyze_paths([runs]).close()
+
+    def no_table(*args, **kwargs):
+        raise AssertionError("a /layers table was read to judge")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(dumpfile, "_read_layers", no_table)
+        rejudged = analyze_paths([runs], thresholds=Thresholds(warn_rel_l2=1e-5))
+        adopted = {run.path: run.layers.copy() for run in rejudged.runs}
+        rejudged.close()
+    assert len(adopted) >= 2
+    for path, table in adopted.items():
+        with DumpFile(path) as dump:
+            pd.testing.assert_frame_equal(table, dump.layers)
+
+
 def test_a_task_change_rejudges_the_stored_outputs_without_reading_a_tensor(runs, cache, tmp_path, monkeypatch):
     """The model outputs a task decodes are kept with the measurement: judging the stored runs with a
     declared --task opens no tensor and says exactly what a fresh analysis with that task says."""

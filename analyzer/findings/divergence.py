@@ -13,6 +13,7 @@ import math
 import pandas as pd
 
 from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.rows import records
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
 from layerdiff.analyzer.align.graph import LayerGraph
 from layerdiff.analyzer.formats.opkinds import arithmetic, op_class
@@ -167,7 +168,7 @@ def layer_facts(rows: pd.DataFrame, key_column: str = "key") -> dict[str, dict]:
     if rows.empty:
         return {}
     columns = [c for c in FACT_COLUMNS if c in rows.columns]
-    return {str(r[key_column]): r for r in rows[columns].to_dict("records")}
+    return {str(r[key_column]): r for r in records(rows, columns)}
 
 
 def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None,

@@ -29,11 +29,17 @@ def judge_layers(comparison: Comparison, thresholds: Thresholds) -> pd.DataFrame
     table = comparison.table
     if table.empty:
         return table
-    measured = table.index[table["status"] == MEASURED]
+    is_measured = table["status"] == MEASURED
+    measured = table.index[is_measured]
     if len(measured):
-        columns = {c: _cells(c, table.loc[measured, c].tolist()) for c in CLASSIFY_COLUMNS if c in table}
+        every = len(measured) == len(table)  # a re-judge's usual table: columns read whole, not through .loc
+
+        def cells(column: str) -> list:
+            return (table[column] if every else table.loc[measured, column]).tolist()
+
+        columns = {c: _cells(c, cells(c)) for c in CLASSIFY_COLUMNS if c in table}
         verdicts = [classify({c: values[i] for c, values in columns.items()}, thresholds) for i in range(len(measured))]
-        plain = table.loc[measured, "plain_judged"].tolist() if "plain_judged" in table else [False] * len(measured)
+        plain = cells("plain_judged") if "plain_judged" in table else [False] * len(measured)
         table.loc[measured, "status"] = [status for status, _ in verdicts]
         table.loc[measured, "reasons"] = ["; ".join(r for r in (reasons, PLAIN_JUDGED if _flag(p) else "") if r)
                                           for (_, reasons), p in zip(verdicts, plain)]

@@ -81,9 +81,10 @@ def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | N
     alignment = comparison.alignments[index]
     pair = comparison.plan.pairs[index]
     status = rows["status"]
-    measured = rows[status.isin(["pass", "warn", "fail"])]
-    outputs = measured[measured["is_output"].astype(bool)]
-    worst_row = measured.loc[measured["rel_l2"].idxmax()] if measured["rel_l2"].notna().any() else None
+    is_measured = status.isin(["pass", "warn", "fail"])  # masks, not filtered copies of the whole table
+    outputs = rows[is_measured & rows["is_output"].astype(bool)]
+    measured_rel = rows["rel_l2"][is_measured]
+    worst_row = rows.loc[measured_rel.idxmax()] if measured_rel.notna().any() else None
     graph = comparison.graph(pair.base)
     verdict, why = pair_verdict(rows, thresholds, judgement, outputs_not_compared(pair, rows, graph),
                                 run_stopped_early(pair, rows, graph))

@@ -188,15 +188,16 @@ def pair_verdict(rows: pd.DataFrame, t: Thresholds | None = None, judgement=None
 
 def _pair_verdict(rows: pd.DataFrame, t: Thresholds | None, judgement) -> tuple[str, str]:
     status = rows["status"]
-    measured = rows[status.isin(["pass", "warn", "fail"])]
-    if not len(measured):
+    is_measured = status.isin(["pass", "warn", "fail"])  # masks, not filtered copies of the whole table
+    if not is_measured.any():
         return "not compared", ""
-    reshaped = rows[(status == "shape_mismatch") & rows["is_output"].astype(bool)]
+    is_output = rows["is_output"].astype(bool)
+    reshaped = rows[(status == "shape_mismatch") & is_output]
     if len(reshaped):  # the app gets another tensor: no verdict on the other outputs may hide it
         r = reshaped.iloc[0]
         return "fail", (f"model output {r['key']} has shape {r['run_shape']} in the run and {r['shape']} in the "
                         "reference: the run computes another tensor there, not an inaccurate one")
-    return run_verdict(status, measured[measured["is_output"].astype(bool)], t, judgement)
+    return run_verdict(status, rows[is_measured & is_output], t, judgement)
 
 
 def _over(value: float, limit: float) -> bool:

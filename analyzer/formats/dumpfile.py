@@ -127,6 +127,13 @@ class DumpFile:
     def complete(self) -> bool:
         return bool(self.attrs.get("complete", True))
 
+    def adopt_layers(self, layers: "pd.DataFrame") -> None:
+        """Take the /layers table as an earlier analysis of this very file read and checked it (the stored
+        measurement keeps it, keyed by the file's path, size, modification time and inode), so judging it
+        again reads no table from the file: reading and checking it cost ~7 ms per 500 layers."""
+        if self._layers is None:
+            self._layers = layers
+
     @property
     def layers(self) -> "pd.DataFrame":
         """The per-tensor table (one row per tensor, execution order), strings decoded."""

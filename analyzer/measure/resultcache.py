@@ -39,16 +39,18 @@ from layerdiff.analyzer.align.byname import NameRules, PairAlignment
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.formats.atomic import atomic_write_chunks
+from layerdiff.analyzer.formats.dumpformat import LAYER_COLUMNS
 from layerdiff.analyzer.runs.reference import Plan
 from layerdiff.analyzer.measure.metrics import Tolerances
 from layerdiff.analyzer.measure.fingerprint import code_fingerprint
 from layerdiff.analyzer.measure.storage import StorageEvidence
 
 PREFIX = "results-"
-FORMAT = 6  # 3: numeric columns as bytes; 4: rows measured, not judged (status `measured`); 5: storage evidence;
-# 6: the model outputs a task decodes
+FORMAT = 7  # 3: numeric columns as bytes; 4: rows measured, not judged (status `measured`); 5: storage evidence;
+# 6: the model outputs a task decodes; 7: each run's /layers table
 TUPLE_COLUMNS = ("base_shape", "other_shape")
 NUMERIC_KINDS = "iubf"
+LAYER_NAMES = tuple(name for name, _ in LAYER_COLUMNS)  # the /layers table as DumpFile reads it
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -90,6 +92,10 @@ def load(plan: Plan, key: str) -> Comparison | None:
         convcache.touch(path)  # recently used entries survive the trimming
         storage = {str(label): StorageEvidence(*(int(v) for v in counts)) for label, counts in doc["storage"].items()}
         outputs = {(str(dump), int(order)): _checked_packed(packed) for dump, order, packed in doc["outputs"]}
+        layers = {str(dump): _frame(columns) for dump, columns in doc["layers"]}
+        for run in _plan_runs(plan):
+            if str(run.path) in layers:
+                run.dump.adopt_layers(layers[str(run.path)])
         return Comparison(plan=plan, table=table, alignments=alignments, graphs={},  # built when judging asks
                           problems=[str(p) for p in doc["problems"]], storage=storage, outputs=outputs)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -122,11 +128,21 @@ def _document(comparison: Comparison, key: str) -> Iterator[bytes]:
         yield b"}"
     yield b'],"table":'
     yield from _columns(comparison.table)
-    yield b',"outputs":['
+    yield b',"layers":['
+    for i, run in enumerate(_plan_runs(comparison.plan)):  # (dump file, its /layers table as read and checked)
+        yield (b"," if i else b"") + b"[" + orjson.dumps(str(run.path)) + b","
+        yield from _columns(run.layers[list(LAYER_NAMES)])
+        yield b"]"
+    yield b'],"outputs":['
     for i, ((dump, order), values) in enumerate(comparison.outputs.items()):  # (dump file, order, its values)
         packed = values if isinstance(values, dict) else packed_array(values)
         yield (b"," if i else b"") + orjson.dumps([dump, order, packed])
     yield b"]}"
+
+
+def _plan_runs(plan: Plan) -> list:
+    """Every run the plan compares or compares against, once each."""
+    return list({id(r): r for p in plan.pairs for r in (p.base, p.other)}.values())
 
 
 def _columns(frame: pd.DataFrame) -> Iterator[bytes]:

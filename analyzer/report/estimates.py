@@ -11,6 +11,7 @@ import math
 
 import pandas as pd
 
+from layerdiff.analyzer.measure.rows import records
 from layerdiff.analyzer.report.numbers import format_number
 
 # figure -> its standard deviation's column (analyzer/measure/estimate.py SIGMA_COLUMNS)
@@ -85,7 +86,7 @@ def sketch_lines(summary: pd.DataFrame) -> list[str]:
     if "bytes_pulled" not in summary.columns:
         return []
     lines = []
-    for row in summary.to_dict("records"):
+    for row in records(summary):
         pulled = pulled_text(row.get("bytes_pulled"), row.get("dump_bytes"))
         if not pulled:
             continue

@@ -27,6 +27,7 @@ from layerdiff.analyzer.report.results import build_results, dump_chunks, dumps
 from layerdiff.analyzer.report.tables import (LAYER_VIEW, isolation_table, layer_view, reference_rows, sweep_matrix, to_html,
                                               unmatched_table, write_tables)
 from layerdiff.analyzer.findings.verdict import worst
+from layerdiff.analyzer.measure.rows import records
 from layerdiff.safetext import html_text
 
 SHOWN_PER_KIND = 3
@@ -124,7 +125,7 @@ def _overall(summary: pd.DataFrame) -> str:
 def _reasons_html(summary: pd.DataFrame, verdict: str) -> str:
     """Why the banner says what it says, right under it: the reason of each run with that verdict."""
     rows = summary[(summary["role"] == "compared") & (summary["verdict"] == verdict)]
-    reasons = [(r["run"], r["verdict_reason"]) for r in rows.to_dict("records") if r["verdict_reason"]]
+    reasons = [(r["run"], r["verdict_reason"]) for r in records(rows) if r["verdict_reason"]]
     if verdict not in ("warn", "fail") or not reasons:
         return ""
     items = "".join(f"<li><b>{_e(run)}</b>: {_e(why)}</li>" for run, why in reasons[:MAX_REASONS])

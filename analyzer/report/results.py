@@ -17,6 +17,7 @@ import pandas as pd
 
 from layerdiff.analyzer import __version__
 from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.rows import records as plain_records
 from layerdiff.analyzer.formats.dumpfile import utc_now
 from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.measure.isolation import ATTACHED_COLUMNS
@@ -51,7 +52,7 @@ def build_results(comparison: Comparison, runs: list[Run], findings: list[Findin
     the key is present only when there were some, so documents without isolation are unchanged.
     """
     plan = comparison.plan
-    summary_by_run = {row["run"]: row for row in summary.to_dict("records")}
+    summary_by_run = {row["run"]: row for row in plain_records(summary)}
     return clean({
         "schema": SCHEMA_NAME,
         "schema_version": SCHEMA_VERSION,

@@ -201,9 +201,11 @@ def store(key: str | None, out_dir: Path, files: Iterable[str], console: dict[st
 
 def console_view(analysis) -> dict[str, Any]:
     """What the console shows of an analysis, as plain JSON values (the stored report prints it again)."""
+    from layerdiff.analyzer.measure.rows import records  # pandas: only once an analysis ran
+
     plan = analysis.comparison.plan
     rows = [{key: _plain(row.get(key)) for key in VIEW_COLUMNS}
-            for row in analysis.summary.to_dict("records") if row.get("role") == "compared"]
+            for row in records(analysis.summary) if row.get("role") == "compared"]
     return {"reference": plan.reference.label, "reason": plan.reason, "rows": rows,
             "findings": [finding.sentence for finding in analysis.findings], "problems": list(analysis.problems)}
 

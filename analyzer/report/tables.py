@@ -6,8 +6,12 @@ dependency); HTML comes from pandas.
 """
 from __future__ import annotations
 
+import csv
+import io
+import os
 from typing import Iterator
 
+import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.measure.compare import Comparison
@@ -115,8 +119,42 @@ def csv_chunks(frame: pd.DataFrame, rows: int = CHUNK_ROWS) -> Iterator[bytes]:
     """`frame.to_csv(index=False)` in pieces of `rows` rows (the same text, never whole in memory)."""
     if len(frame) == 0:
         yield frame.to_csv(index=False).encode("utf-8")
+    plain = _plain_csv_columns(frame)
     for start in range(0, len(frame), rows):
-        yield frame.iloc[start:start + rows].to_csv(index=False, header=start == 0).encode("utf-8")
+        part = frame.iloc[start:start + rows]
+        text = _plain_csv(part, start == 0) if plain else part.to_csv(index=False, header=start == 0)
+        yield text.encode("utf-8")
+
+
+def _plain_csv_columns(frame: pd.DataFrame) -> bool:
+    """Whether every column is of a kind `_plain_csv` writes as pandas does (float64, integers, booleans,
+    texts), under names that are all texts."""
+    return frame.columns.is_unique and all(isinstance(c, str) for c in frame.columns) and all(
+        dtype == np.float64 or (isinstance(dtype, np.dtype) and dtype.kind in "iub") or isinstance(dtype, pd.StringDtype)
+        for dtype in frame.dtypes)
+
+
+def _plain_csv(frame: pd.DataFrame, header: bool) -> str:
+    """`frame.to_csv(index=False, header=header)`, byte for byte, a column at a time: pandas spells each
+    float through numpy's `astype(str)` one cell at a time (most of writing summary.csv); `repr` of a
+    Python float is the same shortest text. The rows go through the same `csv.writer` settings as pandas'."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator=os.linesep, quoting=csv.QUOTE_MINIMAL, quotechar='"', doublequote=True)
+    if header:
+        writer.writerow(list(frame.columns))
+    writer.writerows(zip(*(_csv_cells(frame[column]) for column in frame.columns)))
+    return buffer.getvalue()
+
+
+def _csv_cells(series: pd.Series) -> list:
+    """A column's cells as pandas hands them to the CSV writer: floats as text (NaN empty), every other
+    value as itself (the writer spells it), a missing text empty."""
+    values = series.tolist()
+    if series.dtype == np.float64:
+        return ["" if v != v else repr(v) for v in values]
+    if isinstance(series.dtype, pd.StringDtype):
+        return ["" if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v for v in values]
+    return values
 
 
 def _formatted_column(series: pd.Series, markdown: bool = False) -> list[str]:
@@ -125,7 +163,13 @@ def _formatted_column(series: pd.Series, markdown: bool = False) -> list[str]:
     values = series.tolist()
     if series.name == "position":  # shown 1-based, as the findings' "#N in execution order"
         values = [v + 1 if isinstance(v, (int, float)) and v == v else v for v in values]
-    out = [format_number(v) for v in values]
+    kind = series.dtype.kind if isinstance(series.dtype, np.dtype) else "O"  # nullable dtypes hold pd.NA
+    if kind == "f":  # `format_number`'s rule for a float, without its per-cell type tests
+        out = ["" if v != v else f"{v:.4g}" for v in values]
+    elif kind in "iub":
+        out = [str(v) for v in values]
+    else:
+        out = [format_number(v) for v in values]
     if markdown and series.dtype.kind not in "iufb":  # names are data: nothing in them is Markdown
         out = markdown_texts(out)
     return out
