@@ -386,6 +386,8 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str,
     failing = list(rows.sort_values("position").loc[rows["status"] == "fail", "key"])
     op_type = dict(zip(keys, rows["op_type"].tolist()))
     op_name = dict(zip(keys, rows["op"].tolist())) if "op" in rows else {}
+    if not failing:  # itertuples builds a 60-field row type even for no rows
+        return []
     facts = layer_facts(rows)
     out = []
     for r in rows[rows["status"] == "fail"].sort_values("position").itertuples():
@@ -529,6 +531,8 @@ def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, b
     collapse = dict(zip(keys, flags))
     nonfinite = dict(zip(keys, rows["n_nonfinite_mismatch"].fillna(0).tolist()))
     status = dict(zip(keys, rows["status"].tolist()))
+    if not any(flags):  # itertuples builds a 60-field row type even for no rows
+        return []
     for r in rows[pd.Series(flags, index=rows.index, dtype=bool)].sort_values("position").itertuples():
         feeders = graph.upstream(r.key, set(collapse))
         if any(collapse[f] or nonfinite[f] for f in feeders):

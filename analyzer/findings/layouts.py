@@ -80,6 +80,8 @@ def _mismatched(pair: Pair, rows: pd.DataFrame) -> list[Finding]:
 def _packed(pair: Pair, rows: pd.DataFrame) -> list[Finding]:
     """The first failing layer where either side holds the other's values in packed channel order."""
     failing = rows[rows["status"] == "fail"].sort_values("position").head(MAX_CHECKED)
+    if failing.empty:  # itertuples builds a 60-field row type even for no rows
+        return []
     for row in failing.itertuples():
         if getattr(row, "permutation", ""):  # measured after a transpose: packing is judged in one axis order only
             continue
