@@ -341,23 +341,21 @@ class DumpFile:
 
     def inputs(self) -> Iterator[tuple[str, np.ndarray]]:
         """The model inputs the run was fed (checked like tensors: local, numeric, bounded)."""
-        group = local_group(self._file, "inputs", self.path, "/inputs")
-        if group is None:
-            return
-        for name in sorted(group, key=_input_order):
-            where = f"/inputs/{name}"
-            ds = local_dataset(group, name, self.path, where)
-            if ds is None or ds.dtype.kind not in "fiub":
-                raise DumpFormatError(f"{self.path}: {where} is not a numeric dataset")
-            self._bounded(ds, where)
+        for where, name, ds in self._input_datasets():
             try:
-                yield _as_str(ds.attrs.get("name", name)), ds[()]
+                yield name, ds[()]
             except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
                 raise DumpFormatError(f"{self.path}: {where} is unreadable ({_short(err)})") from None
 
     def input_shapes(self) -> Iterator[tuple[str, tuple[int, ...]]]:
         """(name, shape) of each model input, in `inputs`' order, without reading their values: the
         judge needs an input's height and width, not its pixels."""
+        for _, name, ds in self._input_datasets():
+            yield name, tuple(int(d) for d in ds.shape)
+
+    def _input_datasets(self) -> Iterator[tuple[str, str, Any]]:
+        """(path, input name, dataset) of each `/inputs` entry in input order, checked local, numeric and
+        bounded before anything reads it."""
         group = local_group(self._file, "inputs", self.path, "/inputs")
         if group is None:
             return
@@ -367,7 +365,7 @@ class DumpFile:
             if ds is None or ds.dtype.kind not in "fiub":
                 raise DumpFormatError(f"{self.path}: {where} is not a numeric dataset")
             self._bounded(ds, where)
-            yield _as_str(ds.attrs.get("name", name)), tuple(int(d) for d in ds.shape)
+            yield where, _as_str(ds.attrs.get("name", name)), ds
 
     def inputs_fed(self) -> Iterator[tuple[str, np.ndarray, str, tuple[int, ...]]]:
         """(name, array, layout, axes) of each input as the engine received it (`/inputs_fed`, read back
