@@ -193,6 +193,24 @@ def _attrs(path: Path) -> dict:
         return {**dict(dump.attrs), "provenance": dump.provenance}
 
 
+def _one_process_equals_one_each(device, specs: list[RunSpec], tmp_path: Path) -> list[tuple[dict, dict]]:
+    """Runs `specs` as one data set (one engine process) and each alone on `device`: every input done, one
+    process for all, tensors equal bit for bit; each input's root attributes (together, alone), for further checks."""
+    assert runs_in_one_process(device, specs[0])
+    outcomes = []
+    collect_each(device, specs, tmp_path / "each", Listener(lambda s: None, outcomes.append))
+    assert [o.status for o in outcomes] == ["done"] * len(specs), [o.message for o in outcomes]
+    assert len({_attrs(o.paths[0])["provenance"]["engine_process"]["pid"] for o in outcomes}) == 1
+    pairs = []
+    for spec, together in zip(specs, outcomes):
+        alone = collect_run(device, spec, tmp_path / "alone")
+        assert alone.status == "done", alone.message
+        a, b = _tensors(alone.paths[0]), _tensors(together.paths[0])
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), spec.inputs.label
+        pairs.append((_attrs(together.paths[0]), _attrs(alone.paths[0])))
+    return pairs
+
+
 def test_a_phone_runs_a_data_set_in_one_harness_process(standin, monkeypatch, tmp_path):
     """On a (stand-in) phone the C++ harness takes every input of a configuration in one process: the model and
     inputs pushed once, each input's dump pulled and converted as it finishes, its tensors those of a run of its
@@ -276,20 +294,10 @@ def test_the_arm64_device_runs_a_data_set_in_one_emulated_engine_process(suffix,
     sets, errors = resolve_inputs([str(IMAGES_DIR)], input_shapes(files), parse_preprocess(RECIPE))
     assert not errors
     specs = [RunSpec(files, "cpu", "low", inputs, deadline_s=600) for inputs in sets[:3]]
-    assert runs_in_one_process(device, specs[0])
-    outcomes = []
-    collect_each(device, specs, tmp_path / "each", Listener(lambda s: None, outcomes.append))
-    assert [o.status for o in outcomes] == ["done"] * 3, [o.message for o in outcomes]
-    assert len({_attrs(o.paths[0])["provenance"]["engine_process"]["pid"] for o in outcomes}) == 1
-    for spec, together in zip(specs, outcomes):
-        alone = collect_run(device, spec, tmp_path / "alone")
-        assert alone.status == "done", alone.message
-        a, b = _tensors(alone.paths[0]), _tensors(together.paths[0])
-        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), spec.inputs.label
-        attrs = _attrs(together.paths[0])
+    for attrs, alone in _one_process_equals_one_each(device, specs, tmp_path):
         assert attrs["abi"] == "arm64-v8a" and attrs["input_fed_check"].startswith("equal")
         for fact in ("precision_effective", "input_fed_check", "input_sha256"):
-            assert attrs[fact] == _attrs(alone.paths[0])[fact], fact
+            assert attrs[fact] == alone[fact], fact
 
 
 def test_ctrl_c_in_a_phone_data_set_then_resume(standin, monkeypatch, tmp_path):
@@ -341,14 +349,5 @@ def test_an_arm64_phone_runs_a_data_set_in_one_aarch64_harness_process(standins,
     monkeypatch.setenv("LAYERDIFF_HARNESS_ARM64_V8A", str(aarch64_harness()))
     device = AdbDevice(standins.start(abi="arm64-v8a").serial)
     specs = _underflow_specs()[:3]
-    assert runs_in_one_process(device, specs[0])
-    outcomes = []
-    collect_each(device, specs, tmp_path / "each", Listener(lambda s: None, outcomes.append))
-    assert [o.status for o in outcomes] == ["done"] * 3, [o.message for o in outcomes]
-    assert len({_attrs(o.paths[0])["provenance"]["engine_process"]["pid"] for o in outcomes}) == 1
-    for spec, together in zip(specs, outcomes):
-        alone = collect_run(device, spec, tmp_path / "alone")
-        assert alone.status == "done", alone.message
-        a, b = _tensors(alone.paths[0]), _tensors(together.paths[0])
-        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), spec.inputs.label
-        assert _attrs(together.paths[0])["abi"] == "arm64-v8a"
+    for attrs, _ in _one_process_equals_one_each(device, specs, tmp_path):
+        assert attrs["abi"] == "arm64-v8a"
