@@ -106,6 +106,7 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
                                  f"run on its input ({'; '.join(plan.uncompared.values()) or 'all runs are references'})")
         comparison = _measured(plan, rules, thresholds, steps or Steps.quiet(), memo)
         isolation = measure_isolated(sources.isolated, sources.runs, comparison, thresholds.tolerances)
+        sources.keep_headers()
     except BaseException:
         sources.close()
         raise

@@ -114,7 +114,7 @@ def test_without_the_lookup_the_analyzer_knows_no_engine():
 def test_stored_results_are_keyed_by_the_engine_declarations():
     """A stored measurement or report of a dump read with its engine folder's declaration is stale once the
     declaration changes: the analyzer's code fingerprint takes the declarations' text in."""
-    from layerdiff.analyzer.measure.fingerprint import code_fingerprint
+    from layerdiff.analyzer.formats.fingerprint import code_fingerprint
 
     lookup, sources = declared.lookup, declared.sources
     assert sources is not None and ENGINES["mnn"].facts.names.renames[0].pattern.encode() in sources()

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 import layerdiff.analyzer.analysis as analysis_module
+from layerdiff.analyzer.formats import jsontable
 from layerdiff.analyzer.measure import resultcache
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.formats.dumpfile import DumpFile, DumpWriter, TensorBuffer
@@ -203,7 +204,7 @@ def test_changed_analyzer_code_is_measured_again(tmp_path):
     copy = tmp_path / "code"  # a copy of the analyzer package, fingerprinted by a child that imports the copy
     shutil.copytree(Path(resultcache.__file__).parents[1], copy / "analyzer", ignore=shutil.ignore_patterns("__pycache__"))
     code = ("import importlib.util, sys; from pathlib import Path; "
-            "spec = importlib.util.spec_from_file_location('rc', Path('analyzer/measure/fingerprint.py').resolve()); "
+            "spec = importlib.util.spec_from_file_location('rc', Path('analyzer/formats/fingerprint.py').resolve()); "
             "rc = importlib.util.module_from_spec(spec); spec.loader.exec_module(rc); print(rc.code_fingerprint())")
     probe = [sys.executable, "-c", code]
 
@@ -252,9 +253,9 @@ def test_stored_table_keeps_non_finite_values_strings_and_shapes():
     frame = pd.DataFrame({"key": ["nan", "inf", "x"], "rel_l2": [np.nan, np.inf, 0.5], "max_abs": [1.0, 2.0, 3.0],
                           "n": np.array([1, 2, 3]), "ok": [True, False, True], "note": ["a", None, "b"],
                           "base_shape": [(1, 2), (3,), ()], "mixed": [-np.inf, "inf", 1]})
-    stored = orjson.loads(b"".join(resultcache._columns(frame)))
+    stored = orjson.loads(b"".join(jsontable.table_chunks(frame)))
     assert stored["data"]["key"]["strings"] == ["nan", "inf", "x"] and "base64" in stored["data"]["rel_l2"]
-    back = resultcache._frame(stored)
+    back = jsontable.table_frame(stored)
     assert back["key"].tolist() == ["nan", "inf", "x"]  # strings that spell non-finite numbers stay strings
     assert np.isnan(back["rel_l2"][0]) and back["rel_l2"][1] == np.inf and back["rel_l2"].dtype == np.float64
     assert back["mixed"].tolist() == [-np.inf, "inf", 1] and back["base_shape"].tolist() == [(1, 2), (3,), ()]

@@ -107,7 +107,7 @@ def compare_command(
 
 def _report_problems(problems: list[str]) -> None:
     """Each input or layer that could not be used, one line on stderr; then exit 2 (report written)."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
     for problem in problems:
         err.print(terminal_cell(f"analyze: {problem}"))
     if problems:
@@ -139,9 +139,9 @@ def print_summary(analysis, page: Path | None = None) -> None:
 def print_view(view: dict, page: Path | None = None) -> None:
     """Print a console view (`layerdiff.analyzer.report.stored.console_view`): a fresh analysis's or a
     stored report's, the same way."""
-    console = Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, emoji=False, soft_wrap=True)
     if not console.is_terminal:
-        console = Console(highlight=False, soft_wrap=True, width=160)
+        console = Console(highlight=False, emoji=False, soft_wrap=True, width=160)
     console.print(Text.assemble("Reference: ", terminal_cell(view["reference"], "bold"),
                                 f" ({terminal_text(view['reason'])})"))
     table = Table(show_lines=False)

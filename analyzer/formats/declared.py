@@ -13,7 +13,7 @@ from typing import Callable
 # engine name -> that engine's declared EngineFacts, or None when no engine of that name is known
 lookup: Callable[[str], object] | None = None
 # () -> the bytes the declarations are made of: a stored result of a dump that does not record its facts
-# depends on them, so the analyzer's code fingerprint (measure/fingerprint.py) takes them in
+# depends on them, so the analyzer's code fingerprint (formats/fingerprint.py) takes them in
 sources: Callable[[], bytes] | None = None
 
 

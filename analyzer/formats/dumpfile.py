@@ -10,15 +10,15 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-import h5py
 import numpy as np
 
 from layerdiff.analyzer.formats.dumpformat import (FORMAT_NAME, FORMAT_VERSION, LAYER_COLUMNS, ROOT_DEFAULTS,  # noqa: F401 (re-exported)
                                  STRING_COLUMNS, partial_path, tensor_key)
-from layerdiff.analyzer.formats.dumpwriter import DumpWriter  # noqa: F401  (re-exported)
 from layerdiff.errors import DumpFormatError
 from layerdiff.analyzer.formats.h5guard import local_dataset, local_group
 from layerdiff.analyzer.formats.limits import MAX_ATTR_BYTES, MAX_JSON_DEPTH, check_plain_file, check_tensor_bytes, checked_numel, human_bytes, load_json
@@ -26,36 +26,56 @@ from layerdiff.analyzer.formats.tensorread import (FastReader, TensorBuffer, blo
                                  implausibly_sparse, small_metadata_cache)
 from layerdiff.analyzer.formats.timestamps import utc_now  # noqa: F401  (re-exported: callers import it from here)
 
+if TYPE_CHECKING:  # pandas costs ~0.5 s to import: engine children write dumps without it
+    import h5py
+    import pandas as pd
+
+    from layerdiff.analyzer.formats.dumpwriter import DumpWriter  # noqa: F401
+    from layerdiff.analyzer.formats.sketchformat import TensorSummary
+
+
+def __getattr__(name: str) -> Any:
+    """`DumpWriter`, re-exported on first use: the writer loads h5py, and a reader built from a stored
+    header (DumpHeader) never needs it."""
+    if name == "DumpWriter":
+        from layerdiff.analyzer.formats.dumpwriter import DumpWriter
+
+        return DumpWriter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 MAX_HELD_SUMMARIES = 10_000_000  # rows of /summaries/held_orders read into memory, at most
 
-if TYPE_CHECKING:  # pandas costs ~0.5 s to import: engine children write dumps without it
-    from layerdiff.analyzer.formats.sketchformat import TensorSummary
-    import pandas as pd
+
+@dataclass
+class DumpHeader:
+    """What reading a dump learnt without its tensors: the root attributes as `DumpFile.attrs` gives them,
+    the checked /layers table, and the file offset of each tensor found contiguous, whole and of the type and
+    shape the table declares. Kept for the file's identity (runs/dumpheaders.py), it lets a later analysis
+    of the same file, a re-judged one above all, work without opening it in HDF5 at all."""
+
+    attrs: dict[str, Any]
+    layers: "pd.DataFrame"
+    offsets: dict[int, int] = field(default_factory=dict)
 
 
 class DumpFile:
-    """Read access to one HDF5 dump; opening reads only attributes, tensors load on demand."""
+    """Read access to one HDF5 dump; opening reads only attributes, tensors load on demand.
 
-    def __init__(self, path: Path | str) -> None:
+    Given the `DumpHeader` an earlier reading of this very file left, the file is opened in HDF5 only
+    when something the header does not hold is asked for (a tensor at an unknown offset, the inputs, the
+    summaries): a re-judged analysis reads attributes and tables from the header and at most a few
+    tensors by offset, and never loads h5py."""
+
+    def __init__(self, path: Path | str, header: DumpHeader | None = None) -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise DumpFormatError(f"{self.path}: no such file")
         if check_plain_file(self.path, follow=True).st_size == 0:
             raise DumpFormatError(f"{self.path}: an empty file (0 bytes), not a dump; the run that wrote it was cut short")
-        try:
-            self._file = h5py.File(self.path, "r")
-        except FileNotFoundError:
-            raise DumpFormatError(f"{self.path}: no such file") from None
-        except OSError as err:
-            raise DumpFormatError(f"{self.path}: not a readable HDF5 file ({_short(err)})") from None
-        try:
-            self._check_format()
-        except Exception:
-            self._file.close()
-            raise
-        small_metadata_cache(self._file)
+        self._h5: "h5py.File | None" = None
+        self._fast_reader: FastReader | None = None
         self._layers: "pd.DataFrame | None" = None
-        self._fast = FastReader(self._file)
         self._declared: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._estimated: frozenset[int] | None = None
         self._summaries_stored: frozenset[int] | None = None
@@ -63,6 +83,58 @@ class DumpFile:
         self._stats_rows: dict[int, int] | None = None
         self._stats_columns: dict[str, list] = {}
         self._attrs: dict[str, Any] | None = None
+        self._provenance: dict[str, Any] | None = None
+        self._offsets: dict[int, int] = {}
+        self.from_header = header is not None  # attributes and tables from a stored header, not read now
+        if header is None:
+            self._open()
+        else:
+            self._attrs, self._layers, self._offsets = dict(header.attrs), header.layers, dict(header.offsets)
+
+    def _open(self) -> None:
+        import h5py
+
+        try:
+            self._h5 = h5py.File(self.path, "r")
+        except FileNotFoundError:
+            raise DumpFormatError(f"{self.path}: no such file") from None
+        except OSError as err:
+            raise DumpFormatError(f"{self.path}: not a readable HDF5 file ({_short(err)})") from None
+        try:
+            self._check_format()
+        except Exception:
+            self._h5.close()
+            self._h5 = None
+            raise
+        small_metadata_cache(self._h5)
+        if self._fast_reader is not None:
+            self._fast_reader.close()
+        self._fast_reader = FastReader(str(self.path), self._h5)
+
+    @property
+    def _file(self) -> "h5py.File":
+        """The dump open in HDF5, opened (and its format checked) on first use when a header stood in for it."""
+        if self._h5 is None:
+            self._open()
+        return self._h5
+
+    @property
+    def _fast(self) -> FastReader:
+        if self._fast_reader is None:
+            self._fast_reader = FastReader(str(self.path))  # reads at the header's offsets only, until opened
+        return self._fast_reader
+
+    @property
+    def _tensors(self) -> "h5py.Group":
+        self._file  # noqa: B018 - opening checks the format and finds /tensors
+        return self._tensors_group
+
+    def header(self) -> DumpHeader:
+        """What this reading learnt, for `DumpFile(path, header)` on the same file later (its /layers read)."""
+        offsets = dict(self._offsets)
+        if self._fast_reader is not None:
+            offsets.update(self._fast_reader.offsets)
+        return DumpHeader(self.attrs, self.layers, offsets)
 
     def __enter__(self) -> "DumpFile":
         return self
@@ -71,12 +143,14 @@ class DumpFile:
         self.close()
 
     def close(self) -> None:
-        self._fast.close()
-        self._file.close()
+        if self._fast_reader is not None:
+            self._fast_reader.close()
+        if self._h5 is not None:
+            self._h5.close()
 
     def _check_format(self) -> None:
         self._check_attribute_bytes()
-        attrs = self._file.attrs
+        attrs = self._h5.attrs
         fmt = _as_str(attrs.get("layerdiff_format", ""))
         if fmt != FORMAT_NAME:
             raise DumpFormatError(f"{self.path}: not a layerdiff dump (no layerdiff_format='dump' attribute)")
@@ -90,16 +164,18 @@ class DumpFile:
                 f"{self.path}: dump format version {version} is newer than this layerdiff reads "
                 f"({FORMAT_VERSION}); upgrade layerdiff"
             )
-        layers = local_dataset(self._file, "layers", self.path, "/layers")
-        self._tensors = local_group(self._file, "tensors", self.path, "/tensors")
-        if layers is None or self._tensors is None:
+        layers = local_dataset(self._h5, "layers", self.path, "/layers")
+        self._tensors_group = local_group(self._h5, "tensors", self.path, "/tensors")
+        if layers is None or self._tensors_group is None:
             raise DumpFormatError(f"{self.path}: dump lacks its /layers table or /tensors group (file truncated?)")
         self._bounded(layers, "/layers")
 
     def _check_attribute_bytes(self) -> None:
         """HDF5 reads every root attribute whole when their names are listed: their total size, which
         the object header states, is checked first (a 256 MB unused attribute took analyze from 97 to 880 MB)."""
-        info = h5py.h5o.get_info(self._file.id)
+        import h5py
+
+        info = h5py.h5o.get_info(self._h5.id)
         size = int(info.meta_size.attr.heap_size) + int(info.hdr.space.total)
         if size > MAX_ATTR_BYTES:
             raise DumpFormatError(f"{self.path}: its root attributes hold {human_bytes(size)}, over the "
@@ -119,20 +195,19 @@ class DumpFile:
 
     @property
     def provenance(self) -> dict[str, Any]:
-        raw = _as_str(self._file.attrs.get("provenance", "{}"))
-        value = load_json(raw, f"{self.path}: provenance attribute")
-        return value if isinstance(value, dict) else {}
+        """The `provenance` attribute parsed (once: the judge and the report ask for it per finding)."""
+        if self._provenance is None:
+            raw = _as_str(self._attrs_or_file().get("provenance", "{}"))
+            value = load_json(raw, f"{self.path}: provenance attribute")
+            self._provenance = value if isinstance(value, dict) else {}
+        return self._provenance
+
+    def _attrs_or_file(self) -> dict[str, Any]:
+        return self._attrs if self._attrs is not None else self.attrs
 
     @property
     def complete(self) -> bool:
         return bool(self.attrs.get("complete", True))
-
-    def adopt_layers(self, layers: "pd.DataFrame") -> None:
-        """Take the /layers table as an earlier analysis of this very file read and checked it (the stored
-        measurement keeps it, keyed by the file's path, size, modification time and inode), so judging it
-        again reads no table from the file: reading and checking it cost ~7 ms per 500 layers."""
-        if self._layers is None:
-            self._layers = layers
 
     @property
     def layers(self) -> "pd.DataFrame":
@@ -154,6 +229,9 @@ class DumpFile:
         With a `buffer`, the tensor is read into memory the buffer reuses across calls (the view
         returned is valid until the buffer's next read): streaming a dump then costs no page faults.
         """
+        known = self._at_known_offset(int(order), buffer or TensorBuffer())
+        if known is not None:
+            return known if buffer is not None or known.flags.writeable else known.copy()
         if buffer is not None:
             fast = self._fast.read(int(order), self._table_shape(int(order)), buffer)
             if fast is not None:
@@ -167,6 +245,18 @@ class DumpFile:
             return ds[()]
         except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
             raise DumpFormatError(f"{self.path}: tensor {order} is unreadable ({_short(err)})") from None
+
+    def _at_known_offset(self, order: int, buffer: TensorBuffer) -> np.ndarray | None:
+        """A tensor read at the offset the header recorded (its type and shape were checked then), or None."""
+        if order not in self._offsets or self._h5 is not None:
+            return None
+        declared = self._table_shape(order)
+        if declared is None:
+            return None
+        try:
+            return self._fast.read_at(self._offsets[order], declared[0], np.dtype(declared[1]), buffer)
+        except (OSError, ValueError, TypeError):
+            return None
 
     def _table_shape(self, order: int) -> tuple[tuple[int, ...], str] | None:
         """(shape, dtype) the /layers table declares for `order`, or None when it does not parse.
@@ -198,13 +288,15 @@ class DumpFile:
         any two tensors of the same size, so a reference and a run stay paired element by element);
         other layouts are read one chunk at a time.
         """
+        if int(order) in self._offsets and self._h5 is None:
+            picked = self._sample_at_offset(int(order), count)
+            if picked is not None:
+                return picked
         ds = self._dataset(order)
         n = int(ds.size)
         if n <= count:
             return np.asarray(ds[()], dtype=np.float64).reshape(-1)
-        blocks = min(count, 256)
-        per_block = max(1, count // blocks)
-        starts = np.linspace(0, n - per_block, blocks).astype(np.int64)
+        starts, per_block = _sample_blocks(n, count)
         try:
             picked = self._fast.blocks(ds, starts, per_block)
             if picked is None:
@@ -212,6 +304,22 @@ class DumpFile:
         except (OSError, RuntimeError, ValueError, TypeError) as err:
             raise DumpFormatError(f"{self.path}: tensor {order} is unreadable ({_short(err)})") from None
         return picked.astype(np.float64)
+
+    def _sample_at_offset(self, order: int, count: int) -> np.ndarray | None:
+        """`sample` of a tensor the header located: the same positions, read by offset without HDF5."""
+        declared = self._table_shape(order)
+        if declared is None:
+            return None
+        shape, dtype = declared[0], np.dtype(declared[1])
+        n = math.prod(shape)
+        try:
+            if n <= count:
+                whole = self._fast.read_at(self._offsets[order], shape, dtype, TensorBuffer())
+                return None if whole is None else np.asarray(whole, dtype=np.float64).reshape(-1)
+            picked = self._fast.blocks_at(self._offsets[order], dtype, *_sample_blocks(n, count))
+        except (OSError, ValueError, TypeError):
+            return None
+        return None if picked is None else picked.astype(np.float64)
 
     def _dataset(self, order: int) -> h5py.Dataset:
         name = str(int(order))
@@ -246,6 +354,8 @@ class DumpFile:
     @property
     def _summarised(self) -> frozenset[int]:
         """Orders with a stored summary (estimated tensors, and tensors held whole whose summary was kept)."""
+        import h5py
+
         group = self._file.get("summaries", getlink=False) if "summaries" in self._file else None
         names = list(group) if isinstance(group, h5py.Group) else []
         return frozenset(int(name) for name in names if name.isdigit()) | frozenset(self._held_rows())
@@ -422,6 +532,13 @@ MAX_LOG_BYTES = 64 << 20
 
 SUMMARY_STAT_COLUMNS = ("numel", "n_nan", "n_posinf", "n_neginf", "n_zero", "n_fp16_overflow", "n_fp16_underflow",
                         "n_fp16_saturated", "min", "max", "mean", "std")
+
+
+def _sample_blocks(n: int, count: int) -> tuple[np.ndarray, int]:
+    """The flat starts and block length `DumpFile.sample` reads about `count` of `n` elements at."""
+    blocks = min(count, 256)
+    per_block = max(1, count // blocks)
+    return np.linspace(0, n - per_block, blocks).astype(np.int64), per_block
 
 
 def _summary_stats(row: Any) -> dict[str, Any]:

@@ -9,13 +9,17 @@ through `local_dataset` / `local_group`, which refuse anything not stored in the
 from __future__ import annotations
 
 from pathlib import Path
-
-import h5py
+from typing import TYPE_CHECKING
 
 from layerdiff.errors import NotLocalError
 
+if TYPE_CHECKING:  # each function imports h5py itself: it is handed an object of a file already open
+    import h5py
+
 
 def _link_problem(link: object) -> str | None:
+    import h5py
+
     if isinstance(link, h5py.ExternalLink):
         return f"is an external link to {link.filename}:{link.path}"
     if isinstance(link, h5py.SoftLink):
@@ -27,6 +31,8 @@ def _link_problem(link: object) -> str | None:
 
 def storage_problem(ds: h5py.Dataset) -> str | None:
     """Why a dataset's bytes are not in its own file, or None when they are."""
+    import h5py
+
     plist = ds.id.get_create_plist()
     if plist.get_layout() == h5py.h5d.VIRTUAL:
         return "is a virtual dataset mapping other files"
@@ -42,6 +48,8 @@ def _refuse(path: Path, where: str, problem: str) -> NotLocalError:
 
 def local_item(group: h5py.Group, name: str, path: Path, where: str) -> h5py.Group | h5py.Dataset | None:
     """`group[name]` without following links out of the file; None when absent."""
+    import h5py
+
     link = group.get(name, getlink=True)
     if link is None:
         return None
@@ -57,11 +65,15 @@ def local_item(group: h5py.Group, name: str, path: Path, where: str) -> h5py.Gro
 
 
 def local_dataset(group: h5py.Group, name: str, path: Path, where: str) -> h5py.Dataset | None:
+    import h5py
+
     item = local_item(group, name, path, where)
     return item if isinstance(item, h5py.Dataset) else None
 
 
 def local_group(group: h5py.Group, name: str, path: Path, where: str) -> h5py.Group | None:
+    import h5py
+
     item = local_item(group, name, path, where)
     return item if isinstance(item, h5py.Group) else None
 
@@ -71,6 +83,7 @@ def check_whole_file(fh: h5py.File, path: Path) -> None:
 
     HDF5's visitors stop when the callback returns a value (raising inside them is unsafe), so the
     first problem is returned out of the walk and raised afterwards."""
+    import h5py
 
     def link_problem(name: str, link: object) -> tuple[str, str] | None:
         problem = _link_problem(link)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 import mmap
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import h5py
 import numpy as np
 
 from layerdiff.analyzer.formats.limits import MAX_TENSOR_BYTES
+
+if TYPE_CHECKING:  # h5py is imported where a file is opened: a reader built from a stored header opens none
+    import h5py
 
 # From this size a contiguous tensor is mapped instead of copied: copying 256 MB from the page cache
 # into a buffer took as long as all the metrics of the layer, and a first read faulted the buffer in.
@@ -55,12 +57,19 @@ class FastReader:
     storage, links, other types, sizes that do not add up) returns None and takes the checked h5py path.
     """
 
-    def __init__(self, file: h5py.File) -> None:
-        group = file.get("tensors")
-        self._group = group.id if isinstance(group, h5py.Group) else None
-        self._filename = file.filename
+    def __init__(self, filename: str, file: "h5py.File | None" = None) -> None:
+        """`file`: the dump open in h5py, for `read` (which opens each dataset); without it, only the reads
+        at offsets known from an earlier opening (`read_at`, `blocks_at`) are possible."""
+        self._group = None
+        if file is not None:
+            import h5py
+
+            group = file.get("tensors")
+            self._group = group.id if isinstance(group, h5py.Group) else None
+        self._filename = filename
         self._fd: int | None = None
         self._types: dict[str, tuple[np.dtype, Any] | None] = {}
+        self.offsets: dict[int, int] = {}  # order -> file offset of each tensor `read` found contiguous and whole
 
     def close(self) -> None:
         if self._fd is not None:
@@ -78,6 +87,8 @@ class FastReader:
         dtype, type_id = kind
         name = str(order).encode()
         try:
+            import h5py
+
             if self._group.links.get_info(name).type != h5py.h5l.TYPE_HARD:
                 return None  # links are refused on the checked path (layerdiff.analyzer.formats.h5guard)
             dsid = h5py.h5d.open(self._group, name)
@@ -86,12 +97,23 @@ class FastReader:
             if (offset is None or nbytes == 0 or nbytes > MAX_TENSOR_BYTES or dsid.get_storage_size() != nbytes
                     or not dsid.get_type().equal(type_id)):
                 return None
-            if nbytes >= MAP_MIN_BYTES:
-                return self._map(offset, nbytes, dtype, shape)
-            out = buffer.view(shape, dtype)
-            return out if self._pread(out, offset) else None
+            values = self.read_at(offset, shape, dtype, buffer)
         except (KeyError, OSError, RuntimeError, ValueError, TypeError):
             return None
+        if values is not None:
+            self.offsets[order] = offset
+        return values
+
+    def read_at(self, offset: int, shape: tuple[int, ...], dtype: np.dtype, buffer: "TensorBuffer") -> np.ndarray | None:
+        """The tensor of `shape` and `dtype` whose bytes start at `offset` (mapped when big), None when the
+        file is shorter: for tensors `read` has checked, in this opening or one a stored header recorded."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes == 0 or nbytes > MAX_TENSOR_BYTES:
+            return None
+        if nbytes >= MAP_MIN_BYTES:
+            return self._map(offset, nbytes, dtype, shape)
+        out = buffer.view(shape, dtype)
+        return out if self._pread(out, offset) else None
 
     def blocks(self, ds: h5py.Dataset, starts: np.ndarray, length: int) -> np.ndarray | None:
         """`length` elements at each flat start, for a contiguous dataset of a plain type (else None)."""
@@ -99,6 +121,10 @@ class FastReader:
         dtype = ds.dtype
         if offset is None or dtype.kind not in "fiub" or ds.id.get_storage_size() != ds.size * dtype.itemsize:
             return None
+        return self.blocks_at(offset, dtype, starts, length)
+
+    def blocks_at(self, offset: int, dtype: np.dtype, starts: np.ndarray, length: int) -> np.ndarray | None:
+        """`blocks` of the contiguous tensor whose bytes start at `offset` (None when the file is shorter)."""
         out = np.empty((len(starts), length), dtype=dtype)
         for row, start in zip(out, starts):
             if not self._pread(row, offset + int(start) * dtype.itemsize):
@@ -139,6 +165,8 @@ class FastReader:
         if name not in self._types:
             try:
                 dtype = np.dtype(name)
+                import h5py
+
                 self._types[name] = (dtype, h5py.h5t.py_create(dtype)) if dtype.kind in "fiub" else None
             except (TypeError, ValueError):
                 self._types[name] = None

@@ -53,7 +53,7 @@ class Comparison:
     graphs: dict[str, LayerGraph] = field(default_factory=dict)  # run label -> its graph
     problems: list[str] = field(default_factory=list)
     storage: dict[str, StorageEvidence] = field(default_factory=dict)  # run label -> what its bytes were stored in
-    # (run's file, order) -> a model output's values, or its stored form (resultcache.packed_array) until asked for
+    # (run's file, order) -> a model output's values, or its stored form (formats/jsontable.py packed_array) until asked for
     outputs: dict[tuple[str, int], object] = field(default_factory=dict)
 
     def output_values(self, run: Run, order: int) -> np.ndarray:
@@ -64,7 +64,7 @@ class Comparison:
         if kept is None:
             return run.dump.tensor(int(order))
         if not isinstance(kept, np.ndarray):
-            from layerdiff.analyzer.measure.resultcache import unpacked_array
+            from layerdiff.analyzer.formats.jsontable import unpacked_array
 
             kept = self.outputs[(str(run.path), int(order))] = unpacked_array(kept)
         return kept

@@ -129,7 +129,7 @@ def _settings() -> dict[str, str]:
 def code_identity() -> dict[str, str]:
     """What made a report: a hash of the analyzer's and layerdiff's sources, and the libraries installed."""
     import layerdiff
-    from layerdiff.analyzer.measure.fingerprint import code_fingerprint
+    from layerdiff.analyzer.formats.fingerprint import code_fingerprint
 
     digest = hashlib.sha256(code_fingerprint().encode())
     root = Path(layerdiff.__file__).resolve().parent

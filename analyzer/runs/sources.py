@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.formats.dumpfile import DumpFile
+from layerdiff.analyzer.runs import dumpheaders
 from layerdiff.analyzer.runs.discovery import H5_SUFFIXES, RAW_MANIFEST, discover  # noqa: F401 (API)
 from layerdiff.analyzer.runs.placement import cpu_by_design
 from layerdiff.errors import LayerdiffError
@@ -189,6 +190,13 @@ class SourceSet:
         for run in self.runs + self.isolated:
             run.dump.close()
 
+    def keep_headers(self) -> None:
+        """Keep each dump's header (attributes, /layers table, tensor offsets) for the next analysis of the same
+        files (runs/dumpheaders.py); called once the tensors have been measured, so the offsets are known."""
+        for run in self.runs + self.isolated:
+            if not run.dump.from_header:
+                dumpheaders.store(run.path, run.dump.header())
+
 
 def open_runs(paths: Iterable[Path | str], set_attrs: dict[str, dict[str, Any]] | None = None) -> SourceSet:
     """Open every dump it can; each failure becomes one problem line instead of an exception.
@@ -206,7 +214,7 @@ def open_runs(paths: Iterable[Path | str], set_attrs: dict[str, dict[str, Any]] 
         attrs = _attrs_for(path, origin, set_attrs or {})
         for dump_path in _as_h5_dumps(path, attrs, sources.problems):
             try:
-                dump = DumpFile(dump_path)
+                dump = DumpFile(dump_path, header=dumpheaders.load(dump_path))
             except LayerdiffError as err:
                 sources.problems.append(str(err))
                 continue

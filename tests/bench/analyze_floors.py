@@ -6,7 +6,8 @@
   each run tensor once, into buffers reused for the whole run (h5py `read_direct`), and the same two
   numbers per pair as the synthetic floors (max |run - ref|, relative L2).
 - `STORED_FLOOR`: the floor of re-showing an analysis: the stored measurement (every results-*.json
-  entry of the cache) read into DataFrames with numpy, orjson and pandas alone, no layerdiff import.
+  entry of the cache, and the dumps' /layers tables of every header-*.json entry) read into DataFrames with
+  numpy, orjson and pandas alone, no layerdiff import.
 - `rejudge_lines`: `analyze` again on the same runs (the stored report copied), then a threshold change
   and a `--task` change (a new value every round, so no stored report answers): each alternated with
   `STORED_FLOOR` and printed beside it and beside the `analyze again` figure.
@@ -43,6 +44,8 @@ for entry in sorted(Path(sys.argv[1]).glob("results-*.json")):
     doc = orjson.loads(entry.read_bytes())
     frames = [frame(a[part]) for a in doc["alignments"] for part in ("matched", "only_base", "only_other")]
     table = frame(doc["table"])
+for entry in sorted(Path(sys.argv[1]).glob("header-*.json")):
+    layers = frame(orjson.loads(entry.read_bytes())["layers"])
 print(len(table))
 """
 
@@ -85,7 +88,7 @@ def pairs_plan(cache: Path, report: Path, out: Path) -> Path:
     `out` (JSON) and returned."""
     import orjson
 
-    from layerdiff.analyzer.measure.resultcache import _frame
+    from layerdiff.analyzer.formats.jsontable import table_frame as _frame
 
     results = json.loads((report / "results.json").read_text())
     files = {run["run"]: run["file"] for run in results["runs"]}

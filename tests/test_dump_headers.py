@@ -1,0 +1,123 @@
+"""Dump headers kept in the cache: a re-judged analysis reads attributes, tables and the focus chart's
+tensors without HDF5, gives what a fresh analysis gives, and never trusts a header of a changed file."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.analyzer.formats.dumpfile import DumpFile, TensorBuffer
+from layerdiff.analyzer.runs import dumpheaders
+from tests.analyze_dumps import perturbed, reference_arrays, write_dump
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture()
+def failing_runs(tmp_path, cache):
+    """A cpu/high reference and a vulkan/low run 30% off it: every layer fails, so the report draws a focus chart."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    ref = reference_arrays(seed=1)
+    write_dump(folder / "cpu.h5", ref)
+    write_dump(folder / "vk.h5", perturbed(ref, 0.3, seed=2), backend="vulkan", precision="low")
+    return folder
+
+
+def _analyze(runs, out, *options, cache_dir=None):
+    env = {**os.environ, **({"LAYERDIFF_CACHE_DIR": str(cache_dir)} if cache_dir else {})}
+    code = ("import sys; from layerdiff.analyzer.cli.app import main; code = main(sys.argv[1:]); "
+            "print('H5PY-LOADED' if 'h5py' in sys.modules else 'H5PY-ABSENT', file=sys.stderr); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", code, str(runs), "-o", str(out), "--json", *options],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), done.stderr
+
+
+def _verdicts(results: dict) -> list:
+    return [(run["run"], run["verdict"], [(layer["key"], layer["status"]) for layer in run["layers"]])
+            for run in results["runs"] if "layers" in run]
+
+
+def test_a_rejudged_analysis_loads_no_hdf5_and_agrees_with_a_fresh_one(failing_runs, cache, tmp_path):
+    _, first = _analyze(failing_runs, tmp_path / "r1")
+    assert "H5PY-LOADED" in first and len(list(cache.glob(f"{dumpheaders.PREFIX}*.json"))) == 2
+    rejudged, log = _analyze(failing_runs, tmp_path / "r2", "--warn-rel-l2", "0.005", "--fail-rel-l2", "0.2")
+    assert "H5PY-ABSENT" in log
+    fresh, _ = _analyze(failing_runs, tmp_path / "r3", "--warn-rel-l2", "0.005", "--fail-rel-l2", "0.2",
+                        cache_dir=tmp_path / "other-cache")
+    assert _verdicts(rejudged) == _verdicts(fresh) and any(v[1] == "fail" for v in _verdicts(fresh))
+    page = (tmp_path / "r2" / "index.html").read_text()
+    assert 'id="focus-chart"' in page  # the failing layer's values, read at the header's offsets
+    assert page.split('Plotly.newPlot("focus-chart"')[1][:20000] == \
+        (tmp_path / "r3" / "index.html").read_text().split('Plotly.newPlot("focus-chart"')[1][:20000]
+
+
+def test_reads_at_the_headers_offsets_equal_the_hdf5_reads(failing_runs, cache):
+    path = failing_runs / "vk.h5"
+    with DumpFile(path) as opened:
+        orders = opened.layers["order"].tolist()
+        expected = {order: opened.tensor(order).copy() for order in orders}
+        samples = {order: opened.sample(order, 100) for order in orders}
+        for order in orders:  # the measuring path: one buffer, offsets recorded
+            from layerdiff.analyzer.formats.dumpfile import TensorBuffer
+            opened.tensor(order, TensorBuffer())
+        header = opened.header()
+    assert set(header.offsets) == set(orders)
+    dumpheaders.store(path, header)
+    kept = dumpheaders.load(path)
+    assert kept is not None and kept.offsets == header.offsets
+    with DumpFile(path, header=kept) as again, DumpFile(path) as reread:
+        assert again.from_header and repr(again.attrs) == repr(reread.attrs)  # NaN included
+        for order in orders:
+            np.testing.assert_array_equal(again.tensor(order), expected[order])
+            np.testing.assert_array_equal(again.sample(order, 100), samples[order])
+        assert again._h5 is None  # nothing above needed the file open in HDF5
+
+
+def test_a_header_is_never_used_for_a_changed_file(failing_runs, cache):
+    path = failing_runs / "cpu.h5"
+    with DumpFile(path) as opened:
+        dumpheaders.store(path, opened.header())
+    assert dumpheaders.load(path) is not None
+    with h5py.File(path, "r+") as f:  # the same size and, set back, the same modification time
+        f.attrs["precision_requested"] = "loww"[:4]
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert dumpheaders.load(path) is None  # its change time moved
+    with DumpFile(path) as opened:
+        dumpheaders.store(path, opened.header())
+    assert dumpheaders.load(path).attrs["precision_requested"] == "loww"
+    os.utime(path)
+    assert dumpheaders.load(path) is None
+
+
+def test_a_damaged_header_is_ignored_and_a_nan_attribute_survives(failing_runs, cache, tmp_path):
+    path = failing_runs / "cpu.h5"
+    with DumpFile(path) as opened:
+        header = opened.header()
+    assert math.isnan(header.attrs["infer_ms"])
+    dumpheaders.store(path, header)
+    kept = dumpheaders.load(path)
+    assert math.isnan(kept.attrs["infer_ms"]) and kept.layers.equals(header.layers)
+    entry = dumpheaders.entry_path(path)
+    for damage in (b"{not json", b'{"format": 1}', entry.read_bytes().replace(b'"offsets":{', b'"offsets":{"0":-5,')):
+        entry.write_bytes(damage)
+        assert dumpheaders.load(path) is None
+    entry.write_bytes(b"\x00" * 10)
+    analysis = analyze_paths([failing_runs])
+    try:
+        assert len(analysis.runs) == 2 and not analysis.runs[0].dump.from_header
+    finally:
+        analysis.close()
