@@ -1,0 +1,177 @@
+"""`--engine ggml==RELEASE`: layerdiff-ggml built from an older llama-cpp-python release's sdist, run beside the
+pinned release's build on the same GGUF model and prompt; the dump records the ggml version the binary reports
+and the release asked for, and the report says at which node the two releases part, or that they agree, judged
+against numpy on the two dumps' tensors (read with h5py, outside layerdiff).
+
+The older release's build takes about 8 minutes on two busy cores the first time (cached afterwards, under a key
+of its own beside the pinned release's); the refusals build nothing, or only run CMake on a tree that fails."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import layerdiff
+from layerdiff.analyzer.analysis import analyze_paths
+from layerdiff.collector.engines import ENGINES
+from layerdiff.collector.engines.ggml.build import PINNED_RELEASE, GgmlSpec, binary_dir, build_dir, source_dir
+from layerdiff.collector.engines.ggml.releases import check, reported_release
+from layerdiff.collector.engines.versions import release_devices, same_release
+from layerdiff.errors import EngineVersionError
+from tests.ggml_support import ggml_binary, ggml_samples  # noqa: F401  (fixtures)
+
+OLDER = "0.3.17"  # the oldest llama-cpp-python release the harness builds against: ggml 0.9.8 (pinned: 0.25.3)
+REL_L2_WARN, ATOL, RTOL, MIN_PASS = 1e-2, 1e-3, 1e-2, 0.99  # the analyzer's default thresholds (README "Verdicts")
+
+
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", *args], capture_output=True, text=True,
+                          timeout=1800, env={**os.environ, **env}, check=False)
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def older_binary() -> Path:
+    from layerdiff.collector.engines.ggml.build import ensure_built
+    from layerdiff.collector.harness.buildprogress import PlainReporter
+
+    return ensure_built(GgmlSpec(release=OLDER), PlainReporter())
+
+
+@pytest.fixture(scope="module")
+def two_releases(ggml_binary, older_binary, ggml_samples, tmp_path_factory) -> dict:  # noqa: F811
+    """The seeded tiny llama on its prompt, with llama-cpp-python OLDER's build and the pinned one, one folder."""
+    out = tmp_path_factory.mktemp("ggml-releases") / "runs"
+    prompt = [f"prompt={ggml_samples['prompt']}"]
+    older = layerdiff.collect(ggml_samples["tinyllama"], engine=f"ggml=={OLDER}", inputs=prompt, out=out)
+    pinned = layerdiff.collect(ggml_samples["tinyllama"], engine="ggml", inputs=prompt, out=out)
+    assert older.exit_code == 0 and pinned.exit_code == 0
+    return {"out": out, "older": older.paths[0], "pinned": pinned.paths[0], "binary": older_binary}
+
+
+def _h5_tensors(path: Path) -> tuple[dict, dict[str, np.ndarray], list[str]]:
+    """(root attributes, tensors by layer key, keys in execution order) read with h5py alone."""
+    with h5py.File(path, "r") as f:
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        rows = sorted(f["layers"][()], key=lambda row: int(row["order"]))
+        keys = [row["key"].decode() if isinstance(row["key"], bytes) else str(row["key"]) for row in rows]
+        tensors = {key: np.asarray(f["tensors"][str(int(row["order"]))][()], dtype=np.float64)
+                   for key, row in zip(keys, rows) if str(int(row["order"])) in f["tensors"]}
+    return attrs, tensors, keys
+
+
+def _parts(ref: np.ndarray, other: np.ndarray) -> bool:
+    """numpy's own judgement of one layer at the analyzer's default thresholds: relative L2 error above the warn
+    line, fewer allclose elements than the pass share, or a NaN / Inf pattern that differs."""
+    if ref.shape != other.shape:
+        return True
+    if not np.array_equal(np.isfinite(ref), np.isfinite(other)):
+        return True
+    fin = np.isfinite(ref)
+    ref, other = ref[fin], other[fin]
+    if ref.size == 0:
+        return False
+    diff = np.abs(other - ref)
+    rel_l2 = np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30)
+    close = (diff <= ATOL + RTOL * np.abs(ref)).mean()
+    return bool(rel_l2 > REL_L2_WARN or close < MIN_PASS)
+
+
+@pytest.mark.slow
+def test_older_release_is_built_from_its_own_sdist_and_the_dump_records_both_versions(two_releases):
+    assert two_releases["binary"].parent == binary_dir(GgmlSpec(release=OLDER)) != binary_dir(GgmlSpec())
+    assert (source_dir(OLDER) / "include" / "llama.h").is_file() and source_dir(OLDER) != source_dir()
+    assert build_dir(GgmlSpec(release=OLDER)) != build_dir(GgmlSpec())
+    reported = subprocess.run([str(two_releases["binary"]), "--version"], capture_output=True, text=True,
+                              check=True).stdout
+    assert f"llama-cpp-python {OLDER} sdist" in reported and "ggml 0.9.8" in reported
+    older_attrs, _, _ = _h5_tensors(two_releases["older"])
+    pinned_attrs, _, _ = _h5_tensors(two_releases["pinned"])
+    assert older_attrs["engine_version"] == f"ggml 0.9.8 (llama-cpp-python {OLDER} sdist)"
+    assert older_attrs["engine_requested"] == f"ggml=={OLDER}"
+    assert pinned_attrs["engine_version"].startswith(f"ggml 0.25.3 (llama-cpp-python {PINNED_RELEASE} sdist")
+    assert "engine_requested" not in pinned_attrs
+    assert two_releases["older"].name.startswith(f"ggml-{OLDER}_cpu_high_")
+    rows = (two_releases["out"] / "index.csv").read_text().splitlines()
+    assert any(line.startswith(f"local,ggml=={OLDER},cpu,high,") for line in rows)
+    assert any(line.startswith("local,ggml,cpu,high,") for line in rows)
+
+
+@pytest.mark.slow
+def test_report_names_the_first_node_where_the_releases_part_as_numpy_does(two_releases):
+    _, older, order = _h5_tensors(two_releases["older"])
+    _, pinned, _ = _h5_tensors(two_releases["pinned"])
+    common = [key for key in order if key in pinned and key in older]
+    assert len(common) >= 50  # the llama graph's nodes, matched by the names llama.cpp gives them in both releases
+    parting = [key for key in common if _parts(older[key], pinned[key])]
+    analysis = analyze_paths([two_releases["older"], two_releases["pinned"]])
+    try:
+        [finding] = [f for f in analysis.findings if f.kind == "release_parting"]
+        assert "0.9.8" in finding.numbers["older"] and "0.25.3" in finding.numbers["newer"]
+        if not parting:
+            assert finding.severity == "info" and "agree" in finding.sentence and finding.layer == "", finding.sentence
+        else:
+            assert "regressed between" in finding.sentence
+            assert finding.layer.rsplit(":", 1)[0] == parting[0].rsplit(":", 1)[0], (finding.sentence, parting[:5])
+    finally:
+        analysis.close()
+
+
+def test_a_release_older_than_the_harness_builds_against_is_refused_before_anything_is_fetched(tmp_path):
+    with pytest.raises(EngineVersionError, match="older than the ggml harness builds against"):
+        check("0.3.9")
+    check(OLDER)  # the oldest known to build passes
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    done = cli("--model", str(model), "--engine", "ggml==0.2.90", "-o", str(tmp_path / "runs"),
+               LAYERDIFF_CACHE=str(tmp_path / "cache"))
+    lines = _lines(done.stderr)
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "llama-cpp-python 0.2.90's llama.cpp is older" in lines[0] and f"{OLDER} (oldest)" in lines[0]
+    assert PINNED_RELEASE in lines[0]
+    assert not (tmp_path / "cache" / "harness").exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_release_the_index_has_no_sdist_of_is_one_line_naming_the_ones_it_has(ggml_samples, tmp_path):  # noqa: F811
+    done = cli("--model", str(ggml_samples["tinyllama"]), "--engine", "ggml==0.3.999",
+               "--input", f"prompt={ggml_samples['prompt']}", "-o", str(tmp_path / "runs"),
+               LAYERDIFF_CACHE=str(tmp_path / "cache"))
+    lines = _lines(done.stderr)
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "no llama-cpp-python 0.3.999 sdist" in lines[0] and PINNED_RELEASE in lines[0] and OLDER in lines[0]
+    assert not list((tmp_path / "cache").rglob("llama.cpp-0.3.999")) and not list(tmp_path.rglob("*.h5"))
+
+
+def test_a_release_whose_llama_cpp_does_not_build_is_one_line_naming_its_build_log(ggml_samples, tmp_path):  # noqa: F811
+    """A source tree of a release the harness cannot build against (its CMake stops), already in the cache: the
+    collect stops before any run with one line naming the release, the build log and the releases that build."""
+    tree = tmp_path / "cache" / "harness" / "src" / "llama.cpp-0.3.40"
+    (tree / "include").mkdir(parents=True)
+    (tree / "include" / "llama.h").write_text("/* a llama.cpp this harness cannot build against */\n")
+    (tree / "CMakeLists.txt").write_text('message(FATAL_ERROR "llama.cpp API this harness does not know")\n')
+    done = cli("--model", str(ggml_samples["tinyllama"]), "--engine", "ggml==0.3.40",
+               "--input", f"prompt={ggml_samples['prompt']}", "-o", str(tmp_path / "runs"),
+               LAYERDIFF_CACHE=str(tmp_path / "cache"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    last = _lines(done.stderr)[-1]
+    assert "did not build against llama-cpp-python 0.3.40's llama.cpp" in last and f"{OLDER} (oldest)" in last
+    log = Path(last.split("(log: ", 1)[1].split(")", 1)[0])
+    assert log.is_file() and "llama.cpp API this harness does not know" in log.read_text()
+    assert [line for line in _lines(done.stderr) if "0.3.40" in line and "collect:" in line] == [last]
+    assert not list(tmp_path.rglob("*.h5"))
+
+
+def test_the_release_a_build_reports_is_what_the_request_is_checked_against():
+    assert reported_release(f"ggml 0.9.8 (llama-cpp-python {OLDER} sdist)") == OLDER
+    assert reported_release("ggml 0.25.3 (unknown)") == ""
+    assert same_release(OLDER, reported_release(f"ggml 0.9.8 (llama-cpp-python {OLDER} sdist)"))
+    assert not same_release(OLDER, reported_release(f"ggml 0.25.3 (llama-cpp-python {PINNED_RELEASE} sdist)"))
+    assert set(release_devices(ENGINES["ggml"])) >= {"local", "qemu"} and release_devices(ENGINES["mnn"]) == ("local",)
