@@ -57,15 +57,18 @@ def two_releases(ggml_binary, older_binary, ggml_samples, tmp_path_factory) -> d
     return {"out": out, "older": older.paths[0], "pinned": pinned.paths[0], "binary": older_binary}
 
 
-def _h5_tensors(path: Path) -> tuple[dict, dict[str, np.ndarray], list[str]]:
-    """(root attributes, tensors by layer key, keys in execution order) read with h5py alone."""
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _h5_tensors(path: Path) -> tuple[dict, list[tuple[str, str, np.ndarray]]]:
+    """(root attributes, [(layer key, op type, tensor)] in execution order) read with h5py alone."""
     with h5py.File(path, "r") as f:
-        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        attrs = {k: _text(v) if isinstance(v, (bytes, str)) else v for k, v in f.attrs.items()}
         rows = sorted(f["layers"][()], key=lambda row: int(row["order"]))
-        keys = [row["key"].decode() if isinstance(row["key"], bytes) else str(row["key"]) for row in rows]
-        tensors = {key: np.asarray(f["tensors"][str(int(row["order"]))][()], dtype=np.float64)
-                   for key, row in zip(keys, rows) if str(int(row["order"])) in f["tensors"]}
-    return attrs, tensors, keys
+        nodes = [(_text(row["key"]), _text(row["op_type"]), np.asarray(f["tensors"][str(int(row["order"]))][()],
+                                                                         dtype=np.float64)) for row in rows]
+    return attrs, nodes
 
 
 def _parts(ref: np.ndarray, other: np.ndarray) -> bool:
@@ -93,8 +96,8 @@ def test_older_release_is_built_from_its_own_sdist_and_the_dump_records_both_ver
     reported = subprocess.run([str(two_releases["binary"]), "--version"], capture_output=True, text=True,
                               check=True).stdout
     assert f"llama-cpp-python {OLDER} sdist" in reported and "ggml 0.9.8" in reported
-    older_attrs, _, _ = _h5_tensors(two_releases["older"])
-    pinned_attrs, _, _ = _h5_tensors(two_releases["pinned"])
+    older_attrs, _ = _h5_tensors(two_releases["older"])
+    pinned_attrs, _ = _h5_tensors(two_releases["pinned"])
     assert older_attrs["engine_version"] == f"ggml 0.9.8 (llama-cpp-python {OLDER} sdist)"
     assert older_attrs["engine_requested"] == f"ggml=={OLDER}"
     assert pinned_attrs["engine_version"].startswith(f"ggml 0.25.3 (llama-cpp-python {PINNED_RELEASE} sdist")
@@ -107,15 +110,19 @@ def test_older_release_is_built_from_its_own_sdist_and_the_dump_records_both_ver
 
 @pytest.mark.slow
 def test_report_names_the_first_node_where_the_releases_part_as_numpy_does(two_releases):
-    _, older, order = _h5_tensors(two_releases["older"])
-    _, pinned, _ = _h5_tensors(two_releases["pinned"])
-    common = [key for key in order if key in pinned and key in older]
-    assert len(common) >= 50  # the llama graph's nodes, matched by the names llama.cpp gives them in both releases
-    parting = [key for key in common if _parts(older[key], pinned[key])]
+    """numpy pairs the nodes by execution position (both releases build this graph with the same ops in the same
+    order), not by name: the two releases name some nodes differently (0.3.17 calls the reshape before a ROPE
+    `Qcur-0 (reshaped)`, 0.3.36 `Qcur-0#1`, so its ROPE is `Qcur-0#2`), which must not read as a parting."""
+    _, older = _h5_tensors(two_releases["older"])
+    _, pinned = _h5_tensors(two_releases["pinned"])
+    assert [op for _k, op, _t in older] == [op for _k, op, _t in pinned] and len(older) >= 50
+    assert any(a != b for (a, _o, _t), (b, _p, _u) in zip(older, pinned))  # some names differ between the releases
+    parting = [key for (key, _op, a), (_k, _p, b) in zip(older, pinned) if _parts(a, b)]
     analysis = analyze_paths([two_releases["older"], two_releases["pinned"]])
     try:
         [finding] = [f for f in analysis.findings if f.kind == "release_parting"]
         assert "0.9.8" in finding.numbers["older"] and "0.25.3" in finding.numbers["newer"]
+        assert finding.numbers["layers_compared"] >= len(older) - 2, finding.sentence
         if not parting:
             assert finding.severity == "info" and "agree" in finding.sentence and finding.layer == "", finding.sentence
         else:
@@ -175,3 +182,41 @@ def test_the_release_a_build_reports_is_what_the_request_is_checked_against():
     assert same_release(OLDER, reported_release(f"ggml 0.9.8 (llama-cpp-python {OLDER} sdist)"))
     assert not same_release(OLDER, reported_release(f"ggml 0.25.3 (llama-cpp-python {PINNED_RELEASE} sdist)"))
     assert set(release_devices(ENGINES["ggml"])) >= {"local", "qemu"} and release_devices(ENGINES["mnn"]) == ("local",)
+
+
+def _release_dump(path: Path, names: list[str], arrays: list[np.ndarray], version: str, facts: str) -> Path:
+    """A ggml dump written with the project's writer: a MUL_MAT, its reshape, a ROPE of it and a MUL, named as the
+    release names them."""
+    from tests.analyze_dumps import write_dump
+
+    types = ["MUL_MAT", "RESHAPE", "ROPE", "MUL"]
+    layers = [(name, op_type, [names[k - 1]] if k else ["x"], array.shape)
+              for k, (name, op_type, array) in enumerate(zip(names, types, arrays))]
+    return write_dump(path, dict(zip(names, arrays)), layers=layers, engine="ggml", engine_version=version,
+                      engine_requested=f"ggml=={version.split()[-2]}", engine_facts=facts)
+
+
+def test_a_counted_node_name_that_moved_to_another_op_between_releases_is_not_a_parting(tmp_path):
+    """0.3.17 names the reshape before a ROPE `Qcur-0 (reshaped)`, 0.3.36 names it `Qcur-0` too, so the harness
+    counts it `Qcur-0#1` and the ROPE becomes `Qcur-0#2`: the same computation under shifted counts agrees; with
+    the counted names undeclared, the name match pairs a ROPE with a RESHAPE and reads as a parting."""
+    rng = np.random.default_rng(7)
+    q = rng.normal(size=(6, 8)).astype(np.float32)
+    arrays = [q, q.reshape(6, 2, 4), (q.reshape(6, 2, 4) * 0.5 + 1.0).astype(np.float32), (q * 3.0).astype(np.float32)]
+    older_names = ["Qcur-0", "Qcur-0 (reshaped)", "Qcur-0#1", "out"]
+    newer_names = ["Qcur-0", "Qcur-0#1", "Qcur-0#2", "out"]
+    declared = ENGINES["ggml"].facts.to_json()
+    for facts, agree in ((declared, True), (declared.replace('"counted": [{', '"uncounted": [{'), False)):
+        folder = tmp_path / ("declared" if agree else "undeclared")
+        folder.mkdir()
+        old = _release_dump(folder / "old.h5", older_names, arrays, "ggml 0.9.8 (llama-cpp-python 0.3.17 sdist)", facts)
+        _release_dump(folder / "new.h5", newer_names, arrays, "ggml 0.25.3 (llama-cpp-python 0.3.36 sdist)", facts)
+        analysis = analyze_paths([folder], ref=str(old))
+        try:
+            [finding] = [f for f in analysis.findings if f.kind == "release_parting"]
+            if agree:
+                assert "agree" in finding.sentence and finding.numbers["layers_compared"] == 4, finding.sentence
+            else:
+                assert "regressed between" in finding.sentence and finding.layer == "Qcur-0#1:0", finding.sentence
+        finally:
+            analysis.close()
