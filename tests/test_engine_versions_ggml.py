@@ -220,3 +220,39 @@ def test_a_counted_node_name_that_moved_to_another_op_between_releases_is_not_a_
                 assert "regressed between" in finding.sentence and finding.layer == "Qcur-0#1:0", finding.sentence
         finally:
             analysis.close()
+
+
+@pytest.mark.slow
+def test_the_older_release_runs_on_a_standin_phone_from_its_own_staged_build(two_releases, ggml_samples,  # noqa: F811
+                                                                             standin, tmp_path):
+    """A stand-in phone has the host's ABI, so it runs the release's host build, staged on the phone beside (not
+    over) the pinned one; the same build on the same prompt writes the same values as on the local device."""
+    out = tmp_path / "phone"
+    done = cli("--device", standin.serial, "--model", str(ggml_samples["tinyllama"]), "--engine", f"ggml=={OLDER}",
+               "--input", f"prompt={ggml_samples['prompt']}", "-o", str(out), "--no-report")
+    assert done.returncode == 0, done.stderr[-2000:]
+    [run] = out.glob(f"ggml-{OLDER}_cpu_high_*.h5")
+    attrs, phone = _h5_tensors(run)
+    _, local = _h5_tensors(two_releases["older"])
+    assert attrs["device_serial"] == standin.serial and attrs["engine_requested"] == f"ggml=={OLDER}"
+    assert attrs["engine_version"] == f"ggml 0.9.8 (llama-cpp-python {OLDER} sdist)"
+    assert [k for k, _o, _t in phone] == [k for k, _o, _t in local]
+    assert all(np.array_equal(a, b) for (_k, _o, a), (_l, _p, b) in zip(phone, local))
+
+
+@pytest.mark.slow
+def test_the_older_release_runs_on_the_emulated_arm64_core_from_its_static_aarch64_build(ggml_samples,  # noqa: F811
+                                                                                         tmp_path):
+    from layerdiff.collector.engines.ggml.build import ensure_built
+    from layerdiff.collector.harness.buildprogress import PlainReporter
+
+    binary = ensure_built(GgmlSpec("aarch64", release=OLDER), PlainReporter())
+    assert binary.parent == binary_dir(GgmlSpec("aarch64", release=OLDER)) != binary_dir(GgmlSpec("aarch64"))
+    out = tmp_path / "arm64"
+    done = layerdiff.collect(ggml_samples["tinyllama"], devices=["arm64"], engine=f"ggml=={OLDER}",
+                             inputs=[f"prompt={ggml_samples['prompt']}"], out=out)
+    assert done.exit_code == 0
+    attrs, nodes = _h5_tensors(done.paths[0])
+    assert attrs["engine_version"] == f"ggml 0.9.8 (llama-cpp-python {OLDER} sdist)" and attrs["abi"] == "arm64-v8a"
+    assert attrs["engine_requested"] == f"ggml=={OLDER}" and len(nodes) >= 50
+    assert all(np.isfinite(t).all() for _k, _o, t in nodes)
