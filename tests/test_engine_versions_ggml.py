@@ -19,13 +19,14 @@ import pytest
 import layerdiff
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.collector.engines import ENGINES
-from layerdiff.collector.engines.ggml.build import PINNED_RELEASE, GgmlSpec, binary_dir, build_dir, source_dir
+from layerdiff.collector.engines.ggml.build import (OLDEST_BUILDING, PINNED_RELEASE, GgmlSpec, binary_dir, build_dir,
+                                                    source_dir)
 from layerdiff.collector.engines.ggml.releases import check, reported_release
 from layerdiff.collector.engines.versions import release_devices, same_release
 from layerdiff.errors import EngineVersionError
 from tests.ggml_support import ggml_binary, ggml_samples  # noqa: F401  (fixtures)
 
-OLDER = "0.3.17"  # the oldest llama-cpp-python release the harness builds against: ggml 0.9.8 (pinned: 0.25.3)
+OLDER = "0.3.17"  # an older llama-cpp-python release whose ggml reports a version: 0.9.8 (pinned: 0.25.3)
 REL_L2_WARN, ATOL, RTOL, MIN_PASS = 1e-2, 1e-3, 1e-2, 0.99  # the analyzer's default thresholds (README "Verdicts")
 
 
@@ -135,14 +136,14 @@ def test_report_names_the_first_node_where_the_releases_part_as_numpy_does(two_r
 def test_a_release_older_than_the_harness_builds_against_is_refused_before_anything_is_fetched(tmp_path):
     with pytest.raises(EngineVersionError, match="older than the ggml harness builds against"):
         check("0.3.9")
-    check(OLDER)  # the oldest known to build passes
+    check(OLDEST_BUILDING)  # the oldest known to build passes
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     done = cli("--model", str(model), "--engine", "ggml==0.2.90", "-o", str(tmp_path / "runs"),
                LAYERDIFF_CACHE=str(tmp_path / "cache"))
     lines = _lines(done.stderr)
     assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    assert "llama-cpp-python 0.2.90's llama.cpp is older" in lines[0] and f"{OLDER} (oldest)" in lines[0]
+    assert "llama-cpp-python 0.2.90's llama.cpp is older" in lines[0] and f"{OLDEST_BUILDING} (oldest)" in lines[0]
     assert PINNED_RELEASE in lines[0]
     assert not (tmp_path / "cache" / "harness").exists() and not (tmp_path / "runs").exists()
 
@@ -153,7 +154,7 @@ def test_a_release_the_index_has_no_sdist_of_is_one_line_naming_the_ones_it_has(
                LAYERDIFF_CACHE=str(tmp_path / "cache"))
     lines = _lines(done.stderr)
     assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    assert "no llama-cpp-python 0.3.999 sdist" in lines[0] and PINNED_RELEASE in lines[0] and OLDER in lines[0]
+    assert "no llama-cpp-python 0.3.999 sdist" in lines[0] and PINNED_RELEASE in lines[0] and OLDEST_BUILDING in lines[0]
     assert not list((tmp_path / "cache").rglob("llama.cpp-0.3.999")) and not list(tmp_path.rglob("*.h5"))
 
 
@@ -169,7 +170,7 @@ def test_a_release_whose_llama_cpp_does_not_build_is_one_line_naming_its_build_l
                LAYERDIFF_CACHE=str(tmp_path / "cache"))
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     last = _lines(done.stderr)[-1]
-    assert "did not build against llama-cpp-python 0.3.40's llama.cpp" in last and f"{OLDER} (oldest)" in last
+    assert "did not build against llama-cpp-python 0.3.40's llama.cpp" in last and f"{OLDEST_BUILDING} (oldest)" in last
     log = Path(last.split("(log: ", 1)[1].split(")", 1)[0])
     assert log.is_file() and "llama.cpp API this harness does not know" in log.read_text()
     assert [line for line in _lines(done.stderr) if "0.3.40" in line and "collect:" in line] == [last]

@@ -374,7 +374,8 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
         reported = str(raw.header.get("engine_version", ""))
         if not same_release(spec.engine_version, reported_release(ENGINES[spec.model.engine], reported)):
             version_line = (f"{spec.model.engine}=={spec.engine_version} was asked for but the engine reported version "
-                            f"{reported or '(none)'}; remove its environment from the layerdiff cache and re-run")
+                            f"{reported or '(none)'}; remove that release's environment or build from the layerdiff "
+                            "cache and re-run")
     if spec.fresh_process and spec.repeat > 1:  # each process's header says repeat 0: the index is the collector's
         attrs["repeat"] = repeat_index
         attrs["provenance"]["fresh_process"] = True

@@ -3,8 +3,9 @@
 Why like the ncnn harness: llama.cpp + ggml take minutes to compile, so the binary is built once per
 (harness sources, build script, llama-cpp-python release, target, backends) and reused by every later
 run, test session and CI step. The release is a field of the spec: the pinned one by default, another with
-`--engine ggml==RELEASE` (its own source tree, build tree and binary, side by side with the pinned ones). The CMake build directory is keyed without the harness sources, so editing
-device_scripts/ggml recompiles those few files only, never llama.cpp. One builder at a time (file lock).
+`--engine ggml==RELEASE` (its own source tree, build tree and binary, side by side with the pinned ones).
+The CMake build directory is keyed without the harness sources, so editing device_scripts/ggml recompiles
+those few files only, never llama.cpp. One builder at a time (file lock).
 
 Cache layout (root: layerdiff's cache, ~/.cache/layerdiff):
     harness/src/llama.cpp-<release>/          llama.cpp + ggml from the sdist (fetch_source.py)
@@ -30,9 +31,10 @@ from layerdiff.collector.harness.buildprogress import BuildReporter, default_rep
 
 PINNED_RELEASE = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built by default (ggml 0.25.3)
 SOURCE_PROJECT = "llama-cpp-python"  # the PyPI project whose sdists hold llama.cpp + ggml (vendor/llama.cpp)
-# The oldest release whose llama.cpp the harness compiles against (older ones lack ggml APIs it calls:
-# collector/engines/ggml/releases.py refuses them before anything is fetched).
-OLDEST_BUILDING = "0.3.17"
+# The oldest release whose llama.cpp the harness compiles against: older ones lack ggml APIs it calls (ggml_version,
+# the SET_ROWS op); 0.3.12 to 0.3.16 take flash attention as a bool (compat/llama_flash_attn.h). Older releases are
+# refused by collector/engines/ggml/releases.py before anything is fetched.
+OLDEST_BUILDING = "0.3.12"
 # How the `local` device's host engine (engine.py) is told the release `--engine ggml==RELEASE` asked for.
 RELEASE_ENV = "LAYERDIFF_GGML_RELEASE"
 GGML_DIR = DEVICE_SCRIPTS / "ggml"
