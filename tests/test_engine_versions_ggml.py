@@ -257,3 +257,34 @@ def test_the_older_release_runs_on_the_emulated_arm64_core_from_its_static_aarch
     assert attrs["engine_version"] == f"ggml 0.9.8 (llama-cpp-python {OLDER} sdist)" and attrs["abi"] == "arm64-v8a"
     assert attrs["engine_requested"] == f"ggml=={OLDER}" and len(nodes) >= 50
     assert all(np.isfinite(t).all() for _k, _o, t in nodes)
+
+
+@pytest.mark.slow
+def test_the_convolution_parts_at_its_im2col_where_the_newer_ggml_builds_it_in_f16(ggml_binary, older_binary,  # noqa: F811
+                                                                                   ggml_samples, tmp_path):
+    """The convolution graph at normal precision on the large input (seed 004): ggml 0.9.8's `ggml_conv_2d` builds
+    the IM2COL in the kernel's type (f32), ggml 0.25.3's in f16, where the input's large values overflow to inf.
+    numpy, pairing the nodes by position, finds the first node that parts; the report must name the same one."""
+    out = tmp_path / "conv"
+    inputs = [f"x={ggml_samples['conv_large']}"]
+    older = layerdiff.collect(ggml_samples["conv2d"], engine=f"ggml=={OLDER}", precisions=["normal"], inputs=inputs, out=out)
+    pinned = layerdiff.collect(ggml_samples["conv2d"], engine="ggml", precisions=["normal"], inputs=inputs, out=out)
+    assert older.exit_code == 0 and pinned.exit_code == 0
+    older_attrs, old = _h5_tensors(older.paths[0])
+    pinned_attrs, new = _h5_tensors(pinned.paths[0])
+    assert [op for _k, op, _t in old] == [op for _k, op, _t in new]
+    # the header says what each release's graph ran, not what was asked for
+    assert (older_attrs["precision_effective"], pinned_attrs["precision_effective"]) == \
+        ("im2col f32, kernel f32", "im2col f16, kernel f32")
+    parting = [key for (key, _op, a), (_k, _p, b) in zip(old, new) if _parts(a, b)]
+    assert parting, "numpy finds the two releases' convolutions identical: pick another input"
+    with h5py.File(older.paths[0], "r") as f, h5py.File(pinned.paths[0], "r") as g:
+        first = {_text(row["key"]): _text(row["layout"]) for row in f["layers"][()]}[parting[0]]
+        then = {_text(row["key"]): _text(row["layout"]) for row in g["layers"][()]}[parting[0]]
+    analysis = analyze_paths([older.paths[0], pinned.paths[0]])
+    try:
+        [finding] = [f for f in analysis.findings if f.kind == "release_parting"]
+        assert "regressed between" in finding.sentence and finding.layer == parting[0], (finding.sentence, parting)
+        assert finding.layer == "conv.im2col:0" and (first, then) == ("ggml/f32@CPU", "ggml/f16@CPU")
+    finally:
+        analysis.close()
