@@ -288,3 +288,22 @@ def test_the_convolution_parts_at_its_im2col_where_the_newer_ggml_builds_it_in_f
         assert finding.layer == "conv.im2col:0" and (first, then) == ("ggml/f32@CPU", "ggml/f16@CPU")
     finally:
         analysis.close()
+
+
+@pytest.mark.slow
+def test_a_cached_build_that_reports_another_release_fails_the_run_saying_so(ggml_binary, ggml_samples,  # noqa: F811
+                                                                            tmp_path, monkeypatch):
+    """The request is checked against the release the binary names, as a wheel's reported version is: a binary in
+    the release's cache folder that was built from another release (here the pinned one) fails its run."""
+    import shutil
+
+    monkeypatch.setenv("LAYERDIFF_CACHE", str(tmp_path / "cache"))
+    misplaced = binary_dir(GgmlSpec(release=OLDER)) / "layerdiff-ggml"
+    misplaced.parent.mkdir(parents=True)
+    shutil.copy2(ggml_binary, misplaced)
+    done = cli("--model", str(ggml_samples["tinyllama"]), "--engine", f"ggml=={OLDER}", "--input",
+               f"prompt={ggml_samples['prompt']}", "-o", str(tmp_path / "runs"), "--no-report",
+               LAYERDIFF_CACHE=str(tmp_path / "cache"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"ggml=={OLDER} was asked for but the engine reported version ggml 0.25.3 (llama-cpp-python " \
+           f"{PINNED_RELEASE} sdist)" in done.stderr + (tmp_path / "runs" / "index.csv").read_text()
