@@ -3,7 +3,7 @@ pinned release's build on the same GGUF model and prompt; the dump records the g
 and the release asked for, and the report says at which node the two releases part, or that they agree, judged
 against numpy on the two dumps' tensors (read with h5py, outside layerdiff).
 
-The older release's build takes about 8 minutes on two busy cores the first time (cached afterwards, under a key
+The older release's build takes about 5 minutes on two busy cores the first time (cached afterwards, under a key
 of its own beside the pinned release's); the refusals build nothing, or only run CMake on a tree that fails."""
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vu
                 repro_program=_repro_program,
                 source_release=_source_release,  # `--engine ggml==RELEASE`: llama-cpp-python RELEASE's sdist, built here
                 release_help="a llama-cpp-python release on PyPI, whose sdist's llama.cpp is built here "
-                             "(local, arm64)",
+                             "(local, arm64, phones)",
                 # device_scripts/ggml/src/backends.cpp: on the CPU, high keeps the K/V cache in f32 (normal: f16,
                 # written by SET_ROWS) and rebuilds a convolution's IM2COL in f32 (normal: f16); nothing else
                 # changes, so a graph with neither (an encoder without a cache: BERT) computes the same bytes
