@@ -126,7 +126,8 @@ def collect(
     device: List[str] = typer.Option(None, "--device", "-d", help="local, arm64[:CPU] (emulated ARM core), a serial, all, or a comma list"),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     engine: str = typer.Option("auto", "--engine", help="auto (from the file name), or one of: " + ", ".join(ENGINES)
-                               + "; NAME==VERSION runs that release from its own cached environment (local device)",
+                               + "; NAME==VERSION runs that release from its own cached environment (local device)"
+                               + "".join(f"; {e.name}==VERSION: {e.release_help}" for e in ENGINES.values() if e.release_help),
                                callback=_engine_release),
     backend: List[str] = typer.Option(None, "--backend", "-b", help=f"{backends_help(BACKENDS, ENGINE_BACKEND_NOTES)} (comma list or repeated)",
                                       callback=choices(BACKENDS, "backend")),

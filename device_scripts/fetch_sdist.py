@@ -37,6 +37,14 @@ def sdist_url(project: str, version: str, who: str) -> tuple[str, str]:
     raise SystemExit(f"{who}: PyPI lists no sdist for {project} {version} ({api})")
 
 
+def sdist_releases(project: str) -> list[str]:
+    """The releases of `project` the index holds an sdist for, in the index's order (oldest first on PyPI)."""
+    with urllib.request.urlopen(f"{INDEX_JSON}/{project}/json", timeout=120) as reply:
+        meta = json.load(reply)
+    return [version for version, files in meta.get("releases", {}).items()
+            if any(entry.get("packagetype") == "sdist" for entry in files)]
+
+
 def download(url: str, sha256: str, target: str, who: str) -> None:
     """Download to `target`; refuse a file whose sha256 differs from the index's."""
     digest = hashlib.sha256()

@@ -73,7 +73,8 @@ class EngineNotInstalledError(LayerdiffError):
 
 class EngineVersionError(LayerdiffError):
     """`--engine NAME==VERSION` cannot run: no such version on the package index, no wheel for this
-    Python, an engine whose harness is not a PyPI wheel, or a device that is not the host."""
+    Python, an engine whose releases can be neither installed nor built from source, a release whose source
+    the harness does not build against, or a device that release does not run on."""
 
 
 class DumpFormatError(LayerdiffError):

@@ -135,9 +135,9 @@ def test_refusals_are_one_line_each(tmp_path):
     assert split_engine("mnn==3.5.0") == ("mnn", "3.5.0") and split_engine("ncnn") == ("ncnn", "")
     bad = cli("--model", str(SAMPLE), "--engine", "mnn==3.5.0;rm", "-o", str(tmp_path / "a"))
     assert bad.returncode == 2 and "release number" in bad.stderr
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF")
-    native = cli("--model", str(gguf), "--engine", "ggml==0.1", "-o", str(tmp_path / "b"))
+    nb = tmp_path / "m.nb"
+    nb.write_bytes(b"\0")
+    native = cli("--model", str(nb), "--engine", "paddle-lite==2.14", "-o", str(tmp_path / "b"))
     assert native.returncode == 1 and "built here, not installed from the package index" in native.stderr
     assert len([line for line in native.stderr.splitlines() if line.strip()]) == 1
     phone = cli("--model", str(SAMPLE), "--engine", "mnn==3.5.0", "--device", "arm64", "-o", str(tmp_path / "c"))

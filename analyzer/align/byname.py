@@ -151,6 +151,8 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
         pairs.update(_match_builtin(base_keys, other_keys, pairs, naming.renamed))
         if naming.key_rules:
             pairs.update(_match_builtin(base_keys, other_keys, pairs, naming.canonical))
+    if naming.counted:  # a counted name (`Qcur-0#1`) on another op is another node: left to structure
+        pairs = _counted_same_op(pairs, base, other, naming)
     confidence = {i: 1.0 for i in pairs}
     renamed = len(pairs) < STRUCTURE_BELOW * min(len(base), len(other))
     if rules.builtin and (renamed or error is not None):
@@ -195,6 +197,17 @@ def _canonical_keys(layers: pd.DataFrame, rules: NameRules) -> list[str]:
         seen.add(key)
         keys.append(key)
     return keys
+
+
+def _counted_same_op(pairs: dict[int, tuple[int, str]], base: pd.DataFrame, other: pd.DataFrame,
+                     naming: PairNaming) -> dict[int, tuple[int, str]]:
+    """The name matches, less those of a counted name on two op types: the engine counts a name it gives several
+    nodes, and the count shifts when a release names one more node, so the same counted name then names another op."""
+    base_ops, other_ops = base["op"].tolist(), other["op"].tolist()
+    base_types, other_types = base["op_type"].tolist(), other["op_type"].tolist()
+    return {i: (j, how) for i, (j, how) in pairs.items()
+            if str(base_types[i]) == str(other_types[j])
+            or not (naming.is_counted(str(base_ops[i])) or naming.is_counted(str(other_ops[j])))}
 
 
 def _match_exact(base_keys: list[str], other_keys: list[str], how: str) -> dict[int, tuple[int, str]]:

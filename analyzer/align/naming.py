@@ -34,6 +34,8 @@ class PairNaming:
     renames: _Compiled = ()
     key_rules: _Compiled = ()
     helper_ops: tuple[tuple[re.Pattern, str, str], ...] = ()  # (pattern, why, role)
+    # Counted names (`NameFacts.counted`), when both runs declare them: such a name matched must match the op type.
+    counted: _Compiled = ()
 
     def renamed(self, key: str) -> str:
         """The key with the renames applied to its op part (output index kept)."""
@@ -55,6 +57,10 @@ class PairNaming:
         """Why an op is expected to have no counterpart (an engine-inserted helper), '' when it is not one."""
         return next((why for pattern, why, _role in self.helper_ops if pattern.search(op)), "")
 
+    def is_counted(self, op: str) -> bool:
+        """Whether `op` is a counted repeat of a name (`Qcur-0#2`): a name that may name another node in another run."""
+        return any(pattern.search(op) for pattern, _replacement, _why in self.counted)
+
     def is_helper(self, op: str) -> bool:
         return bool(self.helper_reason(op))
 
@@ -73,7 +79,9 @@ def pair_naming(*declared: NameFacts) -> PairNaming:
     """The rules the runs declare (each rule once, in the runs' order) and the neutral renames after them."""
     return PairNaming(_compiled([r for names in declared for r in names.renames] + list(NEUTRAL_RENAMES)),
                       _compiled([r for names in declared for r in names.key_rules]),
-                      _helpers([h for names in declared for h in names.helper_ops]))
+                      _helpers([h for names in declared for h in names.helper_ops]),
+                      _compiled([r for names in declared for r in names.counted])
+                      if len(declared) >= 2 and all(names.counted for names in declared) else ())
 
 
 def _helpers(helpers: list[HelperOp]) -> tuple[tuple[re.Pattern, str, str], ...]:

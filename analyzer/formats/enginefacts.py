@@ -72,6 +72,11 @@ class NameFacts:
     key_rules: tuple[NameRule, ...] = ()
     # Ops the engine inserts that no other engine has (each a `HelperOp`).
     helper_ops: tuple[HelperOp, ...] = ()
+    # Names its dumps count because the engine gives them to several nodes (`Qcur-0#1`, `Qcur-0#2`): each a
+    # `pattern` over the op name (`replacement` unused). The count of a node may differ between two runs of the
+    # engine (a release names one more node), so in a pair whose runs both declare them a counted name matched
+    # whose op types differ is not the same node.
+    counted: tuple[NameRule, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -157,7 +162,8 @@ def _parsed(text: str) -> tuple[EngineFacts, bool]:
                     _text(cpu.get("tied_output")), _text(cpu.get("tied_table"))),
         tuple((_text(k), _text(v)) for k, v in list(tasks.items())[:MAX_ITEMS] if isinstance(v, str)),
         data.get("golden") is True,
-        NameFacts(_rules(names.get("renames")), _rules(names.get("key_rules")), _helpers(names.get("helper_ops")))), \
+        NameFacts(_rules(names.get("renames")), _rules(names.get("key_rules")), _helpers(names.get("helper_ops")),
+                  _rules(names.get("counted")))), \
         "names" in data
 
 

@@ -119,6 +119,12 @@ class Engine:
     # The PyPI distribution whose wheel holds `library` (`MNN`, `ncnn`): `--engine NAME==VERSION` installs
     # that version of it into a cached environment of its own (collector/engines/versions.py); "" refuses.
     distribution: str = ""
+    # ... or, for an engine whose harness is built here from a source distribution on the package index (ggml:
+    # llama.cpp from llama-cpp-python's sdist): () -> its SourceRelease (collector/engines/versions.py: which project's
+    # sdist, the devices a release's build runs on, how it is checked, built and run), imported only when asked.
+    source_release: Callable[[], object] | None = None
+    # ... and how help texts say where those releases come from (`VERSION: a llama-cpp-python release, ...`).
+    release_help: str = ""
     # `collect repro`: () -> the folder's ReproRecipe (collector/engines/reprorecipe.py: how a layer is cut out of
     # its model and how its wheel runs the cut), imported only when a bundle is written; None when it writes no
     # bundles, and then `repro_refusal` may say why in one line.

@@ -8,8 +8,11 @@ import path: the engine library comes from there, layerdiff and numpy from layer
 (the wheel is installed without its dependencies, which are the installed engine's). What the child
 then reports as its version is what the dump records (`engine_version`), checked against the request.
 
-Engines whose harness is not a PyPI wheel (ggml's llama.cpp build, Paddle-Lite's C++ harness) and
-devices other than the host (phones run the C++ harness built with the pinned engine) are refused in one line.
+An engine whose harness is a native program built here from a source distribution on PyPI (ggml: llama.cpp
+from llama-cpp-python's sdist) instead declares a `SourceRelease` (`Engine.source_release`): that release's
+source is fetched and built into the cache, keyed by the release, on the devices the folder says it builds for.
+An engine with neither (Paddle-Lite's C++ harness) is refused in one line, and so are devices an engine's
+releases do not run on (a wheel's release runs on the host only).
 """
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from layerdiff.cache import user_cache_root
 from layerdiff.errors import EngineVersionError
@@ -59,12 +64,88 @@ def env_path(engine: str, version: str) -> Path:
     return user_cache_root() / ENVS_DIR / f"{engine}-{version}-{python_tag()}"
 
 
+@dataclass(frozen=True)
+class SourceRelease:
+    """How an engine whose harness is built here runs another release: built from that release's source
+    distribution on the package index. Declared by the engine's folder (`Engine.source_release` returns one);
+    nothing outside the folder knows how the build goes."""
+
+    project: str  # the PyPI project whose sdists hold the engine's source (`llama-cpp-python`)
+    device_kinds: tuple[str, ...]  # the devices a release's build runs on, as DeviceInfo.kind names them
+    # release -> None, or EngineVersionError: a release it cannot build, refused before anything is fetched
+    check: Callable[[str], None]
+    # (release, devices) -> None: fetch and build what the devices run, before the sweep (EngineVersionError: one line)
+    prepare: Callable[[str, list], None]
+    # (device, backend, release) -> the HarnessInvocation that runs that release on the device
+    harness: Callable[[object, str, str], object]
+    # the dump's `engine_version` (what the binary reports) -> the release it was built from ("" when it names none)
+    reported_release: Callable[[str], str]
+
+
+WHEEL_DEVICES = ("local",)  # a wheel's release runs in a host child process
+
+
+def source_release(engine) -> SourceRelease | None:
+    """The engine's declaration of how another release is built from source (None: a wheel engine, or neither)."""
+    return engine.source_release() if engine.source_release is not None else None
+
+
 def check_versionable(engine) -> None:
-    """Refuse, in one line, an engine whose host harness is not a wheel the package index has releases of."""
-    if not engine.distribution:
+    """Refuse, in one line, an engine whose releases cannot be had: neither a wheel on the package index nor a
+    source build its folder declares."""
+    if not engine.distribution and engine.source_release is None:
         raise EngineVersionError(
             f"--engine {engine.name}==VERSION: the {engine.name} harness is built here, not installed from the package "
             f"index, so only its installed release runs; drop the ==VERSION")
+
+
+def check_release(engine, version: str) -> None:
+    """Refuse, in one line, a release the engine cannot run, before any model is read or device touched."""
+    check_versionable(engine)
+    recipe = source_release(engine)
+    if recipe is not None:
+        recipe.check(version)
+
+
+def release_devices(engine) -> tuple[str, ...]:
+    """The device kinds (DeviceInfo.kind) another release of the engine runs on."""
+    recipe = source_release(engine)
+    return recipe.device_kinds if recipe is not None else WHEEL_DEVICES
+
+
+def how_obtained(engine, version: str) -> str:
+    """Where a release comes from, for messages: `MNN 3.5.0's wheel`, `llama-cpp-python 0.3.20's sdist, built here`."""
+    recipe = source_release(engine)
+    return f"{recipe.project} {version}'s sdist, built here" if recipe else f"{engine.distribution} {version}'s wheel"
+
+
+def prepare_release(engine, version: str, devices: list, on_step=None) -> None:
+    """Everything the release needs before the sweep: a wheel's environment, or a source release's builds."""
+    recipe = source_release(engine)
+    if recipe is not None:
+        recipe.prepare(version, devices)
+    else:
+        ensure_env(engine, version, on_step=on_step)
+
+
+def versioned_harness(device, engine, backend: str, version: str):
+    """How `device` runs `version` of `engine`: the host engine's child importing that release's wheel, or the
+    engine's own build of that release."""
+    recipe = source_release(engine)
+    if recipe is not None:
+        return recipe.harness(device, backend, version)
+    from dataclasses import replace
+
+    harness = device.prepare_harness(engine.name, backend)
+    return replace(harness, env={**harness.env, **harness_env(engine, version)},
+                   description=f"{harness.description} {requested(engine.name, version)}")
+
+
+def reported_release(engine, reported: str) -> str:
+    """The release a run's `engine_version` names: the text itself for a wheel, the release its build came from
+    for a source release (a binary reports its library's own version beside where it was built from)."""
+    recipe = source_release(engine)
+    return recipe.reported_release(reported) if recipe is not None else reported
 
 
 def ensure_env(engine, version: str, on_step=None) -> Path:
@@ -72,7 +153,10 @@ def ensure_env(engine, version: str, on_step=None) -> Path:
 
     pip installs into a temporary folder renamed into place when complete, so a killed install leaves
     nothing a later run would take for an environment, and two collects making the same one do not clash."""
-    check_versionable(engine)
+    if not engine.distribution:
+        check_versionable(engine)
+        raise EngineVersionError(f"--engine {engine.name}=={version}: {engine.name} releases are built from source, "
+                                 "not installed from a wheel")
     path = env_path(engine.name, version)
     if path.is_dir():
         return path

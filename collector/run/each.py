@@ -27,7 +27,7 @@ from layerdiff.vocabulary import RunStatus
 from layerdiff.collector.engines.harness_cli import CASE_EVENT
 from layerdiff.collector.inputs.modelfiles import input_dtypes
 from layerdiff.collector.run.pipeline import (PROGRESS_PREFIX, ProgressSink, RunOutcome, RunSpec, _fetch_and_convert,
-                                              _versioned, staged_array)
+                                              _harness, staged_array)
 from layerdiff.collector.transport.devices import Device, ExecResult
 from layerdiff.collector.transport.scratch import scratch_dir
 
@@ -78,9 +78,7 @@ def _one_process(device: Device, specs: list[RunSpec], out_dir: Path, listener: 
                  cancel: threading.Event | None) -> int:
     """One engine process over `specs`; returns how many of them got their outcome (at least one)."""
     first = specs[0]
-    harness = device.prepare_harness(first.model.engine, first.backend)
-    if first.engine_version:
-        harness = _versioned(harness, first)
+    harness = _harness(device, first)
     run_dir = device.new_run_dir(f"{first.stem}-each")
     state = _State(device, specs, out_dir, run_dir, listener, cancel)
     try:

@@ -29,7 +29,7 @@ from layerdiff.analyzer.formats.fedinputs import fed_ok
 from layerdiff.analyzer.formats.rawdump import MANIFEST, convert_raw_dump, fed_check, read_raw_dump
 from layerdiff.collector.transport.devices import Device, DeviceError, DeviceInfo, ExecResult
 from layerdiff.collector.engines.harness_cli import INPUT_DTYPES
-from layerdiff.collector.engines.versions import engine_label, requested, same_release
+from layerdiff.collector.engines.versions import engine_label, reported_release, requested, same_release
 from layerdiff.collector.inputs.inputset import InputSet
 from layerdiff.collector.run.fresh import execute_fresh
 from layerdiff.collector.inputs.modelfiles import ModelFiles, input_dtypes
@@ -157,9 +157,7 @@ def collect_run(
     if out_dir.exists() and not out_dir.is_dir():
         raise StorageError(f"output {out_dir} is a file; pass a directory to -o")
     out_dir.mkdir(parents=True, exist_ok=True)
-    harness = device.prepare_harness(spec.model.engine, spec.backend)
-    if spec.engine_version:
-        harness = _versioned(harness, spec)
+    harness = _harness(device, spec)
     run_dir = device.new_run_dir(spec.stem)
     try:
         check_space(device, spec, run_dir)
@@ -198,13 +196,15 @@ def kept_sketches(targets: list[Path]) -> bool:
     return waiting
 
 
-def _versioned(harness, spec: RunSpec):
-    """The host engine's child, importing the release `--engine NAME==VERSION` asked for from its environment."""
+def _harness(device: Device, spec: RunSpec):
+    """How the device runs the spec's engine: the installed release, or the one `--engine NAME==VERSION` asked
+    for (from its cached wheel environment or its own build: engines/versions.py)."""
+    if not spec.engine_version:
+        return device.prepare_harness(spec.model.engine, spec.backend)
     from layerdiff.collector.engines import ENGINES
-    from layerdiff.collector.engines.versions import harness_env
+    from layerdiff.collector.engines.versions import versioned_harness
 
-    return replace(harness, env={**harness.env, **harness_env(ENGINES[spec.model.engine], spec.engine_version)},
-                   description=f"{harness.description} {requested(spec.model.engine, spec.engine_version)}")
+    return versioned_harness(device, ENGINES[spec.model.engine], spec.backend, spec.engine_version)
 
 
 SPACE_MARGIN = 16 << 20
@@ -368,11 +368,14 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
     }
     version_line = ""
     if spec.engine_version:
+        from layerdiff.collector.engines import ENGINES
+
         attrs["engine_requested"] = requested(spec.model.engine, spec.engine_version)
         reported = str(raw.header.get("engine_version", ""))
-        if not same_release(spec.engine_version, reported):
+        if not same_release(spec.engine_version, reported_release(ENGINES[spec.model.engine], reported)):
             version_line = (f"{spec.model.engine}=={spec.engine_version} was asked for but the engine reported version "
-                            f"{reported or '(none)'}; remove its environment from the layerdiff cache and re-run")
+                            f"{reported or '(none)'}; remove that release's environment or build from the layerdiff "
+                            "cache and re-run")
     if spec.fresh_process and spec.repeat > 1:  # each process's header says repeat 0: the index is the collector's
         attrs["repeat"] = repeat_index
         attrs["provenance"]["fresh_process"] = True

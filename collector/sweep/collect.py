@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from layerdiff.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_SKIPPED, EngineVersionError, InputError, StorageError
-from layerdiff.collector.engines.versions import check_versionable, ensure_env, split_engine
+from layerdiff.collector.engines.versions import check_release, how_obtained, prepare_release, release_devices, split_engine
 from layerdiff.collector.sweep.prepare import build_phone_harnesses
 from layerdiff.collector.inputs.bundled import default_model
 from layerdiff.collector.inputs.inputset import resolve_inputs
@@ -41,7 +41,7 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
     if engine_version:  # refused before any model is read when the engine has no releases to install
         if engine not in ENGINES:
             raise EngineVersionError(f"--engine {engine}=={engine_version}: name an engine, one of {', '.join(ENGINES)}")
-        check_versionable(ENGINES[engine])
+        check_release(ENGINES[engine], engine_version)
     model_files = resolve_model(model or default_model(), engine)
     model_shapes = apply_shapes(input_shapes(model_files), parse_shapes(shapes or []), model_files)
     input_sets, input_errors = resolve_inputs(inputs, model_shapes, parse_preprocess(preprocess),
@@ -66,13 +66,23 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
 
 
 def check_version_devices(engine: str, version: str, devices: list) -> None:
-    """`--engine NAME==VERSION` runs on the host only, with an engine whose harness is a wheel (one line else)."""
-    check_versionable(ENGINES[engine])
-    others = [device.serial for device in devices if type(device) is not LocalDevice]
+    """`--engine NAME==VERSION` runs on the devices the engine's releases run on (a wheel's: the host only; a
+    source build's: the kinds its folder declares), one line else."""
+    check_release(ENGINES[engine], version)
+    kinds = release_devices(ENGINES[engine])
+    others = [device.serial for device in devices if _kind(device) not in kinds]
     if others:
+        where = "the local device only" if kinds == ("local",) else f"{', '.join(kinds)} devices only"
         raise EngineVersionError(
-            f"--engine {engine}=={version} runs on the local device only (the host engine from that release's wheel); "
+            f"--engine {engine}=={version} runs on {where} ({how_obtained(ENGINES[engine], version)}); "
             f"{', '.join(others)} run the harness built with the installed {engine}: drop them or the ==VERSION")
+
+
+def _kind(device) -> str:
+    """A device's kind as DeviceInfo names it, without asking a phone: the host, its emulated arm64 core, or adb."""
+    if type(device) is LocalDevice:
+        return "local"
+    return "qemu" if isinstance(device, LocalDevice) else "adb"
 
 
 def _quiet_step(title: str):
@@ -81,10 +91,14 @@ def _quiet_step(title: str):
 
 def prepare(plan: SweepPlan, step_display: Callable = _quiet_step) -> None:
     """Build the phones' harnesses and the arm64 runtime the plan needs, before any run starts."""
-    build_phone_harnesses(plan.devices, plan.model.engine, plan.backends)
-    if plan.engine_version:  # pip fills the release's environment once, before the display starts
+    engine = ENGINES[plan.model.engine]
+    if not plan.engine_version:
+        build_phone_harnesses(plan.devices, plan.model.engine, plan.backends)
+    elif engine.source_release is not None:  # that release's builds, with the builder's own progress display
+        prepare_release(engine, plan.engine_version, plan.devices)
+    else:  # pip fills the release's environment once, before the display starts
         with step_display(f"{plan.model.engine}=={plan.engine_version} environment") as step:
-            ensure_env(ENGINES[plan.model.engine], plan.engine_version, on_step=lambda text: step(text, 0, 1))
+            prepare_release(engine, plan.engine_version, plan.devices, on_step=lambda text: step(text, 0, 1))
     prepare_runtime(plan.devices, step_display)
 
 

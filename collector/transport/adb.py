@@ -402,6 +402,12 @@ class AdbDevice:
             binary = Path(harness_for(abi, engine, backend))
         except HarnessError as err:
             raise DeviceError(f"{self.serial} ({abi}): {err}") from None
+        return self.stage_program(binary)
+
+    def stage_program(self, binary: Path) -> HarnessInvocation:
+        """Stage a native program built for this phone's ABI (and the libraries beside it) under a folder named by
+        its content, so two builds (two releases of an engine) live side by side on the phone."""
+        abi = self.info().abi
         digest = self._local_sha256(binary)
         remote_dir = f"{self.root}/bin/{digest[:16]}"
         for lib in sorted(binary.parent.glob("*.so")):

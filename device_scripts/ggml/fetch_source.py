@@ -6,7 +6,9 @@ PyPI is the one source of code we may fetch. ggml-python's sdist (3.4 MB) carrie
 llama.cpp's graph builders, so it cannot run a GGUF language model. Only the parts the build needs are
 unpacked (CMake files, include/, src/, ggml/, vendor/): not the 75 MB of vocabularies, docs and tools.
 
-Usage: fetch_source.py DEST_DIR [--version V]   -> prints the unpacked llama.cpp directory.
+Usage: fetch_source.py DEST_DIR --version V   -> prints the unpacked llama.cpp directory.
+       fetch_source.py --list                  -> prints the releases with an sdist, one a line.
+The release built by default is collector/engines/ggml/build.py's PINNED_RELEASE (its one source of truth).
 Stdlib only, so the build script can run it before anything is installed.
 """
 from __future__ import annotations
@@ -17,10 +19,9 @@ import sys
 import tarfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fetch_sdist import fetch_unpacked  # noqa: E402  (stdlib-only, device_scripts/fetch_sdist.py)
+from fetch_sdist import fetch_unpacked, sdist_releases  # noqa: E402  (stdlib-only, device_scripts/fetch_sdist.py)
 
 PROJECT = "llama-cpp-python"
-DEFAULT_VERSION = "0.3.36"
 KEEP = ("CMakeLists.txt", "LICENSE", "cmake/", "include/", "src/", "ggml/", "vendor/", "common/", "licenses/")
 
 
@@ -44,11 +45,14 @@ def fetch(dest: str, version: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dest")
-    parser.add_argument("--version", default=os.environ.get("LLAMA_CPP_PYTHON_VERSION", DEFAULT_VERSION))
+    parser.add_argument("dest", nargs="?")
+    parser.add_argument("--version")
+    parser.add_argument("--list", action="store_true", help="print the releases with an sdist, one a line")
     args = parser.parse_args()
+    if not args.list and not (args.dest and args.version):
+        parser.error("give DEST_DIR and --version, or --list")
     try:
-        print(fetch(args.dest, args.version))
+        print("\n".join(sdist_releases(PROJECT)) if args.list else fetch(args.dest, args.version))
     except OSError as err:
         sys.exit(f"fetch_source: cannot fetch {PROJECT} {args.version}: {err}")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from layerdiff.analyzer.formats.enginefacts import CpuByDesign, EngineFacts
+from layerdiff.analyzer.formats.enginefacts import CpuByDesign, EngineFacts, NameFacts, NameRule
 from layerdiff.collector.engines.base import Engine, InputSpecs
 
 # llama.cpp computes its input layer (the token-embedding lookup, node `embd` / `inp_embd`) on the CPU whatever
@@ -17,7 +17,12 @@ FACTS = EngineFacts(
     CpuByDesign(("embd", "inp_embd"), "llama.cpp's input layer",
                 "llama.cpp keeps the token-embedding table in CPU memory and computes what reads it there",
                 "result_output", "token_embd.weight"),
-    (("result_output", "language-model"),))
+    (("result_output", "language-model"),),
+    # the harness counts a name llama.cpp gives several nodes (`Qcur-0`, `Qcur-0#1`, `Qcur-0#2`); a release that
+    # names one more node (the reshape before a ROPE) shifts the count, so `Qcur-0#1` is a ROPE in one release and
+    # a RESHAPE in the next
+    names=NameFacts(counted=(NameRule(r"#[0-9]+$", "", "layerdiff-ggml counts a name llama.cpp gives several nodes "
+                                      "(#1, #2); a release that names one more node shifts the count"),)))
 
 
 def _input_specs(path: Path) -> InputSpecs:
@@ -50,6 +55,12 @@ def _arm64_harness(device):
     return arm64_harness(device)
 
 
+def _source_release():
+    from layerdiff.collector.engines.ggml.releases import recipe
+
+    return recipe()
+
+
 def _phone_harness(abi: str, backend: str) -> Path:
     from layerdiff.collector.engines.ggml.build import phone_harness
 
@@ -69,6 +80,9 @@ ENGINE = Engine("ggml", (".gguf",), _input_specs, backends=("cpu", "opencl", "vu
                 not_isolatable=("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"),
                 bisect=_bisect,
                 repro_program=_repro_program,
+                source_release=_source_release,  # `--engine ggml==RELEASE`: llama-cpp-python RELEASE's sdist, built here
+                release_help="a llama-cpp-python release on PyPI, whose sdist's llama.cpp is built here "
+                             "(local, arm64, phones)",
                 # device_scripts/ggml/src/backends.cpp: on the CPU, high keeps the K/V cache in f32 (normal: f16,
                 # written by SET_ROWS) and rebuilds a convolution's IM2COL in f32 (normal: f16); nothing else
                 # changes, so a graph with neither (an encoder without a cache: BERT) computes the same bytes

@@ -21,21 +21,30 @@ from layerdiff.collector.engines.harness_cli import EXIT_BACKEND, HarnessArgs, H
 GPU_SPECS = {"vulkan": {"vulkan": True}, "opencl": {"opencl": True}}
 
 
+def release() -> str:
+    """The llama-cpp-python release whose build runs: the one `--engine ggml==RELEASE` asked for, else the pinned one."""
+    from layerdiff.collector.engines.ggml.build import PINNED_RELEASE, RELEASE_ENV
+
+    return os.environ.get(RELEASE_ENV) or PINNED_RELEASE
+
+
 def binary_for(backend: str) -> Path:
     """The cached binary that can run `backend` (built here only for the CPU)."""
-    from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir, build_command, ensure_built
+    from layerdiff.collector.engines.ggml.build import PINNED_RELEASE, GgmlSpec, binary_dir, build_command, ensure_built
     from layerdiff.collector.harness.build import HarnessError
     from layerdiff.collector.harness.buildprogress import PlainReporter
 
-    spec = GgmlSpec(**GPU_SPECS.get(backend, {}))
+    spec = GgmlSpec(**GPU_SPECS.get(backend, {}), release=release())
+    prebuilt = os.environ.get("LAYERDIFF_GGML_BINARY") and spec.release == PINNED_RELEASE
     try:
-        if backend in GPU_SPECS and not os.environ.get("LAYERDIFF_GGML_BINARY"):
+        if backend in GPU_SPECS and not prebuilt:
             binary = binary_dir(spec) / "layerdiff-ggml"
             if not binary.is_file():
                 needs = (" (needs glslc, spirv-headers, libvulkan-dev: apt-get install glslc spirv-headers libvulkan-dev)"
                          if backend == "vulkan" else "")
+                also = f" --release {spec.release}" if spec.release != PINNED_RELEASE else ""
                 raise HarnessError(f"no ggml build with {backend} here; build it once{needs} with `python -m "
-                                   f"layerdiff.collector.engines.ggml.build --{backend}` "
+                                   f"layerdiff.collector.engines.ggml.build --{backend}{also}` "
                                    f"({' '.join(build_command(spec, binary.parent))}) or use --backend cpu")
         return ensure_built(spec, PlainReporter(sys.stderr))
     except HarnessError as err:
@@ -56,7 +65,7 @@ def run(args: HarnessArgs) -> None:
 def _cached_gpu_binary(backend: str) -> Path | None:
     from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir
 
-    binary = binary_dir(GgmlSpec(**GPU_SPECS[backend])) / "layerdiff-ggml"
+    binary = binary_dir(GgmlSpec(**GPU_SPECS[backend], release=release())) / "layerdiff-ggml"
     return binary if binary.is_file() else None
 
 

@@ -135,14 +135,14 @@ RunFacts ConvRun::prepare(ModelInput* input, NodeRecorder* recorder) {
     facts.backends_actual = backend_words(dumper_->nodes_per_buffer());
     facts.nodes = dumper_->nodes_seen();
     std::string type = ggml_type_name(precision_.conv_type);
-    std::string im2col = ggml_type_name(precision_.im2col_type);
+    std::string im2col = ggml_type_name(im2col_built_ != GGML_TYPE_COUNT ? im2col_built_ : precision_.im2col_type);
     facts.precision_effective = "im2col " + im2col + ", kernel " + type;
     if (!keep_record_.kept.empty()) facts.precision_effective += ", kept in high: " + join_words(keep_record_.kept);
     JsonObject per_buffer;
     for (const auto& entry : dumper_->nodes_per_buffer()) per_buffer.add(entry.first, entry.second);
     JsonObject options;
-    options.add("graph", std::string(precision_.im2col_type == GGML_TYPE_F16 ? "ggml_conv_2d (IM2COL f16 + MUL_MAT)"
-                                                                             : "ggml_conv_2d's graph with an f32 IM2COL"))
+    options.add("graph", precision_.im2col_type == GGML_TYPE_F16 ? "ggml_conv_2d (IM2COL " + im2col + " + MUL_MAT)"
+                                                                 : "ggml_conv_2d's graph with an " + im2col + " IM2COL")
         .add("im2col_type", im2col)
         .add("kernel_type", type)
         .add("stride", stride_).add("padding", padding_).add("dilation", dilation_)
@@ -194,6 +194,7 @@ double ConvRun::compute(const ModelInput& input, DumpWriter* out, NodeDumper* du
         ggml_format_name(node, "%s", name.c_str());
         int n = uses[name]++;
         names.push_back(n == 0 ? name : name + "#" + std::to_string(n));
+        if (node->op == GGML_OP_IM2COL) im2col_built_ = node->type;
     }
     ggml_backend_buffer_t weights = ggml_backend_alloc_ctx_tensors(leaves.get(), backends.list.front());
     std::vector<float> k = kernel_floats(kernel_);

@@ -45,6 +45,9 @@ private:
     NodeDumper* dumper_ = nullptr;
     KeepNodes keep_;
     KeepRecord keep_record_;  // filled by each compute()
+    // The type the graph's IM2COL was built in (filled by compute()): what ggml_conv_2d builds changes between ggml
+    // releases (the kernel's type in ggml 0.9.8, f16 in 0.25.3), so the header says what ran, not what was asked.
+    ggml_type im2col_built_ = GGML_TYPE_COUNT;
 };
 
 }  // namespace ld

@@ -8,6 +8,7 @@
 #include "gguf.h"
 #include "json.h"
 #include "llama.h"
+#include "llama_flash_attn.h"
 #include "node_dump.h"
 #include "sysutil.h"
 
@@ -82,7 +83,7 @@ RunFacts LlamaRun::prepare(ModelInput* input, NodeRecorder* recorder) {
     cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx;  // one ubatch: the whole prompt is one graph
     cp.n_threads = cp.n_threads_batch = threads_;
     cp.type_k = cp.type_v = precision_.kv_type;
-    cp.flash_attn_type = precision_.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    layerdiff_set_flash_attn(cp, precision_.flash_attn);
     cp.cb_eval = NodeDumper::callback;
     cp.no_perf = true;
     dumper_.reset(new NodeDumper(nullptr));
