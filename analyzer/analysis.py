@@ -106,9 +106,8 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
                                  f"run on its input ({'; '.join(plan.uncompared.values()) or 'all runs are references'})")
         comparison = _measured(plan, rules, thresholds, steps or Steps.quiet(), memo)
         isolation = measure_isolated(sources.isolated, sources.runs, comparison, thresholds.tolerances)
-        sources.keep_headers()
     except BaseException:
-        sources.close()
+        sources.close(keep_headers=False)
         raise
     with (steps or Steps.quiet()).step("finding failure sources and verdicts"):
         judge_layers(comparison, thresholds)

@@ -58,6 +58,12 @@ def test_a_rejudged_analysis_loads_no_hdf5_and_agrees_with_a_fresh_one(failing_r
     fresh, _ = _analyze(failing_runs, tmp_path / "r3", "--warn-rel-l2", "0.005", "--fail-rel-l2", "0.2",
                         cache_dir=tmp_path / "other-cache")
     assert _verdicts(rejudged) == _verdicts(fresh) and any(v[1] == "fail" for v in _verdicts(fresh))
+    for entry in cache.glob(f"{dumpheaders.PREFIX}*.json"):  # trimmed from the cache: the measurement stays
+        entry.unlink()
+    _, log = _analyze(failing_runs, tmp_path / "r4", "--warn-rel-l2", "0.006")
+    assert "H5PY-LOADED" in log  # read from HDF5 once more, the focus chart's offsets learnt on the way
+    _, log = _analyze(failing_runs, tmp_path / "r5", "--warn-rel-l2", "0.007")
+    assert "H5PY-ABSENT" in log
     page = (tmp_path / "r2" / "index.html").read_text()
     assert 'id="focus-chart"' in page  # the failing layer's values, read at the header's offsets
     assert page.split('Plotly.newPlot("focus-chart"')[1][:20000] == \

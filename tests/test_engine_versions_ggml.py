@@ -124,6 +124,8 @@ def test_report_names_the_first_node_where_the_releases_part_as_numpy_does(two_r
         [finding] = [f for f in analysis.findings if f.kind == "release_parting"]
         assert "0.9.8" in finding.numbers["older"] and "0.25.3" in finding.numbers["newer"]
         assert finding.numbers["layers_compared"] >= len(older) - 2, finding.sentence
+        named = [finding.sentence, *(run.label for run in analysis.runs), *(run.config_label for run in analysis.runs)]
+        assert not [text for text in named if "ggml ggml" in text], named  # the engine named once
         if not parting:
             assert finding.severity == "info" and "agree" in finding.sentence and finding.layer == "", finding.sentence
         else:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
 from layerdiff.analyzer.findings.wording import layer_name
+from layerdiff.analyzer.runs.sources import bare_release
 
 COMPARED = ("pass", "warn", "fail")
 SAME_SETTING = ("device_serial", "backend_requested", "precision_requested", "model_sha256")
@@ -35,7 +36,7 @@ def releases_of(pair) -> tuple[str, str, str] | None:
     a, b = str(base.get("engine_version", "") or ""), str(other.get("engine_version", "") or "")
     if not a or not b or a == b:
         return None
-    return engine, a, b
+    return engine, bare_release(engine, a), bare_release(engine, b)
 
 
 def release_parting(pair, rows: pd.DataFrame) -> list[Finding]:

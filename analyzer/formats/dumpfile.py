@@ -57,6 +57,7 @@ class DumpHeader:
     attrs: dict[str, Any]
     layers: "pd.DataFrame"
     offsets: dict[int, int] = field(default_factory=dict)
+    input_shapes: list[tuple[str, tuple[int, ...]]] | None = None  # (name, shape) of each model input; None: unknown
 
 
 class DumpFile:
@@ -85,11 +86,13 @@ class DumpFile:
         self._attrs: dict[str, Any] | None = None
         self._provenance: dict[str, Any] | None = None
         self._offsets: dict[int, int] = {}
+        self._input_shapes: list[tuple[str, tuple[int, ...]]] | None = None
         self.from_header = header is not None  # attributes and tables from a stored header, not read now
         if header is None:
             self._open()
         else:
             self._attrs, self._layers, self._offsets = dict(header.attrs), header.layers, dict(header.offsets)
+            self._input_shapes = header.input_shapes
 
     def _open(self) -> None:
         import h5py
@@ -134,7 +137,11 @@ class DumpFile:
         offsets = dict(self._offsets)
         if self._fast_reader is not None:
             offsets.update(self._fast_reader.offsets)
-        return DumpHeader(self.attrs, self.layers, offsets)
+        try:
+            shapes = list(self.input_shapes())
+        except DumpFormatError:
+            shapes = None  # asked again from the file, where the problem is reported
+        return DumpHeader(self.attrs, self.layers, offsets, shapes)
 
     def __enter__(self) -> "DumpFile":
         return self
@@ -237,6 +244,7 @@ class DumpFile:
             if fast is not None:
                 return fast
         ds = self._dataset(order)
+        self._note_offset(int(order), ds)
         try:
             if buffer is not None and ds.size > 0 and ds.chunks is None and ds.compression is None:
                 out = buffer.view(ds.shape, ds.dtype)
@@ -293,6 +301,7 @@ class DumpFile:
             if picked is not None:
                 return picked
         ds = self._dataset(order)
+        self._note_offset(int(order), ds)
         n = int(ds.size)
         if n <= count:
             return np.asarray(ds[()], dtype=np.float64).reshape(-1)
@@ -304,6 +313,23 @@ class DumpFile:
         except (OSError, RuntimeError, ValueError, TypeError) as err:
             raise DumpFormatError(f"{self.path}: tensor {order} is unreadable ({_short(err)})") from None
         return picked.astype(np.float64)
+
+    def _note_offset(self, order: int, ds: "h5py.Dataset") -> None:
+        """Remember where a sampled tensor's bytes start when it is contiguous, whole and what the /layers
+        table declares (as `FastReader.read` checks): the next analysis samples it by offset."""
+        try:
+            declared = self._table_shape(order)
+            offset = ds.id.get_offset()
+            if (declared is not None and tuple(ds.shape) == tuple(declared[0]) and ds.dtype == np.dtype(declared[1])
+                    and offset is not None and ds.id.get_storage_size() == ds.size * ds.dtype.itemsize):
+                self._fast.offsets[order] = int(offset)
+        except (OSError, RuntimeError, ValueError, TypeError):
+            pass
+
+    @property
+    def learnt(self) -> bool:
+        """Whether this reading knows more than the header it started from (offsets of tensors it read)."""
+        return not self.from_header or bool(self._fast_reader and set(self._fast_reader.offsets) - set(self._offsets))
 
     def _sample_at_offset(self, order: int, count: int) -> np.ndarray | None:
         """`sample` of a tensor the header located: the same positions, read by offset without HDF5."""
@@ -460,6 +486,9 @@ class DumpFile:
     def input_shapes(self) -> Iterator[tuple[str, tuple[int, ...]]]:
         """(name, shape) of each model input, in `inputs`' order, without reading their values: the
         judge needs an input's height and width, not its pixels."""
+        if self._input_shapes is not None:
+            yield from self._input_shapes
+            return
         for _, name, ds in self._input_datasets():
             yield name, tuple(int(d) for d in ds.shape)
 

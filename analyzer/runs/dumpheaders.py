@@ -4,7 +4,7 @@ Changing a threshold or `--task` re-judges a stored measurement (analyzer/measur
 still needs of each dump is its root attributes and its /layers table, and for the report's focus chart a
 few thousand values of two tensors. Reading those through HDF5 meant loading h5py and opening every file,
 about a tenth of a re-judged analysis. A `DumpHeader` (analyzer/formats/dumpfile.py) holds them, with the
-file offset of each contiguous tensor. It is kept here, one entry per file, beside the stored measurements
+file offset of each contiguous tensor and the model inputs' shapes (a task reads an image's size). It is kept here, one entry per file, beside the stored measurements
 in the same bounded cache (`analyze cache` shows and empties it).
 
 The key is the file's resolved path, size, modification and change times, inode and device, and the
@@ -61,7 +61,10 @@ def load(path: Path) -> DumpHeader | None:
         offsets = {int(order): int(offset) for order, offset in doc["offsets"].items()}
         if any(offset < 0 for offset in offsets.values()):
             return None
-        header = DumpHeader(attrs, table_frame(doc["layers"]), offsets)
+        shapes = doc["inputs"]
+        if shapes is not None:
+            shapes = [(str(name), tuple(int(d) for d in shape)) for name, shape in shapes]
+        header = DumpHeader(attrs, table_frame(doc["layers"]), offsets, shapes)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
     convcache.touch(entry)  # recently used entries survive the trimming
@@ -80,8 +83,9 @@ def store(path: Path, header: DumpHeader) -> None:
         if orjson.loads(attrs) != encoded:
             return
         offsets = orjson.dumps({str(order): offset for order, offset in header.offsets.items()})
-        head = b'{"format":%d,"entry":%s,"attrs":%s,"offsets":%s,"layers":' % (
-            FORMAT, orjson.dumps(entry.name), attrs, offsets)
+        shapes = None if header.input_shapes is None else [[name, list(shape)] for name, shape in header.input_shapes]
+        head = b'{"format":%d,"entry":%s,"attrs":%s,"offsets":%s,"inputs":%s,"layers":' % (
+            FORMAT, orjson.dumps(entry.name), attrs, offsets, orjson.dumps(shapes))
         atomic_write_chunks(entry, [head, *table_chunks(header.layers), b"}"])
         convcache.trim(keep=entry)
     except (OSError, LayerdiffError, TypeError, ValueError):

@@ -127,7 +127,7 @@ class Run:
         device = self.attrs.get("device_model") or self.attrs.get("device_serial") or ""
         engine = str(self.attrs.get("engine", ""))
         if self.attrs.get("engine_requested"):  # a release asked for by version is named with it
-            engine = f"{engine} {self.attrs.get('engine_version', '')}".strip()
+            engine = f"{engine} {bare_release(engine, str(self.attrs.get('engine_version', '')))}".strip()
         parts = [str(device), engine, f"{self.backend}/{self.precision}"]
         return " ".join(p for p in parts if p and p != "/")
 
@@ -186,16 +186,16 @@ class SourceSet:
     problems: list[str] = field(default_factory=list)
     isolated: list[Run] = field(default_factory=list)
 
-    def close(self) -> None:
+    def close(self, keep_headers: bool = True) -> None:
+        """Close every dump; first keep each one's header for the next analysis of the same files
+        (runs/dumpheaders.py) when this reading learnt something (offsets included, so an analysis ended)."""
         for run in self.runs + self.isolated:
+            if keep_headers and run.dump.learnt:
+                try:
+                    dumpheaders.store(run.path, run.dump.header())
+                except LayerdiffError:
+                    pass  # a table that did not read keeps no header: it is read, and reported, again
             run.dump.close()
-
-    def keep_headers(self) -> None:
-        """Keep each dump's header (attributes, /layers table, tensor offsets) for the next analysis of the same
-        files (runs/dumpheaders.py); called once the tensors have been measured, so the offsets are known."""
-        for run in self.runs + self.isolated:
-            if not run.dump.from_header:
-                dumpheaders.store(run.path, run.dump.header())
 
 
 def open_runs(paths: Iterable[Path | str], set_attrs: dict[str, dict[str, Any]] | None = None) -> SourceSet:
@@ -284,7 +284,14 @@ def _with_releases(fields: list[dict[str, str]], runs: list[Run]) -> None:
     for field_set, run in zip(fields, runs):
         version = str(run.attrs.get("engine_version", ""))
         if len(releases.get(field_set["engine"], ())) > 1 and version:
-            field_set["engine"] = f"{field_set['engine']} {version}"
+            field_set["engine"] = f"{field_set['engine']} {bare_release(field_set['engine'], version)}"
+
+
+def bare_release(engine: str, version: str) -> str:
+    """A recorded engine version without the engine's name in front (`ggml 0.9.8 (llama-cpp-python 0.3.17 sdist)`
+    -> `0.9.8 (...)`), so labels and sentences that name the engine first do not name it twice."""
+    version = version.strip()
+    return version[len(engine) + 1:].strip() if engine and version.lower().startswith(engine.lower() + " ") else version
 
 
 def _with_models(labels: list[str], runs: list[Run]) -> list[str]:
