@@ -181,6 +181,19 @@ def test_stored_outputs_that_do_not_fill_their_shape_are_measured_again(runs, ca
     assert measured == [1]
 
 
+def test_stored_outputs_whose_side_file_is_gone_are_measured_again(runs, cache, monkeypatch):
+    analyze_paths([runs]).close()
+    (entry,) = _entries(cache)
+    side = entry.with_suffix(resultcache.OUTPUTS_SUFFIX)
+    assert side.stat().st_size > 0, "the kept outputs' bytes sit beside the entry"
+    side.unlink()  # trimmed from the cache apart from its entry
+    measured = []
+    real = analysis_module.compare_all
+    monkeypatch.setattr(analysis_module, "compare_all", lambda *a, **k: measured.append(1) or real(*a, **k))
+    analyze_paths([runs], task="classification").close()
+    assert measured == [1] and side.is_file()
+
+
 def test_changed_dump_or_options_are_measured_again(runs, cache):
     before = analyze_paths([runs])
     worst_before = float(before.comparison.table["rel_l2"].max())

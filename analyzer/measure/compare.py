@@ -53,7 +53,8 @@ class Comparison:
     graphs: dict[str, LayerGraph] = field(default_factory=dict)  # run label -> its graph
     problems: list[str] = field(default_factory=list)
     storage: dict[str, StorageEvidence] = field(default_factory=dict)  # run label -> what its bytes were stored in
-    # (run's file, order) -> a model output's values, or its stored form (formats/jsontable.py packed_array) until asked for
+    # (run's file, order) -> a model output's values, or where the stored measurement keeps them (formats/jsontable.py
+    # array_ref) until asked for
     outputs: dict[tuple[str, int], object] = field(default_factory=dict)
 
     def output_values(self, run: Run, order: int) -> np.ndarray:
@@ -61,13 +62,14 @@ class Comparison:
         `--task` re-judges without opening a tensor), else read from the run's dump (an output over
         MAX_KEPT_OUTPUT_BYTES, or one that could not be read while measuring: reading it says why)."""
         kept = self.outputs.get((str(run.path), int(order)))
-        if kept is None:
-            return run.dump.tensor(int(order))
-        if not isinstance(kept, np.ndarray):
-            from layerdiff.analyzer.formats.jsontable import unpacked_array
+        if kept is not None and not isinstance(kept, np.ndarray):
+            from layerdiff.analyzer.formats.jsontable import read_array_ref
 
-            kept = self.outputs[(str(run.path), int(order))] = unpacked_array(kept)
-        return kept
+            try:
+                kept = self.outputs[(str(run.path), int(order))] = read_array_ref(kept)
+            except (OSError, ValueError):  # the stored bytes went meanwhile: the dump still has them
+                kept = None
+        return run.dump.tensor(int(order)) if kept is None else kept
 
     def graph(self, run: Run) -> LayerGraph:
         """The run's layer graph, rebuilt if it was released (an analysis drops them once its findings

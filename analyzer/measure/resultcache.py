@@ -7,7 +7,8 @@ one `results-<key>.json` entry of the cache that also holds conversions (`layerd
 user's private XDG cache directory, bounded least-recently-used first, shown and emptied by
 `analyze cache`), and reused when the same dumps are analyzed with the same options. The entry also keeps
 the model outputs a task decodes (`Comparison.outputs`: both sides of each run-vs-reference pair, up to
-16 MiB each), so a changed `--task` re-judges without opening a tensor.
+16 MiB each, their raw bytes in a side file `results-<key>.outputs`), so a changed `--task` re-judges without
+opening a tensor.
 
 The key covers everything the measurement depends on: each dump's path, size, modification time
 and inode (a rewritten dump gets a new key), the pairing, the name rules, the tolerances (atol, rtol: what the allclose share counts; the
@@ -25,6 +26,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import orjson
 
 from layerdiff.analyzer.importers import convcache
@@ -32,15 +34,17 @@ from layerdiff.analyzer.align.byname import NameRules, PairAlignment
 from layerdiff.analyzer.measure.compare import Comparison
 from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.formats.atomic import atomic_write_chunks
-from layerdiff.analyzer.formats.jsontable import checked_packed, packed_array, table_chunks, table_frame
+from layerdiff.analyzer.formats.jsontable import array_ref, checked_array_ref, read_array_ref, table_chunks, table_frame
 from layerdiff.analyzer.runs.reference import Plan
 from layerdiff.analyzer.measure.metrics import Tolerances
 from layerdiff.analyzer.formats.fingerprint import code_fingerprint
 from layerdiff.analyzer.measure.storage import StorageEvidence
 
 PREFIX = "results-"
-FORMAT = 8  # 3: numeric columns as bytes; 4: rows measured, not judged (status `measured`); 5: storage evidence;
-# 6: the model outputs a task decodes; 8: the runs' /layers tables moved to their dump headers (runs/dumpheaders.py)
+FORMAT = 9  # 3: numeric columns as bytes; 4: rows measured, not judged (status `measured`); 5: storage evidence;
+# 6: the model outputs a task decodes; 8: the runs' /layers tables moved to their dump headers (runs/dumpheaders.py);
+# 9: the model outputs' bytes in a side file (`results-<key>.outputs`)
+OUTPUTS_SUFFIX = ".outputs"
 
 
 def cache_key(plan: Plan, rules: NameRules, tolerances: Tolerances) -> str:
@@ -80,11 +84,21 @@ def load(plan: Plan, key: str) -> Comparison | None:
         table = table_frame(doc.pop("table"))
         convcache.touch(path)  # recently used entries survive the trimming
         storage = {str(label): StorageEvidence(*(int(v) for v in counts)) for label, counts in doc["storage"].items()}
-        outputs = {(str(dump), int(order)): checked_packed(packed) for dump, order, packed in doc["outputs"]}
+        outputs = _kept_outputs(path, doc["outputs"])
         return Comparison(plan=plan, table=table, alignments=alignments, graphs={},  # built when judging asks
                           problems=[str(p) for p in doc["problems"]], storage=storage, outputs=outputs)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
+
+
+def _kept_outputs(path: Path, refs: list) -> dict[tuple[str, int], dict]:
+    """(dump, order) -> where a kept model output's bytes are in the entry's side file (checked, not read)."""
+    if not refs:
+        return {}
+    side = path.with_suffix(OUTPUTS_SUFFIX)
+    size = side.stat().st_size  # absent (trimmed apart from its entry): the entry is measured again
+    convcache.touch(side)
+    return {(str(dump), int(order)): checked_array_ref(ref, side, size) for dump, order, ref in refs}
 
 
 def store(comparison: Comparison, key: str) -> None:
@@ -92,13 +106,32 @@ def store(comparison: Comparison, key: str) -> None:
     if path is None:
         return
     try:
-        atomic_write_chunks(path, _document(comparison, key))
+        refs = _store_outputs(comparison, path.with_suffix(OUTPUTS_SUFFIX))
+        atomic_write_chunks(path, _document(comparison, key, refs))
         convcache.trim(keep=path)
-    except (OSError, LayerdiffError):
+    except (OSError, LayerdiffError, ValueError):
         pass
 
 
-def _document(comparison: Comparison, key: str) -> Iterator[bytes]:
+def _store_outputs(comparison: Comparison, side: Path) -> list:
+    """The kept model outputs' bytes into the side file, one after another (written before the entry that
+    points into it); returns each one's [dump, order, reference]."""
+    refs: list = []
+
+    def chunks() -> Iterator[bytes]:
+        offset = 0
+        for (dump, order), values in comparison.outputs.items():
+            array = np.ascontiguousarray(values if isinstance(values, np.ndarray) else read_array_ref(values))
+            refs.append([dump, order, array_ref(array, offset)])
+            offset += array.nbytes
+            yield array.tobytes()
+
+    if comparison.outputs:
+        atomic_write_chunks(side, chunks())
+    return refs
+
+
+def _document(comparison: Comparison, key: str, outputs: list) -> Iterator[bytes]:
     head = {"key": key, "format": FORMAT, "problems": comparison.problems,
             "storage": {label: [e.informative, e.fp16_exact, e.bf16_exact] for label, e in comparison.storage.items()}}
     yield orjson.dumps(head)[:-1] + b',"alignments":['
@@ -113,9 +146,5 @@ def _document(comparison: Comparison, key: str) -> Iterator[bytes]:
         yield b"}"
     yield b'],"table":'
     yield from table_chunks(comparison.table)
-    yield b',"outputs":['
-    for i, ((dump, order), values) in enumerate(comparison.outputs.items()):  # (dump file, order, its values)
-        packed = values if isinstance(values, dict) else packed_array(values)
-        yield (b"," if i else b"") + orjson.dumps([dump, order, packed])
-    yield b"]}"
+    yield b',"outputs":' + orjson.dumps(outputs) + b"}"  # [dump file, order, where its bytes are]
 

@@ -7,7 +7,7 @@
   numbers per pair as the synthetic floors (max |run - ref|, relative L2).
 - `STORED_FLOOR`: the floor of re-showing an analysis: the stored measurement (every results-*.json
   entry of the cache, and the dumps' /layers tables of every header-*.json entry) read into DataFrames with
-  numpy, orjson and pandas alone, no layerdiff import.
+  numpy, orjson and pandas alone, no layerdiff import, and the kept model outputs' bytes (results-*.outputs).
 - `rejudge_lines`: `analyze` again on the same runs (the stored report copied), then a threshold change
   and a `--task` change (a new value every round, so no stored report answers): each alternated with
   `STORED_FLOOR` and printed beside it and beside the `analyze again` figure.
@@ -46,6 +46,8 @@ for entry in sorted(Path(sys.argv[1]).glob("results-*.json")):
     table = frame(doc["table"])
 for entry in sorted(Path(sys.argv[1]).glob("header-*.json")):
     layers = frame(orjson.loads(entry.read_bytes())["layers"])
+for side in sorted(Path(sys.argv[1]).glob("results-*.outputs")):
+    kept = np.fromfile(side, dtype=np.uint8)
 print(len(table))
 """
 
