@@ -18,6 +18,22 @@ from layerdiff.errors import EXIT_INTERRUPTED, LayerdiffError
 _STOPPED_BY: list[int] = []  # the signal that asked us to stop (SIGTERM / SIGHUP), if any
 
 
+# Python's cyclic garbage collector runs after every 700 net allocations of container objects by default.
+# A command allocates hundreds of thousands of them while importing its libraries and building tables,
+# almost none in cycles, and each pass walks the young objects again (a tenth of a re-judged analysis's
+# CPU). Collecting after 20,000 still frees every cycle, only later.
+COLLECT_AFTER_ALLOCATIONS = 20_000
+
+
+def fewer_collections() -> None:
+    """Let the garbage collector run less often in a command's own process (never in a program that
+    imports layerdiff: only the commands' entry points call this)."""
+    import gc
+
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(COLLECT_AFTER_ALLOCATIONS, older, oldest)
+
+
 def collect() -> None:
     _run("collect", "layerdiff.collector.cli")
 
@@ -32,6 +48,7 @@ def _stop_like_ctrl_c(signum: int, frame) -> None:
 
 
 def _run(tool: str, module: str, skip_teardown: bool = False) -> None:
+    fewer_collections()
     for signum in (signal.SIGTERM, signal.SIGHUP):
         try:
             signal.signal(signum, _stop_like_ctrl_c)

@@ -10,6 +10,11 @@ one line on stderr and a non-zero exit code, never a traceback:
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m layerdiff.analyzer.cli.app`: the command's own process, as the console script
+    from layerdiff.console import fewer_collections
+
+    fewer_collections()
+
 import importlib
 import sys
 from pathlib import Path

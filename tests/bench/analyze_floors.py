@@ -7,7 +7,8 @@
   numbers per pair as the synthetic floors (max |run - ref|, relative L2).
 - `STORED_FLOOR`: the floor of re-showing an analysis: the stored measurement (every results-*.json
   entry of the cache, and the dumps' /layers tables of every header-*.json entry) read into DataFrames with
-  numpy, orjson and pandas alone, no layerdiff import, and the kept model outputs' bytes (results-*.outputs).
+  numpy, orjson and pandas alone, no layerdiff import, and the kept model outputs' bytes (results-*.outputs), with
+  the garbage collector set as the commands set it.
 - `rejudge_lines`: `analyze` again on the same runs (the stored report copied), then a threshold change
   and a `--task` change (a new value every round, so no stored report answers): each alternated with
   `STORED_FLOOR` and printed beside it and beside the `analyze again` figure.
@@ -25,6 +26,7 @@ FRESH_TARGET = 1.5  # a fresh analysis: at most 1.5x the tight floor wherever th
 FRESH_TARGET_FROM_CPU = 2.0
 
 STORED_FLOOR = """
+import gc; gc.set_threshold(20000, 10, 10)  # the collector setting the commands run with (layerdiff/console.py)
 import base64, sys
 from pathlib import Path
 import numpy as np, orjson, pandas as pd
