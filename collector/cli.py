@@ -1,6 +1,11 @@
 """`collect`: parse the command line, call the collector library, print. Nothing else lives here."""
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m layerdiff.collector.cli`: the command's own process, as the console script
+    from layerdiff.console import fewer_collections
+
+    fewer_collections()
+
 import functools
 import json
 import re
