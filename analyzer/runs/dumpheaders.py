@@ -71,25 +71,39 @@ def load(path: Path) -> DumpHeader | None:
     return header
 
 
-def store(path: Path, header: DumpHeader) -> None:
-    """Keep `header` for the file at `path`. Attributes that JSON does not carry exactly (a tuple, a NaN inside a
-    list) keep no header: the file is then read from HDF5 each time, as without this module."""
+def store(path: Path, header: DumpHeader, trim: bool = True) -> Path | None:
+    """Keep `header` for the file at `path` (returns its entry, None when not kept). Attributes that JSON does not
+    carry exactly (a tuple, a NaN inside a list) keep no header: the file is then read from HDF5 each time, as
+    without this module. `trim=False` leaves the cache's bound to the caller (one trim for many headers)."""
     entry = entry_path(path)
     if entry is None:
-        return
+        return None
     try:
         encoded = {name: _encoded(value) for name, value in header.attrs.items()}
         attrs = orjson.dumps(encoded)
         if orjson.loads(attrs) != encoded:
-            return
+            return None
         offsets = orjson.dumps({str(order): offset for order, offset in header.offsets.items()})
         shapes = None if header.input_shapes is None else [[name, list(shape)] for name, shape in header.input_shapes]
         head = b'{"format":%d,"entry":%s,"attrs":%s,"offsets":%s,"inputs":%s,"layers":' % (
             FORMAT, orjson.dumps(entry.name), attrs, offsets, orjson.dumps(shapes))
         atomic_write_chunks(entry, [head, *table_chunks(header.layers), b"}"])
-        convcache.trim(keep=entry)
+        if trim:
+            convcache.trim(keep=entry)
+        return entry
     except (OSError, LayerdiffError, TypeError, ValueError):
-        pass
+        return None
+
+
+def store_all(headers: list[tuple[Path, DumpHeader]]) -> None:
+    """`store` each, then bound the cache once (a trim reads the whole cache folder: once per dump of a
+    200-input data set was 200 reads of it)."""
+    kept = [entry for path, header in headers if (entry := store(path, header, trim=False)) is not None]
+    if kept:
+        try:
+            convcache.trim(keep=kept[-1])
+        except (OSError, LayerdiffError):
+            pass
 
 
 def _encoded(value: Any) -> Any:

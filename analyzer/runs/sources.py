@@ -189,13 +189,15 @@ class SourceSet:
     def close(self, keep_headers: bool = True) -> None:
         """Close every dump; first keep each one's header for the next analysis of the same files
         (runs/dumpheaders.py) when this reading learnt something (offsets included, so an analysis ended)."""
+        headers = []
         for run in self.runs + self.isolated:
             if keep_headers and run.dump.learnt:
                 try:
-                    dumpheaders.store(run.path, run.dump.header())
+                    headers.append((run.path, run.dump.header()))
                 except LayerdiffError:
                     pass  # a table that did not read keeps no header: it is read, and reported, again
             run.dump.close()
+        dumpheaders.store_all(headers)
 
 
 def open_runs(paths: Iterable[Path | str], set_attrs: dict[str, dict[str, Any]] | None = None) -> SourceSet:
