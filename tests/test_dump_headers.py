@@ -16,12 +16,7 @@ from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.formats.dumpfile import DumpFile, TensorBuffer
 from layerdiff.analyzer.runs import dumpheaders
 from tests.analyze_dumps import perturbed, reference_arrays, write_dump
-
-
-@pytest.fixture()
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+from tests.test_speed_paths import cache  # noqa: F401 (fixture: the user's layerdiff cache, private to the test)
 
 
 @pytest.fixture()
