@@ -69,6 +69,7 @@ def test_summary_csv_written_column_wise_equals_pandas_to_csv(tmp_path, monkeypa
     assert _plain_csv_columns(frame)
     for header in (True, False):
         assert _plain_csv(frame, header) == frame.to_csv(index=False, header=header)
+        assert _plain_csv(frame[["s"]], header) == frame[["s"]].to_csv(index=False, header=header)  # `""` rows
     assert not _plain_csv_columns(frame.assign(o=pd.Series([(1, 2)] * n, dtype=object)))
 
     monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path / "cache"))

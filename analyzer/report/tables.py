@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 from typing import Iterator
 
 import numpy as np
@@ -137,24 +138,43 @@ def _plain_csv_columns(frame: pd.DataFrame) -> bool:
 def _plain_csv(frame: pd.DataFrame, header: bool) -> str:
     """`frame.to_csv(index=False, header=header)`, byte for byte, a column at a time: pandas spells each
     float through numpy's `astype(str)` one cell at a time (most of writing summary.csv); `repr` of a
-    Python float is the same shortest text. The rows go through the same `csv.writer` settings as pandas'."""
+    Python float is the same shortest text. Cells are quoted as the `csv` module's minimal quoting
+    quotes them, then each row is one `join` (the `csv` writer's per-cell checks were a third of the file)."""
+    if frame.shape[1] == 1:  # a row of one empty cell is written `""` by the csv module: its own writer
+        return _csv_module_text(frame, header)
+    rows = [",".join(row) for row in zip(*(_csv_cells(frame[column]) for column in frame.columns))]
+    if header:
+        rows.insert(0, ",".join(_csv_quoted(str(column)) for column in frame.columns))
+    return "".join(row + os.linesep for row in rows)
+
+
+def _csv_module_text(frame: pd.DataFrame, header: bool) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator=os.linesep, quoting=csv.QUOTE_MINIMAL, quotechar='"', doublequote=True)
     if header:
         writer.writerow(list(frame.columns))
-    writer.writerows(zip(*(_csv_cells(frame[column]) for column in frame.columns)))
+    writer.writerows([cell] for cell in _csv_cells(frame[frame.columns[0]], quote=False))
     return buffer.getvalue()
 
 
-def _csv_cells(series: pd.Series) -> list:
-    """A column's cells as pandas hands them to the CSV writer: floats as text (NaN empty), every other
-    value as itself (the writer spells it), a missing text empty."""
+# what the csv module's minimal quoting quotes a cell for: the delimiter, the quote, a character of the line end
+_CSV_SPECIAL = re.compile("[" + re.escape(',"' + os.linesep) + "]")
+
+
+def _csv_quoted(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"' if _CSV_SPECIAL.search(text) else text
+
+
+def _csv_cells(series: pd.Series, quote: bool = True) -> list[str]:
+    """A column's cells as the CSV text pandas writes: floats by `repr` (NaN empty), integers and booleans
+    as `str` gives them, texts quoted where needed (`quote`; a missing text empty)."""
     values = series.tolist()
     if series.dtype == np.float64:
         return ["" if v != v else repr(v) for v in values]
     if isinstance(series.dtype, pd.StringDtype):
-        return ["" if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v for v in values]
-    return values
+        spelled = _csv_quoted if quote else str
+        return ["" if v is None or v is pd.NA or (isinstance(v, float) and v != v) else spelled(v) for v in values]
+    return [str(v) for v in values]
 
 
 def _formatted_column(series: pd.Series, markdown: bool = False) -> list[str]:
