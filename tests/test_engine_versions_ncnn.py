@@ -87,16 +87,32 @@ def older_aarch64() -> Path:
     return ensure_built(ncnn_spec("aarch64", test_build=True, release=OLDER), PlainReporter())
 
 
+def _both_releases(stem: str, precision: str, out: Path) -> dict:
+    """A sample model on its input on the emulated arm64 core: ncnn OLDER's C++ harness and the pinned one's, one
+    output folder."""
+    model, inputs = MODEL.with_name(f"{stem}.param"), [f"data={INPUT.with_name(f'{stem}.npy')}"]
+    runs = {}
+    for name, release in (("older", OLDER), ("pinned", NCNN_VERSION)):
+        done = layerdiff.collect(model, devices=["arm64"], engine=f"ncnn=={release}", precisions=[precision],
+                                 inputs=inputs, out=out)
+        assert done.exit_code == 0
+        runs[name] = done.paths[0]
+    return {"out": out, **runs}
+
+
+def _first_parting(pair: dict) -> tuple[list[str], int]:
+    """numpy's first layers where the two releases part (by layer key, both dumps in execution order) and how many
+    layers both hold."""
+    _, older = _h5_tensors(pair["older"])
+    _, pinned = _h5_tensors(pair["pinned"])
+    assert [k for k, _o, _t in older] == [k for k, _o, _t in pinned]
+    return [key for (key, _op, a), (_k, _p, b) in zip(older, pinned) if _parts(a, b)], len(older)
+
+
 @pytest.fixture(scope="module")
 def two_releases(monkeypatch_module, pinned_aarch64, older_aarch64, tmp_path_factory) -> dict:
-    """The sample convnet on its input on the emulated arm64 core: ncnn OLDER's C++ harness and the pinned one's,
-    one output folder."""
-    out = tmp_path_factory.mktemp("ncnn-releases") / "runs"
-    inputs = [f"data={INPUT}"]
-    older = layerdiff.collect(MODEL, devices=["arm64"], engine=f"ncnn=={OLDER}", inputs=inputs, out=out)
-    pinned = layerdiff.collect(MODEL, devices=["arm64"], engine=f"ncnn=={NCNN_VERSION}", inputs=inputs, out=out)
-    assert older.exit_code == 0 and pinned.exit_code == 0
-    return {"out": out, "older": older.paths[0], "pinned": pinned.paths[0]}
+    """The sample convnet at high precision, with both releases."""
+    return _both_releases("convnet", "high", tmp_path_factory.mktemp("ncnn-releases") / "runs")
 
 
 @pytest.fixture(scope="module")
@@ -127,23 +143,58 @@ def test_older_release_runs_on_arm64_from_its_own_build_and_the_dump_records_bot
     assert [k for k, _o, _t in older] == [k for k, _o, _t in pinned] and len(older) >= 5
 
 
-@pytest.mark.slow
-def test_report_names_the_first_layer_where_the_releases_part_as_numpy_does(two_releases):
-    _, older = _h5_tensors(two_releases["older"])
-    _, pinned = _h5_tensors(two_releases["pinned"])
-    parting = [key for (key, _op, a), (_k, _p, b) in zip(older, pinned) if _parts(a, b)]
-    analysis = analyze_paths([two_releases["older"], two_releases["pinned"]])
+def _check_report_against_numpy(pair: dict) -> str:
+    """The report's `release_parting` finding names numpy's first parting layer, or says the releases agree when
+    numpy finds none; returns which."""
+    parting, layers = _first_parting(pair)
+    analysis = analyze_paths([pair["older"], pair["pinned"]])
     try:
         [finding] = [f for f in analysis.findings if f.kind == "release_parting"]
         assert OLDER in finding.numbers["older"] and NCNN_VERSION in finding.numbers["newer"], finding.numbers
-        assert finding.numbers["layers_compared"] >= len(older) - 2, finding.sentence
+        assert finding.numbers["layers_compared"] >= layers - 2, finding.sentence
         if not parting:
             assert finding.severity == "info" and "agree" in finding.sentence and finding.layer == "", finding.sentence
-        else:
-            assert "regressed between" in finding.sentence
-            assert finding.layer == parting[0], (finding.sentence, parting[:5])
+            return "agree"
+        assert "regressed between" in finding.sentence and OLDER in finding.sentence
+        assert finding.layer == parting[0], (finding.sentence, parting[:5])
+        return "part"
     finally:
         analysis.close()
+
+
+@pytest.mark.slow
+def test_report_names_the_first_layer_where_the_releases_part_as_numpy_does(two_releases):
+    _check_report_against_numpy(two_releases)
+
+
+@pytest.mark.slow
+def test_at_low_precision_the_releases_part_at_the_layer_numpy_names(monkeypatch_module, pinned_aarch64,
+                                                                     older_aarch64, tmp_path):
+    """The overflow sample at low precision (fp16 storage and arithmetic on the emulated Cortex-A76): the two
+    releases' fp16 kernels give values apart at a layer numpy finds by itself; the report must name that layer."""
+    pair = _both_releases("overflow", "low", tmp_path / "runs")
+    older_attrs, _ = _h5_tensors(pair["older"])
+    pinned_attrs, _ = _h5_tensors(pair["pinned"])
+    assert older_attrs["precision_effective"] == pinned_attrs["precision_effective"] == "fp16-storage+arith"
+    assert _check_report_against_numpy(pair) == "part"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("qemu-aarch64"), reason="needs qemu-user (apt) to run the aarch64 harness")
+def test_the_older_release_runs_on_an_arm64_standin_phone_from_its_own_staged_build(two_releases, standins,
+                                                                                   monkeypatch_module, tmp_path):
+    """An arm64-v8a stand-in phone runs the release's static aarch64 build for its CPU, staged on the phone beside
+    (not over) the pinned one; the same build on the same input writes the same values as on the arm64 device."""
+    phone = standins.start(abi="arm64-v8a")
+    out = tmp_path / "phone"
+    done = layerdiff.collect(MODEL, devices=[phone.serial], engine=f"ncnn=={OLDER}", inputs=[f"data={INPUT}"], out=out)
+    assert done.exit_code == 0
+    attrs, on_phone = _h5_tensors(done.paths[0])
+    _, emulated = _h5_tensors(two_releases["older"])
+    assert attrs["device_serial"] == phone.serial and attrs["engine_requested"] == f"ncnn=={OLDER}"
+    assert attrs["engine_version"] == OLDER and attrs["abi"] == "arm64-v8a"
+    assert [k for k, _o, _t in on_phone] == [k for k, _o, _t in emulated]
+    assert all(np.array_equal(a, b) for (_k, _o, a), (_l, _p, b) in zip(on_phone, emulated))
 
 
 @pytest.mark.slow

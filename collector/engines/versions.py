@@ -119,7 +119,8 @@ def check_release(engine, version: str, kinds: tuple[str, ...] | None = None) ->
     recipe = source_release(engine)
     if recipe is None:
         return
-    if kinds is None and not engine.distribution or kinds is not None and any(source_for(engine, k) for k in kinds):
+    built_everywhere = not engine.distribution
+    if built_everywhere if kinds is None else any(source_for(engine, kind) for kind in kinds):
         recipe.check(version)
 
 
