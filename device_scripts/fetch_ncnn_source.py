@@ -7,6 +7,7 @@ metadata. So we ask the package index's JSON API for the sdist URL (which may be
 index: resolve it), download it, check its sha256 and unpack it.
 
 Usage: fetch_ncnn_source.py DEST_DIR [--version V]   -> prints the unpacked source directory.
+       fetch_ncnn_source.py --list                    -> prints the releases with an sdist, one a line.
 Stdlib only, so the build scripts can run it before anything is installed.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fetch_sdist import fetch_unpacked, sdist_url as _sdist_url  # noqa: E402  (stdlib-only sibling)
+from fetch_sdist import fetch_unpacked, sdist_releases, sdist_url as _sdist_url  # noqa: E402  (stdlib-only sibling)
 
 DEFAULT_VERSION = "1.0.20261020"
 
@@ -34,11 +35,14 @@ def fetch(dest: str, version: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dest")
+    parser.add_argument("dest", nargs="?")
     parser.add_argument("--version", default=os.environ.get("NCNN_VERSION", DEFAULT_VERSION))
+    parser.add_argument("--list", action="store_true", help="print the releases with an sdist, one a line")
     args = parser.parse_args()
+    if not args.list and not args.dest:
+        parser.error("give DEST_DIR, or --list")
     try:
-        print(fetch(args.dest, args.version))
+        print("\n".join(sdist_releases("ncnn")) if args.list else fetch(args.dest, args.version))
     except OSError as err:
         sys.exit(f"fetch_ncnn_source: cannot fetch ncnn {args.version}: {err}")
 

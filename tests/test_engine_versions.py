@@ -138,10 +138,11 @@ def test_refusals_are_one_line_each(tmp_path):
     nb = tmp_path / "m.nb"
     nb.write_bytes(b"\0")
     native = cli("--model", str(nb), "--engine", "paddle-lite==2.14", "-o", str(tmp_path / "b"))
-    assert native.returncode == 1 and "built here, not installed from the package index" in native.stderr
+    assert native.returncode == 1 and "no Paddle-Lite source distribution" in native.stderr
     assert len([line for line in native.stderr.splitlines() if line.strip()]) == 1
     phone = cli("--model", str(SAMPLE), "--engine", "mnn==3.5.0", "--device", "arm64", "-o", str(tmp_path / "c"))
     assert phone.returncode == 1 and "runs on the local device only" in phone.stderr
+    assert "no MNN source distribution" in phone.stderr
 
 
 def test_pip_failures_read_as_one_line():

@@ -51,6 +51,9 @@ def cpp_ncnn_flags(precision: str, vulkan: bool, fp16_arith: bool, fp16_storage_
         elif m := re.fullmatch(r"set_fp16\(opt, (.*)\)", statement, re.S):
             values = [eval(_python_expr(a), {}, dict(scope)) for a in m.group(1).split(",")]  # noqa: S307
             flags.update({flag: values[index] for flag, index in setter.items()})
+        elif m := re.fullmatch(r"set_bf16\(opt, (.*)\)", statement, re.S):  # every flag its body sets to `on`
+            value = eval(_python_expr(m.group(1)), {}, dict(scope))  # noqa: S307
+            flags.update({flag: value for flag in re.findall(r"opt\.(\w+) = on;", _function_body(source, "void set_bf16("))})
         elif m := re.fullmatch(r"opt\.(\w+) = (.*)", statement, re.S):
             flags[m.group(1)] = eval(_python_expr(m.group(2)), {}, dict(scope))  # noqa: S307
         else:

@@ -125,6 +125,9 @@ class Engine:
     source_release: Callable[[], object] | None = None
     # ... and how help texts say where those releases come from (`VERSION: a llama-cpp-python release, ...`).
     release_help: str = ""
+    # Why its releases run nowhere but where they do (no source distribution to build the phone harness's library
+    # from): the clause `--engine NAME==VERSION` answers a device outside them, or an engine with no releases, with.
+    release_refusal: str = ""
     # `collect repro`: () -> the folder's ReproRecipe (collector/engines/reprorecipe.py: how a layer is cut out of
     # its model and how its wheel runs the cut), imported only when a bundle is written; None when it writes no
     # bundles, and then `repro_refusal` may say why in one line.

@@ -11,8 +11,11 @@ then reports as its version is what the dump records (`engine_version`), checked
 An engine whose harness is a native program built here from a source distribution on PyPI (ggml: llama.cpp
 from llama-cpp-python's sdist) instead declares a `SourceRelease` (`Engine.source_release`): that release's
 source is fetched and built into the cache, keyed by the release, on the devices the folder says it builds for.
+An engine may have both: ncnn's wheel runs a release on the host, its sdist is built into the C++ harness for the
+emulated `arm64` core and phones; which one serves a device is the device's kind (`source_for`).
 An engine with neither (Paddle-Lite's C++ harness) is refused in one line, and so are devices an engine's
-releases do not run on (a wheel's release runs on the host only).
+releases do not run on (a wheel's release runs on the host only; the folder's `release_refusal` says why not
+elsewhere).
 """
 from __future__ import annotations
 
@@ -90,48 +93,68 @@ def source_release(engine) -> SourceRelease | None:
     return engine.source_release() if engine.source_release is not None else None
 
 
+def source_for(engine, kind: str) -> SourceRelease | None:
+    """The source build that runs a release on a device of `kind` (DeviceInfo.kind); None where the wheel does."""
+    recipe = source_release(engine)
+    if recipe is not None and (kind in recipe.device_kinds or not engine.distribution):
+        return recipe
+    return None
+
+
 def check_versionable(engine) -> None:
     """Refuse, in one line, an engine whose releases cannot be had: neither a wheel on the package index nor a
     source build its folder declares."""
     if not engine.distribution and engine.source_release is None:
-        raise EngineVersionError(
-            f"--engine {engine.name}==VERSION: the {engine.name} harness is built here, not installed from the package "
-            f"index, so only its installed release runs; drop the ==VERSION")
+        why = engine.release_refusal or (f"the {engine.name} harness is built here, not installed from the package "
+                                         "index, so only its installed release runs")
+        raise EngineVersionError(f"--engine {engine.name}==VERSION: {why}; drop the ==VERSION")
 
 
-def check_release(engine, version: str) -> None:
-    """Refuse, in one line, a release the engine cannot run, before any model is read or device touched."""
+def check_release(engine, version: str, kinds: tuple[str, ...] | None = None) -> None:
+    """Refuse, in one line, a release the engine cannot run, before any model is read or device touched.
+
+    `kinds`: the device kinds the sweep runs on, once known; a source build's own check (a release it cannot
+    build) applies when one of them is built from source (before that: when every device would be)."""
     check_versionable(engine)
     recipe = source_release(engine)
-    if recipe is not None:
+    if recipe is None:
+        return
+    built_everywhere = not engine.distribution
+    if built_everywhere if kinds is None else any(source_for(engine, kind) for kind in kinds):
         recipe.check(version)
 
 
 def release_devices(engine) -> tuple[str, ...]:
-    """The device kinds (DeviceInfo.kind) another release of the engine runs on."""
+    """The device kinds (DeviceInfo.kind) another release of the engine runs on: its wheel's and its source
+    build's."""
     recipe = source_release(engine)
-    return recipe.device_kinds if recipe is not None else WHEEL_DEVICES
+    wheel = WHEEL_DEVICES if engine.distribution else ()
+    return tuple(dict.fromkeys(wheel + (recipe.device_kinds if recipe is not None else ())))
 
 
 def how_obtained(engine, version: str) -> str:
     """Where a release comes from, for messages: `MNN 3.5.0's wheel`, `llama-cpp-python 0.3.20's sdist, built here`."""
     recipe = source_release(engine)
-    return f"{recipe.project} {version}'s sdist, built here" if recipe else f"{engine.distribution} {version}'s wheel"
+    built = f"{recipe.project} {version}'s sdist, built here" if recipe else ""
+    wheel = f"{engine.distribution} {version}'s wheel" if engine.distribution else ""
+    return " or ".join(part for part in (wheel, built) if part)
 
 
-def prepare_release(engine, version: str, devices: list, on_step=None) -> None:
-    """Everything the release needs before the sweep: a wheel's environment, or a source release's builds."""
-    recipe = source_release(engine)
-    if recipe is not None:
-        recipe.prepare(version, devices)
-    else:
+def prepare_release(engine, version: str, devices: list, on_step=None,
+                    kind_of: Callable[[object], str] = lambda device: device.info().kind) -> None:
+    """Everything the release needs before the sweep: a wheel's environment for the devices that run it, a source
+    release's builds for the others (`kind_of`: a device's DeviceInfo.kind; the sweep knows it without asking)."""
+    built = [device for device in devices if source_for(engine, kind_of(device))]
+    if built:
+        source_release(engine).prepare(version, built)
+    if len(built) < len(devices):
         ensure_env(engine, version, on_step=on_step)
 
 
 def versioned_harness(device, engine, backend: str, version: str):
     """How `device` runs `version` of `engine`: the host engine's child importing that release's wheel, or the
     engine's own build of that release."""
-    recipe = source_release(engine)
+    recipe = source_for(engine, device.info().kind)
     if recipe is not None:
         return recipe.harness(device, backend, version)
     from dataclasses import replace
@@ -141,10 +164,10 @@ def versioned_harness(device, engine, backend: str, version: str):
                    description=f"{harness.description} {requested(engine.name, version)}")
 
 
-def reported_release(engine, reported: str) -> str:
+def reported_release(engine, reported: str, kind: str = "local") -> str:
     """The release a run's `engine_version` names: the text itself for a wheel, the release its build came from
     for a source release (a binary reports its library's own version beside where it was built from)."""
-    recipe = source_release(engine)
+    recipe = source_for(engine, kind)
     return recipe.reported_release(reported) if recipe is not None else reported
 
 

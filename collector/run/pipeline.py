@@ -372,7 +372,7 @@ def _convert(device: Device, spec: RunSpec, local: Path, target: Path, result: E
 
         attrs["engine_requested"] = requested(spec.model.engine, spec.engine_version)
         reported = str(raw.header.get("engine_version", ""))
-        if not same_release(spec.engine_version, reported_release(ENGINES[spec.model.engine], reported)):
+        if not same_release(spec.engine_version, reported_release(ENGINES[spec.model.engine], reported, info.kind)):
             version_line = (f"{spec.model.engine}=={spec.engine_version} was asked for but the engine reported version "
                             f"{reported or '(none)'}; remove that release's environment or build from the layerdiff "
                             "cache and re-run")

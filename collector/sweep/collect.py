@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from layerdiff.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_SKIPPED, EngineVersionError, InputError, StorageError
-from layerdiff.collector.engines.versions import check_release, how_obtained, prepare_release, release_devices, split_engine
+from layerdiff.collector.engines.versions import (check_release, how_obtained, prepare_release, release_devices,
+                                                  source_for, split_engine)
 from layerdiff.collector.sweep.prepare import build_phone_harnesses
 from layerdiff.collector.inputs.bundled import default_model
 from layerdiff.collector.inputs.inputset import resolve_inputs
@@ -68,14 +69,15 @@ def build_plan(*, devices: list[str], model: Path | None, engine: str, backends:
 def check_version_devices(engine: str, version: str, devices: list) -> None:
     """`--engine NAME==VERSION` runs on the devices the engine's releases run on (a wheel's: the host only; a
     source build's: the kinds its folder declares), one line else."""
-    check_release(ENGINES[engine], version)
+    check_release(ENGINES[engine], version, tuple(_kind(device) for device in devices))
     kinds = release_devices(ENGINES[engine])
     others = [device.serial for device in devices if _kind(device) not in kinds]
     if others:
         where = "the local device only" if kinds == ("local",) else f"{', '.join(kinds)} devices only"
+        why = f": {ENGINES[engine].release_refusal}" if ENGINES[engine].release_refusal else ""
         raise EngineVersionError(
-            f"--engine {engine}=={version} runs on {where} ({how_obtained(ENGINES[engine], version)}); "
-            f"{', '.join(others)} run the harness built with the installed {engine}: drop them or the ==VERSION")
+            f"--engine {engine}=={version} runs on {where} ({how_obtained(ENGINES[engine], version)}){why}; "
+            f"{', '.join(others)} run the installed {engine} only: drop them or the ==VERSION")
 
 
 def _kind(device) -> str:
@@ -94,11 +96,12 @@ def prepare(plan: SweepPlan, step_display: Callable = _quiet_step) -> None:
     engine = ENGINES[plan.model.engine]
     if not plan.engine_version:
         build_phone_harnesses(plan.devices, plan.model.engine, plan.backends)
-    elif engine.source_release is not None:  # that release's builds, with the builder's own progress display
-        prepare_release(engine, plan.engine_version, plan.devices)
-    else:  # pip fills the release's environment once, before the display starts
+    elif all(source_for(engine, _kind(device)) for device in plan.devices):  # the builder's own progress display
+        prepare_release(engine, plan.engine_version, plan.devices, kind_of=_kind)
+    else:  # pip fills the release's environment once, before the display starts (builds for the others first)
         with step_display(f"{plan.model.engine}=={plan.engine_version} environment") as step:
-            prepare_release(engine, plan.engine_version, plan.devices, on_step=lambda text: step(text, 0, 1))
+            prepare_release(engine, plan.engine_version, plan.devices, on_step=lambda text: step(text, 0, 1),
+                            kind_of=_kind)
     prepare_runtime(plan.devices, step_display)
 
 

@@ -67,5 +67,11 @@ def _repro():
     return RECIPE
 
 
+# MNN's releases on PyPI are wheels only (no source distribution), so the phone harness's MNN cannot be built at
+# another release from the package index; the arm64 core runs the installed aarch64 wheel.
+RELEASE_REFUSAL = ("the package index has no MNN source distribution (its releases are wheels only) to build the "
+                   "phone harness's MNN from")
+
+
 ENGINE = Engine("mnn", (".mnn",), _input_specs, repro=_repro, facts=FACTS, on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent, writes=WRITES, arm64_wheels=("MNN==3.6.1",), distribution="MNN", library="MNN", extra="mnn", fix_mechanism="what-if", fix_advice=FIX_ADVICE,
-                bisect_refusal="mnn: the MNN pip wheel and the phone harness run a whole model at one precision and backend, so no layer can be moved alone; collect bisect cannot run (collect fix gives a what-if instead)")
+                release_refusal=RELEASE_REFUSAL, bisect_refusal="mnn: the MNN pip wheel and the phone harness run a whole model at one precision and backend, so no layer can be moved alone; collect bisect cannot run (collect fix gives a what-if instead)")

@@ -26,6 +26,12 @@ def _harness_spec(abi: str, backend: str, test_build: bool):
     return harness_spec(abi, backend, test_build)
 
 
+def _source_release():
+    from layerdiff.collector.engines.ncnn.releases import recipe
+
+    return recipe()
+
+
 def _feature_mask():
     from layerdiff.collector.engines.ncnn.patch import FEATURE_MASK
 
@@ -66,4 +72,7 @@ def _repro():
 
 ENGINE = Engine("ncnn", (".param", ".bin"), _input_specs, repro=_repro, facts=FACTS, writes=WRITES, model_files=_model_files, on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent,
                 arm64_wheels=("ncnn==1.0.20250503",), distribution="ncnn", library="ncnn", extra="ncnn", bisect=_bisect, fix_mechanism="feature-mask", feature_mask=_feature_mask,
-                model_help="ncnn .param with its .bin", prepared_by_default=True)
+                model_help="ncnn .param with its .bin", prepared_by_default=True,
+                source_release=_source_release,  # `--engine ncnn==RELEASE` on arm64 and phones: its sdist, built here
+                release_help="an ncnn release on PyPI: its wheel on the local device, its sdist built into the C++ "
+                             "harness for arm64 and phones")

@@ -37,4 +37,11 @@ WRITES = (("*", "every variable of the optimised program is read after the run w
 # Why `collect repro` writes no Paddle-Lite bundle.
 REPRO_REFUSAL = ("a Paddle-Lite `.nb` is written only by Paddle-Lite's `opt` from a Paddle program, and no Python "
                  "package writes or edits one, so no op can be cut out of it; `collect isolate` re-runs its layers")
-ENGINE = Engine("paddle-lite", (".nb",), _input_specs, writes=WRITES, repro_refusal=REPRO_REFUSAL, backends=("cpu", "opencl"), on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent, model_help="Paddle-Lite .nb")
+# paddlelite's releases on PyPI are wheels only (no source distribution), and the harness links the user's own
+# Paddle-Lite library (PADDLE_LITE_ROOT): no release can be built here from the package index.
+RELEASE_REFUSAL = ("the package index has no Paddle-Lite source distribution (paddlelite's releases are wheels "
+                   "only) to build the harness's Paddle-Lite from; the harness links the library in PADDLE_LITE_ROOT, "
+                   "so set it to another release's library instead")
+
+
+ENGINE = Engine("paddle-lite", (".nb",), _input_specs, writes=WRITES, repro_refusal=REPRO_REFUSAL, release_refusal=RELEASE_REFUSAL, backends=("cpu", "opencl"), on_phones=True, harness_spec=_harness_spec, harness_absent=_harness_absent, model_help="Paddle-Lite .nb")

@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -52,6 +53,31 @@ std::string cpu_low_precision() {
     return "bf16-storage";
 }
 
+// `use_bf16_packed` is an option of recent ncnn releases (1.0.20261020 has it, 1.0.20250916 not); older ones (built with
+// `--engine ncnn==RELEASE`) have bf16 storage only, which decides the packed layout too. Asked of the
+// Option type itself, so the harness compiles against either.
+template <typename Opt, typename = void>
+struct has_bf16_packed : std::false_type {};
+template <typename Opt>
+struct has_bf16_packed<Opt, std::void_t<decltype(std::declval<Opt&>().use_bf16_packed)>> : std::true_type {};
+
+template <typename Opt>
+void set_bf16(Opt& opt, bool on) {
+    opt.use_bf16_storage = on;
+    if constexpr (has_bf16_packed<Opt>::value) opt.use_bf16_packed = on;
+}
+
+template <typename Opt>
+bool bf16_packed(const Opt& opt) {
+    if constexpr (has_bf16_packed<Opt>::value) return opt.use_bf16_packed;
+    return false;
+}
+
+template <typename Opt>
+void add_bf16_packed(JsonObject& json, const Opt& opt) {
+    if constexpr (has_bf16_packed<Opt>::value) json.add("use_bf16_packed", opt.use_bf16_packed);
+}
+
 void set_fp16(ncnn::Option& opt, bool packed, bool storage, bool arithmetic) {
     opt.use_fp16_packed = packed;
     opt.use_fp16_storage = storage;
@@ -64,13 +90,11 @@ void set_fp16(ncnn::Option& opt, bool packed, bool storage, bool arithmetic) {
 void apply_precision(ncnn::Option& opt, const std::string& precision, bool vulkan) {
     if (precision == "high") {
         set_fp16(opt, false, false, false);
-        opt.use_bf16_storage = false;
-        opt.use_bf16_packed = false;
+        set_bf16(opt, false);
     } else if (precision == "low") {
         bool bf16 = !vulkan && !cpu_has_fp16_arith() && !cpu_has_fp16_storage_only();
         set_fp16(opt, !bf16, !bf16, !bf16);
-        opt.use_bf16_storage = bf16;
-        opt.use_bf16_packed = bf16;
+        set_bf16(opt, bf16);
     }
 }
 
@@ -80,7 +104,7 @@ std::string effective_precision(const ncnn::Option& opt, bool vulkan) {
     if (vulkan) {
         std::string storage = opt.use_fp16_storage ? "fp16-storage" : opt.use_fp16_packed ? "fp16-packed" : "";
         if (!storage.empty()) return opt.use_fp16_arithmetic ? storage + "+arith" : storage;
-        if (opt.use_bf16_storage || opt.use_bf16_packed) return "bf16-storage";
+        if (opt.use_bf16_storage || bf16_packed(opt)) return "bf16-storage";
         return "fp32";
     }
     if (opt.use_fp16_storage && cpu_has_fp16_arith()) return opt.use_fp16_arithmetic ? "fp16-storage+arith" : "fp16-storage";
@@ -90,8 +114,8 @@ std::string effective_precision(const ncnn::Option& opt, bool vulkan) {
 }
 
 std::string options_json(const ncnn::Option& opt) {
-    return JsonObject()
-        .add("lightmode", opt.lightmode)
+    JsonObject json;
+    json.add("lightmode", opt.lightmode)
         .add("num_threads", opt.num_threads)
         .add("use_vulkan_compute", opt.use_vulkan_compute)
         .add("use_packing_layout", opt.use_packing_layout)
@@ -100,10 +124,10 @@ std::string options_json(const ncnn::Option& opt) {
         .add("use_fp16_arithmetic", opt.use_fp16_arithmetic)
         .add("use_fp16_uniform", opt.use_fp16_uniform)
         .add("use_bf16_storage", opt.use_bf16_storage)
-        .add("use_bf16_packed", opt.use_bf16_packed)
         .add("use_winograd_convolution", opt.use_winograd_convolution)
-        .add("use_sgemm_convolution", opt.use_sgemm_convolution)
-        .str();
+        .add("use_sgemm_convolution", opt.use_sgemm_convolution);
+    add_bf16_packed(json, opt);
+    return json.str();
 }
 
 #if NCNN_VULKAN
