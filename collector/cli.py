@@ -21,7 +21,7 @@ from layerdiff.clioptions import choices
 from layerdiff.collector.engines import ENGINE_BACKEND_NOTES, ENGINE_BACKENDS, PHONE_ENGINES, PREPARED_BY_DEFAULT
 from layerdiff.vocabulary import PRECISIONS, backends_help
 from layerdiff.safetext import terminal_lines
-from layerdiff.errors import EXIT_SOME_SKIPPED, DeviceError, InputError, Interrupted, LayerdiffError, StorageError, os_error_line
+from layerdiff.errors import EXIT_INTERRUPTED, EXIT_SOME_SKIPPED, DeviceError, InputError, Interrupted, LayerdiffError, StorageError, os_error_line
 from layerdiff.collector.inputs.inputset import resolve_inputs
 from layerdiff.collector.inputs.modelfiles import ENGINES, input_shapes, resolve_model
 from layerdiff.collector.run.isolate import failing_layers, isolatable, isolate
@@ -58,6 +58,7 @@ DeviceDeadline = Annotated[float, typer.Option("--deadline", help="seconds a run
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=False, rich_markup_mode=None,
                   help="Run a model on devices with every layer dumped; one HDF5 file per run.")
 console = Console(stderr=True)
+_SAID_INTERRUPTED: list[bool] = []  # an interrupted sweep's summary already said it in one line
 
 
 def _ctrl_c_is_one_line(command: Callable) -> Callable:
@@ -193,8 +194,9 @@ def collect(
         result = run_sweep(plan, observer=progress, on_planned=progress.planned)
     progress.summary(result.runs, plan.out_dir, result.interrupted)
     _say_sketched(result.sketched)
-    if result.interrupted:
-        raise typer.Exit(130)
+    if result.interrupted:  # the summary said so in one line
+        _SAID_INTERRUPTED.append(True)
+        raise typer.Exit(EXIT_INTERRUPTED)
     report_written = True
     if report if report is not None else len(result.runs) > 1:
         report_written = _sweep_report(plan.out_dir)
@@ -473,6 +475,10 @@ def _main(argv: list[str] | None) -> None:
     """
     try:
         app(args=argv, prog_name="collect", standalone_mode=True)
+    except SystemExit as done:
+        if done.code == EXIT_INTERRUPTED and not _SAID_INTERRUPTED:  # typer's own Ctrl-C exit says nothing
+            print("collect: interrupted; runs already written are kept", file=sys.stderr)
+        raise
     except LayerdiffError as err:
         print(terminal_lines(f"collect: {err}"), file=sys.stderr)
         sys.exit(err.exit_code)

@@ -224,7 +224,9 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_130(tmp_path, tool, del
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    if proc.returncode == 0:
+    # analyze of a folder without dumps ends by itself with 1 and its one line; collect with 0
+    finished = proc.returncode == 0 or (tool == "analyze" and proc.returncode == 1 and "needs at least two runs" in err)
+    if finished and "interrupted" not in err:
         pytest.skip("the command finished before the interrupt arrived")
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
