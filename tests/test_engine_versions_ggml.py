@@ -25,9 +25,9 @@ from layerdiff.collector.engines.ggml.releases import check, reported_release
 from layerdiff.collector.engines.versions import release_devices, same_release
 from layerdiff.errors import EngineVersionError
 from tests.ggml_support import ggml_binary, ggml_samples  # noqa: F401  (fixtures)
+from tests.release_judgement import h5_tensors, parts, text_of
 
 OLDER = "0.3.17"  # an older llama-cpp-python release whose ggml reports a version: 0.9.8 (pinned: 0.25.3)
-REL_L2_WARN, ATOL, RTOL, MIN_PASS = 1e-2, 1e-3, 1e-2, 0.99  # the analyzer's default thresholds (README "Verdicts")
 
 
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -58,37 +58,6 @@ def two_releases(ggml_binary, older_binary, ggml_samples, tmp_path_factory) -> d
     return {"out": out, "older": older.paths[0], "pinned": pinned.paths[0], "binary": older_binary}
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _h5_tensors(path: Path) -> tuple[dict, list[tuple[str, str, np.ndarray]]]:
-    """(root attributes, [(layer key, op type, tensor)] in execution order) read with h5py alone."""
-    with h5py.File(path, "r") as f:
-        attrs = {k: _text(v) if isinstance(v, (bytes, str)) else v for k, v in f.attrs.items()}
-        rows = sorted(f["layers"][()], key=lambda row: int(row["order"]))
-        nodes = [(_text(row["key"]), _text(row["op_type"]), np.asarray(f["tensors"][str(int(row["order"]))][()],
-                                                                         dtype=np.float64)) for row in rows]
-    return attrs, nodes
-
-
-def _parts(ref: np.ndarray, other: np.ndarray) -> bool:
-    """numpy's own judgement of one layer at the analyzer's default thresholds: relative L2 error above the warn
-    line, fewer allclose elements than the pass share, or a NaN / Inf pattern that differs."""
-    if ref.shape != other.shape:
-        return True
-    if not np.array_equal(np.isfinite(ref), np.isfinite(other)):
-        return True
-    fin = np.isfinite(ref)
-    ref, other = ref[fin], other[fin]
-    if ref.size == 0:
-        return False
-    diff = np.abs(other - ref)
-    rel_l2 = np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30)
-    close = (diff <= ATOL + RTOL * np.abs(ref)).mean()
-    return bool(rel_l2 > REL_L2_WARN or close < MIN_PASS)
-
-
 @pytest.mark.slow
 def test_older_release_is_built_from_its_own_sdist_and_the_dump_records_both_versions(two_releases):
     assert two_releases["binary"].parent == binary_dir(GgmlSpec(release=OLDER)) != binary_dir(GgmlSpec())
@@ -97,8 +66,8 @@ def test_older_release_is_built_from_its_own_sdist_and_the_dump_records_both_ver
     reported = subprocess.run([str(two_releases["binary"]), "--version"], capture_output=True, text=True,
                               check=True).stdout
     assert f"llama-cpp-python {OLDER} sdist" in reported and "ggml 0.9.8" in reported
-    older_attrs, _ = _h5_tensors(two_releases["older"])
-    pinned_attrs, _ = _h5_tensors(two_releases["pinned"])
+    older_attrs, _ = h5_tensors(two_releases["older"])
+    pinned_attrs, _ = h5_tensors(two_releases["pinned"])
     assert older_attrs["engine_version"] == f"ggml 0.9.8 (llama-cpp-python {OLDER} sdist)"
     assert older_attrs["engine_requested"] == f"ggml=={OLDER}"
     assert pinned_attrs["engine_version"].startswith(f"ggml 0.25.3 (llama-cpp-python {PINNED_RELEASE} sdist")
@@ -114,11 +83,11 @@ def test_report_names_the_first_node_where_the_releases_part_as_numpy_does(two_r
     """numpy pairs the nodes by execution position (both releases build this graph with the same ops in the same
     order), not by name: the two releases name some nodes differently (0.3.17 calls the reshape before a ROPE
     `Qcur-0 (reshaped)`, 0.3.36 `Qcur-0#1`, so its ROPE is `Qcur-0#2`), which must not read as a parting."""
-    _, older = _h5_tensors(two_releases["older"])
-    _, pinned = _h5_tensors(two_releases["pinned"])
+    _, older = h5_tensors(two_releases["older"])
+    _, pinned = h5_tensors(two_releases["pinned"])
     assert [op for _k, op, _t in older] == [op for _k, op, _t in pinned] and len(older) >= 50
     assert any(a != b for (a, _o, _t), (b, _p, _u) in zip(older, pinned))  # some names differ between the releases
-    parting = [key for (key, _op, a), (_k, _p, b) in zip(older, pinned) if _parts(a, b)]
+    parting = [key for (key, _op, a), (_k, _p, b) in zip(older, pinned) if parts(a, b)]
     analysis = analyze_paths([two_releases["older"], two_releases["pinned"]])
     try:
         [finding] = [f for f in analysis.findings if f.kind == "release_parting"]
@@ -235,8 +204,8 @@ def test_the_older_release_runs_on_a_standin_phone_from_its_own_staged_build(two
                "--input", f"prompt={ggml_samples['prompt']}", "-o", str(out), "--no-report")
     assert done.returncode == 0, done.stderr[-2000:]
     [run] = out.glob(f"ggml-{OLDER}_cpu_high_*.h5")
-    attrs, phone = _h5_tensors(run)
-    _, local = _h5_tensors(two_releases["older"])
+    attrs, phone = h5_tensors(run)
+    _, local = h5_tensors(two_releases["older"])
     assert attrs["device_serial"] == standin.serial and attrs["engine_requested"] == f"ggml=={OLDER}"
     assert attrs["engine_version"] == f"ggml 0.9.8 (llama-cpp-python {OLDER} sdist)"
     assert [k for k, _o, _t in phone] == [k for k, _o, _t in local]
@@ -255,7 +224,7 @@ def test_the_older_release_runs_on_the_emulated_arm64_core_from_its_static_aarch
     done = layerdiff.collect(ggml_samples["tinyllama"], devices=["arm64"], engine=f"ggml=={OLDER}",
                              inputs=[f"prompt={ggml_samples['prompt']}"], out=out)
     assert done.exit_code == 0
-    attrs, nodes = _h5_tensors(done.paths[0])
+    attrs, nodes = h5_tensors(done.paths[0])
     assert attrs["engine_version"] == f"ggml 0.9.8 (llama-cpp-python {OLDER} sdist)" and attrs["abi"] == "arm64-v8a"
     assert attrs["engine_requested"] == f"ggml=={OLDER}" and len(nodes) >= 50
     assert all(np.isfinite(t).all() for _k, _o, t in nodes)
@@ -272,17 +241,17 @@ def test_the_convolution_parts_at_its_im2col_where_the_newer_ggml_builds_it_in_f
     older = layerdiff.collect(ggml_samples["conv2d"], engine=f"ggml=={OLDER}", precisions=["normal"], inputs=inputs, out=out)
     pinned = layerdiff.collect(ggml_samples["conv2d"], engine="ggml", precisions=["normal"], inputs=inputs, out=out)
     assert older.exit_code == 0 and pinned.exit_code == 0
-    older_attrs, old = _h5_tensors(older.paths[0])
-    pinned_attrs, new = _h5_tensors(pinned.paths[0])
+    older_attrs, old = h5_tensors(older.paths[0])
+    pinned_attrs, new = h5_tensors(pinned.paths[0])
     assert [op for _k, op, _t in old] == [op for _k, op, _t in new]
     # the header says what each release's graph ran, not what was asked for
     assert (older_attrs["precision_effective"], pinned_attrs["precision_effective"]) == \
         ("im2col f32, kernel f32", "im2col f16, kernel f32")
-    parting = [key for (key, _op, a), (_k, _p, b) in zip(old, new) if _parts(a, b)]
+    parting = [key for (key, _op, a), (_k, _p, b) in zip(old, new) if parts(a, b)]
     assert parting, "numpy finds the two releases' convolutions identical: pick another input"
     with h5py.File(older.paths[0], "r") as f, h5py.File(pinned.paths[0], "r") as g:
-        first = {_text(row["key"]): _text(row["layout"]) for row in f["layers"][()]}[parting[0]]
-        then = {_text(row["key"]): _text(row["layout"]) for row in g["layers"][()]}[parting[0]]
+        first = {text_of(row["key"]): text_of(row["layout"]) for row in f["layers"][()]}[parting[0]]
+        then = {text_of(row["key"]): text_of(row["layout"]) for row in g["layers"][()]}[parting[0]]
     analysis = analyze_paths([older.paths[0], pinned.paths[0]])
     try:
         [finding] = [f for f in analysis.findings if f.kind == "release_parting"]

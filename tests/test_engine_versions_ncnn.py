@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 
@@ -26,13 +25,13 @@ from layerdiff.collector.engines.ncnn.releases import KNOWN_BUILDING, check, rep
 from layerdiff.collector.engines.versions import release_devices, same_release, source_for
 from layerdiff.collector.harness.build import binary_dir, cache_root, ensure_built
 from layerdiff.errors import EngineVersionError
+from tests.release_judgement import h5_tensors, parts
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "samples" / "models" / "convnet.param"
 INPUT = REPO / "samples" / "inputs" / "convnet.npy"
 OLDER = "1.0.20250916"  # an older ncnn release with an sdist on PyPI (pinned: NCNN_VERSION)
 AARCH64_SPEC = ncnn_spec("aarch64", vulkan=False, test_build=True)  # what the arm64 device runs in the tests
-REL_L2_WARN, ATOL, RTOL, MIN_PASS = 1e-2, 1e-3, 1e-2, 0.99  # the analyzer's default thresholds (README "Verdicts")
 
 
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -42,37 +41,6 @@ def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 def _lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _h5_tensors(path: Path) -> tuple[dict, list[tuple[str, str, np.ndarray]]]:
-    """(root attributes, [(layer key, op type, tensor)] in execution order) read with h5py alone."""
-    with h5py.File(path, "r") as f:
-        attrs = {k: _text(v) if isinstance(v, (bytes, str)) else v for k, v in f.attrs.items()}
-        rows = sorted(f["layers"][()], key=lambda row: int(row["order"]))
-        nodes = [(_text(row["key"]), _text(row["op_type"]), np.asarray(f["tensors"][str(int(row["order"]))][()],
-                                                                         dtype=np.float64)) for row in rows]
-    return attrs, nodes
-
-
-def _parts(ref: np.ndarray, other: np.ndarray) -> bool:
-    """numpy's own judgement of one layer at the analyzer's default thresholds: relative L2 error above the warn
-    line, fewer allclose elements than the pass share, or a NaN / Inf pattern that differs."""
-    if ref.shape != other.shape:
-        return True
-    if not np.array_equal(np.isfinite(ref), np.isfinite(other)):
-        return True
-    fin = np.isfinite(ref)
-    ref, other = ref[fin], other[fin]
-    if ref.size == 0:
-        return False
-    diff = np.abs(other - ref)
-    rel_l2 = np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30)
-    close = (diff <= ATOL + RTOL * np.abs(ref)).mean()
-    return bool(rel_l2 > REL_L2_WARN or close < MIN_PASS)
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +71,10 @@ def _both_releases(stem: str, precision: str, out: Path) -> dict:
 def _first_parting(pair: dict) -> tuple[list[str], int]:
     """numpy's first layers where the two releases part (by layer key, both dumps in execution order) and how many
     layers both hold."""
-    _, older = _h5_tensors(pair["older"])
-    _, pinned = _h5_tensors(pair["pinned"])
+    _, older = h5_tensors(pair["older"])
+    _, pinned = h5_tensors(pair["pinned"])
     assert [k for k, _o, _t in older] == [k for k, _o, _t in pinned]
-    return [key for (key, _op, a), (_k, _p, b) in zip(older, pinned) if _parts(a, b)], len(older)
+    return [key for (key, _op, a), (_k, _p, b) in zip(older, pinned) if parts(a, b)], len(older)
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +99,8 @@ def test_older_release_runs_on_arm64_from_its_own_build_and_the_dump_records_bot
     assert older_aarch64.parent != binary_dir(AARCH64_SPEC)
     source = Path(source_folder(OLDER).replace("{cache}", str(cache_root() / "harness")))
     assert (source / "CMakeLists.txt").is_file()
-    older_attrs, older = _h5_tensors(two_releases["older"])
-    pinned_attrs, pinned = _h5_tensors(two_releases["pinned"])
+    older_attrs, older = h5_tensors(two_releases["older"])
+    pinned_attrs, pinned = h5_tensors(two_releases["pinned"])
     assert older_attrs["engine_version"] == OLDER and older_attrs["engine_requested"] == f"ncnn=={OLDER}"
     assert pinned_attrs["engine_version"] == NCNN_VERSION and pinned_attrs["engine_requested"] == f"ncnn=={NCNN_VERSION}"
     assert older_attrs["abi"] == "arm64-v8a" == pinned_attrs["abi"]
@@ -173,8 +141,8 @@ def test_at_low_precision_the_releases_part_at_the_layer_numpy_names(monkeypatch
     """The overflow sample at low precision (fp16 storage and arithmetic on the emulated Cortex-A76): the two
     releases' fp16 kernels give values apart at a layer numpy finds by itself; the report must name that layer."""
     pair = _both_releases("overflow", "low", tmp_path / "runs")
-    older_attrs, _ = _h5_tensors(pair["older"])
-    pinned_attrs, _ = _h5_tensors(pair["pinned"])
+    older_attrs, _ = h5_tensors(pair["older"])
+    pinned_attrs, _ = h5_tensors(pair["pinned"])
     assert older_attrs["precision_effective"] == pinned_attrs["precision_effective"] == "fp16-storage+arith"
     assert _check_report_against_numpy(pair) == "part"
 
@@ -189,8 +157,8 @@ def test_the_older_release_runs_on_an_arm64_standin_phone_from_its_own_staged_bu
     out = tmp_path / "phone"
     done = layerdiff.collect(MODEL, devices=[phone.serial], engine=f"ncnn=={OLDER}", inputs=[f"data={INPUT}"], out=out)
     assert done.exit_code == 0
-    attrs, on_phone = _h5_tensors(done.paths[0])
-    _, emulated = _h5_tensors(two_releases["older"])
+    attrs, on_phone = h5_tensors(done.paths[0])
+    _, emulated = h5_tensors(two_releases["older"])
     assert attrs["device_serial"] == phone.serial and attrs["engine_requested"] == f"ncnn=={OLDER}"
     assert attrs["engine_version"] == OLDER and attrs["abi"] == "arm64-v8a"
     assert [k for k, _o, _t in on_phone] == [k for k, _o, _t in emulated]

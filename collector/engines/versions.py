@@ -256,3 +256,24 @@ def same_release(asked: str, reported: str) -> bool:
         return items
 
     return bool(reported) and parts(asked) == parts(reported)
+
+
+LIST_TIMEOUT_S = 120.0  # asking the package index which releases have an sdist
+
+
+def release_number(release: str) -> tuple[int, ...]:
+    """`0.3.17` -> (0, 3, 17), `1.0.20250916` -> (1, 0, 20250916): releases numbered with plain numbers, ordered as such."""
+    return tuple(int(part) for part in re.findall(r"\d+", release))
+
+
+def published_sdists(fetch_script: Path) -> list[str] | None:
+    """The releases the package index holds an sdist of, oldest first, as an engine's stdlib fetch script lists them
+    (`--list`); None when the index cannot be asked."""
+    lister = [sys.executable, str(fetch_script), "--list"]
+    try:
+        done = subprocess.run(lister, capture_output=True, text=True, timeout=LIST_TIMEOUT_S, check=False)
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    if done.returncode != 0:
+        return None
+    return sorted((line.strip() for line in done.stdout.splitlines() if line.strip()), key=release_number)

@@ -16,23 +16,15 @@ anything is fetched), one the package index has no sdist of (before a build star
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 from layerdiff.collector.engines.ggml.build import (GGML_DIR, OLDEST_BUILDING, PINNED_RELEASE, RELEASE_ENV,
                                                     SOURCE_PROJECT, arm64_harness, device_specs, ensure_built,
                                                     phone_harness, source_dir)
-from layerdiff.collector.engines.versions import SourceRelease
+from layerdiff.collector.engines.versions import SourceRelease, published_sdists, release_number as release_key
 from layerdiff.collector.harness.build import HarnessError
 from layerdiff.errors import DeviceError, EngineVersionError
 
-LIST_TIMEOUT_S = 120.0
 _REPORTED = re.compile(r"\(" + re.escape(SOURCE_PROJECT) + r" ([0-9][0-9A-Za-z.+!_-]*) sdist")
-
-
-def release_key(release: str) -> tuple[int, ...]:
-    """`0.3.17` -> (0, 3, 17): llama-cpp-python's releases are plain numbers, ordered as such."""
-    return tuple(int(part) for part in re.findall(r"\d+", release))
 
 
 def check(release: str) -> None:
@@ -45,14 +37,7 @@ def check(release: str) -> None:
 
 def published(release: str) -> list[str] | None:
     """The releases the package index holds an sdist of, oldest first (None when the index cannot be asked)."""
-    lister = [sys.executable, str(GGML_DIR / "fetch_source.py"), "--list"]
-    try:
-        done = subprocess.run(lister, capture_output=True, text=True, timeout=LIST_TIMEOUT_S, check=False)
-    except (subprocess.TimeoutExpired, OSError):
-        return None
-    if done.returncode != 0:
-        return None
-    return sorted((line.strip() for line in done.stdout.splitlines() if line.strip()), key=release_key)
+    return published_sdists(GGML_DIR / "fetch_source.py")
 
 
 def check_published(release: str) -> None:

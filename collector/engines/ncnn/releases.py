@@ -17,12 +17,10 @@ package index has no sdist of (before a build starts), and one whose source the 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from layerdiff.collector.engines.ncnn.harness import NCNN_VERSION, harness_spec, ncnn_spec, source_folder
-from layerdiff.collector.engines.versions import SourceRelease
+from layerdiff.collector.engines.versions import SourceRelease, published_sdists
 from layerdiff.collector.harness.build import (DEVICE_SCRIPTS, HarnessError, HarnessSpec, _filled, binary_dir,
                                                ensure_built, wants_test_build)
 from layerdiff.errors import DeviceError, EngineVersionError, LayerdiffError
@@ -32,13 +30,7 @@ SOURCE_PROJECT = "ncnn"
 # tests/test_engine_versions_ncnn.py); named when another release's build fails.
 KNOWN_BUILDING = ("1.0.20250916", NCNN_VERSION)
 DEVICE_KINDS = ("qemu", "adb")  # the devices whose ncnn is the C++ harness's; `local` runs the wheel
-LIST_TIMEOUT_S = 120.0
 _RELEASE = re.compile(r"1\.0\.(\d{8})")  # ncnn numbers its releases by date; the build stamps that date in
-
-
-def release_key(release: str) -> tuple[int, ...]:
-    """`1.0.20250916` -> (1, 0, 20250916): ncnn's releases are plain numbers, ordered as such."""
-    return tuple(int(part) for part in re.findall(r"\d+", release))
 
 
 def check(release: str) -> None:
@@ -51,14 +43,7 @@ def check(release: str) -> None:
 
 def published() -> list[str] | None:
     """The releases the package index holds an sdist of, oldest first (None when the index cannot be asked)."""
-    lister = [sys.executable, str(DEVICE_SCRIPTS / "fetch_ncnn_source.py"), "--list"]
-    try:
-        done = subprocess.run(lister, capture_output=True, text=True, timeout=LIST_TIMEOUT_S, check=False)
-    except (subprocess.TimeoutExpired, OSError):
-        return None
-    if done.returncode != 0:
-        return None
-    return sorted((line.strip() for line in done.stdout.splitlines() if line.strip()), key=release_key)
+    return published_sdists(DEVICE_SCRIPTS / "fetch_ncnn_source.py")
 
 
 def check_published(release: str) -> None:
