@@ -31,7 +31,11 @@ INSTALLED = ENGINES["mnn"]
 
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", *args], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, **env}, check=False)
+                          timeout=1800, env={**os.environ, **env}, check=False)  # a release's first build included
+
+
+def nonblank_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
 
 
 def _tensors(path: Path) -> dict[str, np.ndarray]:

@@ -7,9 +7,7 @@ The older release's build takes about 5 minutes on two busy cores the first time
 of its own beside the pinned release's); the refusals build nothing, or only run CMake on a tree that fails."""
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
@@ -25,18 +23,10 @@ from layerdiff.collector.engines.ggml.releases import check, reported_release
 from layerdiff.collector.engines.versions import release_devices, same_release
 from layerdiff.errors import EngineVersionError
 from tests.ggml_support import ggml_binary, ggml_samples  # noqa: F401  (fixtures)
+from tests.test_engine_versions import cli, nonblank_lines
 from tests.release_judgement import h5_tensors, parts, text_of
 
 OLDER = "0.3.17"  # an older llama-cpp-python release whose ggml reports a version: 0.9.8 (pinned: 0.25.3)
-
-
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", *args], capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, **env}, check=False)
-
-
-def _lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +102,7 @@ def test_a_release_older_than_the_harness_builds_against_is_refused_before_anyth
     model.write_bytes(b"GGUF")
     done = cli("--model", str(model), "--engine", "ggml==0.2.90", "-o", str(tmp_path / "runs"),
                LAYERDIFF_CACHE=str(tmp_path / "cache"))
-    lines = _lines(done.stderr)
+    lines = nonblank_lines(done.stderr)
     assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "llama-cpp-python 0.2.90's llama.cpp is older" in lines[0] and f"{OLDEST_BUILDING} (oldest)" in lines[0]
     assert PINNED_RELEASE in lines[0]
@@ -123,7 +113,7 @@ def test_a_release_the_index_has_no_sdist_of_is_one_line_naming_the_ones_it_has(
     done = cli("--model", str(ggml_samples["tinyllama"]), "--engine", "ggml==0.3.999",
                "--input", f"prompt={ggml_samples['prompt']}", "-o", str(tmp_path / "runs"),
                LAYERDIFF_CACHE=str(tmp_path / "cache"))
-    lines = _lines(done.stderr)
+    lines = nonblank_lines(done.stderr)
     assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "no llama-cpp-python 0.3.999 sdist" in lines[0] and PINNED_RELEASE in lines[0] and OLDEST_BUILDING in lines[0]
     assert not list((tmp_path / "cache").rglob("llama.cpp-0.3.999")) and not list(tmp_path.rglob("*.h5"))
@@ -140,11 +130,11 @@ def test_a_release_whose_llama_cpp_does_not_build_is_one_line_naming_its_build_l
                "--input", f"prompt={ggml_samples['prompt']}", "-o", str(tmp_path / "runs"),
                LAYERDIFF_CACHE=str(tmp_path / "cache"))
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    last = _lines(done.stderr)[-1]
+    last = nonblank_lines(done.stderr)[-1]
     assert "did not build against llama-cpp-python 0.3.40's llama.cpp" in last and f"{OLDEST_BUILDING} (oldest)" in last
     log = Path(last.split("(log: ", 1)[1].split(")", 1)[0])
     assert log.is_file() and "llama.cpp API this harness does not know" in log.read_text()
-    assert [line for line in _lines(done.stderr) if "0.3.40" in line and "collect:" in line] == [last]
+    assert [line for line in nonblank_lines(done.stderr) if "0.3.40" in line and "collect:" in line] == [last]
     assert not list(tmp_path.rglob("*.h5"))
 
 

@@ -8,10 +8,7 @@ own beside the pinned release's); the refusals build nothing, or only run CMake 
 Paddle-Lite have no source distribution on the package index, so their releases are refused beyond the host."""
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +22,7 @@ from layerdiff.collector.engines.ncnn.releases import KNOWN_BUILDING, check, rep
 from layerdiff.collector.engines.versions import release_devices, same_release, source_for
 from layerdiff.collector.harness.build import binary_dir, cache_root, ensure_built
 from layerdiff.errors import EngineVersionError
+from tests.test_engine_versions import cli, nonblank_lines
 from tests.release_judgement import h5_tensors, parts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,15 +30,6 @@ MODEL = REPO / "samples" / "models" / "convnet.param"
 INPUT = REPO / "samples" / "inputs" / "convnet.npy"
 OLDER = "1.0.20250916"  # an older ncnn release with an sdist on PyPI (pinned: NCNN_VERSION)
 AARCH64_SPEC = ncnn_spec("aarch64", vulkan=False, test_build=True)  # what the arm64 device runs in the tests
-
-
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "layerdiff.collector.cli", *args], capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, **env}, check=False)
-
-
-def _lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +201,7 @@ def test_a_release_number_that_is_not_ncnn_s_is_refused_before_anything_is_fetch
     check(OLDER)
     done = cli("--model", str(MODEL), "--device", "arm64", "--engine", "ncnn==2.1", "-o", str(tmp_path / "runs"),
                LAYERDIFF_CACHE=str(tmp_path / "cache"))
-    lines = _lines(done.stderr)
+    lines = nonblank_lines(done.stderr)
     assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "--engine ncnn==2.1: ncnn's releases are numbered 1.0.YYYYMMDD" in lines[0]
     assert not (tmp_path / "cache" / "harness").exists() and not (tmp_path / "runs").exists()
@@ -221,7 +210,7 @@ def test_a_release_number_that_is_not_ncnn_s_is_refused_before_anything_is_fetch
 def test_a_release_the_index_has_no_sdist_of_is_one_line_naming_the_ones_it_has(tmp_path):
     done = cli("--model", str(MODEL), "--device", "arm64", "--engine", "ncnn==1.0.20250101", "--input",
                f"data={INPUT}", "-o", str(tmp_path / "runs"), LAYERDIFF_CACHE=str(tmp_path / "cache"))
-    lines = _lines(done.stderr)
+    lines = nonblank_lines(done.stderr)
     assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "no ncnn 1.0.20250101 sdist" in lines[0] and NCNN_VERSION in lines[0] and OLDER in lines[0]
     assert not list((tmp_path / "cache").rglob("ncnn-1.0.20250101")) and not list(tmp_path.rglob("*.h5"))
@@ -238,25 +227,25 @@ def test_a_release_whose_source_does_not_build_is_one_line_naming_its_build_log(
                f"data={INPUT}", "-o", str(tmp_path / "runs"), LAYERDIFF_CACHE=str(tmp_path / "cache"),
                LAYERDIFF_HARNESS_TEST_BUILD="1")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    last = _lines(done.stderr)[-1]
+    last = nonblank_lines(done.stderr)[-1]
     assert f"did not build against ncnn {release}'s source" in last and f"{NCNN_VERSION} (pinned)" in last, last
     assert OLDER in last
     log = Path(last.split("(log: ", 1)[1].split(")", 1)[0])
     assert log.is_file() and "an ncnn this harness does not know" in log.read_text()
-    assert [line for line in _lines(done.stderr) if release in line and "collect:" in line] == [last]
+    assert [line for line in nonblank_lines(done.stderr) if release in line and "collect:" in line] == [last]
     assert not list(tmp_path.rglob("*.h5"))
 
 
 def test_mnn_and_paddle_lite_releases_beyond_the_host_are_refused_for_want_of_an_sdist(tmp_path):
     mnn = cli("--model", str(MODEL.with_suffix(".mnn")), "--device", "arm64", "--engine", "mnn==3.5.0",
               "-o", str(tmp_path / "a"))
-    lines = _lines(mnn.stderr)
+    lines = nonblank_lines(mnn.stderr)
     assert mnn.returncode == 1 and len(lines) == 1 and "Traceback" not in mnn.stderr, mnn.stderr
     assert "--engine mnn==3.5.0 runs on the local device only" in lines[0]
     assert "the package index has no MNN source distribution" in lines[0]
     model = tmp_path / "m.nb"
     model.write_bytes(b"\0")
     lite = cli("--model", str(model), "--engine", "paddle-lite==2.13", "-o", str(tmp_path / "b"))
-    lines = _lines(lite.stderr)
+    lines = nonblank_lines(lite.stderr)
     assert lite.returncode == 1 and len(lines) == 1 and "Traceback" not in lite.stderr, lite.stderr
     assert "the package index has no Paddle-Lite source distribution" in lines[0]
