@@ -122,3 +122,25 @@ def test_a_damaged_header_is_ignored_and_a_nan_attribute_survives(failing_runs, 
         assert len(analysis.runs) == 2 and not analysis.runs[0].dump.from_header
     finally:
         analysis.close()
+
+
+def test_a_sweep_folder_with_its_index_and_report_is_searched_without_the_foreign_format_readers(failing_runs, cache):
+    """A sweep's folder holds, besides its dumps, its index.csv, its lock and its report: layerdiff's own files,
+    so no other tool's dump is looked for among them (the readers of other formats load h5py and more)."""
+    from layerdiff.analyzer.formats.index import SWEEP_COLUMNS
+    from layerdiff.analyzer.runs.discovery import discover
+
+    (failing_runs / "index.csv").write_text(",".join(SWEEP_COLUMNS) + "\n")
+    (failing_runs / ".layerdiff.lock").write_text("")
+    report = failing_runs / "report"
+    report.mkdir()
+    for name in ("index.html", "results.json", "summary.csv"):
+        (report / name).write_text("{}")
+    code = ("import sys; from layerdiff.analyzer.runs.discovery import discover; "
+            f"found, _ = discover([{str(failing_runs)!r}]); "
+            "print(len(found), 'layerdiff.analyzer.importers.common' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    (failing_runs / "index.csv").write_text("a,b\n1,2\n")  # another tool's CSV: the readers look at it
+    found, _ = discover([failing_runs])
+    assert len(found) == 2

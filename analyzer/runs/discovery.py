@@ -50,10 +50,35 @@ def _scan_dir(root: Path) -> list[Path]:
     # every .h5 is a candidate even when unreadable, so a damaged file is reported, not silently skipped
     entries = list(root.rglob("*"))
     hits = sorted(p for p in entries if p.suffix.lower() in H5_SUFFIXES and p.is_file() and not p.name.startswith("."))
-    if all(p.suffix.lower() in H5_SUFFIXES or p.is_dir() for p in entries):
-        return hits  # nothing but HDF5 files: no other tool's dump to look for (the format readers stay unimported)
+    reports = {p.parent for p in entries if p.name == REPORT_RESULTS and (p.parent / REPORT_PAGE).is_file()}
+    if all(p.suffix.lower() in H5_SUFFIXES or p.is_dir() or _layerdiff_output(p, reports) for p in entries):
+        return hits  # nothing but HDF5 files and layerdiff's own outputs: no other tool's dump to look for (the
+        # format readers, h5py among their imports, stay unimported: a sweep's folder holds its index and report)
     try:
         from layerdiff.analyzer.importers import find_dumps
     except ImportError:  # the importers are optional: plain layerdiff dumps still work
         return hits + sorted(p.parent for p in root.rglob(RAW_MANIFEST))
     return list(dict.fromkeys(hits + find_dumps(root)))
+
+
+REPORT_RESULTS, REPORT_PAGE = "results.json", "index.html"  # a report directory (analyzer/REPORT_SCHEMA.md)
+
+
+def _layerdiff_output(path: Path, reports: set[Path]) -> bool:
+    """A file layerdiff itself wrote beside the dumps: anything inside a report directory, a sweep's lock or a
+    file half written, or a sweep's or a merge's index.csv (told by its header line, so another tool's CSV is
+    still looked at)."""
+    if any(folder in path.parents for folder in reports) or path.name.startswith(".layerdiff") \
+            or path.name.endswith(".partial"):  # a sweep's lock, a file being written
+        return True
+    if path.name != "index.csv":
+        return False
+    from layerdiff.analyzer.formats.index import MERGE_COLUMNS, SWEEP_COLUMNS
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            header = f.readline(4096).strip()
+    except OSError:
+        return False
+    return header in (",".join(SWEEP_COLUMNS), ",".join(MERGE_COLUMNS), ",".join(SWEEP_COLUMNS + [
+        c for c in MERGE_COLUMNS if c not in SWEEP_COLUMNS]))
