@@ -117,6 +117,23 @@ def test_a_damaged_entry_is_ignored_and_replaced(runs, tmp_path, env):
     assert (tmp_path / "r2" / "index.html").is_file() and (entry / "index.html").is_file()
 
 
+def test_a_report_edited_in_place_is_never_replayed(runs, tmp_path, env):
+    """The entry may keep the report's own files under a second name: a report file then changed in place
+    (an editor, a script appending to it) changes the kept file too, and the entry is not used."""
+    assert analyze(env, runs, "-o", tmp_path / "r1").returncode == 0
+    page = tmp_path / "r1" / "index.html"
+    written = page.read_bytes()
+    with open(page, "ab") as edited:
+        edited.write(b"<p>a note added by hand</p>")
+    again = analyze(env, runs, "-o", tmp_path / "r2", importtime=True)
+    assert again.returncode == 0 and imported_pandas(again)
+    assert b"a note added by hand" not in (tmp_path / "r2" / "index.html").read_bytes()
+    assert len((tmp_path / "r2" / "index.html").read_bytes()) == len(written)
+    third = analyze(env, runs, "-o", tmp_path / "r3", importtime=True)  # the entry made again is used
+    assert third.returncode == 0 and not imported_pandas(third)
+    assert (tmp_path / "r3" / "index.html").read_bytes() == (tmp_path / "r2" / "index.html").read_bytes()
+
+
 def test_a_sweep_report_then_analyze_shares_one_analysis(runs, tmp_path, env):
     """collect's own report (layerdiff.api.report_directory) and `analyze` of the same folder: one analysis."""
     code = ("import sys; from layerdiff.api import report_directory; "

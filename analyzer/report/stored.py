@@ -7,7 +7,9 @@ pandas, rebuilt the findings, the summary and a page of several MB: about 2x the
 reading the stored table. A finished report depends on nothing but the files it read, the options
 and the code that made it, so it is kept whole, as one entry `report-<key>/` of the same cache
 (private, bounded, least recently used first, emptied by `analyze cache clean`): the report's
-files plus `view.json`, what the console printed (the verdict rows, the findings, the problems).
+files (second names of the report's own files where the file system allows, else copies; an entry whose
+file changed since is not used) plus `view.json`, what the console printed (the verdict rows, the findings,
+the problems).
 
 The key is made before anything heavy is imported and covers everything the report depends on:
 - every file the analysis would read (the same discovery, `layerdiff.analyzer.runs.discovery`): path,
@@ -29,6 +31,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -42,7 +45,7 @@ from layerdiff.identity import file_stat, library_stat
 PREFIX = "report-"
 VIEW = "view.json"  # written last: an entry without it is incomplete
 COPY_CHUNK = 1 << 20
-FORMAT = 1
+FORMAT = 2
 # Libraries whose code or bundled scripts end up in the report's bytes.
 LIBRARIES = ("numpy", "pandas", "h5py", "orjson", "plotly", "itables", "matplotlib")
 # LAYERDIFF_* settings that say where things live, not what an analysis reads or writes.
@@ -129,13 +132,13 @@ def _settings() -> dict[str, str]:
 def code_identity() -> dict[str, str]:
     """What made a report: a hash of the analyzer's and layerdiff's sources, and the libraries installed."""
     import layerdiff
-    from layerdiff.analyzer.formats.fingerprint import code_fingerprint
+    from layerdiff.analyzer.formats.fingerprint import code_fingerprint, source_identities
 
     digest = hashlib.sha256(code_fingerprint().encode())
     root = Path(layerdiff.__file__).resolve().parent
     web = Path(__file__).resolve().parent / "web"
-    for source in sorted(root.glob("*.py")) + sorted(web.glob("*")):
-        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    for name, identity in [*source_identities(root, ".py", recursive=False), *source_identities(web)]:
+        digest.update(f"{name}\0{identity}\0".encode())
     return {"sources": digest.hexdigest()[:16], **{name: _library_identity(name) for name in LIBRARIES}}
 
 
@@ -154,9 +157,9 @@ def find(key: str | None) -> StoredReport | None:
         view = json.loads((folder / VIEW).read_text(encoding="utf-8"))
         if view.get("key") != key or view.get("format") != FORMAT:
             return None
-        files = tuple(view["files"])
-        if not files or any(not (folder / name).is_file() for name in files):
-            return None
+        files, stats = tuple(view["files"]), view["stats"]
+        if not files or not isinstance(stats, dict) or any(_kept_stat(folder / name) != stats.get(name) for name in files):
+            return None  # a file gone, or changed since it was kept (a kept file may be the report's own)
         convcache.touch(folder)  # recently used entries survive the trimming
         return StoredReport(folder, files, view["console"])
     except (OSError, LayerdiffError, ValueError, KeyError, TypeError):
@@ -189,14 +192,36 @@ def store(key: str | None, out_dir: Path, files: Iterable[str], console: dict[st
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(mode=0o700)
         for name in files:
-            shutil.copyfile(out_dir / name, partial / name)
-        doc = {"key": key, "format": FORMAT, "files": files, "console": console}
+            _keep(out_dir / name, partial / name)
+        doc = {"key": key, "format": FORMAT, "files": files, "console": console,
+               "stats": {name: _kept_stat(partial / name) for name in files}}
         (partial / VIEW).write_text(json.dumps(doc), encoding="utf-8")  # last: an entry without it is incomplete
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
         convcache.trim(keep=folder)
     except (OSError, LayerdiffError):
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def _keep(source: Path, kept: Path) -> None:
+    """The report file `source` as the cache's `kept`: a second name for the same file where the file system
+    allows it (copying the page's several MB was most of what storing a report cost), else a copy. The
+    report's files are only ever replaced whole (written under a temporary name, then renamed), never
+    rewritten in place, so the kept name keeps the report as it was written."""
+    try:
+        os.link(source, kept)
+    except OSError:
+        shutil.copyfile(source, kept)
+
+
+def _kept_stat(path: Path) -> list[int] | None:
+    """size, modification time and inode of a kept file (None when it is not a file): whoever edits the
+    report's file in place (it may be the same file) changes them, and the entry is then not used."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino] if stat.S_ISREG(st.st_mode) else None
 
 
 def console_view(analysis) -> dict[str, Any]:
