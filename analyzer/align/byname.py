@@ -33,7 +33,6 @@ from layerdiff.analyzer.align.axes import axis_map, recorded_layouts
 from layerdiff.analyzer.formats.limits import load_json
 from layerdiff.analyzer.align.naming import NEUTRAL, PairNaming
 from layerdiff.analyzer.align.unmatched import Unmatched, _shape
-from layerdiff.analyzer.align.structure import VALUES_AGREE, VALUES_AGREE_FP32, match_by_structure
 
 
 @dataclass
@@ -156,6 +155,8 @@ def align_layers(base: pd.DataFrame, other: pd.DataFrame, rules: NameRules,
     confidence = {i: 1.0 for i in pairs}
     renamed = len(pairs) < STRUCTURE_BELOW * min(len(base), len(other))
     if rules.builtin and (renamed or error is not None):
+        from layerdiff.analyzer.align.structure import match_by_structure  # only a fresh alignment matches by structure
+
         used = {j for j, _ in pairs.values()}
         found = match_by_structure(base, other, [i for i in range(len(base)) if i not in pairs],
                                    [j for j in range(len(other)) if j not in used], error, fp32, progress,
@@ -182,6 +183,8 @@ def _value_confirmed(found: dict[int, tuple[int, float]], error: Callable[[int, 
     holding the golden's HardSigmoid values): those pair with their golden tensor. The graph edges
     cannot vouch for a leftover here (most of its neighbours matched by name, outside the structural
     pass), so a match values do not confirm is left unmatched rather than guessed."""
+    from layerdiff.analyzer.align.structure import VALUES_AGREE, VALUES_AGREE_FP32
+
     agree = VALUES_AGREE_FP32 if fp32 else VALUES_AGREE
     return {i: (j, c) for i, (j, c) in found.items() if error is not None and error(i, j) <= agree}
 

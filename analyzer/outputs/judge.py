@@ -13,18 +13,18 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
 
 from layerdiff.analyzer.findings.wording import percent
 from layerdiff.analyzer.formats.enginefacts import facts_of
 from layerdiff.analyzer.measure import classes
-from layerdiff.analyzer.outputs import detection, embedding, landmarks, nexttoken
-from layerdiff.analyzer.outputs.boxes import BoxChanges, Boxes, compare_boxes
 from layerdiff.analyzer.outputs.pick import Output, spatial, the_output
-from layerdiff.analyzer.outputs.segmentation import compare_masks
 from layerdiff.analyzer.outputs.task import LANGUAGE_MODEL, Task, parse_task, task_of
 from layerdiff.errors import InputError, LayerdiffError
+
+if TYPE_CHECKING:
+    from layerdiff.analyzer.outputs.boxes import BoxChanges, Boxes
 
 MAX_SAID = 3  # boxes described one by one before "..."
 
@@ -67,6 +67,8 @@ def judge_pair(pair, alignment, output_keys: list[str], task: Task, tolerance_of
     for an earlier pair of the same reference (runs compared with one golden decode it once). `values(run,
     order)`: an output's values (`Comparison.output_values`: kept with the measurement), else read from the
     run's dump."""
+    from layerdiff.analyzer.outputs import detection  # the task decoders: imported when a task is judged
+
     matched = alignment.matched
     rows = matched[matched["key"].isin(output_keys)] if len(matched) else matched
     if len(rows) == 0 or task.name == "regression":
@@ -132,6 +134,8 @@ def _head_fits(task: Task, hw: tuple[int, int] | None):
     """A single-head detector reads a 2-D output ([anchors, columns] after size-1 axes are dropped; a
     text map for text-det): first those whose anchor count fits the family's layout for the input's size
     (a text map of the input's size), then the largest."""
+    from layerdiff.analyzer.outputs import detection
+
     per_cell = 3 if task.name == "yolov5" else 1
 
     def fits(output: Output):
@@ -166,6 +170,9 @@ def input_hw(run) -> tuple[int, int] | None:
 
 
 def _detections(pair, task: Task, ref, run, names, decoded: dict | None = None) -> OutputJudgement:
+    from layerdiff.analyzer.outputs import detection
+    from layerdiff.analyzer.outputs.boxes import compare_boxes
+
     hw = input_hw(pair.base) or input_hw(pair.other)
     conf, tol = float(task.get("conf")), float(task.get("score_tol"))
     detection.check_reference(task, ref, hw)
@@ -232,6 +239,8 @@ def _box(boxes: Boxes, i: int) -> dict:
 def _mask_output(pair, outputs: list[Output], task: Task) -> Output:
     """The mask: the named output, else the map whose height and width are the input's (a pose model's
     segmentation, not its 64x64 heatmaps), else the largest map. A named output that is no map is refused."""
+    from layerdiff.analyzer.outputs import detection
+
     hw = input_hw(pair.base) or input_hw(pair.other)
 
     def fits(output: Output):
@@ -250,6 +259,8 @@ def _mask_output(pair, outputs: list[Output], task: Task) -> Output:
 
 def _masks(task: Task, output: Output, tolerance_of) -> OutputJudgement:
     """Fail when more than 1% of the mask's deciding pixels change class."""
+    from layerdiff.analyzer.outputs.segmentation import compare_masks
+
     ref, run = spatial(output)
     if ref.size != run.size:
         raise ValueError(f"{output.key} has {ref.size} values in the reference and {run.size} in the run")
@@ -267,6 +278,8 @@ def _masks(task: Task, output: Output, tolerance_of) -> OutputJudgement:
 
 def _landmarks(pair, task: Task, outputs: list[Output]) -> OutputJudgement:
     """Fail when a judged landmark moved more than `px` pixels; warn above a quarter of that."""
+    from layerdiff.analyzer.outputs import landmarks
+
     def fits(output: Output):  # a flat list, or [K, D] with D of 2..5: never a map
         listed = output.ref.ndim == 1 or (output.ref.ndim == 2 and 2 <= output.ref.shape[-1] <= 5)
         return output.ref.size if listed and landmarks.guess_dims(output.shape) else None
@@ -297,6 +310,8 @@ def _landmarks(pair, task: Task, outputs: list[Output]) -> OutputJudgement:
 
 def _embedding(task: Task, outputs: list[Output]) -> OutputJudgement:
     """Fail when a row's cosine similarity to the reference falls below fail_cos; warn below warn_cos."""
+    from layerdiff.analyzer.outputs import embedding
+
     def fits(output: Output):
         return output.ref.size if output.ref.ndim <= 2 and output.ref.size >= 2 else None
     chosen = the_output(outputs, task, fits, "an embedding ([D] or [N, D])")
@@ -324,6 +339,8 @@ def _declared_outputs(pair, task_name: str) -> set[str]:
 def _next_tokens(task: Task, ref, run, names, tolerance_of, declared: set[str] = frozenset()) -> OutputJudgement:
     """Logits: fail when a clear next token changes or the mean KL divergence passes kld_fail; warn at a
     near-tie flip or above kld_warn. `declared`: the outputs the engines declare as their logits."""
+    from layerdiff.analyzer.outputs import nexttoken
+
     i = nexttoken.logits_output(names, ref, declared)
     if i is None:
         return OutputJudgement(task.text, "error", "no single output holds next-token logits (name it with "
