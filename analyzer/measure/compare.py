@@ -80,7 +80,10 @@ class Comparison:
         return graph
 
     def pair_rows(self, pair_index: int) -> pd.DataFrame:
-        return self.table[self.table["pair"] == pair_index]
+        """The table's rows of one pair: the table itself when it holds no other pair (one compared run, the
+        usual case: a filtered copy of every column was made a dozen times per analysis). Callers read it."""
+        wanted = self.table["pair"] == pair_index
+        return self.table if bool(wanted.all()) else self.table[wanted]
 
 
 class MeasureMemo:

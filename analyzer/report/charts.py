@@ -76,7 +76,7 @@ def chart(element_id: str, traces: list, layout: dict, caption: str = "") -> Ite
     yield (f"<figure class='chart'><div style='height:{height}px; width:100%;'>"
            f'<div id="{element_id}" class="plotly-graph-div" style="height:100%; width:100%;"></div>'
            f'<script>Plotly.newPlot("{element_id}", ')
-    yield script_json(traces)
+    yield script_json_bytes(traces)  # UTF-8 already: the page takes bytes as they are
     yield f", {script_json(layout)}, {script_json(CONFIG)});</script></div>"
     yield f"<figcaption>{html_text(caption)}</figcaption></figure>" if caption else "</figure>"
 
@@ -84,7 +84,12 @@ def chart(element_id: str, traces: list, layout: dict, caption: str = "") -> Ite
 def script_json(value) -> str:
     """JSON safe inside <script> (no `<` at all: layerdiff.safetext). The labels inside were made
     plotly-safe by whoever built the traces (`chart_text`)."""
-    return json_in_script(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)).decode("utf-8")
+    return script_json_bytes(value).decode("utf-8")
+
+
+def script_json_bytes(value) -> bytes:
+    """`script_json` as UTF-8 bytes (a chart's traces are up to MBs: not decoded to be encoded again)."""
+    return json_in_script(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
 def _log_axis(title: str) -> dict:

@@ -149,6 +149,8 @@ def _clean_column(series: pd.Series) -> list:
         out[np.isneginf(values)] = "-inf"
         return out.tolist()
     values = series.tolist()
+    if isinstance(series.dtype, pd.StringDtype) and not series.hasnans:  # texts only: nothing to clean
+        return values
     if pd.api.types.is_string_dtype(series.dtype) and not bool(series.isna().any()) \
             and all(type(v) is str for v in values):
         return values

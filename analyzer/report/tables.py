@@ -172,8 +172,11 @@ def _csv_cells(series: pd.Series, quote: bool = True) -> list[str]:
     if series.dtype == np.float64:
         return ["" if v != v else repr(v) for v in values]
     if isinstance(series.dtype, pd.StringDtype):
-        spelled = _csv_quoted if quote else str
-        return ["" if v is None or v is pd.NA or (isinstance(v, float) and v != v) else spelled(v) for v in values]
+        if series.hasnans:
+            values = ["" if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v for v in values]
+        if not quote or not _CSV_SPECIAL.search("".join(values)):  # one search: most columns need no quotes
+            return values
+        return [_csv_quoted(v) for v in values]
     return [str(v) for v in values]
 
 
