@@ -13,7 +13,7 @@ import math
 import pandas as pd
 
 from layerdiff.analyzer.measure.compare import Comparison
-from layerdiff.analyzer.measure.rows import records
+from layerdiff.analyzer.measure.rows import by_position, records
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
 from layerdiff.analyzer.align.graph import LayerGraph
 from layerdiff.analyzer.formats.opkinds import arithmetic, op_class
@@ -277,7 +277,7 @@ def first_divergence(rows: pd.DataFrame, t: Thresholds | None = None, graph: Lay
     values far outside its range; `graph` gives the edges) is said too: the failure source says where it starts.
     """
     t = t or Thresholds()
-    ordered = rows.sort_values("position")
+    ordered = by_position(rows)
     diverging = ordered[ordered["status"].isin(["warn", "fail"])]
     if diverging.empty:
         return []
@@ -383,7 +383,7 @@ def failure_sources(rows: pd.DataFrame, graph: LayerGraph, output_ok: tuple[str,
     keys = rows["key"].tolist()  # lists: zipping pandas string columns steps through them element by element
     status = dict(zip(keys, rows["status"].tolist()))
     rel = dict(zip(keys, rows["rel_l2"].tolist()))
-    failing = list(rows.sort_values("position").loc[rows["status"] == "fail", "key"])
+    failing = list(by_position(rows).loc[rows["status"] == "fail", "key"])
     op_type = dict(zip(keys, rows["op_type"].tolist()))
     op_name = dict(zip(keys, rows["op"].tolist())) if "op" in rows else {}
     if not failing:  # itertuples builds a 60-field row type even for no rows

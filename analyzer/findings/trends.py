@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.rows import by_position
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, MAX_NAMED, Severity
 from layerdiff.analyzer.findings.verdict import Thresholds, worst_output
 from layerdiff.analyzer.findings.wording import layer_name, percent
@@ -31,7 +32,7 @@ def error_curve(rows: pd.DataFrame) -> list[Finding]:
     """
     if not rows["status"].isin(["warn", "fail"]).any():
         return []
-    ordered = rows.sort_values("position")
+    ordered = by_position(rows)
     rel = ordered["rel_l2"].astype(float)
     measured = ordered[np.isfinite(rel) & (rel > 0)]
     if measured.empty:
@@ -132,7 +133,7 @@ def _rest_clause(rest: list[dict]) -> str:
 
 def _input_outcome(pair, rows: pd.DataFrame, t: Thresholds, zero_start: Finding | None) -> dict:
     """One input's fate on one configuration: verdict, first divergence, zeros at the output, in words."""
-    ordered = rows.sort_values("position")
+    ordered = by_position(rows)
     verdict = "fail" if (ordered["status"] == "fail").any() else ("warn" if (ordered["status"] == "warn").any() else "pass")
     bad = ordered[ordered["status"] == verdict] if verdict != "pass" else ordered.iloc[:0]
     first = str(bad.iloc[0]["key"]) if len(bad) else ""

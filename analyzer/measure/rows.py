@@ -27,3 +27,13 @@ def _column_values(series: pd.Series) -> list:
     if dtype == np.dtype(object) or isinstance(dtype, ExtensionDtype):
         values = list(map(maybe_box_native, values))
     return values
+
+
+def by_position(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows in execution order (`position`): the frame itself when its positions already increase strictly,
+    as a pair's rows do (sorting copied every column of the table, several times per analysis); the caller
+    only reads it."""
+    positions = frame["position"].to_numpy()
+    if positions.dtype.kind in "iu" and (len(positions) < 2 or bool((positions[1:] > positions[:-1]).all())):
+        return frame
+    return frame.sort_values("position")
