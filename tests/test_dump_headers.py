@@ -33,7 +33,9 @@ def failing_runs(tmp_path, cache):
 def _analyze(runs, out, *options, cache_dir=None):
     env = {**os.environ, **({"LAYERDIFF_CACHE_DIR": str(cache_dir)} if cache_dir else {})}
     code = ("import sys; from layerdiff.analyzer.cli.app import main; code = main(sys.argv[1:]); "
-            "print('H5PY-LOADED' if 'h5py' in sys.modules else 'H5PY-ABSENT', file=sys.stderr); sys.exit(code)")
+            "print('H5PY-LOADED' if 'h5py' in sys.modules else 'H5PY-ABSENT', file=sys.stderr); "
+            "print('REGISTRY-LOADED' if 'layerdiff.collector.engines' in sys.modules else 'REGISTRY-ABSENT', "
+            "file=sys.stderr); sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", code, str(runs), "-o", str(out), "--json", *options],
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -63,6 +65,23 @@ def test_a_rejudged_analysis_loads_no_hdf5_and_agrees_with_a_fresh_one(failing_r
     assert 'id="focus-chart"' in page  # the failing layer's values, read at the header's offsets
     assert page.split('Plotly.newPlot("focus-chart"')[1][:20000] == \
         (tmp_path / "r3" / "index.html").read_text().split('Plotly.newPlot("focus-chart"')[1][:20000]
+
+
+def test_a_dump_without_engine_facts_is_rejudged_without_the_engine_registry(failing_runs, cache, tmp_path):
+    """These dumps name their engine but record none of its facts: a fresh analysis reads that engine's
+    declaration from its folder, the kept header keeps it, and a re-judge reads it from there, with the same
+    verdicts as a fresh analysis of the same thresholds."""
+    with DumpFile(failing_runs / "cpu.h5") as dump:
+        assert "engine_facts" not in dump.attrs and dump.attrs["engine"] == "ncnn"
+    _, first = _analyze(failing_runs, tmp_path / "r1")
+    assert "REGISTRY-LOADED" in first
+    kept = [json.loads(entry.read_text()) for entry in cache.glob(f"{dumpheaders.PREFIX}*.json")]
+    assert len(kept) == 2 and all("declared" in doc for doc in kept)
+    rejudged, log = _analyze(failing_runs, tmp_path / "r2", "--warn-rel-l2", "0.004")
+    assert "REGISTRY-ABSENT" in log and "H5PY-ABSENT" in log
+    fresh, log = _analyze(failing_runs, tmp_path / "r3", "--warn-rel-l2", "0.004", cache_dir=tmp_path / "other-cache")
+    assert "REGISTRY-LOADED" in log and _verdicts(rejudged) == _verdicts(fresh)
+    assert rejudged["findings"] == fresh["findings"]
 
 
 def test_reads_at_the_headers_offsets_equal_the_hdf5_reads(failing_runs, cache):

@@ -258,8 +258,37 @@ def facts_of(attrs) -> EngineFacts:
 def declared_facts(engine: str) -> EngineFacts:
     """What the engine of this name declares today, through the lookup the program installed (the analyzer
     knows no engine: `layerdiff/__init__.py` installs one that reads the engine registry, and only when a dump
-    needs it); NO_FACTS for an engine nobody declares, or without a lookup."""
+    needs it); NO_FACTS for an engine nobody declares, or without a lookup. A declaration a kept dump header
+    brought (`remember_declared`) answers first."""
+    if engine in _REMEMBERED:
+        return _REMEMBERED[engine]
     from layerdiff.analyzer.formats import declared
 
     found = declared.lookup(engine) if declared.lookup is not None and engine else None
     return found if isinstance(found, EngineFacts) else NO_FACTS
+
+
+# engine name -> its declared facts as a kept dump header recorded them (runs/dumpheaders.py)
+_REMEMBERED: dict[str, EngineFacts] = {}
+
+
+def reads_declaration(attrs) -> bool:
+    """Whether `facts_of` these attributes reads what their engine declares (all of it, or the name rules)."""
+    return ATTRIBUTE not in attrs or not _recorded(attrs.get(ATTRIBUTE))[1]
+
+
+def declared_text(engine: str) -> str | None:
+    """The declared facts of `engine` as header text, for a kept dump header of a dump that records none
+    (None when the text would not read back as the same facts)."""
+    facts = declared_facts(engine)
+    text = facts.to_json()
+    return text if _recorded(text) == (facts, True) else None
+
+
+def remember_declared(engine: str, text: object) -> None:
+    """Take `text` (`declared_text`, kept in a dump header made by this very code: the header's key holds the
+    code fingerprint, which takes the declarations in) as what `engine` declares, so that reading such a dump
+    again does not import the engine registry."""
+    facts, names_recorded = _recorded(text)
+    if engine and names_recorded and engine not in _REMEMBERED:
+        _REMEMBERED[engine] = facts

@@ -4,7 +4,9 @@ Changing a threshold or `--task` re-judges a stored measurement (analyzer/measur
 still needs of each dump is its root attributes and its /layers table, and for the report's focus chart a
 few thousand values of two tensors. Reading those through HDF5 meant loading h5py and opening every file,
 about a tenth of a re-judged analysis. A `DumpHeader` (analyzer/formats/dumpfile.py) holds them, with the
-file offset of each contiguous tensor and the model inputs' shapes (a task reads an image's size). It is kept here, one entry per file, beside the stored measurements
+file offset of each contiguous tensor and the model inputs' shapes (a task reads an image's size). A dump that
+records no engine facts is read with what its engine declares; the entry keeps that declaration too, so reading
+it again imports no engine registry. It is kept here, one entry per file, beside the stored measurements
 in the same bounded cache (`analyze cache` shows and empties it).
 
 The key is the file's resolved path, size, modification and change times, inode and device, and the
@@ -26,6 +28,7 @@ import orjson
 
 from layerdiff.analyzer.formats.atomic import atomic_write_chunks
 from layerdiff.analyzer.formats.dumpfile import DumpHeader
+from layerdiff.analyzer.formats.enginefacts import declared_text, reads_declaration, remember_declared
 from layerdiff.analyzer.formats.fingerprint import code_fingerprint
 from layerdiff.analyzer.formats.jsontable import NON_FINITE, table_chunks, table_frame
 from layerdiff.analyzer.importers import convcache
@@ -65,6 +68,8 @@ def load(path: Path) -> DumpHeader | None:
         if shapes is not None:
             shapes = [(str(name), tuple(int(d) for d in shape)) for name, shape in shapes]
         header = DumpHeader(attrs, table_frame(doc["layers"]), offsets, shapes)
+        if isinstance(doc.get("declared"), str):
+            remember_declared(str(attrs.get("engine", "") or ""), doc["declared"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
     convcache.touch(entry)  # recently used entries survive the trimming
@@ -85,8 +90,12 @@ def store(path: Path, header: DumpHeader, trim: bool = True) -> Path | None:
             return None
         offsets = orjson.dumps({str(order): offset for order, offset in header.offsets.items()})
         shapes = None if header.input_shapes is None else [[name, list(shape)] for name, shape in header.input_shapes]
-        head = b'{"format":%d,"entry":%s,"attrs":%s,"offsets":%s,"inputs":%s,"layers":' % (
-            FORMAT, orjson.dumps(entry.name), attrs, offsets, orjson.dumps(shapes))
+        declared = b""
+        if header.attrs.get("engine") and reads_declaration(header.attrs):  # read with its engine's declaration
+            text = declared_text(str(header.attrs["engine"]))
+            declared = b'"declared":%s,' % orjson.dumps(text) if text is not None else b""
+        head = b'{"format":%d,"entry":%s,"attrs":%s,"offsets":%s,"inputs":%s,%s"layers":' % (
+            FORMAT, orjson.dumps(entry.name), attrs, offsets, orjson.dumps(shapes), declared)
         atomic_write_chunks(entry, [head, *table_chunks(header.layers), b"}"])
         if trim:
             convcache.trim(keep=entry)
