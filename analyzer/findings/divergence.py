@@ -60,7 +60,8 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
     zero_starts: dict[str, Finding] = {}
     for index, pair in enumerate(comparison.plan.pairs):
         rows = comparison.pair_rows(index)
-        rows = rows[rows["status"] != "not_observable"]  # what the backend never wrote is no evidence (observability.py)
+        observable = rows["status"] != "not_observable"  # what the backend never wrote is no evidence (observability.py)
+        rows = rows if bool(observable.all()) else rows[observable]
         rows = with_node_names(rows, pair.base)
         graph = comparison.graph(pair.base)
         if pair.kind == "reference":
