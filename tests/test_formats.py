@@ -199,6 +199,19 @@ def test_tensor_stats_match_numpy_including_nonfinite_and_fp16_ranges():
     assert empty.n_nan == 4 and np.isnan(empty.mean)
 
 
+def test_tensor_stats_of_float64_values_near_its_limit_stay_finite(recwarn):
+    """Squared deviations of values near 1e308 overflow float64: the sums are kept scaled down, so the
+    standard deviation is the true one, not inf, and numpy warns of nothing."""
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.standard_normal(300_000) * 1e300, [1.7e308, -1.7e308]])
+    s = tensor_stats(x)
+    peak = np.abs(x).max()
+    assert s.std == pytest.approx(np.std(x / peak) * peak, rel=1e-9)
+    assert s.mean == pytest.approx(np.mean(x / peak) * peak, abs=1e-9 * peak)
+    assert (s.min, s.max) == (-1.7e308, 1.7e308)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 def test_truncated_tensor_file_keeps_every_tensor_before_the_cut(tmp_path):
     arrays = _arrays()
     _write_raw(tmp_path / "raw", arrays)

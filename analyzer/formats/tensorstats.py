@@ -19,6 +19,10 @@ CHUNK_ELEMENTS = 1 << 18  # 1 MiB of float32: stays in L2 while the counts run
 # deviations reaches CHUNK_ELEMENTS x (2 x peak)^2, which passes float32's 3.4e38 near a peak of 1.8e16.
 # Beyond it (an attention mask's -3.4e38 bias) the chunk is summed in float64, where it stays finite.
 FLOAT32_SAFE_PEAK = 1e15
+# Largest |value| whose squared deviations stay finite in float64 over a chunk (CHUNK_ELEMENTS x (2 x peak)^2
+# < 1.8e308). Beyond it (float64 values near 1e308) the sums are kept divided by a power of two near the
+# peak, so the standard deviation stays finite and exact instead of becoming inf.
+FLOAT64_SAFE_PEAK = 1e150
 
 
 @dataclass
@@ -53,7 +57,8 @@ class _Accumulator:
         self.stats = TensorStats()
         self.count = 0
         self.mean = 0.0
-        self.m2 = 0.0
+        self.m2 = 0.0  # the sum of squared deviations, divided by scale^2
+        self.scale = 1.0  # 1 unless a value passed FLOAT64_SAFE_PEAK: then a power of two at least the peak
         self.lo = math.inf
         self.hi = -math.inf
         self.scratch = np.empty(size, dtype=dtype)
@@ -63,16 +68,22 @@ class _Accumulator:
         s, n = self.stats, chunk.size
         scratch, mask = self.scratch[:n], self.mask[:n]
         self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
-        if chunk.dtype == np.float32 and max(-lo, hi) > FLOAT32_SAFE_PEAK:
+        peak = max(-lo, hi)
+        if peak > FLOAT64_SAFE_PEAK:  # rare: float64 values near its limit, summed scaled down
+            self._rescale(peak)
+            wide = chunk / self.scale  # a power of two: exact
+            chunk_mean = float(np.add.reduce(wide)) / n * self.scale
+            wide -= chunk_mean / self.scale
+            self._merge(n, chunk_mean, float(np.dot(wide, wide)), scaled=True)
+        elif chunk.dtype == np.float32 and peak > FLOAT32_SAFE_PEAK:
             wide = chunk.astype(np.float64)  # rare: values near float32's limit; the float32 sums would overflow
             chunk_mean = float(np.add.reduce(wide)) / n
             wide -= chunk_mean
-            chunk_m2 = float(np.dot(wide, wide))
+            self._merge(n, chunk_mean, float(np.dot(wide, wide)))
         else:
             chunk_mean = float(np.add.reduce(chunk, dtype=np.float64 if chunk.dtype != np.float32 else None)) / n
             np.subtract(chunk, chunk_mean, out=scratch)
-            chunk_m2 = float(np.dot(scratch, scratch))
-        self._merge(n, chunk_mean, chunk_m2)
+            self._merge(n, chunk_mean, float(np.dot(scratch, scratch)))
         zeros = int(np.count_nonzero(np.equal(chunk, 0, out=mask)))
         s.n_zero += zeros
         mags = np.abs(chunk, out=scratch)
@@ -82,12 +93,21 @@ class _Accumulator:
         if zeros < n:
             s.n_fp16_underflow += int(np.count_nonzero(np.less(mags, FP16_MIN_NORMAL, out=mask))) - zeros
 
-    def _merge(self, n: int, mean: float, m2: float) -> None:
+    def _merge(self, n: int, mean: float, m2: float, scaled: bool = False) -> None:
+        """Chan's merge of a chunk (`m2` already divided by scale^2 when `scaled`)."""
         total = self.count + n
-        delta = mean - self.mean
-        self.m2 += m2 + delta * delta * self.count * n / total
-        self.mean += delta * n / total
+        delta = mean / self.scale - self.mean / self.scale
+        self.m2 += (m2 if scaled else m2 / (self.scale * self.scale)) + delta * delta * self.count * n / total
+        self.mean += delta * self.scale * n / total if self.scale != 1.0 else delta * n / total
         self.count = total
+
+    def _rescale(self, peak: float) -> None:
+        """Let the kept sums be divided by a power of two of at least half of `peak` (never smaller than
+        before; at least `peak` itself could be 2^1024, which float64 does not hold)."""
+        scale = math.ldexp(1.0, math.frexp(peak)[1] - 1)
+        if scale > self.scale:
+            self.m2 *= (self.scale / scale) ** 2
+            self.scale = scale
 
     def add_nonfinite(self, chunk: np.ndarray) -> None:
         s = self.stats
@@ -103,7 +123,7 @@ class _Accumulator:
         s.numel = numel
         if self.count:
             s.min, s.max, s.mean = self.lo, self.hi, self.mean
-            s.std = math.sqrt(max(self.m2, 0.0) / self.count)
+            s.std = math.sqrt(max(self.m2, 0.0) / self.count) * self.scale
         return s
 
 
