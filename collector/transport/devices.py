@@ -266,6 +266,8 @@ def run_with_deadline(
         timer.cancel()
         children.unregister(proc)
     reader.join()
+    proc.stdout.close()  # both pipes read to their end: closed now, not left to the garbage collector
+    proc.stderr.close()
     elapsed = time.monotonic() - start
     return ExecResult(
         exit_status=status, stderr="".join(stderr_chunks), duration_s=elapsed, timed_out=elapsed >= deadline_s
