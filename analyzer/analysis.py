@@ -103,7 +103,7 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
         plan = plan_comparisons(sources.runs, ref, ref_input)
         if not plan.pairs:
             raise NothingToCompareError("no run can be compared: every run is a reference or has no reference "
-                                 f"run on its input ({'; '.join(plan.uncompared.values()) or 'all runs are references'})")
+                                        f"run on its input ({_uncompared_reasons(plan.uncompared)})")
         comparison = _measured(plan, rules, thresholds, steps or Steps.quiet(), memo)
         isolation = measure_isolated(sources.isolated, sources.runs, comparison, thresholds.tolerances)
     except BaseException:
@@ -125,6 +125,17 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
     problems = sources.problems + comparison.problems + isolation.problems + fed_input_problems(sources.runs)
     problems += [f"{label}: not compared: {why}" for label, why in plan.uncompared.items()]
     return Analysis(sources, comparison, findings, summary, thresholds, problems, isolation, dataset, repeat_ops, fleet)
+
+
+def _uncompared_reasons(uncompared: dict[str, str]) -> str:
+    """Why each run was left out, each reason said once with the runs it holds for ('cpu/low, vulkan/low: no
+    run of the reference configuration on input x'; a sweep's runs on one input share one)."""
+    if not uncompared:
+        return "all runs are references"
+    runs_of: dict[str, list[str]] = {}
+    for label, why in uncompared.items():
+        runs_of.setdefault(why, []).append(label)
+    return "; ".join(f"{', '.join(labels)}: {why}" for why, labels in runs_of.items())
 
 
 def fed_input_problems(runs: list[Run]) -> list[str]:

@@ -65,6 +65,24 @@ def test_exit_codes_are_the_documented_ones():
     assert issubclass(errors.ConversionError, RuntimeError)
 
 
+def test_runs_without_a_reference_on_their_input_say_why_once(tmp_path):
+    """Three runs on another input than the reference's: one reason, said once with the runs it holds for."""
+    from layerdiff.analyzer.analysis import analyze_paths
+    from tests.analyze_dumps import reference_arrays, write_dump
+
+    arrays = reference_arrays(seed=1)
+    write_dump(tmp_path / "ref.h5", arrays)
+    for backend, precision in (("cpu", "low"), ("vulkan", "high"), ("vulkan", "low")):
+        write_dump(tmp_path / f"{backend}_{precision}.h5", arrays, backend=backend, precision=precision,
+                   input_label="y", input_sha256="ef" * 32)
+    with pytest.raises(NothingToCompareError) as raised:
+        analyze_paths([tmp_path / "ref.h5", tmp_path / "cpu_low.h5", tmp_path / "vulkan_high.h5",
+                       tmp_path / "vulkan_low.h5"], ref=tmp_path / "ref.h5")
+    message = str(raised.value)
+    assert message.count("no run of the reference configuration") == 1, message
+    assert all(label in message for label in ("cpu/low", "vulkan/high", "vulkan/low")), message
+
+
 def test_library_failures_raise_their_specific_class(tmp_path):
     from layerdiff.analyzer.analysis import analyze_paths
     from layerdiff.collector.inputs.modelfiles import resolve_model
