@@ -234,3 +234,30 @@ def test_mnn_and_onnxruntime_give_each_input_what_one_process_per_input_gives(su
         a, b = _tensors(alone.paths[0]), _tensors(together.paths[0])
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), spec.inputs.label
         assert _provenance(together.paths[0])["input_fed_check"] == "equal"
+
+
+def test_a_run_that_finishes_while_the_sweep_stops_stays_done(tmp_path):
+    """The Ctrl-C comes while an input's file is being finished: the worker records it done as the sweep
+    stops, and the stop must not overwrite that with `interrupted` (its file is whole)."""
+    import threading
+    from types import SimpleNamespace
+
+    from layerdiff.collector.sweep import execute
+    from layerdiff.collector.sweep.index import Index, IndexRow, RunStatus
+
+    finishing = IndexRow("local", "ncnn", "cpu", "high", "p001", status=RunStatus.RUNNING)
+    stopped = IndexRow("local", "ncnn", "cpu", "high", "p002", status=RunStatus.RUNNING)
+    index = Index(tmp_path, [finishing, stopped])
+
+    def worker(row: IndexRow, finishes: bool):
+        run = SimpleNamespace(row=row, out_dir=tmp_path, spec=SimpleNamespace(output_names=lambda: []))
+        done = threading.Event()
+        if finishes:  # records its outcome only once the stop has begun, as a worker converting the last tensors
+            threading.Timer(0.2, lambda: (index.update(row, status=RunStatus.DONE, files=["f.h5"]), done.set())).start()
+        else:
+            done.set()
+        return SimpleNamespace(current=run, done=done, finished=lambda: True)
+
+    execute._interrupt([worker(finishing, True), worker(stopped, False)], index, threading.Event())
+    assert (finishing.status, stopped.status) == (RunStatus.DONE, RunStatus.INTERRUPTED)
+    assert {row.input: row.status for row in read_index(tmp_path).values()} == {"p001": "done", "p002": "interrupted"}

@@ -329,7 +329,9 @@ def test_ctrl_c_in_a_phone_data_set_then_resume(standin, monkeypatch, tmp_path):
     assert proc.returncode == 130
     done = {name for row in rows if row.status == "done" for name in row.files}
     written = {path.name for path in out.glob("*.h5")}
-    assert done <= written and len(done) >= 3
+    stopped = {f"ncnn_cpu_high_{row.input}.h5" for row in rows if row.status == "interrupted"}
+    assert done <= written and len(done) >= 2  # 3 files were written: at most one was in flight
+    assert written - done <= stopped  # the input in flight may have finished its file as the signal came
     assert statuses.count("interrupted") <= 1 and "running" not in statuses and "failed" not in statuses
     assert not [p for p in out.iterdir() if ".partial" in p.name or p.name.startswith(".layerdiff-fetch")]
     again = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)

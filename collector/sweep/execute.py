@@ -348,7 +348,8 @@ STOP_WAIT_S = 5.0
 
 
 def _interrupt(workers: list[_Worker], index: Index, stop: threading.Event) -> None:
-    """Stop everything, record in-flight runs as interrupted, and remove half-written files.
+    """Stop everything, record in-flight runs as interrupted, and remove half-written files. A run in flight
+    when the Ctrl-C came that finished while the workers stopped keeps its `done`: its files are whole.
 
     Workers stop between tensors of a conversion (never inside HDF5) and their child process groups
     are killed. A worker still blocked after STOP_WAIT_S (e.g. in a network read) would keep the
@@ -360,6 +361,8 @@ def _interrupt(workers: list[_Worker], index: Index, stop: threading.Event) -> N
     for worker in workers:
         worker.done.wait(timeout=max(0.0, deadline - time.monotonic()))
     for run in in_flight:
+        if run.row.status == RunStatus.DONE:  # its files were whole and recorded while the workers stopped
+            continue
         index.update(run.row, status=RunStatus.INTERRUPTED, reason="stopped by Ctrl-C; re-run the command to resume")
         remove_partials(run)
         remove_leftovers(run.out_dir)
