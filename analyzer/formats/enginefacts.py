@@ -260,16 +260,18 @@ def declared_facts(engine: str) -> EngineFacts:
     knows no engine: `layerdiff/__init__.py` installs one that reads the engine registry, and only when a dump
     needs it); NO_FACTS for an engine nobody declares, or without a lookup. A declaration a kept dump header
     brought (`remember_declared`) answers first."""
-    if engine in _REMEMBERED:
-        return _REMEMBERED[engine]
     from layerdiff.analyzer.formats import declared
 
+    remembered = _REMEMBERED.get(engine)
+    if remembered is not None and remembered[0] is declared.lookup:
+        return remembered[1]
     found = declared.lookup(engine) if declared.lookup is not None and engine else None
     return found if isinstance(found, EngineFacts) else NO_FACTS
 
 
-# engine name -> its declared facts as a kept dump header recorded them (runs/dumpheaders.py)
-_REMEMBERED: dict[str, EngineFacts] = {}
+# engine name -> (the lookup installed then, its declared facts as a kept dump header recorded them:
+# runs/dumpheaders.py); another lookup installed since (a program of its own, a test) is asked instead
+_REMEMBERED: dict[str, tuple[object, EngineFacts]] = {}
 
 
 def reads_declaration(attrs) -> bool:
@@ -289,6 +291,8 @@ def remember_declared(engine: str, text: object) -> None:
     """Take `text` (`declared_text`, kept in a dump header made by this very code: the header's key holds the
     code fingerprint, which takes the declarations in) as what `engine` declares, so that reading such a dump
     again does not import the engine registry."""
+    from layerdiff.analyzer.formats import declared
+
     facts, names_recorded = _recorded(text)
-    if engine and names_recorded and engine not in _REMEMBERED:
-        _REMEMBERED[engine] = facts
+    if engine and names_recorded and declared.lookup is not None:
+        _REMEMBERED[engine] = (declared.lookup, facts)
