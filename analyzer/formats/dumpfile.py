@@ -576,7 +576,7 @@ def _summary_stats(row: Any) -> dict[str, Any]:
                                        "n_fp16_underflow", "n_fp16_saturated")}
     finite = counts["numel"] - counts["n_nan"] - counts["n_posinf"] - counts["n_neginf"]
     mean, std = float(row["mean"]), float(row["std"])
-    known = finite > 0 and math.isfinite(mean) and math.isfinite(std)
+    known = finite > 0 and math.isfinite(mean) and math.isfinite(std * std + mean * mean)  # squares within float64
     return {**counts, "min": float(row["min"]), "max": float(row["max"]),
             "sum": mean * finite if known else 0.0, "sumsq": finite * (std * std + mean * mean) if known else 0.0}
 

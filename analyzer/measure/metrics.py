@@ -257,7 +257,7 @@ def _range_facts(ref_range: tuple[float, float] | None, run_stats: dict) -> dict
 def _rms(x: np.ndarray, stats: dict) -> float:
     """Root mean square of the reference tensor: from the stored moments, else one pass over its finite values."""
     if _has_moments(stats):
-        value = math.sqrt(stats["std"] ** 2 + stats["mean"] ** 2)
+        value = math.sqrt(_square_sum(stats["std"], stats["mean"]))
     else:
         squares, count = 0.0, 0
         for chunk in _finite_chunks(x):
@@ -288,7 +288,16 @@ def _has_moments(stats: dict) -> bool:
 
 def _sum_squares(stats: dict, n: int) -> float:
     """sum(x^2) = n (std^2 + mean^2), from the float64 moments every dump stores: saves two dot products."""
-    return n * (stats["std"] ** 2 + stats["mean"] ** 2)
+    return n * _square_sum(stats["std"], stats["mean"])
+
+
+def _square_sum(std: float, mean: float) -> float:
+    """std^2 + mean^2; inf where the squares pass float64's range (moments of values near 1e308, which a dot
+    product over the values would overflow to inf as well)."""
+    try:
+        return std ** 2 + mean ** 2
+    except OverflowError:
+        return math.inf
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
