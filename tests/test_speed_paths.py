@@ -292,6 +292,22 @@ def test_command_line_start_up_imports_neither_pandas_nor_matplotlib(module):
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_contributed_sub_commands_are_imported_only_when_asked_for():
+    """`analyze runs/ -o report/` builds none of the sub-commands other modules contribute (import, merge,
+    export, cache) and imports none of their modules; each is still listed and found by its name."""
+    code = ("import json, sys, typer, typer.main, layerdiff.analyzer.cli.app as cli\n"
+            "group = typer.main.get_command(cli.app)\n"
+            "ctx = typer.Context(group)\n"
+            "group.parse_args(ctx, ['runs', '-o', 'report'])\n"
+            "before = [m for m in ('layerdiff.analyzer.cli.offline', 'layerdiff.analyzer.cli.cache') if m in sys.modules]\n"
+            "names = group.list_commands(ctx)\n"
+            "print(json.dumps([before, names, [group.get_command(ctx, n).name for n in names]]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, names, found = json.loads(out.stdout)
+    assert before == []
+    assert names == ["compare", "inspect", "import", "merge", "export", "cache"] and found == names
+
+
 def test_engine_probe_starts_no_process():
     """A sweep probes each engine once; that probe must not run `vulkaninfo` (only a Vulkan run
     needs the fp16 features it reads), so a cpu-only run starts no Vulkan instance at all."""

@@ -2,7 +2,7 @@
 
 The main job needs no sub-command word, as the README promises: `analyze runs/ -o report/`. A
 command group with a default command does that while keeping real sub-commands (`analyze inspect`,
-and the ones other modules contribute through `COMMAND_PROVIDERS`). Every user-fixable problem ends as
+and the ones other modules contribute through `LAZY_COMMANDS`). Every user-fixable problem ends as
 one line on stderr and a non-zero exit code, never a traceback:
   0  report written, every input usable;
   1  nothing could be analyzed (bad arguments, fewer than two usable dumps, ...);
@@ -15,7 +15,6 @@ if __name__ == "__main__":  # `python -m layerdiff.analyzer.cli.app`: the comman
 
     fewer_collections()
 
-import importlib
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -30,13 +29,20 @@ from layerdiff.analyzer.report.numbers import format_number
 from layerdiff.safetext import terminal_cell, terminal_lines, terminal_text
 
 from layerdiff.analyzer.cli.defaultgroup import DEFAULT_COMMAND, DefaultCommandGroup
-# Modules that contribute sub-commands: "module:function", each function called with `app` to add
-# its commands (e.g. "layerdiff.analyzer.cli.offline:register" adds import / merge / export). The lead wires them.
-COMMAND_PROVIDERS: list[str] = ["layerdiff.analyzer.cli.offline:register", "layerdiff.analyzer.cli.cache:register"]
+
 MAX_CONSOLE_FINDINGS = 25
 
 
-app = typer.Typer(cls=DefaultCommandGroup, add_completion=False, no_args_is_help=True,
+class AnalyzeGroup(DefaultCommandGroup):
+    """`analyze`'s commands: the sub-commands other modules contribute are imported when asked for."""
+
+    lazy_commands = {"import": "layerdiff.analyzer.cli.offline:register",
+                     "merge": "layerdiff.analyzer.cli.offline:register",
+                     "export": "layerdiff.analyzer.cli.offline:register",
+                     "cache": "layerdiff.analyzer.cli.cache:register"}
+
+
+app = typer.Typer(cls=AnalyzeGroup, add_completion=False, no_args_is_help=True,
                   pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Compare layerdiff dumps layer by layer (analyze FILES_OR_DIRS... -o REPORTDIR), "
                        "or inspect one dump.")
@@ -183,15 +189,6 @@ def inspect_command(
     from layerdiff.analyzer.report.inspection import inspect_dump
 
     inspect_dump(file, layer=layer, as_json=json_out)
-
-
-def _register_extra_commands() -> None:
-    for target in COMMAND_PROVIDERS:
-        module, _, function = target.partition(":")
-        getattr(importlib.import_module(module), function)(app)
-
-
-_register_extra_commands()
 
 
 def main(argv: list[str] | None = None) -> int:

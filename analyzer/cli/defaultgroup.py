@@ -6,9 +6,11 @@ error in `analyze runs/ --bogus` says `analyze`, not a sub-command the user neve
 """
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, Callable
 
 import typer
+import typer.main
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 DEFAULT_COMMAND = "compare"
@@ -23,11 +25,28 @@ class _DefaultContext(typer.Context):
 
 
 class DefaultCommandGroup(TyperGroup):
-    """A group that runs `compare` when the first argument is not a sub-command name."""
+    """A group that runs `compare` when the first argument is not a sub-command name.
+
+    `lazy_commands` (command name -> "module:function", the function adding that command to a Typer app)
+    names sub-commands whose module is imported only when the command is asked for, by its name or by
+    the help that lists every command: the main job (`analyze runs/ -o report/`) never builds them, nor
+    imports what they import."""
+
+    lazy_commands: dict[str, str] = {}
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        return [*self.commands, *(name for name in self.lazy_commands if name not in self.commands)]
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in self.lazy_commands:
+            module, _, function = self.lazy_commands[cmd_name].partition(":")
+            self.commands.update(click_commands(getattr(importlib.import_module(module), function)))
+        return super().get_command(ctx, cmd_name)
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         default = self.commands.get(DEFAULT_COMMAND)
-        implied = bool(args) and args[0] not in self.commands and args[0] not in ("--help", "-h")
+        implied = (bool(args) and args[0] not in self.commands and args[0] not in self.lazy_commands
+                   and args[0] not in ("--help", "-h"))
         if default is not None:
             default.context_class = _DefaultContext if implied else typer.Context
         if implied:
@@ -51,3 +70,10 @@ class DefaultCommandGroup(TyperGroup):
                                            f"analyze {DEFAULT_COMMAND})"):
                         formatter.write_dl(rows)
         self.format_commands(ctx, formatter)
+
+
+def click_commands(register: Callable[[typer.Typer], None]) -> dict[str, Any]:
+    """The commands `register` adds to a Typer app, built as the group's own commands are built."""
+    holder = typer.Typer(add_completion=False, rich_markup_mode=None)
+    register(holder)
+    return dict(typer.main.get_group(holder).commands)

@@ -1,6 +1,6 @@
 """`analyze import`, `analyze merge`, `analyze export`: the offline commands for dumps from elsewhere.
 
-The analyzer's main CLI calls `register(app)` to add them; each command prints a problem the user
+The analyzer's main CLI calls `register` to add them when one of them is asked for; each command prints a problem the user
 can fix as one line on stderr and exits non-zero, never a traceback.
 """
 from __future__ import annotations
