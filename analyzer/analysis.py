@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import pandas as pd
 
 from layerdiff.analyzer.formats.fedinputs import fed_ok
 from layerdiff.analyzer.measure import resultcache
 from layerdiff.analyzer.align.byname import NameRules
-from layerdiff.analyzer.measure.compare import Comparison, MeasureMemo, compare_all
+from layerdiff.analyzer.measure.comparison import Comparison
 from layerdiff.errors import LayerdiffError, NothingToCompareError, UsageError
 from layerdiff.progress import Steps
 from layerdiff.analyzer.findings.divergence import KIND_ORDER, Finding, all_findings
@@ -42,8 +42,23 @@ from layerdiff.analyzer.findings.verdict import Thresholds
 # report's graph and kernels; tests/test_package_layout.py keeps the collector to formats, importers,
 # this module and layerdiff's root):
 from layerdiff.analyzer.align.graph import LayerGraph, build_graph, run_graph  # noqa: F401,E402
-from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances  # noqa: F401,E402
 from layerdiff.analyzer.findings.exactneeds import ExactNeeds, exact_needs  # noqa: E402 (sketch-first collection)
+
+if TYPE_CHECKING:
+    from layerdiff.analyzer.measure.compare import MeasureMemo
+
+# the measuring surface (`collect fix`'s kernels, a refining collection's memo), imported when asked for: a
+# re-judged analysis measures nothing (module __getattr__, PEP 562)
+_MEASURING = {"PairKernel": "layerdiff.analyzer.measure.metrics", "Tolerances": "layerdiff.analyzer.measure.tolerances",
+              "MeasureMemo": "layerdiff.analyzer.measure.compare"}
+
+
+def __getattr__(name: str):
+    if name in _MEASURING:
+        import importlib
+
+        return getattr(importlib.import_module(_MEASURING[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def needed_exactly(analysis: Analysis) -> ExactNeeds:
@@ -157,6 +172,8 @@ def _measured(plan, rules: NameRules, thresholds: Thresholds,
     key = resultcache.cache_key(plan, rules, tolerances)
     comparison = resultcache.load(plan, key)
     if comparison is None:
+        from layerdiff.analyzer.measure.compare import compare_all  # the kernels: only when measuring
+
         comparison = compare_all(plan, rules, tolerances, steps, memo)
         resultcache.store(comparison, key)
     return comparison

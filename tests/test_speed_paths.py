@@ -12,7 +12,7 @@ import orjson
 import pandas as pd
 import pytest
 
-import layerdiff.analyzer.analysis as analysis_module
+import layerdiff.analyzer.measure.compare as measuring
 from layerdiff.analyzer.formats import jsontable
 from layerdiff.analyzer.measure import resultcache
 from layerdiff.analyzer.analysis import analyze_paths
@@ -50,7 +50,7 @@ def test_second_analysis_of_the_same_runs_reuses_the_measurement(runs, cache, mo
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured again although nothing changed")
 
-    monkeypatch.setattr(analysis_module, "compare_all", no_measuring)
+    monkeypatch.setattr(measuring, "compare_all", no_measuring)
     again = analyze_paths([runs])
     try:
         assert _results(again) == expected
@@ -72,7 +72,7 @@ def test_a_threshold_change_rejudges_the_stored_measurement(runs, cache, monkeyp
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured again for a threshold change")
 
-    monkeypatch.setattr(analysis_module, "compare_all", no_measuring)
+    monkeypatch.setattr(measuring, "compare_all", no_measuring)
     again = analyze_paths([runs], thresholds=Thresholds(warn_rel_l2=strict, fail_rel_l2=max(strict * 2, 0.1)))
     try:
         table = again.comparison.table
@@ -175,8 +175,8 @@ def test_stored_outputs_that_do_not_fill_their_shape_are_measured_again(runs, ca
     doc["outputs"][0][2]["shape"] = [int(d) + 1 for d in doc["outputs"][0][2]["shape"]]
     entry.write_bytes(orjson.dumps(doc))
     measured = []
-    real = analysis_module.compare_all
-    monkeypatch.setattr(analysis_module, "compare_all", lambda *a, **k: measured.append(1) or real(*a, **k))
+    real = measuring.compare_all
+    monkeypatch.setattr(measuring, "compare_all", lambda *a, **k: measured.append(1) or real(*a, **k))
     analyze_paths([runs]).close()
     assert measured == [1]
 
@@ -188,8 +188,8 @@ def test_stored_outputs_whose_side_file_is_gone_are_measured_again(runs, cache, 
     assert side.stat().st_size > 0, "the kept outputs' bytes sit beside the entry"
     side.unlink()  # trimmed from the cache apart from its entry
     measured = []
-    real = analysis_module.compare_all
-    monkeypatch.setattr(analysis_module, "compare_all", lambda *a, **k: measured.append(1) or real(*a, **k))
+    real = measuring.compare_all
+    monkeypatch.setattr(measuring, "compare_all", lambda *a, **k: measured.append(1) or real(*a, **k))
     analyze_paths([runs], task="classification").close()
     assert measured == [1] and side.is_file()
 

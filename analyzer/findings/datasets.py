@@ -19,7 +19,7 @@ import pandas as pd
 
 from layerdiff.analyzer.findings.finding import MAX_NAMED, Finding, FindingKind, Severity, named
 from layerdiff.analyzer.findings.verdict import STATUS_ORDER
-from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.comparison import Comparison
 
 CONFIG_COLUMNS = ["configuration", "inputs", "n_pass", "n_warn", "n_fail", "n_other", "n_with_failing_layer",
                   "first_failing_input", "first_warning_input", "worst_input", "worst_output_rel_l2", "n_zero_collapse",

@@ -12,7 +12,7 @@ import math
 
 import pandas as pd
 
-from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.comparison import Comparison
 from layerdiff.analyzer.measure.rows import by_position, records
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
 from layerdiff.analyzer.align.graph import LayerGraph

@@ -15,7 +15,7 @@ import pandas as pd
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
 from layerdiff.analyzer.findings.verdict import Thresholds, classify
 from layerdiff.analyzer.findings.wording import percent
-from layerdiff.analyzer.measure.compare import MEASURED, Comparison
+from layerdiff.analyzer.measure.comparison import MEASURED, Comparison
 from layerdiff.analyzer.measure.isolation import ATTACHED_COLUMNS, ISOLATED_METRICS, Isolation
 
 FP16_MAX = 65504.0

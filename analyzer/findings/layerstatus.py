@@ -13,7 +13,7 @@ import pandas as pd
 
 from layerdiff.analyzer.findings.observability import mark_unwritten_zeros
 from layerdiff.analyzer.findings.verdict import Thresholds, classify
-from layerdiff.analyzer.measure.compare import MEASURED, Comparison
+from layerdiff.analyzer.measure.comparison import MEASURED, Comparison
 from layerdiff.analyzer.runs.header import reads_back_indirectly
 
 PLAIN_JUDGED = ("judged on the plain run's output (the model run as an app runs it), which differs from the observed "

@@ -12,7 +12,7 @@ import pandas as pd
 from layerdiff.analyzer.findings.coverage import outputs_not_compared, run_stopped_early
 from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.findings.verdict import Thresholds, dense_output_beyond, pair_verdict, worst_output
-from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.comparison import Comparison
 from layerdiff.analyzer.runs.sources import Run
 
 SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "verdict", "verdict_reason",

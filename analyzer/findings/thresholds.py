@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from layerdiff.analyzer.measure.metrics import Tolerances
+    from layerdiff.analyzer.measure.tolerances import Tolerances
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Thresholds:
 
     @property
     def tolerances(self) -> "Tolerances":
-        from layerdiff.analyzer.measure.metrics import Tolerances  # numpy: only when measuring
+        from layerdiff.analyzer.measure.tolerances import Tolerances  # the measure stage's type, asked for when measuring
 
         return Tolerances(atol=self.atol, rtol=self.rtol)
 

@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.comparison import Comparison
 from layerdiff.analyzer.measure.rows import by_position
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, MAX_NAMED, Severity
 from layerdiff.analyzer.findings.verdict import Thresholds, worst_output

@@ -18,8 +18,12 @@ run when one engine dropped the batch axis. So:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from layerdiff.analyzer.measure.tolerances import Tolerances
 
 MAX_CLASSES = 1 << 16
 SUM_TOLERANCE = 1e-3  # |sum - 1| allowed for a probability vector (fp32 softmax over 10^4 classes: ~1e-6)
@@ -89,3 +93,15 @@ def topk_agreement(ref: np.ndarray, run: np.ndarray, tolerance: float, declared:
         five = np.argpartition(-b, 4, axis=1)[:, :5]
         out["top5"] = float(np.any(five == best[:, None], axis=1)[decided].mean())
     return out
+
+
+def decision_tolerance(ref: np.ndarray, tolerances: Tolerances, stats: dict | None = None) -> float:
+    """How far apart a reference's two best scores must be for its argmax to be a decision: the
+    output's own tolerance, atol + rtol x max|ref| (the same scale the element error uses)."""
+    lo, hi = (stats or {}).get("min"), (stats or {}).get("max")
+    if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi):
+        peak = max(abs(float(lo)), abs(float(hi)))
+    else:
+        finite = ref[np.isfinite(ref)] if ref.dtype.kind == "f" else ref
+        peak = float(np.abs(finite).max()) if finite.size else 0.0
+    return tolerances.atol + tolerances.rtol * peak

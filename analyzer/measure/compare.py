@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -31,59 +30,16 @@ from layerdiff.errors import LayerdiffError
 from layerdiff.progress import Steps
 from layerdiff.analyzer.align.graph import LayerGraph, run_graph
 from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
-from layerdiff.analyzer.measure.classes import topk_agreement
+from layerdiff.analyzer.measure.classes import decision_tolerance, topk_agreement
 from layerdiff.analyzer.measure.estimate import SIGMA_COLUMNS, SketchedValueErrors, estimate_layer
-from layerdiff.analyzer.measure.storage import StorageEvidence, sampled_evidence
+from layerdiff.analyzer.measure.storage import sampled_evidence
 from layerdiff.analyzer.runs.reference import Pair, Plan
 from layerdiff.analyzer.runs.sources import Run
+from layerdiff.analyzer.measure.comparison import MEASURED, Comparison
 from layerdiff.analyzer.align.blocks import layer_blocks
 from layerdiff.analyzer.align.unmatched import relabel_unmatched
 
-MEASURED = "measured"  # a row with every metric and no judgement yet
 MAX_KEPT_OUTPUT_BYTES = 16 * 1024 * 1024  # a model output kept with the measurement for the judge at most this big
-
-
-@dataclass
-class Comparison:
-    """Everything measured: the tidy table plus what alignment could not match."""
-
-    plan: Plan
-    table: pd.DataFrame
-    alignments: list[PairAlignment]
-    graphs: dict[str, LayerGraph] = field(default_factory=dict)  # run label -> its graph
-    problems: list[str] = field(default_factory=list)
-    storage: dict[str, StorageEvidence] = field(default_factory=dict)  # run label -> what its bytes were stored in
-    # (run's file, order) -> a model output's values, or where the stored measurement keeps them (formats/jsontable.py
-    # array_ref) until asked for
-    outputs: dict[tuple[str, int], object] = field(default_factory=dict)
-
-    def output_values(self, run: Run, order: int) -> np.ndarray:
-        """A model output's values as the measurement kept them for the judge (a task decodes them: a changed
-        `--task` re-judges without opening a tensor), else read from the run's dump (an output over
-        MAX_KEPT_OUTPUT_BYTES, or one that could not be read while measuring: reading it says why)."""
-        kept = self.outputs.get((str(run.path), int(order)))
-        if kept is not None and not isinstance(kept, np.ndarray):
-            from layerdiff.analyzer.formats.jsontable import read_array_ref
-
-            try:
-                kept = self.outputs[(str(run.path), int(order))] = read_array_ref(kept)
-            except (OSError, ValueError):  # the stored bytes went meanwhile: the dump still has them
-                kept = None
-        return run.dump.tensor(int(order)) if kept is None else kept
-
-    def graph(self, run: Run) -> LayerGraph:
-        """The run's layer graph, rebuilt if it was released (an analysis drops them once its findings
-        are made: two graphs were ~40 MB at 50,000 layers, kept through the whole report)."""
-        graph = self.graphs.get(run.label)
-        if graph is None:
-            graph = self.graphs[run.label] = run_graph(run)
-        return graph
-
-    def pair_rows(self, pair_index: int) -> pd.DataFrame:
-        """The table's rows of one pair: the table itself when it holds no other pair (one compared run, the
-        usual case: a filtered copy of every column was made a dozen times per analysis). Callers read it."""
-        wanted = self.table["pair"] == pair_index
-        return self.table if bool(wanted.all()) else self.table[wanted]
 
 
 class MeasureMemo:
@@ -390,18 +346,6 @@ def matched_axes(match: dict) -> AxisMap:
     layouts and shapes: the answer is cached, and the matched table stays plain data)."""
     return axis_map(str(match.get("base_layout") or ""), tuple(match["base_shape"]),
                     str(match.get("other_layout") or ""), tuple(match["other_shape"]))
-
-
-def decision_tolerance(ref: np.ndarray, tolerances: Tolerances, stats: dict | None = None) -> float:
-    """How far apart a reference's two best scores must be for its argmax to be a decision: the
-    output's own tolerance, atol + rtol x max|ref| (the same scale the element error uses)."""
-    lo, hi = (stats or {}).get("min"), (stats or {}).get("max")
-    if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi):
-        peak = max(abs(float(lo)), abs(float(hi)))
-    else:
-        finite = ref[np.isfinite(ref)] if ref.dtype.kind == "f" else ref
-        peak = float(np.abs(finite).max()) if finite.size else 0.0
-    return tolerances.atol + tolerances.rtol * peak
 
 
 def _read(run: Run, order: int, buffer: TensorBuffer | None = None) -> tuple[np.ndarray | None, str]:

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.comparison import Comparison
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import LayerdiffError
-from layerdiff.analyzer.measure.compare import MEASURED
-from layerdiff.analyzer.measure.metrics import PairKernel, Tolerances
+from layerdiff.analyzer.measure.comparison import MEASURED
+from layerdiff.analyzer.measure.tolerances import Tolerances
 from layerdiff.analyzer.runs.header import raw_header
 from layerdiff.analyzer.runs.reference import Plan
 from layerdiff.analyzer.runs.sources import Run
@@ -67,6 +67,8 @@ def measure_isolated(isolated: list[Run], runs: list[Run], comparison: Compariso
     result = Isolation()
     if not isolated:
         return result
+    from layerdiff.analyzer.measure.metrics import PairKernel  # the kernels: only when there is something to measure
+
     kernel = PairKernel(tolerances)
     references = _ReferenceFinder(runs, result)
     rows: list[dict] = []

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layerdiff.analyzer.measure.tolerances import Tolerances
+
 CHUNK = 1 << 18  # 1 MB of float32: 4x fewer Python steps than 64k elements (a 256 MB layer: 256 chunks, not 1,024), still cache-sized
 SAMPLE_MAX = 1 << 16  # quantiles exact up to this many elements, from a sample this big above
 SUM_LANES = 1024
@@ -44,14 +46,6 @@ EPS = 2.220446049250313e-16
 NEGLIGIBLE = 1e-3
 FP16_MAX = 65504.0
 NAN_FIELDS = ("n_nan", "n_posinf", "n_neginf")
-
-
-@dataclass
-class Tolerances:
-    """Per-element tolerances for the allclose pass fraction (see the module docstring)."""
-
-    atol: float = 1e-3
-    rtol: float = 1e-2
 
 
 class _Sums:

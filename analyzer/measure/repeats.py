@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.comparison import Comparison
 
 REPEAT_OP_COLUMNS = ["group", "run", "configuration", "input", "repeats", "fresh_process", "position", "op", "op_type", "n_differing",
                      "n_compared", "spread_rel_l2", "spread_max_abs", "is_output"]

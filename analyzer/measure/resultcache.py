@@ -31,12 +31,12 @@ import orjson
 
 from layerdiff.analyzer.importers import convcache
 from layerdiff.analyzer.align.byname import NameRules, PairAlignment
-from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.comparison import Comparison
 from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.formats.atomic import atomic_write_chunks
 from layerdiff.analyzer.formats.jsontable import array_ref, checked_array_ref, read_array_ref, table_chunks, table_frame
 from layerdiff.analyzer.runs.reference import Plan
-from layerdiff.analyzer.measure.metrics import Tolerances
+from layerdiff.analyzer.measure.tolerances import Tolerances
 from layerdiff.analyzer.formats.fingerprint import code_fingerprint
 from layerdiff.analyzer.measure.storage import StorageEvidence
 

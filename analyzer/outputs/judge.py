@@ -379,8 +379,6 @@ def _classes(task: Task, ref, run, names, tolerance_of) -> OutputJudgement:
 
 def judge_all(comparison, declared: Task | None, thresholds) -> dict[int, OutputJudgement]:
     """The judgement of every run-vs-reference pair that has a task (declared or recorded in its files)."""
-    from layerdiff.analyzer.measure.compare import decision_tolerance
-
     judgements, decoded = {}, {}
     for index, pair in enumerate(comparison.plan.pairs):
         if pair.kind != "reference":
@@ -390,7 +388,7 @@ def judge_all(comparison, declared: Task | None, thresholds) -> dict[int, Output
         if task is None:
             continue
         judgement = judge_pair(pair, comparison.alignments[index], keys, task,
-                               lambda ref: decision_tolerance(ref, thresholds.tolerances), decoded,
+                               lambda ref: classes.decision_tolerance(ref, thresholds.tolerances), decoded,
                                comparison.output_values)
         if judgement.status != "none":
             judgements[index] = judgement

@@ -16,7 +16,7 @@ import orjson
 import pandas as pd
 
 from layerdiff.analyzer import __version__
-from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.comparison import Comparison
 from layerdiff.analyzer.measure.rows import records as plain_records
 from layerdiff.analyzer.formats.dumpfile import utc_now
 from layerdiff.analyzer.findings.divergence import Finding

@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
-from layerdiff.analyzer.measure.compare import Comparison
+from layerdiff.analyzer.measure.comparison import Comparison
 from layerdiff.analyzer.findings.divergence import Finding
 from layerdiff.analyzer.report.estimates import mark_estimated
 from layerdiff.analyzer.report.numbers import format_number  # noqa: F401  (re-exported: callers import it from here)
