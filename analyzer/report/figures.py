@@ -81,9 +81,12 @@ def _draw_pngs(analysis: Analysis) -> dict[str, bytes]:
 
 
 def per_input_wanted(summary: pd.DataFrame) -> bool:
-    """A sweep: some configuration ran on more than one input."""
-    compared = summary[summary["role"] == "compared"]
-    return bool(len(compared)) and int(compared.groupby("config")["input"].nunique().max()) > 1
+    """A sweep: some configuration ran on more than one input (a few runs: plain Python, not a pandas groupby)."""
+    inputs: dict[str, set] = {}
+    for role, config, input_label in zip(summary["role"].tolist(), summary["config"].tolist(), summary["input"].tolist()):
+        if role == "compared":
+            inputs.setdefault(config, set()).add(input_label)
+    return any(len(labels) > 1 for labels in inputs.values())
 
 
 def ranges(analysis: Analysis) -> dict[str, pd.DataFrame]:
