@@ -163,3 +163,23 @@ def test_a_sweep_folder_with_its_index_and_report_is_searched_without_the_foreig
     (failing_runs / "index.csv").write_text("a,b\n1,2\n")  # another tool's CSV: the readers look at it
     found, _ = discover([failing_runs])
     assert len(found) == 2
+
+
+def test_a_program_with_its_own_engine_lookup_is_asked_itself_not_a_kept_declaration(failing_runs, cache, tmp_path):
+    """A kept header keeps the declaration of the lookup installed when it was written. A program that installs its
+    own lookup, without saying what its declarations are made of, gets its own answers and keeps none."""
+    from layerdiff.analyzer.formats import declared, enginefacts
+
+    _analyze(failing_runs, tmp_path / "r1")  # the headers keep the installed registry's declaration of ncnn
+    assert dumpheaders.entry_path(failing_runs / "cpu.h5").is_file()
+    installed, sources = declared.lookup, declared.sources
+    assert installed("ncnn") != enginefacts.NO_FACTS
+    declared.install(lambda engine: enginefacts.NO_FACTS)
+    try:
+        for name in ("cpu.h5", "vk.h5"):
+            dumpheaders.load(failing_runs / name)
+        assert enginefacts.declared_facts("ncnn") == enginefacts.NO_FACTS
+        assert enginefacts.declared_text("ncnn") is None
+    finally:
+        declared.install(installed, sources)
+    assert enginefacts.declared_facts("ncnn") == installed("ncnn")

@@ -281,7 +281,12 @@ def reads_declaration(attrs) -> bool:
 
 def declared_text(engine: str) -> str | None:
     """The declared facts of `engine` as header text, for a kept dump header of a dump that records none
-    (None when the text would not read back as the same facts)."""
+    (None when the text would not read back as the same facts, or when the program installed its lookup without
+    saying what its declarations are made of: the header's key then does not hold them)."""
+    from layerdiff.analyzer.formats import declared
+
+    if declared.sources is None:
+        return None
     facts = declared_facts(engine)
     text = facts.to_json()
     return text if _recorded(text) == (facts, True) else None
@@ -294,5 +299,5 @@ def remember_declared(engine: str, text: object) -> None:
     from layerdiff.analyzer.formats import declared
 
     facts, names_recorded = _recorded(text)
-    if engine and names_recorded and declared.lookup is not None:
+    if engine and names_recorded and declared.lookup is not None and declared.sources is not None:
         _REMEMBERED[engine] = (declared.lookup, facts)

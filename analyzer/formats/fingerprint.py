@@ -12,20 +12,25 @@ import functools
 import hashlib
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 
-@functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """A hash of every analyzer source file's identity and of the engine declarations a dump without recorded
-    facts is read with (formats/declared.py)."""
+    facts is read with (formats/declared.py): worked out once per set of declarations installed, so a program
+    that installs its own gets its own fingerprint, and its own stored results."""
     from layerdiff.analyzer.formats import declared
 
+    return _fingerprint(declared.sources)
+
+
+@functools.lru_cache(maxsize=4)
+def _fingerprint(sources: Callable[[], bytes] | None) -> str:
     package = Path(__file__).resolve().parents[1]  # the whole analyzer package, every room
     digest = hashlib.sha256()
     for name, identity in source_identities(package, ".py"):
         digest.update(f"{name}\0{identity}\0".encode())
-    digest.update(b"\0declared\0" + (declared.sources() if declared.sources is not None else b""))
+    digest.update(b"\0declared\0" + (sources() if sources is not None else b""))
     return digest.hexdigest()[:16]
 
 
