@@ -9,11 +9,13 @@ risks without reading a tensor.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.measure.comparison import Comparison
-from layerdiff.analyzer.measure.rows import by_position, records
+from layerdiff.analyzer.measure.rows import KeyedRows, by_position
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity, named
 from layerdiff.analyzer.align.graph import LayerGraph
 from layerdiff.analyzer.formats.opkinds import arithmetic, op_class
@@ -50,13 +52,17 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
     decoded-output judgement of a declared task, outputs/judge.py)."""
     found: list[Finding] = []
     judgements = judgements or {}
-    reference_of = {p.other.label: p.base for p in comparison.plan.pairs if p.kind == "reference"}
-    facts_of = {p.other.label: layer_facts(comparison.pair_rows(i), "run_key")
-                for i, p in enumerate(comparison.plan.pairs) if p.kind == "reference"}
+    reference_pair = {p.other.label: i for i, p in enumerate(comparison.plan.pairs) if p.kind == "reference"}
     for run in runs:
         found += run_state_findings(run)
         found += observed_vs_plain(run, t.warn_rel_l2)
-        found += nonfinite_origins(run, comparison.graph(run), reference_of.get(run.label), facts_of.get(run.label))
+        counts = nonfinite_counts(run)
+        if counts is None:  # no NaN or Inf anywhere in the run (the usual case): no origin to look for
+            continue
+        index = reference_pair.get(run.label)
+        base, facts = (None, None) if index is None else (comparison.plan.pairs[index].base,
+                                                          layer_facts(comparison.pair_rows(index), "run_key"))
+        found += nonfinite_origins(run, comparison.graph(run), base, facts, counts)
     zero_starts: dict[str, Finding] = {}
     for index, pair in enumerate(comparison.plan.pairs):
         rows = comparison.pair_rows(index)
@@ -163,17 +169,27 @@ FACT_COLUMNS = ("key", "run_key", "status", "rel_l2", "growth", "worst_input", "
                 "ref_max", "run_min", "run_max")  # what the anomaly and entry decisions read
 
 
-def layer_facts(rows: pd.DataFrame, key_column: str = "key") -> dict[str, dict]:
+def layer_facts(rows: pd.DataFrame, key_column: str = "key") -> Mapping[str, dict]:
     """A pair's measured rows as {layer key: the facts the decisions read}, keyed by the reference's keys
-    or the run's own (only those columns: a dict of every column per layer cost seconds at 50,000 layers)."""
+    or the run's own (only those columns, and a layer's dict made when a decision reads it: a dict of every
+    column per layer cost seconds at 50,000 layers)."""
     if rows.empty:
         return {}
-    columns = [c for c in FACT_COLUMNS if c in rows.columns]
-    return {str(r[key_column]): r for r in records(rows, columns)}
+    return KeyedRows(rows, key_column, [c for c in FACT_COLUMNS if c in rows.columns])
+
+
+def nonfinite_counts(run: Run) -> tuple[dict, dict] | None:
+    """{layer key: NaN count} and {layer key: Inf count} of the run's layers; None when no layer has any."""
+    layers = run.layers
+    keys = layers["key"].tolist()
+    nan = dict(zip(keys, layers["n_nan"].tolist()))
+    both = np.stack([layers["n_posinf"].to_numpy(), layers["n_neginf"].to_numpy()])
+    inf = dict(zip(keys, np.nansum(both, axis=0).tolist()))  # as the frame's row sum: a missing count adds nothing
+    return (nan, inf) if any(nan.values()) or any(inf.values()) else None
 
 
 def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None,
-                      facts: dict[str, dict] | None = None) -> list[Finding]:
+                      facts: dict[str, dict] | None = None, counts: tuple[dict, dict] | None = None) -> list[Finding]:
     """First layer with NaN (and with Inf) whose own inputs have none: where the NaN was born.
 
     The sentence adds what explains it: an Inf origin whose reference values pass 65504 is fp16
@@ -181,11 +197,14 @@ def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None,
     origin whose input already holds an anomaly (`facts`: the run's measured rows against its reference,
     keyed by the run's layer keys) moves to where that anomaly starts: a Log fed zeros the reference does
     not have, or an op fed values far outside the reference's range, did not make the NaN/Inf itself.
+    `counts`: the run's `nonfinite_counts`, when the caller has them.
     """
+    counts = counts or nonfinite_counts(run)
+    if counts is None:
+        return []
+    nan, inf = counts
     layers = run.layers
     keys = layers["key"].tolist()
-    nan = dict(zip(keys, layers["n_nan"].tolist()))
-    inf = dict(zip(keys, layers[["n_posinf", "n_neginf"]].sum(axis=1).tolist()))
     blocks = layer_blocks(keys)
     out = []
     for kind, counts, what in ((FindingKind.NAN_ORIGIN, nan, "NaN"), (FindingKind.INF_ORIGIN, inf, "Inf")):

@@ -7,6 +7,8 @@ Python values, in the same column order) from one `tolist` per column.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 import numpy as np
 import pandas as pd
 from pandas.api.extensions import ExtensionDtype
@@ -18,6 +20,33 @@ def records(frame: pd.DataFrame, columns: list[str] | None = None) -> list[dict]
     names = list(frame.columns) if columns is None else list(columns)
     values = [_column_values(frame[name]) for name in names]
     return [dict(zip(names, row)) for row in zip(*values)] if names else [{} for _ in range(len(frame))]
+
+
+class KeyedRows(Mapping):
+    """A table's rows as {key: the `records` dict of `columns`}, each dict made when it is first asked for:
+    the judge's decisions read a handful of a pair's layers, and a dict for every layer was most of their cost."""
+
+    def __init__(self, frame: pd.DataFrame, key_column: str, columns: list[str]) -> None:
+        self._names = list(columns)
+        self._values = [_column_values(frame[name]) for name in self._names]
+        self._row_of = {str(key): i for i, key in enumerate(_column_values(frame[key_column]))}
+        self._made: dict[str, dict] = {}
+
+    def __getitem__(self, key: str) -> dict:
+        made = self._made.get(key)
+        if made is None:
+            row = self._row_of[key]
+            made = self._made[key] = {name: values[row] for name, values in zip(self._names, self._values)}
+        return made
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._row_of
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._row_of)
+
+    def __len__(self) -> int:
+        return len(self._row_of)
 
 
 def _column_values(series: pd.Series) -> list:
