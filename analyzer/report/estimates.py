@@ -86,7 +86,8 @@ def sketch_lines(summary: pd.DataFrame) -> list[str]:
     if "bytes_pulled" not in summary.columns:
         return []
     lines = []
-    for row in records(summary):
+    read = [c for c in ("run", "bytes_pulled", "dump_bytes", "n_estimated") if c in summary.columns]
+    for row in records(summary, read):
         pulled = pulled_text(row.get("bytes_pulled"), row.get("dump_bytes"))
         if not pulled:
             continue

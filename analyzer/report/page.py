@@ -125,7 +125,7 @@ def _overall(summary: pd.DataFrame) -> str:
 def _reasons_html(summary: pd.DataFrame, verdict: str) -> str:
     """Why the banner says what it says, right under it: the reason of each run with that verdict."""
     rows = summary[(summary["role"] == "compared") & (summary["verdict"] == verdict)]
-    reasons = [(r["run"], r["verdict_reason"]) for r in records(rows) if r["verdict_reason"]]
+    reasons = [(r["run"], r["verdict_reason"]) for r in records(rows, ["run", "verdict_reason"]) if r["verdict_reason"]]
     if verdict not in ("warn", "fail") or not reasons:
         return ""
     items = "".join(f"<li><b>{_e(run)}</b>: {_e(why)}</li>" for run, why in reasons[:MAX_REASONS])
@@ -205,8 +205,10 @@ def _layers_parts(analysis: Analysis) -> Iterator[str | bytes]:
     yield (f"<h3>Layers ({len(rows)} rows, {bad} warn/fail)</h3>"
            "<p>Search, filter by run, op type or status in the panes, click a header to sort.</p>\n")
     yield from layer_table_parts(rows, columns)
-    repeats = analysis.comparison.table[analysis.comparison.table["comparison"] == "repeat"]
-    if len(repeats):
+    table = analysis.comparison.table
+    is_repeat = table["comparison"] == "repeat"
+    if bool(is_repeat.any()):  # a filtered copy of every column only when there are repeats
+        repeats = table[is_repeat]
         yield (f"\n<details><summary>Repeat-vs-repeat comparisons ({len(repeats)} rows)</summary>"
                f"{to_html(repeats[LAYER_VIEW])}</details>")
 

@@ -229,8 +229,10 @@ def console_view(analysis) -> dict[str, Any]:
     from layerdiff.analyzer.measure.rows import records  # pandas: only once an analysis ran
 
     plan = analysis.comparison.plan
+    summary = analysis.summary
+    shown = [c for c in ("role", *VIEW_COLUMNS) if c in summary.columns]  # only what the view reads
     rows = [{key: _plain(row.get(key)) for key in VIEW_COLUMNS}
-            for row in records(analysis.summary) if row.get("role") == "compared"]
+            for row in records(summary, shown) if row.get("role") == "compared"]
     return {"reference": plan.reference.label, "reason": plan.reason, "rows": rows,
             "findings": [finding.sentence for finding in analysis.findings], "problems": list(analysis.problems)}
 
