@@ -115,18 +115,19 @@ def test_stored_results_are_keyed_by_the_engine_declarations():
     """A stored measurement or report of a dump read with its engine folder's declaration is stale once the
     declaration changes: the analyzer's code fingerprint takes the declarations' text in."""
     from layerdiff.analyzer.formats.fingerprint import code_fingerprint
+    from layerdiff.analyzer.report.stored import code_identity
 
     lookup, sources = declared.lookup, declared.sources
     assert sources is not None and ENGINES["mnn"].facts.names.renames[0].pattern.encode() in sources()
-    before = code_fingerprint()
+    before, report_before = code_fingerprint(), code_identity()
     declared.install(lookup, lambda: sources() + b"# one more declaration")
-    try:
-        assert code_fingerprint() != before  # installing them is enough: nothing remembered answers for them
+    try:  # installing them is enough: nothing remembered in the process answers for them
+        assert code_fingerprint() != before and code_identity()["sources"] != report_before["sources"]
         declared.install(lookup, None)
         assert code_fingerprint() != before
     finally:
         declared.install(lookup, sources)
-    assert code_fingerprint() == before
+    assert code_fingerprint() == before and code_identity() == report_before
 
 
 def test_untrusted_name_rules_are_kept_only_when_safe_to_apply():

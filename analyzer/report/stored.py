@@ -128,18 +128,27 @@ def _settings() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith("LAYERDIFF_") and k not in PLACE_SETTINGS}
 
 
-@functools.lru_cache(maxsize=1)
 def code_identity() -> dict[str, str]:
-    """What made a report: a hash of the analyzer's and layerdiff's sources, and the libraries installed."""
-    import layerdiff
-    from layerdiff.analyzer.formats.fingerprint import code_fingerprint, source_identities
+    """What made a report: a hash of the analyzer's and layerdiff's sources (the engine declarations installed
+    included: formats/fingerprint.py), and the libraries installed."""
+    from layerdiff.analyzer.formats.fingerprint import code_fingerprint
 
-    digest = hashlib.sha256(code_fingerprint().encode())
+    files, libraries = _page_sources_and_libraries()
+    return {"sources": hashlib.sha256(code_fingerprint().encode() + files).hexdigest()[:16], **libraries}
+
+
+@functools.lru_cache(maxsize=1)
+def _page_sources_and_libraries() -> tuple[bytes, dict[str, str]]:
+    """layerdiff's own sources and the page's web assets by their stat, and the libraries installed: the same
+    for the whole process."""
+    import layerdiff
+    from layerdiff.analyzer.formats.fingerprint import source_identities
+
     root = Path(layerdiff.__file__).resolve().parent
     web = Path(__file__).resolve().parent / "web"
-    for name, identity in [*source_identities(root, ".py", recursive=False), *source_identities(web)]:
-        digest.update(f"{name}\0{identity}\0".encode())
-    return {"sources": digest.hexdigest()[:16], **{name: _library_identity(name) for name in LIBRARIES}}
+    files = b"".join(f"{name}\0{identity}\0".encode()
+                     for name, identity in [*source_identities(root, ".py", recursive=False), *source_identities(web)])
+    return files, {name: _library_identity(name) for name in LIBRARIES}
 
 
 def _library_identity(name: str) -> str:
