@@ -149,6 +149,9 @@ def _head_fits(task: Task, hw: tuple[int, int] | None):
     return fits
 
 
+INPUT_OPS = ("input", "data", "placeholder")  # an input layer's op type, in lower case, as engines dump it
+
+
 def input_hw(run) -> tuple[int, int] | None:
     """Height and width of the run's first image-like input (3 or more axes): from the inputs the dump
     stores, else from an input layer's shape (ncnn dumps its Input layer)."""
@@ -161,8 +164,9 @@ def input_hw(run) -> tuple[int, int] | None:
     except (LayerdiffError, OSError, KeyError):
         pass
     layers = run.layers
-    inputs = layers[layers["op_type"].astype(str).str.lower().isin(("input", "data", "placeholder"))]
-    for shape in inputs["shape"]:
+    for op_type, shape in zip(layers["op_type"].tolist(), layers["shape"].tolist()):  # a plain scan: a few inputs
+        if str(op_type).lower() not in INPUT_OPS:
+            continue
         dims = json.loads(shape) if isinstance(shape, str) else list(shape)
         if len(dims) >= 3:
             return int(dims[-2]), int(dims[-1])
