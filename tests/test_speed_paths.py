@@ -343,6 +343,33 @@ def test_fast_reader_matches_h5py_and_falls_back(tmp_path):
             assert got.dtype == np.asarray(a).dtype
 
 
+@pytest.mark.parametrize("numel", [5000, 1 << 18, 3 << 20])
+def test_sampled_blocks_read_as_one_span_equal_the_blocks_read_one_by_one(tmp_path, monkeypatch, numel):
+    """The focus chart's samples: blocks within a few MB come from one read of their span, the same values
+    as a read per block; wider ones (12 MB here) are still read per block."""
+    from layerdiff.analyzer.formats import tensorread
+    from layerdiff.analyzer.formats.dumpfile import _sample_blocks
+
+    values = np.random.default_rng(numel).standard_normal(numel).astype(np.float32)
+    with DumpWriter(tmp_path / "d.h5", {}) as w:
+        w.add_tensor({"order": 0, "op": "op0"}, values)
+    with DumpFile(tmp_path / "d.h5") as dump:
+        dump.sample(0, 2000)  # learns the tensor's offset
+        reader, offset = dump._fast, dump._fast.offsets[0]
+        starts, length = _sample_blocks(numel, 2000)
+        calls = []
+        real = reader._pread
+        monkeypatch.setattr(reader, "_pread", lambda out, at: calls.append(at) or real(out, at))
+        spanned = reader.blocks_at(offset, values.dtype, starts, length)
+        limit = tensorread.SPAN_READ_BYTES
+        monkeypatch.setattr(tensorread, "SPAN_READ_BYTES", 0)
+        one_by_one = reader.blocks_at(offset, values.dtype, starts, length)
+    expected = values[(starts[:, None] + np.arange(length)).reshape(-1)]
+    np.testing.assert_array_equal(spanned, expected)
+    np.testing.assert_array_equal(one_by_one, expected)
+    assert len(calls) == (1 if numel * 4 <= limit else len(starts)) + len(starts)
+
+
 def test_big_tensors_are_mapped_read_only_and_measure_the_same(runs, cache, monkeypatch):
     from layerdiff.analyzer.formats import tensorread
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # h5py is imported where a file is opened: a reader built fro
 # From this size a contiguous tensor is mapped instead of copied: copying 256 MB from the page cache
 # into a buffer took as long as all the metrics of the layer, and a first read faulted the buffer in.
 MAP_MIN_BYTES = 16 << 20
+SPAN_READ_BYTES = 8 << 20  # sampled blocks within this many bytes are read as one span (one system call)
 
 
 class TensorBuffer:
@@ -124,7 +125,16 @@ class FastReader:
         return self.blocks_at(offset, dtype, starts, length)
 
     def blocks_at(self, offset: int, dtype: np.dtype, starts: np.ndarray, length: int) -> np.ndarray | None:
-        """`blocks` of the contiguous tensor whose bytes start at `offset` (None when the file is shorter)."""
+        """`blocks` of the contiguous tensor whose bytes start at `offset` (None when the file is shorter).
+
+        Blocks that lie within `SPAN_READ_BYTES` (ascending starts) come from one read of that span: a read
+        per block was a few hundred system calls for a tensor of a few MB."""
+        first, end = int(starts[0]), int(starts[-1]) + length
+        if len(starts) > 1 and (end - first) * dtype.itemsize <= SPAN_READ_BYTES and bool((starts[1:] >= starts[:-1]).all()):
+            span = np.empty(end - first, dtype=dtype)
+            if not self._pread(span, offset + first * dtype.itemsize):
+                return None
+            return span[(starts - first)[:, None] + np.arange(length)].reshape(-1)
         out = np.empty((len(starts), length), dtype=dtype)
         for row, start in zip(out, starts):
             if not self._pread(row, offset + int(start) * dtype.itemsize):
