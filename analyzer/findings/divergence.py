@@ -189,7 +189,7 @@ def nonfinite_counts(run: Run) -> tuple[dict, dict] | None:
 
 
 def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None,
-                      facts: dict[str, dict] | None = None, counts: tuple[dict, dict] | None = None) -> list[Finding]:
+                      facts: Mapping[str, dict] | None = None, known: tuple[dict, dict] | None = None) -> list[Finding]:
     """First layer with NaN (and with Inf) whose own inputs have none: where the NaN was born.
 
     The sentence adds what explains it: an Inf origin whose reference values pass 65504 is fp16
@@ -197,12 +197,12 @@ def nonfinite_origins(run: Run, graph: LayerGraph, base: Run | None = None,
     origin whose input already holds an anomaly (`facts`: the run's measured rows against its reference,
     keyed by the run's layer keys) moves to where that anomaly starts: a Log fed zeros the reference does
     not have, or an op fed values far outside the reference's range, did not make the NaN/Inf itself.
-    `counts`: the run's `nonfinite_counts`, when the caller has them.
+    `known`: the run's `nonfinite_counts`, when the caller has them.
     """
-    counts = counts or nonfinite_counts(run)
-    if counts is None:
+    known = known or nonfinite_counts(run)
+    if known is None:
         return []
-    nan, inf = counts
+    nan, inf = known
     layers = run.layers
     keys = layers["key"].tolist()
     blocks = layer_blocks(keys)
