@@ -7,7 +7,7 @@ user of that family would get after its usual post-processing (threshold, per-cl
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -280,45 +280,67 @@ def _text_det(arrays, input_hw, task: Task, conf: float) -> Boxes:
     if input_hw is not None and not image_of_input(prob.shape, input_hw):
         raise InputError(f"--task {task.text}: a DB probability map is an image of the {input_hw[0]}x{input_hw[1]} input "
                          f"(its size or a scaled copy), this output is {list(prob.shape)}")
-    labels = components(prob > float(task.get("thresh")))
-    found = []
-    for rows, cols in _regions(labels):
-        if len(rows) < int(task.get("min_area")):
-            continue
-        found.append(([cols.min(), rows.min(), cols.max() + 1, rows.max() + 1], float(prob[rows, cols].mean())))
-    found = [f for f in found if f[1] >= conf]
-    if not found:
+    regions = _text_regions(prob, prob > float(task.get("thresh")), int(task.get("min_area")))
+    keep = regions.scores >= conf
+    if not keep.any():
         return Boxes.empty()
-    return Boxes(np.array([f[0] for f in found], dtype=np.float64), np.array([f[1] for f in found]),
-                 np.zeros(len(found), dtype=np.int64))
+    return Boxes(regions.xyxy[keep], regions.scores[keep], np.zeros(int(keep.sum()), dtype=np.int64))
 
 
-def _regions(labels: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(rows, cols) of each labelled region, regions by ascending label, pixels in row-major order (as
-    `np.nonzero(labels == label)` gives them), from one grouping of the foreground instead of a pass
-    over the whole map per region."""
-    rows, cols = np.nonzero(labels)
-    values = labels[rows, cols]
-    order = np.argsort(values, kind="stable")
-    rows, cols, values = rows[order], cols[order], values[order]
-    bounds = np.flatnonzero(np.diff(values)) + 1
-    for start, end in zip(np.r_[0, bounds], np.r_[bounds, values.size]):
-        if end > start:
-            yield rows[start:end], cols[start:end]
+class _Runs(NamedTuple):
+    """The horizontal runs of a 2-D boolean map, in row-major order, with their 4-connected region."""
+
+    rows: np.ndarray  # the run's row
+    first: np.ndarray  # its first column
+    end: np.ndarray  # one past its last column
+    region: np.ndarray  # its region's label: the region's first pixel's flat index + 1 (row-major)
+
+
+def _text_regions(prob: np.ndarray, mask: np.ndarray, min_area: int) -> Boxes:
+    """Every region of `mask` of at least `min_area` pixels, by ascending label: its box (x0, y0, x1, y1)
+    and its score, the mean of `prob` over its pixels taken in row-major order. Worked out from the runs:
+    the pixels are gathered region by region with one index over the foreground, so the map is not
+    labelled pixel by pixel and no region is looked up in the whole map."""
+    runs = _labelled_runs(mask)
+    if runs.rows.size == 0:
+        return Boxes.empty()
+    lengths = runs.end - runs.first
+    order = np.argsort(runs.region, kind="stable")  # runs by region; row-major within a region
+    starts_in_foreground = np.cumsum(lengths) - lengths  # where each run's pixels begin in prob[mask]
+    sorted_lengths = lengths[order]
+    pixel = (np.repeat(starts_in_foreground[order] - (np.cumsum(sorted_lengths) - sorted_lengths), sorted_lengths)
+             + np.arange(int(sorted_lengths.sum())))
+    values = prob[mask][pixel]  # each region's pixels together, row-major within it
+    region = runs.region[order]
+    group = np.flatnonzero(np.r_[True, region[1:] != region[:-1]])  # each region's first run
+    area = np.add.reduceat(sorted_lengths, group)
+    at = np.cumsum(area) - area  # each region's first pixel in `values`
+    xyxy = np.stack([np.minimum.reduceat(runs.first[order], group), np.minimum.reduceat(runs.rows[order], group),
+                     np.maximum.reduceat(runs.end[order], group), np.maximum.reduceat(runs.rows[order], group) + 1],
+                    axis=1).astype(np.float64)
+    big = area >= min_area
+    scores = np.array([float(values[a:a + n].mean()) for a, n in zip(at[big].tolist(), area[big].tolist())])
+    return Boxes(xyxy[big], scores, np.zeros(int(big.sum()), dtype=np.int64))
 
 
 def components(mask: np.ndarray) -> np.ndarray:
     """4-connected component labels of a boolean map (0 = background); a region's label is its first
-    pixel's flat index + 1 (row-major). Numpy only: the horizontal runs of each row are the units (found
-    from where the flattened map switches on and off), runs of adjacent rows whose columns overlap are
-    joined (min-label propagation with pointer jumping over the run graph, a few passes over a few
-    thousand runs rather than over every pixel of the map), and the labels are written back run by run."""
+    pixel's flat index + 1 (row-major)."""
     mask = np.asarray(mask, dtype=bool)
     if mask.ndim != 2:
-        return _components_by_pixels(mask)
+        raise ValueError(f"components: a 2-D map, not {mask.ndim}-D")
+    runs = _labelled_runs(mask)
+    labels = np.zeros(mask.size, dtype=np.int64)
+    labels[mask.reshape(-1)] = np.repeat(runs.region, runs.end - runs.first)  # foreground pixels in run order
+    return labels.reshape(mask.shape)
+
+
+def _labelled_runs(mask: np.ndarray) -> _Runs:
+    """The runs of a 2-D boolean map and their regions. Numpy only: the horizontal runs of each row are
+    the units (found from where the flattened map switches on and off), runs of adjacent rows whose
+    columns overlap are joined (min-label propagation with pointer jumping over the run graph, a few
+    passes over a few thousand runs rather than over every pixel of the map)."""
     height, width = mask.shape
-    if not mask.any():
-        return np.zeros(mask.shape, dtype=np.int64)
     stride = width + 1  # each row followed by one background pixel: no run crosses a row's end
     padded = np.zeros((height, stride), dtype=np.int8)
     padded[:, :width] = mask
@@ -326,7 +348,7 @@ def components(mask: np.ndarray) -> np.ndarray:
     starts = np.flatnonzero(steps == 1)  # a run's first pixel, in the padded numbering
     ends = np.flatnonzero(steps == -1)  # one past its last pixel
     rows = starts // stride
-    first_pixel = rows * width + (starts - rows * stride)  # in the map's own numbering
+    first = starts - rows * stride
     upper, lower = _touching_runs(starts, ends, rows, stride)
     root = np.arange(starts.size)
     if upper.size:
@@ -340,10 +362,8 @@ def components(mask: np.ndarray) -> np.ndarray:
                 break
             root = updated
     smallest = np.full(starts.size, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(smallest, root, first_pixel)
-    labels = np.zeros(mask.size, dtype=np.int64)
-    labels[mask.reshape(-1)] = np.repeat(smallest[root] + 1, ends - starts)  # foreground pixels in run order
-    return labels.reshape(mask.shape)
+    np.minimum.at(smallest, root, rows * width + first)
+    return _Runs(rows, first, ends - rows * stride, smallest[root] + 1)
 
 
 def _touching_runs(starts: np.ndarray, ends: np.ndarray, rows: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
@@ -360,22 +380,3 @@ def _touching_runs(starts: np.ndarray, ends: np.ndarray, rows: np.ndarray, strid
     offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
     upper = np.repeat(first, counts) + offsets
     return upper, lower
-
-
-def _components_by_pixels(mask: np.ndarray) -> np.ndarray:
-    """The same labels for a map of any number of axes, by min-propagation of pixel indices with
-    pointer jumping over the pixels themselves."""
-    big = np.iinfo(np.int64).max
-    labels = np.where(mask, np.arange(1, mask.size + 1).reshape(mask.shape), big)
-    while True:
-        padded = np.pad(labels, 1, constant_values=big)
-        neighbours = np.minimum.reduce([padded[1:-1, 1:-1], padded[:-2, 1:-1], padded[2:, 1:-1],
-                                        padded[1:-1, :-2], padded[1:-1, 2:]])
-        updated = np.where(mask, neighbours, big)
-        flat = updated.reshape(-1)
-        inside = flat != big
-        for _ in range(4):
-            flat[inside] = flat[flat[inside] - 1]
-        if np.array_equal(updated, labels):
-            return np.where(mask, labels, 0)
-        labels = updated
