@@ -91,11 +91,7 @@ def _first_repeat_per_input(comparison: Comparison, indices: list[int]) -> list[
         held = chosen.get(run.input_key)
         if held is None or run.repeat < comparison.plan.pairs[held].other.repeat:
             chosen[run.input_key] = index
-    return sorted(chosen.values(), key=lambda i: (_input_label(comparison.plan.pairs[i].other), i))
-
-
-def _input_label(run) -> str:
-    return str(run.attrs.get("input_label") or run.input_key[:12])
+    return sorted(chosen.values(), key=lambda i: (comparison.plan.pairs[i].other.input_name, i))
 
 
 def _input_row(comparison: Comparison, index: int, config: str, summary_by_run: dict, zero_starts: dict) -> dict:
@@ -104,7 +100,7 @@ def _input_row(comparison: Comparison, index: int, config: str, summary_by_run: 
     rows = comparison.pair_rows(index)
     outputs = rows[rows["is_output"].astype(bool)]
     collapse = pd.to_numeric(outputs["zero_collapse"], errors="coerce").fillna(0.0)
-    return {"configuration": config, "input": _input_label(run), "run": run.label,
+    return {"configuration": config, "input": run.input_name, "run": run.label,
             "verdict": str(judged.get("verdict", "")), "n_fail": int((rows["status"] == "fail").sum()),
             "n_warn": int((rows["status"] == "warn").sum()),
             "first_divergence": _text(judged.get("first_divergence")), "first_fail": _text(judged.get("first_fail")),

@@ -548,11 +548,11 @@ def zero_collapse_origin(rows: pd.DataFrame, graph: LayerGraph, t: Thresholds, b
     keys = rows["key"].tolist()  # lists: zipping pandas string columns steps through them element by element
     flags = [collapsed(share, n, t.warn_zero_collapse)
              for share, n in zip(rows["zero_collapse"].fillna(0.0).tolist(), rows["n_zero_collapsed"].fillna(0).tolist())]
+    if not any(flags):  # itertuples builds a 60-field row type even for no rows
+        return []
     collapse = dict(zip(keys, flags))
     nonfinite = dict(zip(keys, rows["n_nonfinite_mismatch"].fillna(0).tolist()))
     status = dict(zip(keys, rows["status"].tolist()))
-    if not any(flags):  # itertuples builds a 60-field row type even for no rows
-        return []
     for r in rows[pd.Series(flags, index=rows.index, dtype=bool)].sort_values("position").itertuples():
         feeders = graph.upstream(r.key, set(collapse))
         if any(collapse[f] or nonfinite[f] for f in feeders):

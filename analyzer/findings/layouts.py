@@ -65,9 +65,10 @@ def layout_findings(pair: Pair, rows: pd.DataFrame) -> list[Finding]:
 
 
 def _mismatched(pair: Pair, rows: pd.DataFrame) -> list[Finding]:
-    hit = rows[rows["status"] == "layout_mismatch"]
-    if hit.empty:
+    mismatched = (rows["status"] == "layout_mismatch").to_numpy()
+    if not mismatched.any():  # the usual case: no empty frame built and sorted
         return []
+    hit = rows[mismatched]
     first = hit.sort_values("position").iloc[0]
     return [Finding(FindingKind.LAYOUT_MISMATCH, pair.other.label, first["key"], first["op_type"],
                     f"{len(hit)} layer(s) of {pair.other.label} were not compared with {pair.base.label} because "
@@ -79,9 +80,10 @@ def _mismatched(pair: Pair, rows: pd.DataFrame) -> list[Finding]:
 
 def _packed(pair: Pair, rows: pd.DataFrame) -> list[Finding]:
     """The first failing layer where either side holds the other's values in packed channel order."""
-    failing = rows[rows["status"] == "fail"].sort_values("position").head(MAX_CHECKED)
-    if failing.empty:  # itertuples builds a 60-field row type even for no rows
+    fails = (rows["status"] == "fail").to_numpy()
+    if not fails.any():  # no empty frame built and sorted; itertuples builds a 60-field row type even for no rows
         return []
+    failing = rows[fails].sort_values("position").head(MAX_CHECKED)
     for row in failing.itertuples():
         if getattr(row, "permutation", ""):  # measured after a transpose: packing is judged in one axis order only
             continue

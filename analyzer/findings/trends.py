@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from layerdiff.analyzer.measure.comparison import Comparison
+from layerdiff.analyzer.runs.sources import Run
 from layerdiff.analyzer.measure.rows import by_position
 from layerdiff.analyzer.findings.finding import Finding, FindingKind, MAX_NAMED, Severity
 from layerdiff.analyzer.findings.verdict import Thresholds, worst_output
@@ -92,12 +93,16 @@ def _output_clause(ordered: pd.DataFrame, numbers: dict) -> str:
 
 def input_dependence(comparison: Comparison, t: Thresholds, zero_starts: dict[str, Finding]) -> list[Finding]:
     """Per configuration run on several inputs: which inputs fail, where, and which collapse to zeros."""
-    groups: dict[tuple, list[dict]] = {}
+    pairs_of: dict[tuple, list[int]] = {}
     for index, pair in enumerate(comparison.plan.pairs):
         if pair.kind == "reference":
-            outcome = _input_outcome(pair, comparison.pair_rows(index), t, zero_starts.get(pair.other.label))
-            groups.setdefault(pair.other.config, []).append(outcome)
-    labels = _config_labels(groups)
+            pairs_of.setdefault(pair.other.config, []).append(index)
+    groups: dict[tuple, list[dict]] = {}
+    for config, indices in pairs_of.items():  # a configuration run on one input has no input dependence to show
+        if len({comparison.plan.pairs[i].other.input_name for i in indices}) > 1:
+            groups[config] = [_input_outcome(comparison.plan.pairs[i], comparison.pair_rows(i), t,
+                                             zero_starts.get(comparison.plan.pairs[i].other.label)) for i in indices]
+    labels = _config_labels({config: comparison.plan.pairs[indices[0]].other for config, indices in pairs_of.items()})
     out = []
     for config, members in groups.items():
         if len({m["input"] for m in members}) < 2 or len({m["verdict"] for m in members}) < 2:
@@ -139,7 +144,7 @@ def _input_outcome(pair, rows: pd.DataFrame, t: Thresholds, zero_start: Finding 
     first = str(bad.iloc[0]["key"]) if len(bad) else ""
     outputs = ordered[ordered["is_output"].astype(bool)]
     out_collapse = float(outputs["zero_collapse"].fillna(0.0).max()) if len(outputs) else 0.0
-    label = str(pair.other.attrs.get("input_label") or pair.other.input_key[:12])
+    label = pair.other.input_name
     collapsed = out_collapse > t.fail_zero_collapse
     if collapsed:
         text = (f"{label} collapses to zero (output {outputs.iloc[-1]['key']}: {percent(out_collapse)} of the reference's "
@@ -151,12 +156,12 @@ def _input_outcome(pair, rows: pd.DataFrame, t: Thresholds, zero_start: Finding 
     if zero_layer:
         text += f", zeros start at {zero_layer}"
     return {"input": label, "verdict": verdict, "first": first, "collapsed": collapsed, "zero_start": zero_layer,
-            "text": text, "run": pair.other}
+            "text": text}
 
 
-def _config_labels(groups: dict[tuple, list[dict]]) -> dict[tuple, str]:
-    """'vulkan/low' when every configuration shares device and engine, else the full configuration label."""
-    runs = {config: members[0]["run"] for config, members in groups.items()}
+def _config_labels(runs: dict[tuple, Run]) -> dict[tuple, str]:
+    """'vulkan/low' when every configuration (each given by one of its runs) shares device and engine,
+    else the full configuration label."""
     short = {config: f"{run.backend}/{run.precision}" for config, run in runs.items()}
     if len(set(short.values())) == len(short):
         return short

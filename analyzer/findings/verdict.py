@@ -192,9 +192,9 @@ def _pair_verdict(rows: pd.DataFrame, t: Thresholds | None, judgement) -> tuple[
     if not is_measured.any():
         return "not compared", ""
     is_output = rows["is_output"].astype(bool)
-    reshaped = rows[(status == "shape_mismatch") & is_output]
-    if len(reshaped):  # the app gets another tensor: no verdict on the other outputs may hide it
-        r = reshaped.iloc[0]
+    reshaped = ((status == "shape_mismatch") & is_output).to_numpy()
+    if reshaped.any():  # the app gets another tensor: no verdict on the other outputs may hide it
+        r = rows[reshaped].iloc[0]
         return "fail", (f"model output {r['key']} has shape {r['run_shape']} in the run and {r['shape']} in the "
                         "reference: the run computes another tensor there, not an inaccurate one")
     return run_verdict(status, rows[is_measured & is_output], t, judgement)

@@ -67,7 +67,7 @@ def _per_op(rows: pd.DataFrame, group: int, base, repeats: int, fresh: bool) -> 
     by_op.insert(0, "group", group)
     by_op.insert(1, "run", base.label)
     by_op.insert(2, "configuration", base.config_label or base.label)
-    by_op.insert(3, "input", str(base.attrs.get("input_label") or base.input_key[:12]))
+    by_op.insert(3, "input", base.input_name)
     by_op.insert(4, "repeats", repeats)
     by_op.insert(5, "fresh_process", fresh)
     return by_op

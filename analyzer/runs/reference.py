@@ -91,7 +91,7 @@ def _pair_hashless_reference(reference: Run, runs: list[Run], ref_input: str | N
     if ref_input:
         keys = {r.input_key for r in others if _is_input(r, ref_input)}
         if not keys:
-            labels = sorted({str(r.attrs.get("input_label") or r.input_key[:12]) for r in others})
+            labels = sorted({r.input_name for r in others})
             raise UsageError(f"--ref-input {ref_input}: no run was fed an input with that label or sha256 "
                                  f"prefix (inputs: {', '.join(labels) or 'none'})")
         if len(keys) > 1:

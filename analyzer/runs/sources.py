@@ -137,6 +137,11 @@ class Run:
         return self.input_override or str(self.attrs.get("input_sha256") or self.attrs.get("input_label") or "")
 
     @property
+    def input_name(self) -> str:
+        """The input as findings and tables name it: its label, else the first 12 characters of its key."""
+        return str(self.attrs.get("input_label") or self.input_key[:12])
+
+    @property
     def input_description(self) -> str:
         """The input as the user knows it plus the key pairing uses: `cat.png (sha256 1a2b3c4d5e6f)`."""
         label = str(self.attrs.get("input_label") or "")
