@@ -69,6 +69,18 @@ def html_text(value: object) -> str:
     return html.escape(value if isinstance(value, str) else str(value), quote=True)
 
 
+_HTML_SPECIALS = frozenset("&<>\"'")  # what `html.escape(..., quote=True)` replaces
+
+
+def html_texts(values: Iterable[str]) -> list[str]:
+    """`html_text` of each string, a column at a time: a column with none of the characters HTML escapes
+    (most columns of numbers and layer names) is looked at once, not cell by cell."""
+    texts = list(values)
+    if _HTML_SPECIALS.isdisjoint("".join(texts)):
+        return texts
+    return [html.escape(t, quote=True) for t in texts]
+
+
 def chart_text(value: object) -> str:
     """Text for a plotly label, legend entry, axis tick, title or hover template.
 

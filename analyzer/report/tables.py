@@ -21,7 +21,7 @@ from layerdiff.analyzer.report.estimates import mark_estimated
 from layerdiff.analyzer.report.numbers import format_number  # noqa: F401  (re-exported: callers import it from here)
 from layerdiff.analyzer.report.outdir import atomic_write_chunks, atomic_write_text
 from layerdiff.analyzer.findings.summary import SUMMARY_COLUMNS, run_summary  # noqa: F401 (the report's run table)
-from layerdiff.safetext import html_text, markdown_text, markdown_texts
+from layerdiff.safetext import html_text, html_texts, markdown_text, markdown_texts
 
 CHUNK_ROWS = 2000  # rows formatted at a time when writing big tables
 LAYER_VIEW = ["run", "position", "key", "op_type", "status", "rel_l2", "sqnr_db", "cosine", "max_abs", "mean_abs",
@@ -191,6 +191,8 @@ def _formatted_column(series: pd.Series, markdown: bool = False) -> list[str]:
         out = ["" if v != v else f"{v:.4g}" for v in values]
     elif kind in "iub":
         out = [str(v) for v in values]
+    elif isinstance(series.dtype, pd.StringDtype) and not series.hasnans:  # texts: `format_number` keeps them
+        out = values
     else:
         out = [format_number(v) for v in values]
     if markdown and series.dtype.kind not in "iufb":  # names are data: nothing in them is Markdown
@@ -211,7 +213,7 @@ def to_html(frame: pd.DataFrame, css_class: str = "data") -> str:
     head = "".join(f"<th>{html_text(_title(c))}</th>" for c in frame.columns)
     columns = []
     for column in frame.columns:
-        texts = [html_text(t) for t in _formatted_column(frame[column])]
+        texts = html_texts(_formatted_column(frame[column]))
         if column in ("status", "verdict", "isolated_status"):
             columns.append([f'<td class="s-{t}">{t}</td>' for t in texts])
         else:

@@ -293,3 +293,14 @@ def test_the_rule_per_medium():
     document = json.dumps({"name": SCRIPT, "other": "<!--"}).encode()
     embedded = json_in_script(document)
     assert b"<" not in embedded and json.loads(embedded) == json.loads(document)
+
+
+def test_a_column_of_cells_is_escaped_as_each_cell_would_be():
+    """The column-at-a-time escaping of the page's tables gives each cell's own escaping, whether one cell
+    of the column holds markup or none does."""
+    from layerdiff.safetext import html_text, html_texts
+
+    for column in (["conv1", "relu_2", "3.5e-05"], ["conv1", "<img src=x onerror=alert(1)>", "a&b", "it's \"x\""],
+                   ["'"], [""], []):
+        assert html_texts(column) == [html_text(cell) for cell in column]
+    assert html_texts(["<b>"]) == ["&lt;b&gt;"]
