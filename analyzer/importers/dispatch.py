@@ -110,8 +110,17 @@ def _import(path: Path, fmt: str, attrs: dict[str, Any], out: Path | None, optio
     else:
         result = ImportResult(target, fmt, write_dump(_read_foreign(path, fmt, options), target, attrs))
     if out is None:
-        convcache.trim(keep=target)
+        _bound_cache(target)
     return result
+
+
+def _bound_cache(added: Path) -> None:
+    """Keep the cache within its limit after an addition; a trim that cannot run (a full disk, a cache folder
+    gone) leaves the cache as it is for the next one, never failing the conversion just made."""
+    try:
+        convcache.trim(keep=added)
+    except OSError:
+        pass
 
 
 def _read_foreign(path: Path, fmt: str, options: dict[str, Any]) -> ForeignDump:
@@ -152,7 +161,7 @@ def extracted(path: Path) -> Path:
         os.replace(partial, dest)
     except OSError:  # another process finished the same extraction first
         shutil.rmtree(partial, ignore_errors=True)
-    convcache.trim(keep=dest)
+    _bound_cache(dest)
     return dest
 
 

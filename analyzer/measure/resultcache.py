@@ -106,9 +106,10 @@ def store(comparison: Comparison, key: str) -> None:
     if path is None:
         return
     try:
-        refs = _store_outputs(comparison, path.with_suffix(OUTPUTS_SUFFIX))
+        side = path.with_suffix(OUTPUTS_SUFFIX)
+        refs = _store_outputs(comparison, side)
         atomic_write_chunks(path, _document(comparison, key, refs))
-        convcache.trim(keep=path)
+        convcache.trim(keep=path, added=[side, path])
     except (OSError, LayerdiffError, ValueError):
         pass
 

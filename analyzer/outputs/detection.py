@@ -18,13 +18,11 @@ from layerdiff.errors import InputError
 
 def decode(task: Task, outputs: list[np.ndarray], input_hw: tuple[int, int] | None, conf: float) -> Boxes:
     """The boxes of one run: the task's decoder at score threshold `conf`."""
+    if task.name == "text-det":  # one map, read in float64 where it is compared and averaged, never copied whole
+        return _text_det([np.asarray(o) for o in outputs], input_hw, task, conf)
     arrays = [np.asarray(o, dtype=np.float64) for o in outputs]
-    decoder = {"yolov5": _yolov5, "yolox": _yolox, "yolov8": _yolov8, "picodet": _picodet, "ssd": _ssd,
-               "text-det": _text_det}[task.name]
-    boxes = decoder(arrays, input_hw, task, conf)
-    if task.name == "text-det":
-        return boxes
-    return nms(boxes, float(task.get("iou")))
+    decoder = {"yolov5": _yolov5, "yolox": _yolox, "yolov8": _yolov8, "picodet": _picodet, "ssd": _ssd}[task.name]
+    return nms(decoder(arrays, input_hw, task, conf), float(task.get("iou")))
 
 
 def decode_at_two(task: Task, outputs: list[np.ndarray], input_hw: tuple[int, int] | None, conf: float,
@@ -280,7 +278,8 @@ def _text_det(arrays, input_hw, task: Task, conf: float) -> Boxes:
     if input_hw is not None and not image_of_input(prob.shape, input_hw):
         raise InputError(f"--task {task.text}: a DB probability map is an image of the {input_hw[0]}x{input_hw[1]} input "
                          f"(its size or a scaled copy), this output is {list(prob.shape)}")
-    regions = _text_regions(prob, prob > float(task.get("thresh")), int(task.get("min_area")))
+    above = np.greater(prob, float(task.get("thresh")), signature=(np.float64, np.float64, np.bool_))  # as in float64
+    regions = _text_regions(prob, above, int(task.get("min_area")))
     keep = regions.scores >= conf
     if not keep.any():
         return Boxes.empty()
@@ -310,7 +309,7 @@ def _text_regions(prob: np.ndarray, mask: np.ndarray, min_area: int) -> Boxes:
     sorted_lengths = lengths[order]
     pixel = (np.repeat(starts_in_foreground[order] - (np.cumsum(sorted_lengths) - sorted_lengths), sorted_lengths)
              + np.arange(int(sorted_lengths.sum())))
-    values = prob[mask][pixel]  # each region's pixels together, row-major within it
+    values = np.asarray(prob[mask][pixel], dtype=np.float64)  # each region's pixels together, row-major within it
     region = runs.region[order]
     group = np.flatnonzero(np.r_[True, region[1:] != region[:-1]])  # each region's first run
     area = np.add.reduceat(sorted_lengths, group)

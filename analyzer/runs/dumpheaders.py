@@ -110,7 +110,7 @@ def store_all(headers: list[tuple[Path, DumpHeader]]) -> None:
     kept = [entry for path, header in headers if (entry := store(path, header, trim=False)) is not None]
     if kept:
         try:
-            convcache.trim(keep=kept[-1])
+            convcache.trim(keep=kept[-1], added=kept)
         except (OSError, LayerdiffError):
             pass
 

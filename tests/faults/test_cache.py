@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -121,6 +124,96 @@ def test_directory_sizes_are_counted_once_and_follow_their_directory(xdg, tmp_pa
     (record,) = [p for p in root.iterdir() if p.name.startswith(".")]
     assert record.name == f".report-abc.10.{report.stat().st_ino}.bytes"
     assert convcache.trim(limit=0) == 10 and convcache.usage() == (0, 0)
-    assert list(root.iterdir()) == []  # the record went with its directory
+    assert [p.name for p in root.iterdir()] == [convcache.LEDGER]  # the record went with its directory
     (root / ".report-gone.5.1.bytes").touch()
-    assert convcache.usage() == (0, 0) and list(root.iterdir()) == []  # an orphaned record is removed
+    assert convcache.usage() == (0, 0) and [p.name for p in root.iterdir()] == [convcache.LEDGER]  # an orphaned record is removed
+
+
+def _entry(root: Path, name: str, size: int, used: float) -> Path:
+    """A cache entry of `size` bytes last used at `used` (seconds since the epoch)."""
+    path = root / name
+    path.write_bytes(bytes(size))
+    os.utime(path, (used, used))
+    return path
+
+
+def _ledger(root: Path) -> tuple[int, float]:
+    total, counted = (root / convcache.LEDGER).read_text().split()
+    return int(total), float(counted)
+
+
+def test_an_addition_within_the_limit_is_counted_from_the_ledger_alone(xdg):
+    """After one full count the cache's bytes come from the ledger: an entry that appeared by other means
+    is not seen until the next full count (an hour later, or an addition over the limit), which then
+    finds it and trims what is over."""
+    root = convcache.cache_dir()
+    _entry(root, "results-a.json", 300, 1000)
+    assert convcache.trim(keep=_entry(root, "results-b.json", 300, 2000), limit=1000) == 0  # no ledger: counted
+    assert _ledger(root)[0] == 600
+    _entry(root, "results-outside.json", 900, 500)  # not added through the cache: the ledger does not know it
+    assert convcache.trim(keep=_entry(root, "results-c.json", 100, 3000), limit=1000) == 0
+    assert _ledger(root)[0] == 700 and (root / "results-outside.json").exists()
+    total, _ = _ledger(root)
+    (root / convcache.LEDGER).write_text(f"{total} {time.time() - convcache.RECOUNT_AFTER_S - 1}\n")  # an old count
+    assert convcache.trim(keep=_entry(root, "results-d.json", 100, 4000), limit=1000) == 900  # 1,700 > 1,000
+    assert sorted(p.name for p in root.glob("results-*")) == [f"results-{k}.json" for k in "abcd"]
+    assert _ledger(root)[0] == 800 == convcache.usage()[1]
+
+
+def test_a_full_cache_is_trimmed_below_its_limit_least_recently_used_first(xdg):
+    """An addition over the limit removes the least recently used entries until the cache is under 90% of
+    the limit, so that the next additions fit without counting the whole cache again."""
+    root = convcache.cache_dir()
+    for i in range(10):
+        convcache.trim(keep=_entry(root, f"results-{i}.json", 100, 1000 + i), limit=1000)
+    assert convcache.usage() == (10, 1000) and _ledger(root)[0] == 1000
+    assert convcache.trim(keep=_entry(root, "results-new.json", 100, 5000), limit=1000) == 200
+    assert not (root / "results-0.json").exists() and not (root / "results-1.json").exists()
+    assert convcache.usage() == (9, 900) == (9, _ledger(root)[0])
+    assert convcache.trim(keep=_entry(root, "results-next.json", 100, 6000), limit=1000) == 0  # room left
+    assert convcache.usage()[1] == _ledger(root)[0] == 1000
+
+
+def test_what_was_just_added_is_never_trimmed(xdg):
+    root = convcache.cache_dir()
+    old = _entry(root, "results-old.json", 100, 1000)
+    side = _entry(root, "results-new.outputs", 600, 900)  # written first: older than the entry that points into it
+    entry = _entry(root, "results-new.json", 100, 2000)
+    assert convcache.trim(keep=entry, added=[side, entry], limit=700) == 100
+    assert side.exists() and entry.exists() and not old.exists()
+
+
+@pytest.mark.parametrize("ledger", ["", "garbage", "12 nan", "-5 1.0", "10 99999999999", b"\xff\xfe"])
+def test_an_unreadable_ledger_means_a_full_count(xdg, ledger):
+    root = convcache.cache_dir()
+    _entry(root, "results-a.json", 400, 1000)
+    path = root / convcache.LEDGER
+    path.write_bytes(ledger if isinstance(ledger, bytes) else ledger.encode())
+    assert convcache.trim(keep=_entry(root, "results-b.json", 100, 2000), limit=1000) == 0
+    assert _ledger(root)[0] == 500
+
+
+def test_concurrent_additions_are_all_counted(xdg, tmp_path):
+    """Processes adding entries at the same time update the ledger one at a time: none of their bytes is lost."""
+    script = tmp_path / "add.py"
+    script.write_text(
+        "import sys\n"
+        "from layerdiff.analyzer.importers import convcache\n"
+        "root = convcache.cache_dir()\n"
+        "for i in range(40):\n"
+        "    path = root / f'results-{sys.argv[1]}-{i}.json'\n"
+        "    path.write_bytes(bytes(100 + i))\n"
+        "    convcache.trim(keep=path, limit=1 << 30)\n")
+    convcache.trim(limit=1 << 30)  # the ledger exists: every addition below goes through it
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    procs = [subprocess.Popen([sys.executable, str(script), str(k)], env=env) for k in range(3)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    assert _ledger(root := convcache.cache_dir())[0] == convcache.usage()[1] == 3 * sum(100 + i for i in range(40))
+    assert len(list(root.glob("results-*"))) == 120
+
+
+def test_cleaning_the_cache_resets_its_ledger(xdg):
+    root = convcache.cache_dir()
+    convcache.trim(keep=_entry(root, "results-a.json", 300, 1000))
+    assert convcache.clean() == (1, 300)
+    assert _ledger(root)[0] == 0 and convcache.usage() == (0, 0)
