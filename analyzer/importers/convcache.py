@@ -11,14 +11,16 @@ empties it.
 
 Trimming runs after every addition (an analysis adds its measurement, its dumps' headers and its
 report), so it must not look at the whole cache each time: a cache at its limit holds thousands of
-entries (9,500 in a 4 GiB one: a listing and a stat of each took about 0.08 s of every re-judged
-analysis). The cache's byte count is kept in a ledger, `.usage` (the bytes of the last full count plus
+entries (9,500 in a 4 GiB one: a listing and a stat of each is about 0.06-0.08 s, as much as a
+third of what a re-judged analysis does beyond reading its stored measurement). The cache's byte count is kept in a ledger, `.usage` (the bytes of the last full count plus
 those added since, and when that count was made), updated under a lock: an addition that keeps
 the cache within its limit reads and rewrites that one small file. A full count (one listing; a
 directory entry, never changed once renamed into place, has its size counted once and kept in the name
 of an empty hidden file beside it, `.NAME.BYTES.INODE.bytes`) is made when an addition would go over
 the limit, when the ledger is missing or unreadable, and when the last count is over an hour old (entries
-that appeared by other means, a deletion by hand). When a count finds the cache over its limit, the
+that appeared by other means, a deletion by hand). An entry written but not yet accounted when another
+process counts in full is counted twice until the next count: the ledger errs toward too many bytes
+(an earlier trim), never too few. When a count finds the cache over its limit, the
 least recently used entries go until it is under 90% of it, so that a full cache is not counted again
 at every addition. A size record is not an entry: it goes when its directory goes.
 """
@@ -42,6 +44,7 @@ STALE_PARTIAL_S = 3600  # a half-written entry this old belongs to a process tha
 SIZE_SUFFIX = ".bytes"  # `.NAME.BYTES.INODE.bytes`: an empty file, the recorded size of directory entry NAME
 LEDGER = ".usage"  # "BYTES COUNTED_AT": the cache's bytes, and when they were last counted in full
 RECOUNT_AFTER_S = 3600  # a ledger older than this is counted again (entries added or removed by other means)
+CLOCK_SLACK_S = 1.0  # a count this far in the future is a clock set back a little, not a ledger to distrust
 LOW_WATER = 0.9  # a count over the limit removes the least recently used entries down to this share of it
 
 
@@ -214,13 +217,13 @@ def _trim_counted(root: Path, keep: set[str], limit: int) -> tuple[int, int]:
 
 def _added_bytes(root: Path, path: Path) -> int:
     """The bytes of an entry just added (a directory counted now and its size recorded beside it); 0 when it
-    is gone already."""
+    is gone already, or is no entry of this cache."""
+    if path.parent != root:
+        return 0
     try:
         st = path.lstat()
         if not stat.S_ISDIR(st.st_mode):
             return st.st_size
-        if path.parent != root:
-            return sum(f.lstat().st_size for f in path.rglob("*") if f.is_file())
         return _dir_bytes(root, path.name, st, [])[0]
     except OSError:
         return 0
@@ -230,7 +233,7 @@ def _added_bytes(root: Path, path: Path) -> int:
 def _ledger(root: Path) -> Iterator[int]:
     """The ledger's file descriptor, locked: one process at a time reads, counts and rewrites it, so no
     addition is lost and no two processes remove entries at once."""
-    fd = os.open(root / LEDGER, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(root / LEDGER, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
@@ -245,13 +248,13 @@ def _read_ledger(fd: int) -> tuple[int, float] | None:
         total, counted_at = int(bytes_text), float(counted_text)
     except (OSError, ValueError):
         return None
-    if total < 0 or not 0 <= time.time() - counted_at <= RECOUNT_AFTER_S:
+    if total < 0 or not -CLOCK_SLACK_S <= time.time() - counted_at <= RECOUNT_AFTER_S:
         return None
     return total, counted_at
 
 
 def _write_ledger(fd: int, total: int, counted_at: float) -> None:
-    text = f"{total} {counted_at:.3f}\n".encode("ascii")
+    text = f"{total} {counted_at!r}\n".encode("ascii")
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, text, 0)
