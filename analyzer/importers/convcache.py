@@ -232,10 +232,15 @@ def _added_bytes(root: Path, path: Path) -> int:
 @contextmanager
 def _ledger(root: Path) -> Iterator[int]:
     """The ledger's file descriptor, locked: one process at a time reads, counts and rewrites it, so no
-    addition is lost and no two processes remove entries at once."""
+    addition is lost and no two processes remove entries at once. On a file system without locks (some
+    network mounts) it is used unlocked: an addition made at the same moment as another may go uncounted
+    until the next full count, at most an hour later."""
     fd = os.open(root / LEDGER, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
         yield fd
     finally:
         os.close(fd)  # releases the lock
