@@ -280,10 +280,7 @@ def _text_det(arrays, input_hw, task: Task, conf: float) -> Boxes:
                          f"(its size or a scaled copy), this output is {list(prob.shape)}")
     above = np.greater(prob, float(task.get("thresh")), signature=(np.float64, np.float64, np.bool_))  # as in float64
     regions = _text_regions(prob, above, int(task.get("min_area")))
-    keep = regions.scores >= conf
-    if not keep.any():
-        return Boxes.empty()
-    return Boxes(regions.xyxy[keep], regions.scores[keep], np.zeros(int(keep.sum()), dtype=np.int64))
+    return regions.take(regions.scores >= conf)
 
 
 class _Runs(NamedTuple):
