@@ -105,7 +105,7 @@ def input_dependence(comparison: Comparison, t: Thresholds, zero_starts: dict[st
     labels = _config_labels({config: comparison.plan.pairs[indices[0]].other for config, indices in pairs_of.items()})
     out = []
     for config, members in groups.items():
-        if len({m["input"] for m in members}) < 2 or len({m["verdict"] for m in members}) < 2:
+        if len({m["verdict"] for m in members}) < 2:  # every input fares alike: nothing depends on the input
             continue
         failing = [m for m in members if m["verdict"] == "fail"] or [m for m in members if m["verdict"] == "warn"]
         where, count = Counter(m["first"] for m in failing).most_common(1)[0]
