@@ -25,6 +25,7 @@ from layerdiff.analyzer.measure.comparison import Comparison
 from layerdiff.errors import LayerdiffError, NothingToCompareError, UsageError
 from layerdiff.progress import Steps
 from layerdiff.analyzer.findings.divergence import KIND_ORDER, Finding, all_findings
+from layerdiff.analyzer.findings.coverage import pair_verdicts
 from layerdiff.analyzer.measure.isolation import Isolation, measure_isolated
 from layerdiff.analyzer.findings.isolation import attach_isolated, judge_isolation
 from layerdiff.analyzer.findings.layerstatus import judge_layers
@@ -129,8 +130,10 @@ def analyze_paths(paths: Iterable[Path | str], *, ref: Path | str | None = None,
         judge_isolation(isolation, comparison, thresholds)
         attach_isolated(comparison.table, isolation)
         judgements = judge_all(comparison, declared, thresholds)
-        findings = merge_findings(all_findings(comparison, sources.runs, thresholds, judgements), isolation.findings)
-        summary = run_summary(comparison, sources.runs, findings, thresholds, judgements)
+        verdicts = pair_verdicts(comparison, thresholds, judgements)
+        findings = merge_findings(all_findings(comparison, sources.runs, thresholds, judgements, verdicts),
+                                  isolation.findings)
+        summary = run_summary(comparison, sources.runs, findings, thresholds, judgements, verdicts)
         dataset = dataset_view(comparison, summary, findings)
         repeat_ops = repeat_spread_per_op(comparison)
         fleet = fleet_view(sources.runs, summary)

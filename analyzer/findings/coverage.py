@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from layerdiff.analyzer.align.graph import LayerGraph
+from layerdiff.analyzer.findings.verdict import Thresholds, pair_verdict
 
 COMPARED = ("pass", "warn", "fail")
 MAX_NAMED = 3
@@ -49,3 +50,18 @@ def run_stopped_early(pair, rows: pd.DataFrame, graph: LayerGraph) -> bool:
 def _names(kind: str, keys: list[str]) -> str:
     shown = ", ".join(keys[:MAX_NAMED]) + (f" and {len(keys) - MAX_NAMED} more" if len(keys) > MAX_NAMED else "")
     return f"{kind}{'s' if len(keys) > 1 else ''} {shown}"
+
+
+def pair_verdicts(comparison, t: Thresholds | None = None, judgements: dict | None = None) -> dict[int, tuple[str, str]]:
+    """Each reference pair's (verdict, reason), weighing the outputs it could not compare: worked out once
+    for the findings (which cap a layer finding at its run's verdict) and the summary (which shows it)."""
+    judgements = judgements or {}
+    verdicts = {}
+    for index, pair in enumerate(comparison.plan.pairs):
+        if pair.kind != "reference":
+            continue
+        rows = comparison.pair_rows(index)
+        graph = comparison.graph(pair.base)
+        verdicts[index] = pair_verdict(rows, t, judgements.get(index), outputs_not_compared(pair, rows, graph),
+                                       run_stopped_early(pair, rows, graph))
+    return verdicts

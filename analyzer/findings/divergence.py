@@ -29,8 +29,8 @@ from layerdiff.analyzer.findings.layouts import layout_findings
 from layerdiff.analyzer.findings.observability import observed_vs_plain, split_graph
 from layerdiff.analyzer.align.blocks import block_clause, layer_blocks
 from layerdiff.analyzer.findings.wording import layer_name, percent, with_node_names
-from layerdiff.analyzer.findings.coverage import outputs_not_compared, run_stopped_early
-from layerdiff.analyzer.findings.verdict import Thresholds, collapsed, pair_verdict
+from layerdiff.analyzer.findings.coverage import pair_verdicts
+from layerdiff.analyzer.findings.verdict import Thresholds, collapsed
 from layerdiff.analyzer.findings.provenance import provenance_findings
 from layerdiff.analyzer.findings.spread import run_spread
 from layerdiff.analyzer.findings.versions import release_parting
@@ -47,11 +47,14 @@ FP16_MAX = 65504.0
 KIND_ORDER = [kind.value for kind in FindingKind]  # report order: FindingKind's declaration order
 
 
-def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgements: dict | None = None) -> list[Finding]:
+def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgements: dict | None = None,
+                 verdicts: dict[int, tuple[str, str]] | None = None) -> list[Finding]:
     """Every finding over every run and pair, most important kinds first (`judgements`: pair index ->
-    decoded-output judgement of a declared task, outputs/judge.py)."""
+    decoded-output judgement of a declared task, outputs/judge.py; `verdicts`: the pairs' `pair_verdicts`,
+    when the caller has them already)."""
     found: list[Finding] = []
     judgements = judgements or {}
+    verdicts = pair_verdicts(comparison, t, judgements) if verdicts is None else verdicts
     reference_pair = {p.other.label: i for i, p in enumerate(comparison.plan.pairs) if p.kind == "reference"}
     for run in runs:
         found += run_state_findings(run)
@@ -77,9 +80,7 @@ def all_findings(comparison: Comparison, runs: list[Run], t: Thresholds, judgeme
             found += layouts
             mislaid = {f.layer for f in layouts if f.kind == FindingKind.PACKED_ORDER}
             found += saturation(rows, pair.base)
-            every = comparison.pair_rows(index)  # not-observable outputs included: coverage says why they are not compared
-            verdict, why = pair_verdict(rows, t, judgements.get(index), outputs_not_compared(pair, every, graph),
-                                        run_stopped_early(pair, every, graph))
+            verdict, why = verdicts[index]
             sources = failure_sources(rows, graph, None if verdict == "fail" else (verdict, why),
                                       dict(zip(pair.base.layers["key"].tolist(), pair.base.layers["op_type"].astype(str).tolist())))
             found += sources

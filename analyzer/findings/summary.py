@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from layerdiff.analyzer.findings.coverage import outputs_not_compared, run_stopped_early
+from layerdiff.analyzer.findings.coverage import pair_verdicts
 from layerdiff.analyzer.findings.divergence import Finding
-from layerdiff.analyzer.findings.verdict import Thresholds, dense_output_beyond, pair_verdict, worst_output
+from layerdiff.analyzer.findings.verdict import Thresholds, dense_output_beyond, worst_output
 from layerdiff.analyzer.measure.comparison import Comparison
 from layerdiff.analyzer.runs.sources import Run
 
@@ -23,10 +23,13 @@ SUMMARY_COLUMNS = ["run", "role", "reference", "config", "input", "repeat", "ver
                    "bytes_pulled", "dump_bytes", "n_estimated", "worst_estimated", "worst_rel_l2_sigma"]
 
 def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding],
-                thresholds: Thresholds | None = None, judgements: dict | None = None) -> pd.DataFrame:
+                thresholds: Thresholds | None = None, judgements: dict | None = None,
+                verdicts: dict[int, tuple[str, str]] | None = None) -> pd.DataFrame:
     """One row per run: its role, verdict, counts, first divergence and output quality (`judgements`:
-    pair index -> the decoded-output judgement of a declared task, outputs/judge.py)."""
+    pair index -> the decoded-output judgement of a declared task, outputs/judge.py; `verdicts`: the
+    pairs' `pair_verdicts`, when the caller has them already)."""
     plan = comparison.plan
+    verdicts = pair_verdicts(comparison, thresholds, judgements) if verdicts is None else verdicts
     ref_ids = {id(r) for r in plan.references.values()}
     first = {f.run: f for f in findings if f.kind == "first_divergence"}
     rows = []
@@ -40,7 +43,7 @@ def run_summary(comparison: Comparison, runs: list[Run], findings: list[Finding]
                 row["verdict"], row["verdict_reason"] = "not compared", plan.uncompared.get(run.label, "")
             rows.append(row)
             continue
-        row.update(_pair_summary(comparison, index, thresholds, (judgements or {}).get(index)))
+        row.update(_pair_summary(comparison, index, verdicts[index], (judgements or {}).get(index)))
         hit = first.get(run.label)
         row["first_divergence"], row["first_divergence_op"] = (hit.layer, hit.op_type) if hit else ("", "")
         fail = hit.numbers.get("first_fail", "") if hit else ""
@@ -76,7 +79,7 @@ def _worst_estimate(worst_row) -> dict:
     return {"worst_estimated": True, "worst_rel_l2_sigma": float(worst_row.get("rel_l2_sigma", math.nan))}
 
 
-def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | None = None, judgement=None) -> dict:
+def _pair_summary(comparison: Comparison, index: int, verdict_and_reason: tuple[str, str], judgement=None) -> dict:
     rows = comparison.pair_rows(index)
     alignment = comparison.alignments[index]
     pair = comparison.plan.pairs[index]
@@ -85,9 +88,7 @@ def _pair_summary(comparison: Comparison, index: int, thresholds: Thresholds | N
     outputs = rows[is_measured & rows["is_output"].astype(bool)]
     measured_rel = rows["rel_l2"][is_measured]
     worst_row = rows.loc[measured_rel.idxmax()] if measured_rel.notna().any() else None
-    graph = comparison.graph(pair.base)
-    verdict, why = pair_verdict(rows, thresholds, judgement, outputs_not_compared(pair, rows, graph),
-                                run_stopped_early(pair, rows, graph))
+    verdict, why = verdict_and_reason
     if verdict == "not compared":
         why = _unmeasured(rows, pair)
     out = worst_output(outputs)
