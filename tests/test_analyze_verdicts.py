@@ -102,3 +102,34 @@ def test_an_all_zero_reference_met_within_atol_is_no_failure():
     row = {"rel_l2": float("inf"), "max_abs": 5.6e-9, "n_nonfinite_mismatch": 0, "pass_fraction": 1.0}
     assert classify(row, Thresholds())[0] == "pass"
     assert classify({**row, "max_abs": 0.5}, Thresholds())[0] == "fail"
+
+
+def test_layers_screened_as_passing_are_exactly_those_classify_passes_without_a_word():
+    """The column-at-a-time screen a re-judge uses never passes a layer `classify` would flag, and it
+    passes every clean layer with a finite error (else they would go through `classify` one by one again)."""
+    from layerdiff.analyzer.findings.layerstatus import CLASSIFY_COLUMNS, _cells, surely_passing
+    from layerdiff.analyzer.findings.verdict import Thresholds, classify
+
+    rng = np.random.default_rng(7)
+    values = {"rel_l2": [0.0, 1e-4, 0.01, 0.0100001, 0.05, 0.1, 0.3, math.inf, -math.inf, math.nan],
+              "max_abs": [0.0, 1e-3, 0.5, math.nan],
+              "pass_fraction": [1.0, 0.99, 0.98, 0.5, math.nan],
+              "zero_collapse": [0.0, 0.05, 0.06, 0.5, 0.7, math.nan]}
+    counts = [0, 0, 0, 0, 1, 7, 8, 9, math.nan]
+    settings = [Thresholds(), Thresholds(warn_rel_l2=0.2, fail_rel_l2=0.05),
+                Thresholds(warn_zero_collapse=0.6, fail_zero_collapse=0.1, min_pass_fraction=0.5)]
+    for t in settings:
+        rows = 4000
+        columns = {c: _cells(c, [values[c][i] for i in rng.integers(0, len(values[c]), rows)] if c in values
+                             else [counts[i] for i in rng.integers(0, len(counts), rows)])
+                   for c in CLASSIFY_COLUMNS}
+        screened = surely_passing(columns, rows, t)
+        answers = [classify({c: cells[i] for c, cells in columns.items()}, t) for i in range(rows)]
+        for i in np.flatnonzero(screened):
+            assert answers[i] == ("pass", ""), {c: cells[i] for c, cells in columns.items()}
+        silent = [i for i, answer in enumerate(answers) if answer == ("pass", "")]
+        finite = [i for i in silent if columns["rel_l2"][i] != math.inf]  # inf within atol: left to classify
+        assert finite and all(screened[i] for i in finite)
+    partial = {"rel_l2": [0.0, 0.5]}  # columns a table lacks read as classify's defaults
+    assert surely_passing(partial, 2, Thresholds()).tolist() == [True, False]
+    assert surely_passing({"rel_l2": ["not a number", 0.0]}, 2, Thresholds()).tolist() == [False, False]

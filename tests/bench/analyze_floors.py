@@ -4,11 +4,12 @@
   measurement (which tensor of which run against which tensor of the reference; finding them is the
   analyzer's work, not the floor's) are read with numpy and h5py alone, each reference tensor once and
   each run tensor once, into buffers reused for the whole run (h5py `read_direct`), and the same two
-  numbers per pair as the synthetic floors (max |run - ref|, relative L2).
+  numbers per pair as the synthetic floors (max |run - ref|, relative L2), ending without the interpreter's
+  teardown as `analyze` does.
 - `STORED_FLOOR`: the floor of re-showing an analysis: the stored measurement (every results-*.json
   entry of the cache, and the dumps' /layers tables of every header-*.json entry) read into DataFrames with
   numpy, orjson and pandas alone, no layerdiff import, and the kept model outputs' bytes (results-*.outputs), with
-  the garbage collector set as the commands set it.
+  the garbage collector set as the commands set it, ending as they end (no interpreter teardown).
 - `rejudge_lines`: `analyze` again on the same runs (the stored report copied), then a threshold change
   and a `--task` change (a new value every round, so no stored report answers): each alternated with
   `STORED_FLOOR` and printed beside it and beside the `analyze again` figure.
@@ -27,7 +28,7 @@ FRESH_TARGET_FROM_CPU = 2.0
 
 STORED_FLOOR = """
 import gc; gc.set_threshold(20000, 10, 10)  # the collector setting the commands run with (layerdiff/console.py)
-import base64, sys
+import base64, os, sys
 from pathlib import Path
 import numpy as np, orjson, pandas as pd
 
@@ -50,11 +51,12 @@ for entry in sorted(Path(sys.argv[1]).glob("header-*.json")):
     layers = frame(orjson.loads(entry.read_bytes())["layers"])
 for side in sorted(Path(sys.argv[1]).glob("results-*.outputs")):
     kept = np.fromfile(side, dtype=np.uint8)
-print(len(table))
+print(len(table), flush=True)
+os._exit(0)  # the commands end without the interpreter's teardown (layerdiff/console.py): so does the floor
 """
 
 PAIRS_FLOOR = """
-import json, sys
+import json, os, sys
 import h5py, numpy as np
 plan = json.loads(open(sys.argv[1]).read())
 files = {path: h5py.File(path, "r") for path in [plan["reference"], *plan["runs"]]}
@@ -82,7 +84,8 @@ for base, others in sorted(targets.items()):
         dd = float(np.dot(by[:n], by[:n]))
         max_abs = float(np.abs(by[:n], out=by[:n]).max()) if n else 0.0
         worst = max(worst, (dd ** 0.5) / max(xx ** 0.5, 1e-30))
-print(worst)
+print(worst, flush=True)
+os._exit(0)  # the commands end without the interpreter's teardown (layerdiff/console.py): so does the floor
 """
 
 

@@ -61,7 +61,7 @@ CASES = {
 }
 
 FLOOR = """
-import sys
+import os, sys
 import h5py, numpy as np
 with h5py.File(sys.argv[1], "r") as a, h5py.File(sys.argv[2], "r") as b:
     ta, tb = a["tensors"], b["tensors"]
@@ -73,13 +73,14 @@ with h5py.File(sys.argv[1], "r") as a, h5py.File(sys.argv[2], "r") as b:
         max_abs = float(np.abs(d).max())
         rel_l2 = float(np.linalg.norm(d) / max(float(np.linalg.norm(x)), 1e-30))
         worst = max(worst, rel_l2)
-print(worst)
+print(worst, flush=True)
+os._exit(0)  # analyze ends without the interpreter's teardown (layerdiff/console.py): so does the floor
 """
 
 # For big layers the floor must not pay for whole-tensor copies: the tight floor reads each layer in
 # 16 MB pieces into buffers it reuses (h5py read_direct) and keeps the same two numbers.
 TIGHT_FLOOR = """
-import sys
+import os, sys
 import h5py, numpy as np
 CHUNK = 1 << 22
 bx, by, d = (np.empty(CHUNK, np.float32) for _ in range(3))
@@ -99,7 +100,8 @@ with h5py.File(sys.argv[1], "r") as a, h5py.File(sys.argv[2], "r") as b:
             xx += float(np.dot(bx[:n], bx[:n]))
             max_abs = max(max_abs, float(np.abs(d[:n], out=d[:n]).max()))
         worst = max(worst, (dd ** 0.5) / max(xx ** 0.5, 1e-30))
-print(worst)
+print(worst, flush=True)
+os._exit(0)  # analyze ends without the interpreter's teardown (layerdiff/console.py): so does the floor
 """
 TIGHT_FROM = 1 << 24  # elements per layer from which the tight floor is the one to beat
 
