@@ -118,11 +118,12 @@ def compare_command(
 
 def _report_problems(problems: list[str]) -> None:
     """Each input or layer that could not be used, one line on stderr; then exit 2 (report written)."""
+    if not problems:
+        return
     err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
     for problem in problems:
         err.print(terminal_cell(f"analyze: {problem}"))
-    if problems:
-        raise typer.Exit(2)
+    raise typer.Exit(2)
 
 
 def per_input_attrs(items: list[str]) -> dict[str, dict]:
