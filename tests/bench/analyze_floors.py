@@ -12,7 +12,8 @@
   the garbage collector set as the commands set it, ending as they end (no interpreter teardown).
 - `rejudge_lines`: `analyze` again on the same runs (the stored report copied), then a threshold change
   and a `--task` change (a new value every round, so no stored report answers): each alternated with
-  `STORED_FLOOR` and printed beside it and beside the `analyze again` figure.
+  `STORED_FLOOR` and printed beside it and beside the `analyze again` figure; then the floor with a
+  re-judge's other imports against the floor (the share of the ratio no judging or writing can remove).
 """
 from __future__ import annotations
 
@@ -54,6 +55,13 @@ for side in sorted(Path(sys.argv[1]).glob("results-*.outputs")):
 print(len(table), flush=True)
 os._exit(0)  # the commands end without the interpreter's teardown (layerdiff/console.py): so does the floor
 """
+
+# The floor with everything a re-judge imports beyond numpy, orjson and pandas (the command line's typer and
+# rich, the analyzer's own modules), imported before the same reading: how much of the ratio the imports take.
+REJUDGE_IMPORTS = ("import typer, rich.console, rich.table, rich.text\n"
+                   "import layerdiff.analyzer.cli.app, layerdiff.analyzer.report.job, layerdiff.analyzer.align.byname\n")
+STORED_FLOOR_WITH_IMPORTS = STORED_FLOOR.replace("import numpy as np, orjson, pandas as pd\n",
+                                                 "import numpy as np, orjson, pandas as pd\n" + REJUDGE_IMPORTS)
 
 PAIRS_FLOOR = """
 import json, os, sys
@@ -138,6 +146,11 @@ def rejudge_lines(name: str, analyze: Callable[..., Usage], stored_floor: Callab
                      f"(target <= {REJUDGE_TARGET}) -> {verdict(ratio <= REJUDGE_TARGET)}; "
                      f"{result.median('command') / again.median('command'):.2f}x analyze again")
         print(lines[-1], flush=True)
+    imports = alternate(stored_floor, lambda: stored_floor(STORED_FLOOR_WITH_IMPORTS), rounds, warmup=warmup)
+    lines.append(f"[{name}] the floor with a re-judge's other imports (typer, rich, the analyzer's modules): "
+                 f"{imports.median('command'):.2f} s CPU vs {imports.median('floor'):.2f} s: ratio {imports.ratio():.2f}, "
+                 "before any judging or writing")
+    print(lines[-1], flush=True)
     return lines
 
 
@@ -155,10 +168,16 @@ def fresh_line(name: str, floor_name: str, floor_cpu: float, command_cpu: float,
     return head + f" (target <= {target:g}, {why}) -> {verdict(ratio <= target)}"
 
 
-def stored_floor_runner(script_dir: Path, cache: Path, env: dict) -> Callable[[], Usage]:
-    script = script_dir / "stored_floor.py"
-    script.write_text(STORED_FLOOR)
-    return lambda: run_child(python(str(script), str(cache)), env=env)
+def stored_floor_runner(script_dir: Path, cache: Path, env: dict) -> Callable[..., Usage]:
+    """Runs `STORED_FLOOR` on `cache` (or, given, another script's text on it) in a child process."""
+    scripts = {}
+
+    def run(text: str = STORED_FLOOR) -> Usage:
+        if text not in scripts:
+            scripts[text] = script_dir / f"stored_floor_{len(scripts)}.py"
+            scripts[text].write_text(text)
+        return run_child(python(str(scripts[text]), str(cache)), env=env)
+    return run
 
 
 def pairs_floor_runner(script_dir: Path, plan: Path, env: dict) -> Callable[[], Usage]:
