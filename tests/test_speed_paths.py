@@ -167,6 +167,27 @@ def test_a_task_change_rejudges_the_stored_outputs_without_reading_a_tensor(runs
         fresh.close()
 
 
+def test_outputs_too_big_to_keep_are_left_out_without_being_read(runs, cache, monkeypatch):
+    """A model output over the size kept with the measurement is skipped by what the /layers table declares:
+    reading a 256 MB output whole only to drop it cost a fresh analysis as much as measuring it."""
+    analysis = analyze_paths([runs])
+    try:
+        comparison = analysis.comparison
+        graphs = {run.label: comparison.graph(run) for run in comparison.plan.references.values()}
+        kept = measuring.kept_outputs(comparison.plan, comparison.alignments, graphs)
+        assert kept, "the runs' outputs are small enough to keep"
+        smallest = min(values.nbytes for values in kept.values())
+
+        def no_tensor(*args, **kwargs):
+            raise AssertionError("an output too big to keep was read")
+
+        monkeypatch.setattr(measuring, "MAX_KEPT_OUTPUT_BYTES", smallest - 1)
+        monkeypatch.setattr(DumpFile, "tensor", no_tensor)
+        assert measuring.kept_outputs(comparison.plan, comparison.alignments, graphs) == {}
+    finally:
+        analysis.close()
+
+
 def test_stored_outputs_that_do_not_fill_their_shape_are_measured_again(runs, cache, monkeypatch):
     analyze_paths([runs]).close()
     (entry,) = _entries(cache)

@@ -266,6 +266,17 @@ class DumpFile:
         except (OSError, ValueError, TypeError):
             return None
 
+    def declared_nbytes(self, order: int) -> int | None:
+        """The bytes the /layers table declares for a tensor (shape x dtype), None when it does not say: what
+        a caller that keeps only small tensors can skip without reading a byte."""
+        declared = self._table_shape(int(order))
+        if declared is None:
+            return None
+        try:
+            return math.prod(declared[0]) * np.dtype(declared[1]).itemsize
+        except (TypeError, ValueError):
+            return None
+
     def _table_shape(self, order: int) -> tuple[tuple[int, ...], str] | None:
         """(shape, dtype) the /layers table declares for `order`, or None when it does not parse.
 

@@ -134,6 +134,9 @@ def kept_outputs(plan: Plan, alignments: list[PairAlignment], graphs: dict[str, 
             for run, order in ((pair.base, int(base_order)), (pair.other, int(other_order))):
                 if (str(run.path), order) in kept or order in run.dump.estimated_orders:
                     continue
+                declared = run.dump.declared_nbytes(order)
+                if declared is not None and declared > MAX_KEPT_OUTPUT_BYTES:
+                    continue  # too big to keep: left out without reading it
                 try:
                     values = run.dump.tensor(order)
                 except (LayerdiffError, OSError):
