@@ -236,13 +236,12 @@ class DumpFile:
         With a `buffer`, the tensor is read into memory the buffer reuses across calls (the view
         returned is valid until the buffer's next read): streaming a dump then costs no page faults.
         """
-        known = self._at_known_offset(int(order), buffer or TensorBuffer())
+        own = buffer or TensorBuffer()  # without a buffer: memory of the caller's own, as h5py would give
+        known = self._at_known_offset(int(order), own)
+        if known is None:
+            known = self._fast.read(int(order), self._table_shape(int(order)), own)
         if known is not None:
             return known if buffer is not None or known.flags.writeable else known.copy()
-        if buffer is not None:
-            fast = self._fast.read(int(order), self._table_shape(int(order)), buffer)
-            if fast is not None:
-                return fast
         ds = self._dataset(order)
         self._note_offset(int(order), ds)
         try:
