@@ -169,7 +169,7 @@ def test_a_task_change_rejudges_the_stored_outputs_without_reading_a_tensor(runs
 
 def test_outputs_too_big_to_keep_are_left_out_without_being_read(runs, cache, monkeypatch):
     """A model output over the size kept with the measurement is skipped by what the /layers table declares:
-    reading a 256 MB output whole only to drop it cost a fresh analysis as much as measuring it."""
+    reading a 256 MB output whole only to drop it would cost a fresh analysis as much as measuring it."""
     analysis = analyze_paths([runs])
     try:
         comparison = analysis.comparison

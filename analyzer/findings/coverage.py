@@ -10,6 +10,7 @@ import pandas as pd
 
 from layerdiff.analyzer.align.graph import LayerGraph
 from layerdiff.analyzer.findings.verdict import Thresholds, pair_verdict
+from layerdiff.analyzer.measure.comparison import Comparison
 
 COMPARED = ("pass", "warn", "fail")
 MAX_NAMED = 3
@@ -52,7 +53,7 @@ def _names(kind: str, keys: list[str]) -> str:
     return f"{kind}{'s' if len(keys) > 1 else ''} {shown}"
 
 
-def pair_verdicts(comparison, t: Thresholds | None = None, judgements: dict | None = None) -> dict[int, tuple[str, str]]:
+def pair_verdicts(comparison: Comparison, t: Thresholds | None = None, judgements: dict | None = None) -> dict[int, tuple[str, str]]:
     """Each reference pair's (verdict, reason), weighing the outputs it could not compare: worked out once
     for the findings (which cap a layer finding at its run's verdict) and the summary (which shows it)."""
     judgements = judgements or {}

@@ -18,9 +18,9 @@ from layerdiff.analyzer.runs.header import reads_back_indirectly
 
 PLAIN_JUDGED = ("judged on the plain run's output (the model run as an app runs it), which differs from the observed "
                 "run's: observing every layer changed this output")
+PASSED = ("pass", "")  # classify's answer for a layer with nothing to say
 # Every metric classify reads: a row's dict is built from these columns alone (a whole-row dict per layer
 # costs ~3 KB and is built for nothing else).
-PASSED = ("pass", "")  # classify's answer for a layer with nothing to say
 CLASSIFY_COLUMNS = ("n_nonfinite_mismatch", "rel_l2", "max_abs", "zero_collapse", "n_zero_collapsed", "n_saturated",
                     "pass_fraction", "n_nan_lost", "n_posinf_lost", "n_neginf_lost")
 
