@@ -1,7 +1,8 @@
 """`analyze` with isolated dumps: cumulative next to isolated error, and whose fault it is.
 
 The real test runs the overflow sample on the local device (ncnn Vulkan on lavapipe at low
-precision overflows in block2/amplify) and isolates that layer and one downstream of it; the
+precision overflows in block2/amplify) and isolates that layer, the one it feeds (whose fp16 input cannot
+hold the reference's values) and one further downstream; the
 synthetic tests pin the matching rules with small dumps written by the project's DumpWriter.
 """
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import json
 import shutil
 
+import h5py
 import numpy as np
 import pandas as pd
 import pytest
 
 from layerdiff.analyzer.analysis import analyze_paths
 from layerdiff.analyzer.cli.app import main
+from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import LayerdiffError
 from layerdiff.analyzer.report.outdir import prepare_out_dir
 from layerdiff.analyzer.report.plots import error_by_layer
@@ -27,18 +30,18 @@ from layerdiff.collector.inputs.modelfiles import resolve_model
 from tests.analyze_dumps import DOWNSTREAM, perturbed, reference_arrays, write_dump
 from tests.conftest import MODELS
 
-AMPLIFY, HEAD = "block2/amplify:0", "head/conv:0"
+AMPLIFY, SHRINK, HEAD = "block2/amplify:0", "block2/shrink:0", "head/conv:0"
 
 
 # ---------------------------------------------------------------- real dumps from the local device
 
 @pytest.fixture(scope="module")
 def overflow_report(local_runs, tmp_path_factory):
-    """cpu/high reference, vulkan/low cumulative, vulkan/low isolated [amplify, head/conv], analyzed by the CLI."""
+    """cpu/high reference, vulkan/low cumulative, vulkan/low isolated [amplify, shrink, head/conv], analyzed by the CLI."""
     root = tmp_path_factory.mktemp("iso-real")
     ref, cumulative = local_runs("overflow.param", "cpu", "high"), local_runs("overflow.param", "vulkan", "low")
     outcome = isolate(LocalDevice(), resolve_model(MODELS / "overflow.param"), "vulkan", "low", ref,
-                      [AMPLIFY, HEAD], root)
+                      [AMPLIFY, SHRINK, HEAD], root)
     assert outcome.status == "done", outcome.message
     return ref, cumulative, outcome.paths[0], root / "report"
 
@@ -51,7 +54,7 @@ def test_overflow_kernel_blamed_and_downstream_layer_cleared(overflow_report, ca
     doc = json.loads(captured.out)
     assert [r["run"] for r in doc["runs"]] == ["cpu/high", "vulkan/low"]  # the isolated dump is not a run
     found = {f["layer"]: f for f in doc["findings"] if f["kind"] == "isolation"}
-    assert set(found) == {AMPLIFY, HEAD}
+    assert set(found) == {AMPLIFY, SHRINK, HEAD}
     amplify, head = found[AMPLIFY], found[HEAD]
     assert "the kernel itself is off" in amplify["sentence"] and "overflow" in amplify["sentence"]
     assert amplify["severity"] == "fail" and amplify["numbers"]["verdict"] == "kernel"
@@ -59,13 +62,13 @@ def test_overflow_kernel_blamed_and_downstream_layer_cleared(overflow_report, ca
     assert "Convolution" in head["sentence"] and "vulkan/low" in head["sentence"]
     assert head["numbers"]["cumulative_status"] == "fail" and head["numbers"]["isolated_status"] == "pass"
     assert head["numbers"]["isolated_rel_l2"] < 0.01 < head["numbers"]["cumulative_rel_l2"]
-    assert doc["isolated"][0]["layers"] == [AMPLIFY, HEAD] and doc["isolated"][0]["run"] == "vulkan/low"
+    assert doc["isolated"][0]["layers"] == [AMPLIFY, SHRINK, HEAD] and doc["isolated"][0]["run"] == "vulkan/low"
     layers = {l["key"]: l for l in doc["runs"][1]["layers"]}
     assert layers[HEAD]["isolation"] == "upstream" and layers["stem/conv:0"]["isolated_status"] is None
 
     table = pd.read_csv(report / "summary.csv")
     both = table[table["isolated_status"].notna()].set_index("key")
-    assert set(both.index) == {AMPLIFY, HEAD}
+    assert set(both.index) == {AMPLIFY, SHRINK, HEAD}
     assert both.loc[HEAD, "status"] == "fail" and both.loc[HEAD, "isolated_status"] == "pass"
     assert both.loc[HEAD, "isolated_rel_l2"] < both.loc[HEAD, "rel_l2"]
     markdown = (report / "summary.md").read_text()
@@ -73,6 +76,36 @@ def test_overflow_kernel_blamed_and_downstream_layer_cleared(overflow_report, ca
     html = (report / "index.html").read_text()
     assert "<h2>Isolation</h2>" in html and "<th>isolated_rel_l2</th>" in html
     assert "layer run alone on the reference's inputs" in html  # the chart's triangles
+
+
+def test_a_layer_fed_values_fp16_cannot_hold_is_not_blamed_on_its_kernel(overflow_report, capsys):
+    """block2/shrink reads block2/amplify, whose reference values pass 65504: stored as fp16 on vulkan/low they
+    cannot enter the layer as they are, so its failure alone is its input's type, not its kernel; with a run
+    whose label keeps fp32 storage (`fp16-arith`) nothing excuses it."""
+    ref, cumulative, isolated, report = overflow_report
+    with DumpFile(ref) as reference, DumpFile(isolated) as alone:
+        beyond = int((np.abs(reference.tensor_by_key(AMPLIFY)) > 65504).sum())  # numpy's count, not layerdiff's
+        truth, got = reference.tensor_by_key(SHRINK).astype(np.float64), alone.tensor_by_key(SHRINK).astype(np.float64)
+        assert alone.attrs["precision_effective"] == "fp16-storage+arith"
+    assert beyond > 1000
+    changed = ~np.isfinite(got) | (np.abs(got - truth) > 1e-2 * np.abs(truth).max())
+    assert changed.mean() > 0.5  # the isolated output really is wrong, so the layer really fails alone
+    assert main([str(ref), str(cumulative), str(isolated), "-o", str(report.parent / "fed"), "--json"]) == 0
+    found = {f["layer"]: f for f in json.loads(capsys.readouterr().out)["findings"] if f["kind"] == "isolation"}
+    shrink = found[SHRINK]
+    assert shrink["numbers"]["verdict"] == "input_type" and shrink["severity"] == "info"
+    assert shrink["numbers"]["fed_overflow"] == beyond and shrink["numbers"]["isolated_status"] == "fail"
+    assert f"not by its own kernel: it reads {AMPLIFY} as fp16 ({beyond} of its" in shrink["sentence"]
+    assert found[AMPLIFY]["numbers"]["verdict"] == "kernel"  # the overflow itself is still the amplifying kernel's
+
+    relabelled = report.parent / "fp32-storage" / isolated.name
+    relabelled.parent.mkdir()
+    shutil.copy(isolated, relabelled)
+    with h5py.File(relabelled, "r+") as dump:
+        dump.attrs["precision_effective"] = "fp16-arith"
+    assert main([str(ref), str(cumulative), str(relabelled), "-o", str(report.parent / "fp32"), "--json"]) == 0
+    found = {f["layer"]: f for f in json.loads(capsys.readouterr().out)["findings"] if f["kind"] == "isolation"}
+    assert found[SHRINK]["numbers"]["verdict"] == "kernel" and found[SHRINK]["numbers"]["fed_overflow"] == 0
 
 
 # ---------------------------------------------------------------- synthetic dumps: matching rules

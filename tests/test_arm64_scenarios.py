@@ -133,3 +133,42 @@ def test_seed_004_overflow_gives_inf_at_the_amplifying_conv_on_mnn_arm64_low(tmp
     doc = _analyze(tmp_path / "runs", tmp_path / "report")
     (origin,) = _findings(doc, "inf_origin")
     assert origin["layer"] == "block2/amplify:0" and "fp16 overflow" in origin["sentence"]
+
+
+@pytest.mark.parametrize("model,choose", [
+    ("overflow.mnn", ["--layer", "block2/amplify:0", "--layer", "block2/shrink:0", "--layer", "head/conv:0"]),
+    ("overflow.param", ["--failing-from"]),  # the layers the report flags, as a user would pick them
+], ids=["mnn-chosen-layers", "ncnn-failing-from-report"])
+def test_seed_004_isolated_on_the_emulated_phone_cpu(tmp_path, model, choose):
+    """`collect isolate --device arm64`: each engine's aarch64 build at low, fed the ARM cpu/high reference's own
+    tensors. block2/amplify still overflows alone (its kernel); block2/shrink fails alone only because its fp16
+    input cannot hold the reference's values beyond 65504 (numpy counts them); head/conv is clean alone."""
+    runs, report = tmp_path / "runs", tmp_path / "report"
+    common = ["--device", "arm64", "--model", str(SAMPLES / "models" / model), "--backend", "cpu"]
+    done = _cli("layerdiff.collector.cli", *common, "--input", str(SAMPLES / "inputs" / "overflow.npy"),
+                "--precision", "high,low", "-o", str(runs), "--no-report")
+    assert done.returncode == 0, done.stderr
+    engine = "mnn" if model.endswith(".mnn") else "ncnn"
+    reference = runs / f"{engine}_cpu_high_overflow.h5"
+    if choose == ["--failing-from"]:
+        _analyze(runs, report)
+        choose = ["--failing-from", str(report)]
+    done = _cli("layerdiff.collector.cli", "isolate", *common, "--precision", "low", "--ref", str(reference),
+                *choose, "-o", str(runs))
+    assert done.returncode == 0, done.stderr
+    (isolated,) = runs.glob("isolated_*.h5")
+    with DumpFile(reference) as ref, DumpFile(isolated) as alone:
+        assert alone.attrs["abi"] == "arm64-v8a" and alone.attrs["mode"] == "isolate"
+        beyond = int((np.abs(ref.tensor_by_key("block2/amplify:0")) > 65504).sum())
+        truth, got = (d.tensor_by_key("block2/shrink:0").astype(np.float64) for d in (ref, alone))
+        amplified = alone.tensor_by_key("block2/amplify:0")
+    assert beyond > 1000 and not np.isfinite(amplified).all()  # the amplifying kernel overflows on its own
+    with np.errstate(invalid="ignore"):
+        changed = ~np.isfinite(got) | (np.abs(got - truth) > 1e-2 * np.abs(truth).max())
+    assert changed.mean() > 0.5  # block2/shrink's isolated output really is wrong
+    doc = _analyze(runs, tmp_path / "with-isolation")
+    verdicts = {f["layer"]: f["numbers"] for f in _findings(doc, "isolation")}
+    assert verdicts["block2/amplify:0"]["verdict"] == "kernel"
+    assert verdicts["block2/shrink:0"]["verdict"] == "input_type" and verdicts["block2/shrink:0"]["fed_overflow"] == beyond
+    if "head/conv:0" in verdicts:
+        assert verdicts["head/conv:0"]["verdict"] == "upstream"

@@ -16,7 +16,7 @@ from layerdiff.analyzer.findings.finding import Finding, FindingKind, Severity
 from layerdiff.analyzer.findings.verdict import Thresholds, classify
 from layerdiff.analyzer.findings.wording import percent
 from layerdiff.analyzer.measure.comparison import MEASURED, Comparison
-from layerdiff.analyzer.measure.isolation import ATTACHED_COLUMNS, ISOLATED_METRICS, Isolation
+from layerdiff.analyzer.measure.isolation import ATTACHED_COLUMNS, FED_AS_INF, ISOLATED_METRICS, Isolation
 
 FP16_MAX = 65504.0
 JUDGED = ("pass", "warn", "fail")
@@ -96,7 +96,7 @@ def isolation_finding(r: dict) -> Finding:
         size = f"{nonfinite} NaN/Inf values" if nonfinite else f"rel L2 {_g(r['isolated_rel_l2'])}"
         sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s ({size}), but not by its own "
                     f"kernel: it reads {r['isolated_fed']}, the type its input has at this precision, so those values "
-                    f"enter as Inf; the cause is that input's type (where it is made), not this op; {cumulative}.")
+                    f"{r.get('isolated_fed_effect') or FED_AS_INF}; the cause is that input's type (where it is made), not this op; {cumulative}.")
         severity = Severity.INFO
     elif r["isolation"] == "upstream":
         sentence = (f"Isolation in {r['run']}: {alone} passes (rel L2 {_g(r['isolated_rel_l2'])}, max abs "

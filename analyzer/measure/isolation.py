@@ -22,15 +22,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from layerdiff.analyzer.measure.comparison import Comparison
+from layerdiff.analyzer.align.graph import LayerGraph, run_graph
+from layerdiff.analyzer.measure.comparison import MEASURED, Comparison
 from layerdiff.analyzer.formats.dumpfile import DumpFile
 from layerdiff.errors import LayerdiffError
-from layerdiff.analyzer.measure.comparison import MEASURED
+from layerdiff.analyzer.measure.storage import stores_fp16
 from layerdiff.analyzer.measure.tolerances import Tolerances
 from layerdiff.analyzer.runs.header import raw_header
 from layerdiff.analyzer.runs.reference import Plan
 from layerdiff.analyzer.runs.sources import Run
 
+# What becomes of reference values an isolated layer's input type cannot hold: the harness that feeds each
+# input in the type the node reads (ggml) converts them to Inf; where the engine stores activations as fp16
+# (MNN's Arm82 backend, ncnn's fp16 storage) they become Inf or are clipped, as the engine converts.
+FED_AS_INF = "enter as Inf"
+FED_CHANGED = "cannot enter as they are (they become Inf or are clipped at 65504)"
 MATCH_FIELDS = ("engine", "backend_requested", "precision_requested", "device_serial", "model_sha256")
 # Isolated metrics kept per layer; each becomes an `isolated_<name>` column.
 ISOLATED_METRICS = ("rel_l2", "max_abs", "mean_abs", "sqnr_db", "cosine", "pass_fraction", "n_nonfinite_mismatch",
@@ -40,7 +46,8 @@ ATTACHED_COLUMNS = ["isolated_status", "isolated_rel_l2", "isolated_max_abs", "i
                     "isolated_reasons", "isolated_file"]
 TABLE_COLUMNS = ["run", "pair", "position", "key", "op_type", "status", "rel_l2", "max_abs", "sqnr_db",
                  "isolated_status", "isolated_reasons", *(f"isolated_{m}" for m in ISOLATED_METRICS),
-                 "isolated_nonfinite_new", "reference_peak", "isolated_fed_overflow", "isolated_fed", "isolated_range", "isolation",
+                 "isolated_nonfinite_new", "reference_peak", "isolated_fed_overflow", "isolated_fed", "isolated_fed_effect",
+                 "isolated_range", "isolation",
                  "isolated_file", "isolated_reference", "isolated_setting",
                  "isolated_metrics"]  # every metric of the isolated layer, for the judge
 
@@ -71,6 +78,7 @@ def measure_isolated(isolated: list[Run], runs: list[Run], comparison: Compariso
 
     kernel = PairKernel(tolerances)
     references = _ReferenceFinder(runs, result)
+    graphs: dict[int, LayerGraph] = {}  # per reference: which tensors feed each isolated layer
     rows: list[dict] = []
     shown: dict[tuple[str, str], str] = {}
     for iso in isolated:
@@ -92,7 +100,9 @@ def measure_isolated(isolated: list[Run], runs: list[Run], comparison: Compariso
                 result.problems.append(f"{iso.path}: layer {layer['key']} of {pair.other.label} is also isolated in "
                                        f"{shown[where]}; showing that one")
                 continue
-            row = _measure_layer(iso, reference, layer, kernel, result.problems)
+            if id(reference) not in graphs:
+                graphs[id(reference)] = run_graph(reference)
+            row = _measure_layer(iso, reference, layer, kernel, result.problems, graphs[id(reference)])
             row.update(run=pair.other.label, pair=index, status="")
             shown[where] = iso.path.name
             rows.append(row)
@@ -194,7 +204,8 @@ def _cumulative_pair(iso: Run, reference: Run, runs: list[Run], plan: Plan, prob
     return None
 
 
-def _measure_layer(iso: Run, reference: Run, layer: dict, kernel: PairKernel, problems: list[str]) -> dict:
+def _measure_layer(iso: Run, reference: Run, layer: dict, kernel: PairKernel, problems: list[str],
+                   graph: LayerGraph) -> dict:
     """One isolated layer against the same layer of its reference, with the analyzer's own metrics."""
     key = str(layer["key"])
     row = {c: math.nan for c in TABLE_COLUMNS} | {
@@ -207,6 +218,7 @@ def _measure_layer(iso: Run, reference: Run, layer: dict, kernel: PairKernel, pr
         return _unmeasured(row, "not_in_reference", f"{iso.path}: isolated layer {key} is not in its reference "
                            f"{reference.path.name}", problems)
     ref_row = ref_layers.loc[hits[0]]
+    row["op_type"] = str(ref_row["op_type"] or layer["op_type"])  # the model's op type (MNN's harness writes "isolated")
     ref_order, iso_order = int(ref_row["order"]), int(layer["order"])
     try:
         ref_tensor, iso_tensor = reference.dump.tensor(ref_order), iso.dump.tensor(iso_order)
@@ -221,7 +233,7 @@ def _measure_layer(iso: Run, reference: Run, layer: dict, kernel: PairKernel, pr
     row.update({f"isolated_{m}": metrics[m] for m in ISOLATED_METRICS})
     row["isolated_nonfinite_new"] = int(metrics["n_nan_new"] + metrics["n_posinf_new"] + metrics["n_neginf_new"])
     row["reference_peak"] = max(abs(float(ref_row["min"])), abs(float(ref_row["max"])))
-    row["isolated_fed_overflow"], row["isolated_fed"] = fed_overflow(iso, key)
+    row["isolated_fed_overflow"], row["isolated_fed"], row["isolated_fed_effect"] = fed_overflow(iso, key, reference, graph)
     row["isolated_range"] = isolated_range(iso, key)
     return row
 
@@ -237,20 +249,58 @@ def isolated_range(iso: Run, key: str) -> str:
     return f"{nodes[0]} .. {nodes[-1]} ({len(nodes)} nodes)"
 
 
-def fed_overflow(iso: Run, key: str) -> tuple[int, str]:
-    """Reference values the layer's own input type could not hold, as the harness counted them.
+def fed_overflow(iso: Run, key: str, reference: Run, graph: LayerGraph) -> tuple[int, str, str]:
+    """Reference values the layer's own input type could not hold: (count, a clause naming them, what became
+    of them). A harness that counted them says so in the header (`recorded_fed`); otherwise they are read off
+    the reference's /layers counts of the tensors feeding the layer (`fed_beyond_fp16`)."""
+    recorded = recorded_fed(iso, key)
+    if recorded is not None:
+        return (*recorded, FED_AS_INF)
+    return (*fed_beyond_fp16(iso, key, reference, graph), FED_CHANGED)
+
+
+def recorded_fed(iso: Run, key: str) -> tuple[int, str] | None:
+    """The values the harness counted, or None when it counts none (its header has no `isolation.fed`).
 
     Why: ggml's harness feeds an isolated node its inputs in the type the node reads them at this
     precision (f16 where the graph makes them f16), so a reference value above 65504 enters as Inf and
-    the NaN that follows is the input's type, not the node's kernel. Returns (count, a clause naming them).
+    the NaN that follows is the input's type, not the node's kernel.
     """
     isolation = raw_header(iso).get("isolation")
     fed = isolation.get("fed") if isinstance(isolation, dict) else None
-    entries = (fed.get(key.removesuffix(":0")) or fed.get(key) or []) if isinstance(fed, dict) else []
+    if not isinstance(fed, dict):
+        return None
+    entries = fed.get(key.removesuffix(":0")) or fed.get(key) or []
     lost = [e for e in entries if isinstance(e, dict) and isinstance(e.get("overflow"), (int, float)) and e["overflow"] > 0]
-    clauses = [f"{e.get('src')} as {e.get('type')} ({int(e['overflow'])} of its {int(e.get('values') or 0)} reference "
-               f"values, up to {float(e.get('reference_peak') or 0):.4g}, are beyond that type's range)" for e in lost]
+    clauses = [_fed_clause(e.get("src"), e.get("type"), int(e["overflow"]), int(e.get("values") or 0),
+                           float(e.get("reference_peak") or 0)) for e in lost]
     return sum(int(e["overflow"]) for e in lost), "; ".join(clauses)
+
+
+def fed_beyond_fp16(iso: Run, key: str, reference: Run, graph: LayerGraph) -> tuple[int, str]:
+    """Values above fp16's 65504 in the reference tensors that feed the layer, when the isolated run stores
+    activations as fp16 (its `precision_effective`): fed as they are, they cannot enter the layer unchanged.
+
+    Why: an engine that stores fp16 (MNN's Arm82 backend, ncnn's fp16 storage) converts each fed tensor; a
+    layer downstream of an overflowing one then fails alone because of what it was fed, not its kernel.
+    Read from the reference's /layers counts (`n_fp16_overflow`), no tensor."""
+    if not stores_fp16(str(iso.attrs.get("precision_effective") or "")):
+        return 0, ""
+    rows = reference.layers.drop_duplicates("key").set_index("key")
+    lost = []
+    for source in graph.producers.get(key, ()):
+        if source not in rows.index or not int(rows.at[source, "n_fp16_overflow"] or 0):
+            continue
+        row = rows.loc[source]
+        peak = max(abs(float(row["min"])), abs(float(row["max"])))
+        lost.append((int(row["n_fp16_overflow"]), _fed_clause(source, "fp16", int(row["n_fp16_overflow"]),
+                                                              int(row["numel"]), peak)))
+    return sum(n for n, _ in lost), "; ".join(clause for _, clause in lost)
+
+
+def _fed_clause(source, type_name, overflow: int, values: int, peak: float) -> str:
+    return (f"{source} as {type_name} ({overflow} of its {values} reference values, up to {peak:.4g}, are beyond "
+            "that type's range)")
 
 
 def _unmeasured(row: dict, status: str, problem: str, problems: list[str]) -> dict:

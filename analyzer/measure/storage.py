@@ -59,11 +59,18 @@ class StorageEvidence:
         label = label.lower()
         if label.startswith("bf16"):
             return measured == "bf16"
-        if label == "fp16" or label.startswith("fp16-storage"):
+        if stores_fp16(label):
             return measured in ("fp16", "bf16")  # bf16-exact values with few mantissa bits are fp16-exact too
         if label == "fp32":
             return measured == "fp32"
         return True
+
+
+def stores_fp16(label: str) -> bool:
+    """Whether a `precision_effective` label says activations are stored as fp16 (`fp16`, `fp16-storage*`):
+    then a value above 65504 cannot be held between ops. ncnn's `fp16-arith` alone keeps fp32 storage."""
+    label = str(label or "").lower()
+    return label == "fp16" or label.startswith("fp16-storage")
 
 
 def storage_evidence(arrays: Iterable[np.ndarray]) -> StorageEvidence:
