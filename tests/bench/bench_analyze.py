@@ -1,6 +1,6 @@
 """Benchmark: the whole `analyze` command (report included) vs the floor, at three dump shapes.
 
-Run by hand:  python tests/bench/bench_analyze.py [--case 2000x64 200x1MB 500x1MB 10000x64 8x256MB 50000x64]
+Run by hand:  python tests/bench/bench_analyze.py [--case 2000x64 200x1MB 500x1MB 10000x64 20000x64 8x256MB 50000x64]
               [--rounds 3] [--dir /tmp] [--blas-threads 1] [--parts fresh rejudge stack]
 
 Method (see tests/bench/measure.py):
@@ -56,6 +56,7 @@ CASES = {
     "200x1MB": (200, 1 << 18, 2.0),
     "500x1MB": (500, 1 << 18, 2.0),  # ~1 GB of dumps: where a threshold or task change is held to 1.3x
     "10000x64": (10_000, 64, 3.0),
+    "20000x64": (20_000, 64, 3.0),  # with 2000x64: how the whole command scales with 10x the layers
     "8x256MB": (8, 1 << 26, 2.0),
     "50000x64": (50_000, 64, None),
 }
@@ -178,7 +179,7 @@ def bench_case(name: str, rounds: int, folder: Path, blas_threads: int | None = 
             f"{rss_goal / MiB:.0f} MiB) -> {verdict(peak <= rss_goal)}",
         ]
         print("\n".join(lines), flush=True)
-        outcome.update(ratio=ratio, peak=peak)
+        outcome.update(ratio=ratio, peak=peak, cpu=result.median("command"))
         if "stack" in parts:
             print(stack_import_line(name, result, measured_rounds, env), flush=True)
     if "rejudge" in parts:
@@ -211,9 +212,15 @@ def main() -> None:
     parser.add_argument("--blas-threads", type=int, default=None,
                         help="OPENBLAS_NUM_THREADS for floor and command alike (1: the tightest floor; default: as set)")
     args = parser.parse_args()
+    outcomes = {}
     for name in args.case:
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="layerdiff-bench-") as tmp:
-            bench_case(name, args.rounds, Path(tmp), args.blas_threads, tuple(args.parts))
+            outcomes[name] = bench_case(name, args.rounds, Path(tmp), args.blas_threads, tuple(args.parts))
+    small, large = outcomes.get("2000x64", {}), outcomes.get("20000x64", {})
+    if "cpu" in small and "cpu" in large:
+        print(f"[scaling] 10x the layers (2,000 -> 20,000 x 64 floats): {large['cpu'] / small['cpu']:.1f}x the CPU "
+              f"({small['cpu']:.2f} -> {large['cpu']:.2f} s), peak RSS {small['peak'] / MiB:.0f} -> "
+              f"{large['peak'] / MiB:.0f} MiB (target: at most ~10x, linear)", flush=True)
 
 
 if __name__ == "__main__":
