@@ -1,7 +1,8 @@
 """The C++ harness builds a test run needs, made while the tests that need none run.
 
-A cold run builds ncnn and the harness for the host (with Vulkan) and for aarch64, and llama.cpp's
-`layerdiff-ggml` for both: 20-30 minutes on a 2-core machine, which used to pass before the first test
+A cold run builds ncnn and the harness for the host (with Vulkan) and for aarch64, llama.cpp's
+`layerdiff-ggml` for both, and the older releases the engine-version tests compare with: 30-35 minutes of
+building on a 2-core machine, which used to pass before the first test
 while the machine was half idle (a build keeps ~1.2 cores busy, the suite ~1). Now (tests/conftest.py):
 - the tests of modules that use a build are ordered last, by the last build they need;
 - the builds run one after another in a child process started with the environment the session began
@@ -20,11 +21,18 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterable
 
+# The older releases the engine-version tests build from their own sdists, beside the pinned ones
+GGML_OLDER = "0.3.17"  # llama-cpp-python: its ggml reports 0.9.8 (tests/test_engine_versions_ggml.py)
+NCNN_OLDER = "1.0.20250916"  # tests/test_engine_versions_ncnn.py
 HARNESS_USERS = {  # build name -> what in a test module's source means it runs that build (in build order)
     "host": ("host_harness", "HOST_SPEC", 'ncnn_spec("host"'),
     "aarch64": ("aarch64_harness", "AARCH64_SPEC", 'ncnn_spec("aarch64"'),
     "ggml-host": ("ggml_binary",),
     "ggml-aarch64": ('GgmlSpec("aarch64")', 'engine="ggml"'),
+    # the older releases last: only the version tests wait for them
+    "ncnn-older-aarch64": ('ncnn_spec("aarch64", test_build=True, release=OLDER)',),
+    "ggml-older-host": ("GgmlSpec(release=OLDER)",),
+    "ggml-older-aarch64": ('GgmlSpec("aarch64", release=OLDER)',),
 }
 BUILD_ORDER = list(HARNESS_USERS)
 DONE_MARK = "harness-build-done"
@@ -46,17 +54,21 @@ def order_key(builds: tuple[str, ...]) -> int:
 
 def build(name: str, reporter) -> None:
     """Build one target unless it is cached (the builders say nothing then)."""
-    if name.startswith("ggml-"):
+    if "ggml" in name:
         from layerdiff.collector.engines.ggml.build import GgmlSpec, binary_dir, ensure_built
 
-        spec = GgmlSpec(name.split("-", 1)[1])
+        spec = {"ggml-host": GgmlSpec(), "ggml-aarch64": GgmlSpec("aarch64"),
+                "ggml-older-host": GgmlSpec(release=GGML_OLDER),
+                "ggml-older-aarch64": GgmlSpec("aarch64", release=GGML_OLDER)}[name]
         if not (binary_dir(spec) / "layerdiff-ggml").is_file():
             ensure_built(spec, reporter)
         return
+    from layerdiff.collector.engines.ncnn.harness import ncnn_spec
     from layerdiff.collector.harness.build import binary_dir, ensure_built
     from tests.test_harness_support import AARCH64_SPEC, HOST_SPEC
 
-    spec = {"host": HOST_SPEC, "aarch64": AARCH64_SPEC}[name]
+    spec = {"host": HOST_SPEC, "aarch64": AARCH64_SPEC,
+            "ncnn-older-aarch64": ncnn_spec("aarch64", test_build=True, release=NCNN_OLDER)}[name]
     if not (binary_dir(spec) / "layerdiff-harness").is_file():
         ensure_built(spec, reporter)
 

@@ -24,9 +24,10 @@ from layerdiff.collector.engines.versions import release_devices, same_release
 from layerdiff.errors import EngineVersionError
 from tests.ggml_support import ggml_binary, ggml_samples  # noqa: F401  (fixtures)
 from tests.test_engine_versions import cli, nonblank_lines
+from tests.harness_builds import GGML_OLDER
 from tests.release_judgement import h5_tensors, parts, text_of
 
-OLDER = "0.3.17"  # an older llama-cpp-python release whose ggml reports a version: 0.9.8 (pinned: 0.25.3)
+OLDER = GGML_OLDER  # an older llama-cpp-python release whose ggml reports a version: 0.9.8 (pinned: 0.25.3)
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,13 @@ from layerdiff.collector.engines.versions import release_devices, same_release, 
 from layerdiff.collector.harness.build import binary_dir, cache_root, ensure_built
 from layerdiff.errors import EngineVersionError
 from tests.test_engine_versions import cli, nonblank_lines
+from tests.harness_builds import NCNN_OLDER
 from tests.release_judgement import h5_tensors, parts
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "samples" / "models" / "convnet.param"
 INPUT = REPO / "samples" / "inputs" / "convnet.npy"
-OLDER = "1.0.20250916"  # an older ncnn release with an sdist on PyPI (pinned: NCNN_VERSION)
+OLDER = NCNN_OLDER  # an older ncnn release with an sdist on PyPI (pinned: NCNN_VERSION)
 AARCH64_SPEC = ncnn_spec("aarch64", vulkan=False, test_build=True)  # what the arm64 device runs in the tests
 
 

@@ -3,6 +3,8 @@ the registry is cheap to import; a new engine is its folder plus one registry na
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -51,9 +53,13 @@ def test_suffixes_and_companion_files_come_from_the_engines(tmp_path):
     assert resolve_model(samples / "convnet.onnx").engine == "onnxruntime"
 
 
-def test_a_new_engine_is_its_folder_and_one_registry_name(tmp_path, monkeypatch):
+def test_a_new_engine_is_its_folder_and_one_registry_name(tmp_path):
     """A toy engine in a folder of its own resolves models, declares inputs and gets a local harness
-    through the registry alone (the interface; tests/test_local_engines.py runs the real ones)."""
+    through the registry alone (the interface; tests/test_local_engines.py runs the real ones).
+
+    It runs in a child Python, as `collect` would: the model reader's own child must see the toy folder,
+    and this test process may hold other threads (a harness build), where the reader starts a fresh Python
+    that knows only the installed folders."""
     folder = tmp_path / "toy"
     folder.mkdir()
     (folder / "__init__.py").write_text(textwrap.dedent('''
@@ -65,21 +71,27 @@ def test_a_new_engine_is_its_folder_and_one_registry_name(tmp_path, monkeypatch)
         ENGINE = Engine("toy", (".toy",), lambda path: {"x": ((1, 3), "float32")}, model_files=_model_files,
                         backends=("cpu",))
     '''))
-    monkeypatch.setattr(registry, "__path__", [*registry.__path__, str(tmp_path)])
-    toy = registry._declared("toy")
-    monkeypatch.setitem(ENGINES, "toy", toy)
     model = tmp_path / "net.toy"
     model.write_text("toy")
-
-    from layerdiff.collector.inputs.modelfiles import input_specs, resolve_model
-    from layerdiff.collector.transport.devices import LocalDevice
-
-    files = resolve_model(model)
-    assert files.engine == "toy" and files.files == [model, tmp_path / "net.weights"]
-    assert input_specs(files) == {"x": ((1, 3), "float32")}
-    harness = LocalDevice().prepare_harness("toy")
-    assert harness.argv[-2:] == ["-m", "layerdiff.collector.engines.toy.engine"]
-    sys.modules.pop("layerdiff.collector.engines.toy", None)
+    script = textwrap.dedent(f'''
+        import json, sys
+        from layerdiff.collector import engines as registry
+        registry.__path__.append({str(tmp_path)!r})
+        registry.ENGINES["toy"] = registry._declared("toy")
+        from layerdiff.collector.inputs.modelfiles import input_specs, resolve_model
+        from layerdiff.collector.transport.devices import LocalDevice
+        files = resolve_model({str(model)!r})
+        print(json.dumps({{"engine": files.engine, "files": [str(f) for f in files.files],
+                          "specs": {{k: [list(v[0]), v[1]] for k, v in input_specs(files).items()}},
+                          "harness": LocalDevice().prepare_harness("toy").argv[-2:]}}))
+    ''')
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "LAYERDIFF_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout)
+    assert answer["engine"] == "toy" and answer["files"] == [str(model), str(tmp_path / "net.weights")]
+    assert answer["specs"] == {"x": [[1, 3], "float32"]}
+    assert answer["harness"] == ["-m", "layerdiff.collector.engines.toy.engine"]
 
 
 def test_an_unknown_backend_name_is_refused_at_registration(tmp_path, monkeypatch):
