@@ -96,7 +96,8 @@ def isolation_finding(r: dict) -> Finding:
         size = f"{nonfinite} NaN/Inf values" if nonfinite else f"rel L2 {_g(r['isolated_rel_l2'])}"
         sentence = (f"Isolation in {r['run']}: {alone} still {r['isolated_status']}s ({size}), but not by its own "
                     f"kernel: it reads {r['isolated_fed']}, the type its input has at this precision, so those values "
-                    f"{r.get('isolated_fed_effect') or FED_AS_INF}; the cause is that input's type (where it is made), not this op; {cumulative}.")
+                    f"{r.get('isolated_fed_effect') or FED_AS_INF}; the cause is that input's type (where it is made), "
+                    f"not this op; {cumulative}.")
         severity = Severity.INFO
     elif r["isolation"] == "upstream":
         sentence = (f"Isolation in {r['run']}: {alone} passes (rel L2 {_g(r['isolated_rel_l2'])}, max abs "

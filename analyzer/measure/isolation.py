@@ -284,17 +284,18 @@ def fed_beyond_fp16(iso: Run, key: str, reference: Run, graph: LayerGraph) -> tu
     Why: an engine that stores fp16 (MNN's Arm82 backend, ncnn's fp16 storage) converts each fed tensor; a
     layer downstream of an overflowing one then fails alone because of what it was fed, not its kernel.
     Read from the reference's /layers counts (`n_fp16_overflow`), no tensor."""
-    if not stores_fp16(str(iso.attrs.get("precision_effective") or "")):
-        return 0, ""
-    rows = reference.layers.drop_duplicates("key").set_index("key")
+    counted = ("n_fp16_overflow", "numel", "min", "max")
+    if not stores_fp16(str(iso.attrs.get("precision_effective") or "")) or not set(counted) <= set(reference.layers):
+        return 0, ""  # a dump without the counts (a foreign producer's) says nothing either way
+    rows = reference.layers.drop_duplicates("key").set_index("key")[list(counted)]
     lost = []
     for source in graph.producers.get(key, ()):
-        if source not in rows.index or not int(rows.at[source, "n_fp16_overflow"] or 0):
+        if source not in rows.index:
             continue
-        row = rows.loc[source]
-        peak = max(abs(float(row["min"])), abs(float(row["max"])))
-        lost.append((int(row["n_fp16_overflow"]), _fed_clause(source, "fp16", int(row["n_fp16_overflow"]),
-                                                              int(row["numel"]), peak)))
+        over, values, low, high = (float(v) for v in rows.loc[source])
+        if over > 0:  # NaN (a damaged count) is not
+            peak = max(abs(low), abs(high))
+            lost.append((int(over), _fed_clause(source, "fp16", int(over), int(values) if values == values else 0, peak)))
     return sum(n for n, _ in lost), "; ".join(clause for _, clause in lost)
 
 
